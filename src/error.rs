@@ -1,0 +1,95 @@
+//! One status enum for the whole crate (and, later, the C ABI): 0 is OK, positive values
+//! are normal outcomes that are not errors, negative values are errors.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i8)]
+pub enum Status {
+    Ok = 0,
+    /// The key does not exist (a normal result of get).
+    Missing = 1,
+    /// Conditional get: the generation matched `if_not_equal` (or not `if_equal`).
+    Unchanged = 2,
+    /// Conditional put/delete: the condition did not hold; nothing changed.
+    ConditionFailed = 3,
+    Invalid = -1,
+    KeyTooLarge = -2,
+    ValueTooLarge = -3,
+    NoSpace = -4,
+    OutOfRange = -5,
+    AuthFailed = -6,
+    VersionMismatch = -7,
+    Unavailable = -8,
+    Timeout = -9,
+    Transport = -10,
+    Io = -11,
+    Internal = -12,
+    WrongShard = -13,
+}
+
+impl Status {
+    pub fn from_code(code: i8) -> Status {
+        use Status::*;
+        [Ok, Missing, Unchanged, ConditionFailed, Invalid, KeyTooLarge, ValueTooLarge, NoSpace, OutOfRange, AuthFailed,
+         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard]
+            .into_iter()
+            .find(|s| *s as i8 == code)
+            .unwrap_or(Internal)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Missing => "key not found",
+            Status::Unchanged => "generation unchanged",
+            Status::ConditionFailed => "generation condition failed",
+            Status::Invalid => "invalid argument",
+            Status::KeyTooLarge => "key too large",
+            Status::ValueTooLarge => "value too large",
+            Status::NoSpace => "no space left in the shard's arena",
+            Status::OutOfRange => "byte range out of range",
+            Status::AuthFailed => "authentication failed",
+            Status::VersionMismatch => "protocol version mismatch",
+            Status::Unavailable => "server unavailable",
+            Status::Timeout => "operation timed out",
+            Status::Transport => "transport error",
+            Status::Io => "I/O error",
+            Status::Internal => "internal error",
+            Status::WrongShard => "request sent to the wrong shard",
+        }
+    }
+}
+
+/// An error: a status plus a message with the details.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub status: Status,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        Error { status, message: message.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.status.describe())
+        } else {
+            write!(f, "{}: {}", self.status.describe(), self.message)
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::new(Status::Io, e.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,319 @@
+//! The wire protocol: fixed little-endian headers carried as the UCX active-message header,
+//! followed by the payload (key, key || value, list entries, error text).
+//!
+//! Request (AM id [`AM_REQUEST`], client → shard worker):
+//!   header  = RequestHeader (72 B) || key            when the key fits the inline budget
+//!           = RequestHeader (72 B)                   with FLAG_KEY_IN_PAYLOAD otherwise
+//!   payload = value                                  (put, key inline)
+//!           = key || value                           (put, FLAG_KEY_IN_PAYLOAD)
+//!           = range_min || range_max                 (list, delete-range; lengths in the header)
+//! Reply (AM id [`AM_REPLY`], shard worker → client):
+//!   header  = ReplyHeader (40 B)
+//!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text.
+//!
+//! Every field is validated by [`RequestHeader::decode`] before anything else looks at it.
+
+pub mod bootstrap;
+
+use crate::error::Status;
+
+pub const PROTOCOL_VERSION: u8 = 1;
+pub const MAGIC: u16 = 0x5244; // "RD"
+
+pub const AM_REQUEST: u16 = 11;
+pub const AM_REPLY: u16 = 12;
+
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+pub const MAX_VALUE_LEN: u64 = 1 << 30;
+/// Keys up to this length travel in the AM header; longer ones are prepended to the payload.
+pub const INLINE_KEY_MAX: usize = 1024;
+/// Entries per list reply; the client asks again from the last key for more.
+pub const LIST_BATCH: u32 = 16 * 1024;
+
+pub const REQUEST_HEADER_LEN: usize = 72;
+pub const REPLY_HEADER_LEN: usize = 40;
+
+/// Request flags.
+pub mod flags {
+    pub const KEY_IN_PAYLOAD: u32 = 1 << 0;
+    pub const IF_EQUAL: u32 = 1 << 1;
+    pub const IF_NOT_EQUAL: u32 = 1 << 2;
+    pub const IF_ABSENT: u32 = 1 << 3;
+    pub const HAS_RANGE: u32 = 1 << 4;
+    /// Range operations: the upper bound is absent (unbounded).
+    pub const MAX_UNBOUNDED: u32 = 1 << 5;
+    pub const HAS_TTL: u32 = 1 << 6;
+    pub const ALL: u32 = (1 << 7) - 1;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Put = 1,
+    Get = 2,
+    Delete = 3,
+    DeleteRange = 4,
+    List = 5,
+    Stats = 6,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Put,
+            2 => Op::Get,
+            3 => Op::Delete,
+            4 => Op::DeleteRange,
+            5 => Op::List,
+            6 => Op::Stats,
+            _ => return None,
+        })
+    }
+}
+
+/// A fixed-size request header. Field meaning depends on `op`; unused fields are zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub version: u8,
+    pub op: u8,
+    pub flags: u32,
+    pub request_id: u64,
+    /// Session credential handed out by the bootstrap handshake (auth).
+    pub session: u64,
+    pub if_equal: u64,
+    pub if_not_equal: u64,
+    /// Byte range for get: start (negative = suffix) and end (-1 = to the end).
+    pub range_start: i64,
+    pub range_end: i64,
+    /// TTL in milliseconds for put; entry limit for list.
+    pub ttl_or_limit: u64,
+    /// Key length (or range_min length for range ops).
+    pub key_len: u32,
+    /// Range ops: range_max length. Put: reserved, zero.
+    pub aux_len: u32,
+}
+
+/// What a shard worker answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyHeader {
+    pub version: u8,
+    pub status: u8,
+    pub request_id: u64,
+    /// Generation of the value read or written, or the current generation on "unchanged".
+    pub generation: u64,
+    /// Get: full size of the stored value (the payload may be a byte range of it).
+    /// Delete-range: number of keys removed. List: number of entries in the payload.
+    pub value_size: u64,
+    /// List: 1 when more entries remain after the last one returned.
+    pub more: u32,
+}
+
+impl RequestHeader {
+    pub fn new(op: Op, request_id: u64, session: u64) -> Self {
+        RequestHeader { version: PROTOCOL_VERSION, op: op as u8, request_id, session, range_end: -1, ..Default::default() }
+    }
+
+    pub fn encode(&self, out: &mut [u8; REQUEST_HEADER_LEN]) {
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = self.version;
+        out[3] = self.op;
+        out[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        out[16..24].copy_from_slice(&self.session.to_le_bytes());
+        out[24..32].copy_from_slice(&self.if_equal.to_le_bytes());
+        out[32..40].copy_from_slice(&self.if_not_equal.to_le_bytes());
+        out[40..48].copy_from_slice(&self.range_start.to_le_bytes());
+        out[48..56].copy_from_slice(&self.range_end.to_le_bytes());
+        out[56..64].copy_from_slice(&self.ttl_or_limit.to_le_bytes());
+        out[64..68].copy_from_slice(&self.key_len.to_le_bytes());
+        out[68..72].copy_from_slice(&self.aux_len.to_le_bytes());
+    }
+
+    /// Parses and validates a request header. On error, returns the request id when it
+    /// could be read (so the sender still gets an answer) and a message.
+    pub fn decode(buf: &[u8]) -> Result<(RequestHeader, Op), DecodeError> {
+        if buf.len() < REQUEST_HEADER_LEN {
+            return Err(DecodeError::new(None, Status::Invalid, format!("request header is {} bytes, need {}", buf.len(), REQUEST_HEADER_LEN)));
+        }
+        let request_id = u64_at(buf, 8);
+        let fail = |status, msg: String| Err(DecodeError::new(Some(request_id), status, msg));
+        if u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
+            return Err(DecodeError::new(None, Status::Invalid, "bad magic: not a remote_dram request".into()));
+        }
+        let h = RequestHeader {
+            version: buf[2],
+            op: buf[3],
+            flags: u32::from_le_bytes(buf[4..8].try_into().unwrap()),
+            request_id,
+            session: u64_at(buf, 16),
+            if_equal: u64_at(buf, 24),
+            if_not_equal: u64_at(buf, 32),
+            range_start: u64_at(buf, 40) as i64,
+            range_end: u64_at(buf, 48) as i64,
+            ttl_or_limit: u64_at(buf, 56),
+            key_len: u32::from_le_bytes(buf[64..68].try_into().unwrap()),
+            aux_len: u32::from_le_bytes(buf[68..72].try_into().unwrap()),
+        };
+        if h.version != PROTOCOL_VERSION {
+            return fail(
+                Status::VersionMismatch,
+                format!("protocol version mismatch: server speaks v{PROTOCOL_VERSION}, request is v{}", h.version),
+            );
+        }
+        let Some(op) = Op::from_u8(h.op) else { return fail(Status::Invalid, format!("unknown op {}", h.op)) };
+        if h.flags & !flags::ALL != 0 {
+            return fail(Status::Invalid, format!("unknown flags {:#x}", h.flags & !flags::ALL));
+        }
+        let key_len = h.key_len as usize;
+        match op {
+            Op::Put | Op::Get | Op::Delete => {
+                if key_len == 0 || key_len > MAX_KEY_LEN {
+                    return fail(Status::KeyTooLarge, format!("key length {key_len} outside 1..={MAX_KEY_LEN}"));
+                }
+                if h.aux_len != 0 {
+                    return fail(Status::Invalid, "aux_len must be 0 for single-key ops".into());
+                }
+            }
+            Op::DeleteRange | Op::List => {
+                if key_len > MAX_KEY_LEN || h.aux_len as usize > MAX_KEY_LEN {
+                    return fail(Status::KeyTooLarge, "range bound longer than the key limit".into());
+                }
+            }
+            Op::Stats => {}
+        }
+        if h.flags & flags::IF_EQUAL != 0 && h.flags & flags::IF_ABSENT != 0 {
+            return fail(Status::Invalid, "if_equal and if_absent are exclusive".into());
+        }
+        if (h.flags & flags::IF_EQUAL != 0 && h.if_equal == 0) || (h.flags & flags::IF_NOT_EQUAL != 0 && h.if_not_equal == 0) {
+            return fail(Status::Invalid, "generation 0 is never a valid condition".into());
+        }
+        Ok((h, op))
+    }
+}
+
+impl ReplyHeader {
+    pub fn new(request_id: u64, status: Status) -> Self {
+        ReplyHeader { version: PROTOCOL_VERSION, status: status as i8 as u8, request_id, ..Default::default() }
+    }
+
+    pub fn encode(&self) -> [u8; REPLY_HEADER_LEN] {
+        let mut out = [0u8; REPLY_HEADER_LEN];
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = self.version;
+        out[3] = self.status;
+        out[4..8].copy_from_slice(&self.more.to_le_bytes());
+        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        out[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        out[24..32].copy_from_slice(&self.value_size.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<ReplyHeader, String> {
+        if buf.len() < REPLY_HEADER_LEN || u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
+            return Err(format!("malformed reply header ({} bytes)", buf.len()));
+        }
+        let h = ReplyHeader {
+            version: buf[2],
+            status: buf[3],
+            more: u32::from_le_bytes(buf[4..8].try_into().unwrap()),
+            request_id: u64_at(buf, 8),
+            generation: u64_at(buf, 16),
+            value_size: u64_at(buf, 24),
+        };
+        if h.version != PROTOCOL_VERSION {
+            return Err(format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}", h.version));
+        }
+        Ok(h)
+    }
+
+    pub fn status(&self) -> Status {
+        Status::from_code(self.status as i8)
+    }
+}
+
+#[derive(Debug)]
+pub struct DecodeError {
+    pub request_id: Option<u64>,
+    pub status: Status,
+    pub message: String,
+}
+
+impl DecodeError {
+    fn new(request_id: Option<u64>, status: Status, message: String) -> Self {
+        DecodeError { request_id, status, message }
+    }
+}
+
+fn u64_at(buf: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(buf[at..at + 8].try_into().unwrap())
+}
+
+/// List entries in a reply payload: repeated `u32 key_len || u64 value_size || key`.
+pub fn encode_list_entry(out: &mut Vec<u8>, key: &[u8], size: u64) {
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&size.to_le_bytes());
+    out.extend_from_slice(key);
+}
+
+pub fn decode_list_entries(mut buf: &[u8]) -> Result<Vec<(Vec<u8>, u64)>, String> {
+    let mut entries = Vec::new();
+    while !buf.is_empty() {
+        if buf.len() < 12 {
+            return Err("truncated list entry".into());
+        }
+        let len = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+        let size = u64_at(buf, 4);
+        if buf.len() < 12 + len {
+            return Err("truncated list key".into());
+        }
+        entries.push((buf[12..12 + len].to_vec(), size));
+        buf = &buf[12 + len..];
+    }
+    Ok(entries)
+}
+
+/// The shard that owns `key` on a server with `shards` shards.
+pub fn shard_of(key: &[u8], shards: usize) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(key) % shards as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_header_round_trips_and_rejects_bad_fields() {
+        let mut h = RequestHeader::new(Op::Put, 42, 7);
+        h.flags = flags::IF_EQUAL | flags::HAS_TTL;
+        h.if_equal = 99;
+        h.key_len = 5;
+        h.ttl_or_limit = 1000;
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut buf);
+        let (d, op) = RequestHeader::decode(&buf).unwrap();
+        assert_eq!((d, op), (h, Op::Put));
+
+        let mut bad = buf;
+        bad[2] = 9;
+        let e = RequestHeader::decode(&bad).unwrap_err();
+        assert_eq!((e.status, e.request_id), (Status::VersionMismatch, Some(42)));
+        let mut bad = buf;
+        bad[3] = 200;
+        assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::Invalid);
+        let mut bad = buf;
+        bad[64..68].copy_from_slice(&(MAX_KEY_LEN as u32 + 1).to_le_bytes());
+        assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::KeyTooLarge);
+        assert_eq!(RequestHeader::decode(&buf[..10]).unwrap_err().request_id, None);
+    }
+
+    #[test]
+    fn list_entries_round_trip() {
+        let mut out = Vec::new();
+        encode_list_entry(&mut out, b"a", 1);
+        encode_list_entry(&mut out, b"", 0);
+        encode_list_entry(&mut out, b"xyz", 1 << 40);
+        let e = decode_list_entries(&out).unwrap();
+        assert_eq!(e, vec![(b"a".to_vec(), 1), (vec![], 0), (b"xyz".to_vec(), 1 << 40)]);
+        assert!(decode_list_entries(&out[..out.len() - 1]).is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! A shard's key index: an ordered map from key to a slot in a slab of entries, the slab's
+//! entries linked in least-recently-used order (for cache mode), and an expiry queue.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use super::alloc::Extent;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Arena extent holding `key || value`.
+    pub extent: Extent,
+    pub key_len: u32,
+    pub value_len: u64,
+    pub generation: u64,
+    /// Monotonic nanoseconds; 0 = never expires.
+    pub expires_at: u64,
+    prev: u32,
+    next: u32,
+}
+
+impl Entry {
+    pub fn new(extent: Extent, key_len: u32, value_len: u64, generation: u64, expires_at: u64) -> Self {
+        Entry { extent, key_len, value_len, generation, expires_at, prev: NIL, next: NIL }
+    }
+
+    pub fn value_offset(&self) -> u64 {
+        self.extent.offset + self.key_len as u64
+    }
+}
+
+#[derive(Default)]
+pub struct Index {
+    keys: BTreeMap<Box<[u8]>, u32>,
+    slots: Vec<Option<Entry>>,
+    free_slots: Vec<u32>,
+    /// Most recently used end.
+    head: u32,
+    /// Least recently used end.
+    tail: u32,
+    expiry: BTreeSet<(u64, u32)>,
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Index { head: NIL, tail: NIL, ..Default::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn find(&self, key: &[u8]) -> Option<u32> {
+        self.keys.get(key).copied()
+    }
+
+    pub fn entry(&self, slot: u32) -> &Entry {
+        self.slots[slot as usize].as_ref().expect("live slot")
+    }
+
+    /// Inserts a new key (which must be absent); returns its slot.
+    pub fn insert(&mut self, key: &[u8], entry: Entry) -> u32 {
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if entry.expires_at != 0 {
+            self.expiry.insert((entry.expires_at, slot));
+        }
+        self.slots[slot as usize] = Some(entry);
+        self.link_front(slot);
+        let old = self.keys.insert(key.into(), slot);
+        debug_assert!(old.is_none());
+        slot
+    }
+
+    /// Replaces the entry in `slot`; returns the old one.
+    pub fn replace(&mut self, slot: u32, mut entry: Entry) -> Entry {
+        let old = self.slots[slot as usize].take().expect("live slot");
+        if old.expires_at != 0 {
+            self.expiry.remove(&(old.expires_at, slot));
+        }
+        if entry.expires_at != 0 {
+            self.expiry.insert((entry.expires_at, slot));
+        }
+        entry.prev = old.prev;
+        entry.next = old.next;
+        self.slots[slot as usize] = Some(entry);
+        self.touch(slot);
+        old
+    }
+
+    pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
+        let slot = self.keys.remove(key)?;
+        self.unlink(slot);
+        let old = self.slots[slot as usize].take().expect("live slot");
+        if old.expires_at != 0 {
+            self.expiry.remove(&(old.expires_at, slot));
+        }
+        self.free_slots.push(slot);
+        Some(old)
+    }
+
+    /// Marks `slot` most recently used.
+    pub fn touch(&mut self, slot: u32) {
+        if self.head != slot {
+            self.unlink(slot);
+            self.link_front(slot);
+        }
+    }
+
+    pub fn least_recently_used(&self) -> Option<u32> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+
+    /// The slot whose expiry is earliest, if it is due by `now`.
+    pub fn first_expired(&self, now: u64) -> Option<u32> {
+        self.expiry.iter().next().filter(|(at, _)| *at <= now).map(|&(_, slot)| slot)
+    }
+
+    /// Keys in `[min, max)` (`max = None`: unbounded), in order, with their slots.
+    pub fn range<'a>(&'a self, min: &[u8], max: Option<&[u8]>) -> impl Iterator<Item = (&'a [u8], u32)> + 'a {
+        let upper: Bound<&[u8]> = match max {
+            Some(m) => Bound::Excluded(m),
+            None => Bound::Unbounded,
+        };
+        let empty = matches!(max, Some(m) if m <= min);
+        let lower: Bound<&[u8]> = Bound::Included(min);
+        let iter = if empty { None } else { Some(self.keys.range::<[u8], _>((lower, upper))) };
+        iter.into_iter().flatten().map(|(k, &s)| (&k[..], s))
+    }
+
+    fn link_front(&mut self, slot: u32) {
+        let old_head = self.head;
+        {
+            let e = self.slots[slot as usize].as_mut().unwrap();
+            e.prev = NIL;
+            e.next = old_head;
+        }
+        if old_head != NIL {
+            self.slots[old_head as usize].as_mut().unwrap().prev = slot;
+        } else {
+            self.tail = slot;
+        }
+        self.head = slot;
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let (prev, next) = {
+            let e = self.slots[slot as usize].as_ref().unwrap();
+            (e.prev, e.next)
+        };
+        if prev != NIL {
+            self.slots[prev as usize].as_mut().unwrap().next = next;
+        } else {
+            self.head = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].as_mut().unwrap().prev = prev;
+        } else {
+            self.tail = prev;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(gen: u64) -> Entry {
+        Entry::new(Extent { offset: 0, len: 64 }, 1, 1, gen, 0)
+    }
+
+    #[test]
+    fn lru_order_follows_touches() {
+        let mut ix = Index::new();
+        let a = ix.insert(b"a", e(1));
+        let b = ix.insert(b"b", e(2));
+        let _c = ix.insert(b"c", e(3));
+        assert_eq!(ix.least_recently_used(), Some(a));
+        ix.touch(a);
+        assert_eq!(ix.least_recently_used(), Some(b));
+        ix.remove(b"b");
+        ix.remove(b"c");
+        assert_eq!(ix.least_recently_used(), Some(a));
+        ix.remove(b"a");
+        assert_eq!(ix.least_recently_used(), None);
+    }
+
+    #[test]
+    fn range_is_ordered_and_half_open() {
+        let mut ix = Index::new();
+        for k in [&b"b"[..], b"a", b"c", b"bb"] {
+            ix.insert(k, e(1));
+        }
+        let keys: Vec<_> = ix.range(b"a", Some(b"c")).map(|(k, _)| k.to_vec()).collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), b"bb".to_vec()]);
+        assert_eq!(ix.range(b"b", None).count(), 3);
+        assert_eq!(ix.range(b"c", Some(b"a")).count(), 0);
+    }
+}

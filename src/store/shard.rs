@@ -1,0 +1,453 @@
+//! One shard: an arena, its allocator and its index, owned by exactly one worker thread.
+//! This is where the kvstore semantics live (generations, conditions, byte ranges, TTL,
+//! store/cache mode); it knows nothing of the network.
+//!
+//! A value is written in two steps so that large values can be received straight into the
+//! arena: [`Shard::reserve`] hands out an extent, the transport fills it with `key || value`,
+//! then [`Shard::commit_put`] checks the condition and publishes it (or the caller
+//! [`Shard::release`]s it). Extents that a reply is still being sent from are pinned; freeing
+//! a pinned extent is deferred until its last send completes.
+
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::alloc::{Extent, ExtentAllocator};
+use super::arena::{Arena, Backing, HugePages};
+use super::index::{Entry, Index};
+use crate::error::{Error, Result, Status};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A full arena answers "no space".
+    Store,
+    /// A full arena evicts least-recently-used values.
+    Cache,
+}
+
+/// Generation conditions of a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Condition {
+    pub if_equal: Option<u64>,
+    pub if_not_equal: Option<u64>,
+    pub if_absent: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    /// Negative: suffix, counted from the end.
+    pub start: i64,
+    /// -1: to the end.
+    pub end: i64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum GetOutcome {
+    /// `offset`/`len` locate the (ranged) bytes in the arena.
+    Value { generation: u64, value_size: u64, offset: u64, len: u64, extent: u64 },
+    Missing,
+    Unchanged { generation: u64 },
+}
+
+#[derive(Default, Clone, Serialize)]
+pub struct Counters {
+    pub puts: u64,
+    pub gets: u64,
+    pub hits: u64,
+    pub deletes: u64,
+    pub evictions: u64,
+    pub expirations: u64,
+    pub no_space: u64,
+    pub condition_failed: u64,
+}
+
+#[derive(Serialize)]
+pub struct ShardStats {
+    pub keys: usize,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub largest_free_bytes: u64,
+    pub fragmentation: f64,
+    pub backing: Backing,
+    pub mode: Mode,
+    pub pinned_extents: usize,
+    #[serde(flatten)]
+    pub counters: Counters,
+}
+
+struct Pin {
+    sends: u32,
+    /// Set when the extent was freed while pinned: free it when the last send completes.
+    freed: Option<Extent>,
+}
+
+pub struct Shard {
+    arena: Arena,
+    alloc: ExtentAllocator,
+    index: Index,
+    mode: Mode,
+    last_generation: u64,
+    clock: Instant,
+    pins: HashMap<u64, Pin>,
+    counters: Counters,
+}
+
+impl Shard {
+    pub fn new(memory: u64, hugepages: HugePages, mode: Mode) -> Result<Shard> {
+        let arena = Arena::new(memory as usize, hugepages)?;
+        let alloc = ExtentAllocator::new(arena.len() as u64);
+        // Generations start at wall-clock nanoseconds so a restarted server does not hand
+        // out a generation a client may still hold from before.
+        let start = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        Ok(Shard {
+            arena,
+            alloc,
+            index: Index::new(),
+            mode,
+            last_generation: start,
+            clock: Instant::now(),
+            pins: HashMap::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    pub fn now(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.last_generation += 1;
+        self.last_generation
+    }
+
+    /// Looks a key up, dropping it first if its TTL has passed.
+    fn live_slot(&mut self, key: &[u8]) -> Option<u32> {
+        let slot = self.index.find(key)?;
+        let expires = self.index.entry(slot).expires_at;
+        if expires != 0 && expires <= self.now() {
+            self.counters.expirations += 1;
+            self.remove_key(key);
+            return None;
+        }
+        Some(slot)
+    }
+
+    fn write_condition_holds(&mut self, key: &[u8], cond: &Condition) -> bool {
+        let current = self.live_slot(key).map(|s| self.index.entry(s).generation);
+        match (current, cond) {
+            (Some(_), Condition { if_absent: true, .. }) => false,
+            (Some(g), Condition { if_equal: Some(want), .. }) => g == *want,
+            (None, Condition { if_equal: Some(_), .. }) => false,
+            _ => true,
+        }
+    }
+
+    /// Checks a write condition before any data moves, so a doomed put fails fast.
+    pub fn precheck_put(&mut self, key: &[u8], cond: &Condition) -> Result<()> {
+        if self.write_condition_holds(key, cond) {
+            Ok(())
+        } else {
+            self.counters.condition_failed += 1;
+            Err(Error::new(Status::ConditionFailed, ""))
+        }
+    }
+
+    /// Finds room for `len` bytes, expiring and (in cache mode) evicting as needed.
+    pub fn reserve(&mut self, len: u64) -> Result<Extent> {
+        if ExtentAllocator::rounded(len) > self.alloc.capacity() {
+            return Err(Error::new(
+                Status::ValueTooLarge,
+                format!("{len} bytes do not fit in a shard of {} bytes", self.alloc.capacity()),
+            ));
+        }
+        loop {
+            if let Some(e) = self.alloc.alloc(len) {
+                return Ok(e);
+            }
+            if self.expire_due(usize::MAX) > 0 {
+                continue;
+            }
+            let victim = match self.mode {
+                Mode::Cache => self.index.least_recently_used(),
+                Mode::Store => None,
+            };
+            let Some(slot) = victim else {
+                self.counters.no_space += 1;
+                return Err(Error::new(
+                    Status::NoSpace,
+                    format!("{len} bytes requested, {} free in {} extents (largest {})", self.alloc.free_bytes(), self.alloc.free_extents(), self.alloc.largest_free()),
+                ));
+            };
+            let e = self.index.entry(slot);
+            let key = self.arena.slice(e.extent.offset, e.key_len as u64).to_vec();
+            self.remove_key(&key);
+            self.counters.evictions += 1;
+        }
+    }
+
+    /// Writable view of a reserved extent.
+    pub fn extent_mut(&mut self, e: Extent) -> &mut [u8] {
+        self.arena.slice_mut(e.offset, e.len)
+    }
+
+    /// Publishes `key || value` already written at the start of `extent`.
+    pub fn commit_put(&mut self, extent: Extent, key_len: u32, value_len: u64, cond: &Condition, ttl_ms: u64) -> Result<u64> {
+        debug_assert!(key_len as u64 + value_len <= extent.len);
+        let key = self.arena.slice(extent.offset, key_len as u64).to_vec();
+        if !self.write_condition_holds(&key, cond) {
+            self.counters.condition_failed += 1;
+            self.release(extent);
+            return Err(Error::new(Status::ConditionFailed, ""));
+        }
+        let generation = self.next_generation();
+        let expires_at = if ttl_ms == 0 { 0 } else { self.now().saturating_add(ttl_ms.saturating_mul(1_000_000)).max(1) };
+        let entry = Entry::new(extent, key_len, value_len, generation, expires_at);
+        match self.index.find(&key) {
+            Some(slot) => {
+                let old = self.index.replace(slot, entry);
+                self.release(old.extent);
+            }
+            None => {
+                self.index.insert(&key, entry);
+            }
+        }
+        self.counters.puts += 1;
+        Ok(generation)
+    }
+
+    /// Returns an extent to the allocator, or defers it while a send still reads it.
+    pub fn release(&mut self, extent: Extent) {
+        match self.pins.get_mut(&extent.offset) {
+            Some(pin) => pin.freed = Some(extent),
+            None => self.alloc.free(extent),
+        }
+    }
+
+    pub fn pin(&mut self, extent_offset: u64) {
+        self.pins.entry(extent_offset).or_insert(Pin { sends: 0, freed: None }).sends += 1;
+    }
+
+    pub fn unpin(&mut self, extent_offset: u64) {
+        let Some(pin) = self.pins.get_mut(&extent_offset) else { return };
+        pin.sends -= 1;
+        if pin.sends == 0 {
+            if let Some(e) = self.pins.remove(&extent_offset).and_then(|p| p.freed) {
+                self.alloc.free(e);
+            }
+        }
+    }
+
+    pub fn get(&mut self, key: &[u8], cond: &Condition, range: Option<ByteRange>) -> Result<GetOutcome> {
+        self.counters.gets += 1;
+        let Some(slot) = self.live_slot(key) else { return Ok(GetOutcome::Missing) };
+        self.counters.hits += 1;
+        if self.mode == Mode::Cache {
+            self.index.touch(slot);
+        }
+        let e = self.index.entry(slot);
+        let generation = e.generation;
+        let matches = cond.if_not_equal.map_or(true, |g| g != generation) && cond.if_equal.map_or(true, |g| g == generation);
+        if !matches {
+            return Ok(GetOutcome::Unchanged { generation });
+        }
+        let size = e.value_len;
+        let (start, end) = match range {
+            None => (0, size),
+            Some(r) => resolve_range(r, size)?,
+        };
+        Ok(GetOutcome::Value { generation, value_size: size, offset: e.value_offset() + start, len: end - start, extent: e.extent.offset })
+    }
+
+    /// Deletes a key; `Ok(true)` if it existed.
+    pub fn delete(&mut self, key: &[u8], cond: &Condition) -> Result<bool> {
+        if !self.write_condition_holds(key, cond) {
+            self.counters.condition_failed += 1;
+            return Err(Error::new(Status::ConditionFailed, ""));
+        }
+        let existed = self.remove_key(key);
+        self.counters.deletes += existed as u64;
+        Ok(existed)
+    }
+
+    pub fn delete_range(&mut self, min: &[u8], max: Option<&[u8]>) -> u64 {
+        let keys: Vec<Vec<u8>> = self.index.range(min, max).map(|(k, _)| k.to_vec()).collect();
+        for k in &keys {
+            self.remove_key(k);
+        }
+        self.counters.deletes += keys.len() as u64;
+        keys.len() as u64
+    }
+
+    /// Up to `limit` live keys in `[min, max)` with value sizes; `true` if more remain.
+    pub fn list(&mut self, min: &[u8], max: Option<&[u8]>, limit: usize, out: &mut Vec<(Vec<u8>, u64)>) -> bool {
+        let now = self.now();
+        for (k, slot) in self.index.range(min, max) {
+            let e = self.index.entry(slot);
+            if e.expires_at != 0 && e.expires_at <= now {
+                continue;
+            }
+            if out.len() == limit {
+                return true;
+            }
+            out.push((k.to_vec(), e.value_len));
+        }
+        false
+    }
+
+    /// Drops up to `max` entries whose TTL has passed; returns how many.
+    pub fn expire_due(&mut self, max: usize) -> usize {
+        let now = self.now();
+        let mut n = 0;
+        while n < max {
+            let Some(slot) = self.index.first_expired(now) else { break };
+            let e = self.index.entry(slot);
+            let key = self.arena.slice(e.extent.offset, e.key_len as u64).to_vec();
+            self.remove_key(&key);
+            self.counters.expirations += 1;
+            n += 1;
+        }
+        n
+    }
+
+    fn remove_key(&mut self, key: &[u8]) -> bool {
+        match self.index.remove(key) {
+            Some(old) => {
+                self.release(old.extent);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        let capacity = self.alloc.capacity();
+        ShardStats {
+            keys: self.index.len(),
+            capacity_bytes: capacity,
+            used_bytes: capacity - self.alloc.free_bytes(),
+            free_bytes: self.alloc.free_bytes(),
+            largest_free_bytes: self.alloc.largest_free(),
+            fragmentation: self.alloc.fragmentation(),
+            backing: self.arena.backing(),
+            mode: self.mode,
+            pinned_extents: self.pins.len(),
+            counters: self.counters.clone(),
+        }
+    }
+}
+
+/// TensorStore's byte-range rules: negative start counts from the end, end -1 means the
+/// end; a range outside the value is an error.
+pub fn resolve_range(r: ByteRange, size: u64) -> Result<(u64, u64)> {
+    let size_i = size as i64;
+    let start = if r.start < 0 { r.start + size_i } else { r.start };
+    let end = if r.end == -1 { size_i } else { r.end };
+    if start < 0 || end < 0 || end > size_i || start > end {
+        return Err(Error::new(Status::OutOfRange, format!("byte range [{}, {}) of a {size}-byte value", r.start, r.end)));
+    }
+    Ok((start as u64, end as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(s: &mut Shard, key: &[u8], value: &[u8], cond: Condition, ttl_ms: u64) -> Result<u64> {
+        s.precheck_put(key, &cond)?;
+        let e = s.reserve((key.len() + value.len()) as u64)?;
+        let buf = s.extent_mut(e);
+        buf[..key.len()].copy_from_slice(key);
+        buf[key.len()..key.len() + value.len()].copy_from_slice(value);
+        s.commit_put(e, key.len() as u32, value.len() as u64, &cond, ttl_ms)
+    }
+
+    fn value(s: &mut Shard, key: &[u8]) -> Option<Vec<u8>> {
+        match s.get(key, &Condition::default(), None).unwrap() {
+            GetOutcome::Value { offset, len, .. } => Some(s.arena().slice(offset, len).to_vec()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn ranges_follow_tensorstore() {
+        assert_eq!(resolve_range(ByteRange { start: 0, end: -1 }, 10).unwrap(), (0, 10));
+        assert_eq!(resolve_range(ByteRange { start: -3, end: -1 }, 10).unwrap(), (7, 10));
+        assert_eq!(resolve_range(ByteRange { start: 2, end: 5 }, 10).unwrap(), (2, 5));
+        assert_eq!(resolve_range(ByteRange { start: 10, end: 10 }, 10).unwrap(), (10, 10));
+        for bad in [(-11, -1), (0, 11), (6, 5)] {
+            assert_eq!(resolve_range(ByteRange { start: bad.0, end: bad.1 }, 10).unwrap_err().status, Status::OutOfRange);
+        }
+    }
+
+    #[test]
+    fn generations_and_conditions() {
+        let mut s = Shard::new(1 << 20, HugePages::Off, Mode::Store).unwrap();
+        let absent = Condition { if_absent: true, ..Default::default() };
+        let g1 = put(&mut s, b"k", b"v1", absent, 0).unwrap();
+        assert_eq!(put(&mut s, b"k", b"v2", absent, 0).unwrap_err().status, Status::ConditionFailed);
+        let stale = Condition { if_equal: Some(g1 + 1000), ..Default::default() };
+        assert_eq!(put(&mut s, b"k", b"v2", stale, 0).unwrap_err().status, Status::ConditionFailed);
+        let g2 = put(&mut s, b"k", b"v2", Condition { if_equal: Some(g1), ..Default::default() }, 0).unwrap();
+        assert!(g2 > g1);
+        assert_eq!(value(&mut s, b"k").unwrap(), b"v2");
+        let unchanged = s.get(b"k", &Condition { if_not_equal: Some(g2), ..Default::default() }, None).unwrap();
+        assert_eq!(unchanged, GetOutcome::Unchanged { generation: g2 });
+        assert!(s.delete(b"k", &Condition::default()).unwrap());
+        let g3 = put(&mut s, b"k", b"v3", Condition::default(), 0).unwrap();
+        assert!(g3 > g2, "generations are never reused across delete and re-put");
+    }
+
+    #[test]
+    fn store_mode_full_keeps_data_and_cache_mode_evicts_lru() {
+        let mut s = Shard::new(64 * 1024, HugePages::Off, Mode::Store).unwrap();
+        let big = vec![7u8; 16 * 1024];
+        for i in 0..3 {
+            put(&mut s, format!("k{i}").as_bytes(), &big, Condition::default(), 0).unwrap();
+        }
+        let err = put(&mut s, b"k9", &vec![1u8; 20 * 1024], Condition::default(), 0).unwrap_err();
+        assert_eq!(err.status, Status::NoSpace);
+        assert_eq!(value(&mut s, b"k0").unwrap(), big);
+
+        let mut c = Shard::new(64 * 1024, HugePages::Off, Mode::Cache).unwrap();
+        for i in 0..3 {
+            put(&mut c, format!("k{i}").as_bytes(), &big, Condition::default(), 0).unwrap();
+        }
+        value(&mut c, b"k0"); // k1 is now least recently used
+        put(&mut c, b"k9", &vec![1u8; 20 * 1024], Condition::default(), 0).unwrap();
+        assert!(value(&mut c, b"k1").is_none());
+        assert!(value(&mut c, b"k0").is_some());
+        assert!(c.stats().counters.evictions >= 1);
+    }
+
+    #[test]
+    fn pinned_extent_is_freed_after_last_send() {
+        let mut s = Shard::new(1 << 16, HugePages::Off, Mode::Store).unwrap();
+        put(&mut s, b"k", &[1; 100], Condition::default(), 0).unwrap();
+        let GetOutcome::Value { extent, .. } = s.get(b"k", &Condition::default(), None).unwrap() else { panic!() };
+        let free_before = s.stats().free_bytes;
+        s.pin(extent);
+        s.delete(b"k", &Condition::default()).unwrap();
+        assert_eq!(s.stats().free_bytes, free_before, "still being sent");
+        s.unpin(extent);
+        assert!(s.stats().free_bytes > free_before);
+    }
+
+    #[test]
+    fn ttl_expires() {
+        let mut s = Shard::new(1 << 16, HugePages::Off, Mode::Store).unwrap();
+        put(&mut s, b"t", b"x", Condition::default(), 1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(value(&mut s, b"t").is_none());
+        put(&mut s, b"u", b"x", Condition::default(), 1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(s.expire_due(10), 1);
+        assert_eq!(s.stats().keys, 0);
+    }
+}
