@@ -1,9 +1,18 @@
 //! remote_dram: the DRAM of server nodes as a key-value store reached over UCX.
-//! See DESIGN.md in the shared docs and README.md.
+//!
+//! - [`server::Server`] runs one pinned worker per shard; each owns a UCX worker and an
+//!   arena of (huge-page backed) DRAM.
+//! - [`client::Client`] routes each request straight to the owning shard's worker.
+//! - [`store`] holds the semantics (generations, conditions, ranges, TTL, eviction),
+//!   [`proto`] the wire format, [`transport`] the network.
 
+pub mod client;
 pub mod error;
 pub mod proto;
+pub mod server;
 pub mod store;
 pub mod transport;
 
+pub use client::{Client, ClientOptions};
 pub use error::{Error, Result, Status};
+pub use server::{Server, ServerConfig};

@@ -1,1 +1,270 @@
-fn main() {}
+//! The `rdram` command: run a server, or talk to one.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use remote_dram::store::{parse_size, HugePages, Mode};
+use remote_dram::transport::PollMode;
+use remote_dram::{Client, ClientOptions, Error, Server, ServerConfig, Status};
+
+/// Exit code for "key not found".
+const EXIT_MISSING: u8 = 3;
+/// Exit code for "generation condition failed".
+const EXIT_CONDITION: u8 = 4;
+
+#[derive(Parser)]
+#[command(name = "rdram", version, about = "remote_dram: a key-value store in remote DRAM over UCX")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a server.
+    Serve(ServeArgs),
+    /// Store a value: from the argument, --file, or stdin.
+    Put {
+        #[command(flatten)]
+        conn: ConnArgs,
+        key: String,
+        value: Option<String>,
+        #[arg(long, conflicts_with = "value")]
+        file: Option<PathBuf>,
+        /// Only write if the current generation equals this.
+        #[arg(long)]
+        if_equal: Option<u64>,
+        /// Only write if the key does not exist.
+        #[arg(long, conflicts_with = "if_equal")]
+        if_absent: bool,
+        /// Expire the value after this many milliseconds.
+        #[arg(long)]
+        ttl_ms: Option<u64>,
+    },
+    /// Print a value's raw bytes (exit code 3 if the key is missing).
+    Get {
+        #[command(flatten)]
+        conn: ConnArgs,
+        key: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Byte range start (negative: from the end).
+        #[arg(long, allow_hyphen_values = true)]
+        range_start: Option<i64>,
+        /// Byte range end, exclusive (-1: to the end).
+        #[arg(long, allow_hyphen_values = true)]
+        range_end: Option<i64>,
+        /// Print the generation on stderr.
+        #[arg(long)]
+        show_generation: bool,
+    },
+    /// Delete a key (exit code 3 if it did not exist).
+    Del {
+        #[command(flatten)]
+        conn: ConnArgs,
+        key: String,
+        #[arg(long)]
+        if_equal: Option<u64>,
+    },
+    /// List keys with their value sizes, in order.
+    Ls {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Server statistics as JSON.
+    Stats {
+        #[command(flatten)]
+        conn: ConnArgs,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    listen: String,
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Cores to pin workers to, e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    cores: Vec<usize>,
+    /// Total arena memory, split across workers (e.g. 1GiB, 512MiB).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    memory: u64,
+    #[arg(long, value_enum, default_value = "auto")]
+    hugepages: HugePages,
+    #[arg(long, value_enum, default_value = "adaptive")]
+    poll: PollMode,
+    /// Adaptive polling: microseconds to spin before sleeping.
+    #[arg(long, default_value_t = 200)]
+    spin_us: u64,
+    #[arg(long, value_enum, default_value = "store")]
+    mode: Mode,
+    /// File whose first line is the auth token clients must present.
+    #[arg(long, env = "RDRAM_AUTH_TOKEN_FILE")]
+    auth_token_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ConnArgs {
+    /// Server address(es), comma-separated.
+    #[arg(long, env = "RDRAM_SERVER", default_value = "127.0.0.1:7000")]
+    server: String,
+    /// Auth token (or env RDRAM_AUTH_TOKEN).
+    #[arg(long, env = "RDRAM_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+    /// Operation timeout in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    timeout_ms: u64,
+}
+
+impl ConnArgs {
+    fn connect(&self) -> Result<Client, Error> {
+        let opts = ClientOptions {
+            auth_token: self.auth_token.clone(),
+            timeout: Duration::from_millis(self.timeout_ms),
+            ..Default::default()
+        };
+        Client::connect(&self.server, opts)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RDRAM_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse().command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rdram: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cmd: Command) -> Result<ExitCode, Error> {
+    match cmd {
+        Command::Serve(args) => serve(args),
+        Command::Put { conn, key, value, file, if_equal, if_absent, ttl_ms } => {
+            let data = match (value, file) {
+                (Some(v), _) => v.into_bytes(),
+                (None, Some(path)) => std::fs::read(&path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?,
+                (None, None) => {
+                    let mut buf = Vec::new();
+                    std::io::stdin().read_to_end(&mut buf)?;
+                    buf
+                }
+            };
+            let condition = match (if_equal, if_absent) {
+                (Some(g), _) => WriteCondition::IfEqual(g),
+                (None, true) => WriteCondition::IfAbsent,
+                _ => WriteCondition::None,
+            };
+            let opts = PutOptions { condition, ttl: ttl_ms.map(Duration::from_millis) };
+            match conn.connect()?.put_with(key.as_bytes(), &data, &opts)? {
+                WriteResult::Written { generation } => {
+                    println!("{generation}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                WriteResult::ConditionFailed => {
+                    eprintln!("rdram: condition failed: {key:?} not written");
+                    Ok(ExitCode::from(EXIT_CONDITION))
+                }
+            }
+        }
+        Command::Get { conn, key, out, range_start, range_end, show_generation } => {
+            let range = (range_start.is_some() || range_end.is_some())
+                .then(|| remote_dram::client::ByteRange { start: range_start.unwrap_or(0), end: range_end.unwrap_or(-1) });
+            match conn.connect()?.get_with(key.as_bytes(), &GetOptions { range, ..Default::default() })? {
+                GetResult::Value(v) => {
+                    if show_generation {
+                        eprintln!("generation {}", v.generation);
+                    }
+                    match out {
+                        Some(path) => std::fs::write(&path, &v.data).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?,
+                        None => {
+                            let mut stdout = std::io::stdout().lock();
+                            stdout.write_all(&v.data)?;
+                            stdout.flush()?;
+                        }
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                GetResult::Missing => {
+                    eprintln!("rdram: key {key:?} not found");
+                    Ok(ExitCode::from(EXIT_MISSING))
+                }
+                GetResult::Unchanged { .. } => unreachable!("no condition was sent"),
+            }
+        }
+        Command::Del { conn, key, if_equal } => {
+            let condition = if_equal.map_or(WriteCondition::None, WriteCondition::IfEqual);
+            match conn.connect()?.delete_with(key.as_bytes(), condition)? {
+                remote_dram::client::DeleteResult::Deleted { existed: true } => Ok(ExitCode::SUCCESS),
+                remote_dram::client::DeleteResult::Deleted { existed: false } => {
+                    eprintln!("rdram: key {key:?} not found");
+                    Ok(ExitCode::from(EXIT_MISSING))
+                }
+                remote_dram::client::DeleteResult::ConditionFailed => {
+                    eprintln!("rdram: condition failed: {key:?} not deleted");
+                    Ok(ExitCode::from(EXIT_CONDITION))
+                }
+            }
+        }
+        Command::Ls { conn, prefix } => {
+            let entries = conn.connect()?.list(&KeyRange::prefix(prefix.as_bytes()))?;
+            let mut stdout = std::io::stdout().lock();
+            for e in entries {
+                writeln!(stdout, "{}\t{}", e.size, String::from_utf8_lossy(&e.key))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stats { conn } => {
+            let stats = conn.connect()?.stats()?;
+            println!("{}", serde_json::to_string_pretty(&stats).unwrap());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
+    let auth_token = match (&args.auth_token_file, std::env::var("RDRAM_AUTH_TOKEN").ok()) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
+            let token = text.lines().next().unwrap_or("").trim().to_string();
+            if token.is_empty() {
+                return Err(Error::new(Status::Invalid, format!("{} holds no token", path.display())));
+            }
+            Some(token)
+        }
+        (None, env) => env.filter(|t| !t.is_empty()),
+    };
+    let cfg = ServerConfig {
+        listen: args.listen,
+        workers: args.workers,
+        cores: args.cores,
+        memory: args.memory,
+        hugepages: args.hugepages,
+        poll: args.poll,
+        spin: Duration::from_micros(args.spin_us),
+        mode: args.mode,
+        auth_token,
+    };
+    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
+    let mut signals = signals.map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+    let server = Server::start(cfg)?;
+    println!("{}", server.info().banner());
+    println!("auth: {}", if std::env::var("RDRAM_AUTH_TOKEN").is_ok() || args.auth_token_file.is_some() { "token required" } else { "none" });
+    std::io::stdout().flush()?;
+    if let Some(sig) = signals.forever().next() {
+        eprintln!("rdram: signal {sig}, shutting down");
+    }
+    server.stop();
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,1 +1,356 @@
+//! Thin owning wrappers over UCX: a context with one worker (single-thread mode), its
+//! endpoints, registered memory and active-message sends and receives. Everything here is
+//! used by exactly one thread, except [`Waker`], which only calls `ucp_worker_signal`.
+
 pub mod sys;
+
+use std::ffi::{c_void, CStr};
+use std::os::fd::RawFd;
+use std::ptr;
+
+use crate::error::{Error, Result, Status};
+use sys::*;
+
+pub fn status_string(status: ucs_status_t) -> String {
+    // SAFETY: ucs_status_string returns a pointer to a static NUL-terminated string.
+    unsafe { CStr::from_ptr(ucs_status_string(status)).to_string_lossy().into_owned() }
+}
+
+fn check(status: ucs_status_t, what: &str) -> Result<()> {
+    if status == UCS_OK {
+        Ok(())
+    } else {
+        Err(Error::new(Status::Transport, format!("{what}: {}", status_string(status))))
+    }
+}
+
+/// UCS_PTR_IS_ERR / UCS_PTR_STATUS from ucs/type/status.h (macros bindgen cannot see).
+pub fn ptr_status(p: ucs_status_ptr_t) -> Option<ucs_status_t> {
+    let v = p as usize;
+    if v >= (UCS_ERR_LAST as isize) as usize {
+        Some(v as isize as ucs_status_t)
+    } else {
+        None
+    }
+}
+
+/// True when `UCX_TLS` enables only shared-memory transports, which cannot detect peer
+/// failure in UCX 1.13 (asking for it would fail, noisily, on every endpoint).
+fn shared_memory_only() -> bool {
+    const SHM: [&str; 8] = ["posix", "sysv", "cma", "self", "sm", "shm", "knem", "xpmem"];
+    match std::env::var("UCX_TLS") {
+        Ok(tls) if !tls.trim().is_empty() && !tls.starts_with('^') => tls.split(',').all(|t| SHM.contains(&t.trim())),
+        _ => false,
+    }
+}
+
+/// The outcome of starting a non-blocking operation.
+pub enum Started {
+    /// Completed inside the call; the callback will not run.
+    Done,
+    /// In flight; the callback runs from a later progress call.
+    Pending,
+}
+
+fn started(p: ucs_status_ptr_t, what: &str) -> Result<Started> {
+    if p.is_null() {
+        return Ok(Started::Done);
+    }
+    match ptr_status(p) {
+        Some(s) => Err(Error::new(Status::Transport, format!("{what}: {}", status_string(s)))),
+        None => Ok(Started::Pending),
+    }
+}
+
+pub struct Worker {
+    context: ucp_context_h,
+    worker: ucp_worker_h,
+    event_fd: RawFd,
+    waker: Waker,
+}
+
+// SAFETY: a Worker may move to the thread that will own it; it is never shared (not Sync).
+unsafe impl Send for Worker {}
+
+impl Worker {
+    /// A context and a worker in single-thread mode with active messages, RMA and wakeup.
+    pub fn new() -> Result<Worker> {
+        let params = ucp_params_t {
+            field_mask: (UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
+            features: (UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP) as u64,
+            mt_workers_shared: 0,
+            ..Default::default()
+        };
+        let mut context: ucp_context_h = ptr::null_mut();
+        // SAFETY: params is fully initialised for the fields named in field_mask; ucp_init
+        // is an inline wrapper around ucp_init_version with the header's API version.
+        check(unsafe { ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, ptr::null(), &mut context) }, "ucp_init")?;
+        let wparams = ucp_worker_params_t {
+            field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut worker: ucp_worker_h = ptr::null_mut();
+        // SAFETY: context is valid; wparams initialised as above.
+        if let Err(e) = check(unsafe { ucp_worker_create(context, &wparams, &mut worker) }, "ucp_worker_create") {
+            // SAFETY: context was created above and has no workers.
+            unsafe { ucp_cleanup(context) };
+            return Err(e);
+        }
+        let waker = Waker(std::sync::Arc::new(std::sync::Mutex::new(Some(WorkerPtr(worker)))));
+        let mut w = Worker { context, worker, event_fd: -1, waker };
+        let mut fd: i32 = -1;
+        // SAFETY: worker valid, fd is an out-parameter.
+        check(unsafe { ucp_worker_get_efd(worker, &mut fd) }, "ucp_worker_get_efd")?;
+        w.event_fd = fd;
+        Ok(w)
+    }
+
+    pub fn raw(&self) -> ucp_worker_h {
+        self.worker
+    }
+
+    pub fn context(&self) -> ucp_context_h {
+        self.context
+    }
+
+    /// The worker's address, to be handed to peers out of band.
+    pub fn address(&self) -> Result<Vec<u8>> {
+        let mut attr = ucp_worker_attr_t { field_mask: UCP_WORKER_ATTR_FIELD_ADDRESS as u64, ..Default::default() };
+        // SAFETY: worker valid; attr is an in/out parameter.
+        check(unsafe { ucp_worker_query(self.worker, &mut attr) }, "ucp_worker_query")?;
+        // SAFETY: UCX returned address/length; we copy then release it.
+        let bytes = unsafe { std::slice::from_raw_parts(attr.address as *const u8, attr.address_length).to_vec() };
+        unsafe { ucp_worker_release_address(self.worker, attr.address) };
+        Ok(bytes)
+    }
+
+    /// Runs callbacks for completed communication; returns nonzero if anything happened.
+    pub fn progress(&self) -> u32 {
+        // SAFETY: worker valid; called from the owning thread only.
+        unsafe { ucp_worker_progress(self.worker) }
+    }
+
+    /// Arms the event fd. `false` means events are pending: progress again before sleeping.
+    pub fn arm(&self) -> Result<bool> {
+        // SAFETY: worker valid.
+        match unsafe { ucp_worker_arm(self.worker) } {
+            s if s == UCS_OK => Ok(true),
+            s if s == UCS_ERR_BUSY => Ok(false),
+            s => Err(Error::new(Status::Transport, format!("ucp_worker_arm: {}", status_string(s)))),
+        }
+    }
+
+    pub fn event_fd(&self) -> RawFd {
+        self.event_fd
+    }
+
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
+    /// Installs `cb` for active messages with `id`; `arg` is passed to every call.
+    ///
+    /// # Safety
+    /// `arg` must stay valid, and safe to use from `cb`, for as long as the worker lives.
+    pub unsafe fn set_am_handler(&self, id: u16, cb: ucp_am_recv_callback_t, arg: *mut c_void) -> Result<()> {
+        let param = ucp_am_handler_param_t {
+            field_mask: (UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
+            id: id as u32,
+            cb,
+            arg,
+            ..Default::default()
+        };
+        check(ucp_worker_set_am_recv_handler(self.worker, &param), "ucp_worker_set_am_recv_handler")
+    }
+
+    /// Connects to a peer worker by address. Peer-failure error handling is asked for first,
+    /// so that a vanished peer fails outstanding operations instead of hanging them; UCX
+    /// 1.13's shared-memory transports cannot detect peer failure, so when only those are
+    /// enabled the endpoint is created without it and the caller's timeouts bound waits.
+    /// Returns the endpoint and whether peer failures are detected.
+    ///
+    /// # Safety
+    /// `err_arg` must stay valid for `err_cb` until the endpoint is closed.
+    pub unsafe fn connect(&self, address: &[u8], err_cb: ucp_err_handler_cb_t, err_arg: *mut c_void) -> Result<(ucp_ep_h, bool)> {
+        let mut params = ucp_ep_params_t {
+            field_mask: (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+            address: address.as_ptr() as *const ucp_address_t,
+            err_mode: UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: ucp_err_handler { cb: err_cb, arg: err_arg },
+            ..Default::default()
+        };
+        let mut ep: ucp_ep_h = ptr::null_mut();
+        if !shared_memory_only() && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
+            return Ok((ep, true));
+        }
+        params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        check(ucp_ep_create(self.worker, &params, &mut ep), "ucp_ep_create")?;
+        Ok((ep, false))
+    }
+
+    /// Closes an endpoint (forcibly: outstanding operations complete with an error) and
+    /// progresses until the close finishes.
+    pub fn close_ep(&self, ep: ucp_ep_h) {
+        let param = ucp_request_param_t {
+            op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS,
+            flags: UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
+        // SAFETY: ep belongs to this worker and is closed once.
+        let req = unsafe { ucp_ep_close_nbx(ep, &param) };
+        if req.is_null() || ptr_status(req).is_some() {
+            return;
+        }
+        // SAFETY: req is a live request handle returned above.
+        while unsafe { ucp_request_check_status(req) } == UCS_INPROGRESS {
+            self.progress();
+        }
+        unsafe { ucp_request_free(req) };
+    }
+
+    /// Registers `len` bytes at `base` for zero-copy transfers.
+    pub fn mem_map(&self, base: *mut u8, len: usize) -> Result<ucp_mem_h> {
+        let params = ucp_mem_map_params_t {
+            field_mask: (UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH) as u64,
+            address: base as *mut c_void,
+            length: len,
+            ..Default::default()
+        };
+        let mut memh: ucp_mem_h = ptr::null_mut();
+        // SAFETY: base..base+len is a live mapping owned by the caller, which keeps it alive
+        // until mem_unmap.
+        check(unsafe { ucp_mem_map(self.context, &params, &mut memh) }, "ucp_mem_map")?;
+        Ok(memh)
+    }
+
+    pub fn mem_unmap(&self, memh: ucp_mem_h) {
+        // SAFETY: memh came from mem_map on this context and is unmapped once.
+        unsafe { ucp_mem_unmap(self.context, memh) };
+    }
+
+    /// Sends an active message. `header` and `payload` must stay valid and unchanged until
+    /// the send completes (`Started::Done`, or `cb` called).
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint of this worker; the buffers outlive the operation as above.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn am_send(
+        &self,
+        ep: ucp_ep_h,
+        id: u16,
+        header: &[u8],
+        payload: &[u8],
+        flags: u32,
+        cb: ucp_send_nbx_callback_t,
+        user_data: *mut c_void,
+        memh: ucp_mem_h,
+    ) -> Result<Started> {
+        let mut mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        if !memh.is_null() {
+            mask |= UCP_OP_ATTR_FIELD_MEMH;
+        }
+        let param = ucp_request_param_t {
+            op_attr_mask: mask,
+            flags,
+            cb: ucp_request_param_t__bindgen_ty_1 { send: cb },
+            user_data,
+            memh,
+            ..Default::default()
+        };
+        let p = ucp_am_send_nbx(
+            ep,
+            id as u32,
+            header.as_ptr() as *const c_void,
+            header.len(),
+            payload.as_ptr() as *const c_void,
+            payload.len(),
+            &param,
+        );
+        started(p, "ucp_am_send_nbx")
+    }
+
+    /// Receives a rendezvous active message's data into `dest`.
+    ///
+    /// # Safety
+    /// `desc` is a rendezvous descriptor from this worker's AM callback; `dest` stays valid
+    /// and untouched by anyone else until the receive completes.
+    pub unsafe fn am_recv_data(
+        &self,
+        desc: *mut c_void,
+        dest: *mut u8,
+        len: usize,
+        cb: ucp_am_recv_data_nbx_callback_t,
+        user_data: *mut c_void,
+        memh: ucp_mem_h,
+    ) -> Result<Started> {
+        let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        if !memh.is_null() {
+            mask |= UCP_OP_ATTR_FIELD_MEMH;
+        }
+        let param = ucp_request_param_t {
+            op_attr_mask: mask,
+            cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
+            user_data,
+            memh,
+            ..Default::default()
+        };
+        let p = ucp_am_recv_data_nbx(self.worker, desc, dest as *mut c_void, len, &param);
+        started(p, "ucp_am_recv_data_nbx")
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        *self.waker.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // SAFETY: worker and context were created in new() and are destroyed once, worker
+        // first.
+        unsafe {
+            ucp_worker_destroy(self.worker);
+            ucp_cleanup(self.context);
+        }
+    }
+}
+
+/// Wakes a worker sleeping on its event fd, from any thread. Once the worker is dropped,
+/// waking is a no-op.
+#[derive(Clone)]
+pub struct Waker(std::sync::Arc<std::sync::Mutex<Option<WorkerPtr>>>);
+
+struct WorkerPtr(ucp_worker_h);
+// SAFETY: ucp_worker_signal is documented as safe to call from any thread; the pointer is
+// only used under the mutex while the worker is alive.
+unsafe impl Send for WorkerPtr {}
+
+impl Waker {
+    pub fn wake(&self) {
+        if let Some(w) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            // SAFETY: the worker is alive: Worker::drop clears the slot before destroying it.
+            unsafe { ucp_worker_signal(w.0) };
+        }
+    }
+}
+
+/// The fields of an AM callback's `param` we use.
+pub struct AmInfo {
+    pub reply_ep: ucp_ep_h,
+    pub rendezvous: bool,
+}
+
+/// # Safety
+/// `param` is the pointer UCX passed to an AM callback.
+pub unsafe fn am_info(param: *const ucp_am_recv_param_t) -> AmInfo {
+    let p = &*param;
+    let reply_ep = if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
+    AmInfo { reply_ep, rendezvous: p.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 }
+}
+
+/// Releases a request handle from inside its completion callback.
+///
+/// # Safety
+/// `req` is the request passed to the callback.
+pub unsafe fn request_free(req: *mut c_void) {
+    if !req.is_null() {
+        ucp_request_free(req);
+    }
+}

@@ -1,0 +1,374 @@
+//! The client's transport side: one UCX worker, one endpoint per (server, shard), and the
+//! table of requests in flight. Replies are matched to requests by id in the AM callback;
+//! large replies are received (rendezvous) straight into the request's reply buffer.
+//!
+//! Buffer ownership: a request's header bytes live in its pooled `Pending` box and its
+//! payload in the caller's slice, both untouched until the send completes; `wait` does not
+//! return before both the send and the reply have completed (or the endpoint was closed,
+//! which completes everything in flight with an error).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result, Status};
+use crate::proto::bootstrap::{hex_decode, read_line, write_line, Hello, Welcome, MAGIC};
+use crate::proto::{self, ReplyHeader, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
+use crate::transport::ucx::{self, sys, Started, Worker};
+use crate::transport::{PollMode, Poller};
+
+pub struct Reply {
+    pub header: ReplyHeader,
+    pub payload: Vec<u8>,
+}
+
+struct Pending {
+    state: *mut State,
+    server: usize,
+    msg: Vec<u8>,
+    sent: bool,
+    receiving: bool,
+    reply: Option<Result<Reply>>,
+}
+
+struct RecvTag {
+    state: *mut State,
+    id: u64,
+}
+
+struct EpTag {
+    state: *mut State,
+    server: usize,
+}
+
+/// Shared with UCX callbacks through a raw pointer; only touched on the client's thread.
+struct State {
+    worker: *const Worker,
+    pending: HashMap<u64, Box<Pending>>,
+    /// Set by an endpoint's error callback: the connection to that server is lost.
+    failed: Vec<Option<String>>,
+}
+
+pub struct ServerConn {
+    pub node: String,
+    pub node_seed: u64,
+    session: u64,
+    eps: Vec<sys::ucp_ep_h>,
+    _tags: Vec<Box<EpTag>>,
+    dead: Option<String>,
+}
+
+impl ServerConn {
+    pub fn shards(&self) -> usize {
+        self.eps.len()
+    }
+}
+
+pub struct Connection {
+    // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
+    state: Box<State>,
+    pub servers: Vec<ServerConn>,
+    pool: Vec<Box<Pending>>,
+    next_id: u64,
+    poller: Poller,
+    timeout: Duration,
+    worker: Box<Worker>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    pub auth_token: Option<String>,
+    pub poll: PollMode,
+    pub spin: Duration,
+    /// Upper bound on one operation; a server that does not answer in time is declared gone.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Connection {
+    pub fn connect(addresses: &[String], opts: &ConnectOptions) -> Result<Connection> {
+        if addresses.is_empty() {
+            return Err(Error::new(Status::Invalid, "no server address given"));
+        }
+        let worker = Box::new(Worker::new()?);
+        let mut state = Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; addresses.len()] });
+        let state_ptr: *mut State = &mut *state;
+        // SAFETY: state is boxed and outlives the worker's callbacks (Connection::drop closes
+        // every endpoint and stops progressing before state and worker are freed).
+        unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
+        let mut conn = Connection {
+            state,
+            servers: Vec::new(),
+            pool: Vec::new(),
+            next_id: 1,
+            poller: Poller::new(opts.poll, opts.spin),
+            timeout: opts.timeout,
+            worker,
+        };
+        for (i, addr) in addresses.iter().enumerate() {
+            let welcome = handshake(addr, opts)?;
+            if conn.servers.iter().any(|s| s.node == welcome.node) {
+                return Err(Error::new(Status::Invalid, format!("server {} is listed twice", welcome.node)));
+            }
+            let mut eps = Vec::new();
+            let mut tags = Vec::new();
+            for shard_addr in &welcome.shards {
+                let bytes = hex_decode(shard_addr)?;
+                let mut tag = Box::new(EpTag { state: state_ptr, server: i });
+                // SAFETY: tag is kept alive in ServerConn until the endpoint is closed.
+                let (ep, _detects_failure) =
+                    unsafe { conn.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
+                eps.push(ep);
+                tags.push(tag);
+            }
+            conn.servers.push(ServerConn {
+                node_seed: xxhash_rust::xxh3::xxh3_64(welcome.node.as_bytes()),
+                node: welcome.node,
+                session: welcome.session,
+                eps,
+                _tags: tags,
+                dead: None,
+            });
+        }
+        Ok(conn)
+    }
+
+    /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
+    pub fn submit(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+        let conn = &self.servers[server];
+        if let Some(why) = &conn.dead {
+            return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        h.request_id = id;
+        h.session = conn.session;
+        let ep = conn.eps[shard];
+        let mut p = self.pool.pop().unwrap_or_else(|| {
+            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, reply: None })
+        });
+        p.state = &mut *self.state;
+        p.server = server;
+        p.sent = false;
+        p.receiving = false;
+        p.reply = None;
+        p.msg.clear();
+        p.msg.resize(REQUEST_HEADER_LEN, 0);
+        h.encode((&mut p.msg[..REQUEST_HEADER_LEN]).try_into().unwrap());
+        p.msg.extend_from_slice(header_tail);
+        let user = &mut *p as *mut Pending as *mut c_void;
+        // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
+        // the caller's buffer; both stay untouched until `sent` is set (see module docs).
+        let started = unsafe {
+            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, sys::UCP_AM_SEND_FLAG_REPLY, Some(on_sent), user, ptr::null_mut())
+        };
+        match started {
+            Ok(Started::Done) => p.sent = true,
+            Ok(Started::Pending) => {}
+            Err(e) => {
+                self.pool.push(p);
+                return Err(e);
+            }
+        }
+        self.state.pending.insert(id, p);
+        Ok(id)
+    }
+
+    /// Waits for the reply to request `id`.
+    pub fn wait(&mut self, id: u64) -> Result<Reply> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let (done, server) = match self.state.pending.get(&id) {
+                Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
+                None => return Err(Error::new(Status::Internal, format!("unknown request {id}"))),
+            };
+            if done {
+                let mut p = self.state.pending.remove(&id).unwrap();
+                let reply = p.reply.take().unwrap();
+                self.pool.push(p);
+                return reply;
+            }
+            if let Some(why) = self.state.failed[server].clone() {
+                self.fail_server(server, format!("connection lost: {why}"));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let node = self.servers[server].node.clone();
+                self.fail_server(server, format!("no answer from {node} within {:?}", self.timeout));
+                continue;
+            }
+            let did = self.worker.progress() != 0;
+            self.poller.after_progress(&*self.worker, did, (deadline - now).min(Duration::from_millis(100)))?;
+        }
+    }
+
+    /// Closes a server's endpoints (completing what is in flight with errors) and fails
+    /// every request still waiting on it.
+    fn fail_server(&mut self, server: usize, why: String) {
+        let conn = &mut self.servers[server];
+        if conn.dead.is_none() {
+            conn.dead = Some(why.clone());
+            for &ep in &conn.eps {
+                self.worker.close_ep(ep);
+            }
+        }
+        let status = if why.starts_with("no answer") { Status::Timeout } else { Status::Unavailable };
+        for p in self.state.pending.values_mut().filter(|p| p.server == server) {
+            p.sent = true;
+            if p.receiving {
+                // Closing the endpoint should have completed the receive; if UCX still
+                // holds the buffer, leak it rather than free memory it may write.
+                if let Some(Ok(r)) = p.reply.take() {
+                    std::mem::forget(r.payload);
+                }
+                p.receiving = false;
+            }
+            if p.reply.is_none() {
+                p.reply = Some(Err(Error::new(status, why.clone())));
+            }
+        }
+    }
+
+    /// Picks the server for a key by rendezvous hashing over the servers' node names.
+    pub fn route(&self, key: &[u8]) -> (usize, usize) {
+        let server = if self.servers.len() == 1 {
+            0
+        } else {
+            (0..self.servers.len())
+                .max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, self.servers[i].node_seed))
+                .unwrap()
+        };
+        (server, proto::shard_of(key, self.servers[server].shards()))
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for conn in &mut self.servers {
+            if conn.dead.is_none() {
+                conn.dead = Some("closed".into());
+                for &ep in &conn.eps {
+                    self.worker.close_ep(ep);
+                }
+            }
+        }
+    }
+}
+
+fn handshake(addr: &str, opts: &ConnectOptions) -> Result<Welcome> {
+    let unavailable = |e: std::io::Error| Error::new(Status::Unavailable, format!("cannot reach server {addr}: {e}"));
+    let sockaddr = addr
+        .to_socket_addrs()
+        .map_err(unavailable)?
+        .next()
+        .ok_or_else(|| Error::new(Status::Invalid, format!("address {addr} resolves to nothing")))?;
+    let mut stream = TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(unavailable)?;
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(opts.connect_timeout))?;
+    write_line(&mut stream, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: opts.auth_token.clone() })?;
+    let welcome: Welcome = read_line(&stream, opts.connect_timeout)?;
+    if let Some((code, msg)) = welcome.error {
+        return Err(Error::new(Status::from_code(code), format!("server {addr} refused the connection: {msg}")));
+    }
+    if welcome.version != PROTOCOL_VERSION {
+        return Err(Error::new(
+            Status::VersionMismatch,
+            format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server {addr} v{}", welcome.version),
+        ));
+    }
+    if welcome.transport != "ucx" {
+        return Err(Error::new(Status::Transport, format!("server {addr} uses transport {:?}, this client speaks ucx", welcome.transport)));
+    }
+    if welcome.shards.is_empty() {
+        return Err(Error::new(Status::Invalid, format!("server {addr} announced no shards")));
+    }
+    Ok(welcome)
+}
+
+unsafe extern "C" fn on_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
+    // SAFETY: user_data is the boxed Pending of this send, alive until `wait` sees `sent`.
+    // A failed send also surfaces through the endpoint error callback, which fails the request.
+    (*(user_data as *mut Pending)).sent = true;
+    ucx::request_free(request);
+}
+
+unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+    // SAFETY: arg is the EpTag registered with this endpoint, alive while the ep is open.
+    let tag = &*(arg as *const EpTag);
+    let state = &mut *tag.state;
+    if state.failed[tag.server].is_none() {
+        state.failed[tag.server] = Some(ucx::status_string(status));
+    }
+}
+
+unsafe extern "C" fn on_reply(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
+    // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
+    let state = &mut *(arg as *mut State);
+    let header = std::slice::from_raw_parts(header as *const u8, header_length);
+    let info = ucx::am_info(param);
+    catch_unwind(AssertUnwindSafe(|| {
+        let h = match ReplyHeader::decode(header) {
+            Ok(h) => h,
+            Err(_) => return sys::UCS_OK, // not ours to answer; drop it
+        };
+        let Some(p) = state.pending.get_mut(&h.request_id) else { return sys::UCS_OK };
+        if p.reply.is_some() {
+            return sys::UCS_OK;
+        }
+        if !info.rendezvous {
+            let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
+            p.reply = Some(Ok(Reply { header: h, payload }));
+            return sys::UCS_OK;
+        }
+        let mut buf = Vec::<u8>::with_capacity(length);
+        let dest = buf.as_mut_ptr();
+        p.reply = Some(Ok(Reply { header: h, payload: buf }));
+        p.receiving = true;
+        let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
+        // SAFETY: dest is the Vec now owned by the pending reply; it is neither read nor
+        // freed while `receiving` is set (fail_server closes the endpoint first, which
+        // completes this receive).
+        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, ptr::null_mut()) {
+            Ok(Started::Pending) => {}
+            Ok(Started::Done) => finish_recv(Box::from_raw(tag), sys::UCS_OK, length),
+            Err(_) => finish_recv(Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
+        }
+        sys::UCS_OK
+    }))
+    .unwrap_or(sys::UCS_OK)
+}
+
+unsafe fn finish_recv(tag: Box<RecvTag>, status: sys::ucs_status_t, length: usize) {
+    let state = &mut *tag.state;
+    let Some(p) = state.pending.get_mut(&tag.id) else { return };
+    if !p.receiving {
+        return;
+    }
+    p.receiving = false;
+    if status == sys::UCS_OK {
+        if let Some(Ok(r)) = &mut p.reply {
+            // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
+            r.payload.set_len(length);
+        }
+    } else {
+        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
+    }
+}
+
+unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
+    // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
+    finish_recv(Box::from_raw(user_data as *mut RecvTag), status, length);
+    ucx::request_free(request);
+}

@@ -1,0 +1,357 @@
+//! The synchronous Rust client. One `Client` is used by one thread at a time (`&mut self`);
+//! open one per thread for parallelism. Each request goes straight to the worker that owns
+//! the key's shard: servers are chosen by rendezvous hashing, shards by key hash.
+
+mod conn;
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::error::{Error, Result, Status};
+use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use crate::store::ByteRange;
+use crate::transport::{PollMode, DEFAULT_SPIN};
+use conn::{ConnectOptions, Connection, Reply};
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub auth_token: Option<String>,
+    pub poll: PollMode,
+    pub spin: Duration,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            auth_token: None,
+            poll: PollMode::Adaptive,
+            spin: DEFAULT_SPIN,
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A condition on the key's current generation for a write or delete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WriteCondition {
+    #[default]
+    None,
+    IfEqual(u64),
+    IfAbsent,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PutOptions {
+    pub condition: WriteCondition,
+    pub ttl: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GetOptions {
+    /// Answer `Unchanged` (without the value) if the generation equals this.
+    pub if_not_equal: Option<u64>,
+    /// Answer `Unchanged` if the generation differs from this.
+    pub if_equal: Option<u64>,
+    pub range: Option<ByteRange>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Value {
+    pub data: Vec<u8>,
+    pub generation: u64,
+    /// Size of the whole stored value (`data` may be a byte range of it).
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GetResult {
+    Value(Value),
+    Missing,
+    Unchanged { generation: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteResult {
+    Written { generation: u64 },
+    ConditionFailed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteResult {
+    Deleted { existed: bool },
+    ConditionFailed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntry {
+    pub key: Vec<u8>,
+    pub size: u64,
+}
+
+/// Keys in `[min, max)`; `max = None` is unbounded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyRange {
+    pub min: Vec<u8>,
+    pub max: Option<Vec<u8>>,
+}
+
+impl KeyRange {
+    pub fn prefix(prefix: &[u8]) -> KeyRange {
+        KeyRange { min: prefix.to_vec(), max: prefix_successor(prefix) }
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix` (None: unbounded).
+pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut p = prefix.to_vec();
+    while let Some(last) = p.pop() {
+        if last != 0xff {
+            p.push(last + 1);
+            return Some(p);
+        }
+    }
+    None
+}
+
+pub struct Client {
+    conn: Connection,
+}
+
+impl Client {
+    /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`.
+    pub fn connect(addresses: &str, opts: ClientOptions) -> Result<Client> {
+        let list: Vec<String> = addresses.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        let copts = ConnectOptions {
+            auth_token: opts.auth_token,
+            poll: opts.poll,
+            spin: opts.spin,
+            timeout: opts.timeout,
+            connect_timeout: opts.connect_timeout,
+        };
+        Ok(Client { conn: Connection::connect(&list, &copts)? })
+    }
+
+    /// Server nodes and their shard counts, in the order given at connect.
+    pub fn layout(&self) -> Vec<(String, usize)> {
+        self.conn.servers.iter().map(|s| (s.node.clone(), s.shards())).collect()
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
+        match self.put_with(key, value, &PutOptions::default())? {
+            WriteResult::Written { generation } => Ok(generation),
+            WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional put reported a failed condition")),
+        }
+    }
+
+    pub fn put_with(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Result<WriteResult> {
+        check_key(key)?;
+        if value.len() as u64 > MAX_VALUE_LEN {
+            return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
+        }
+        let mut h = RequestHeader::new(Op::Put, 0, 0);
+        apply_write_condition(&mut h, opts.condition);
+        if let Some(ttl) = opts.ttl {
+            h.flags |= flags::HAS_TTL;
+            h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
+        }
+        let reply = if key.len() <= INLINE_KEY_MAX {
+            self.call_key(key, h, value)?
+        } else {
+            let mut payload = Vec::with_capacity(key.len() + value.len());
+            payload.extend_from_slice(key);
+            payload.extend_from_slice(value);
+            self.call_key(key, h, &payload)?
+        };
+        match reply.header.status() {
+            Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
+            Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Value>> {
+        match self.get_with(key, &GetOptions::default())? {
+            GetResult::Value(v) => Ok(Some(v)),
+            GetResult::Missing => Ok(None),
+            GetResult::Unchanged { .. } => Err(Error::new(Status::Internal, "unconditional get reported unchanged")),
+        }
+    }
+
+    pub fn get_with(&mut self, key: &[u8], opts: &GetOptions) -> Result<GetResult> {
+        check_key(key)?;
+        let mut h = RequestHeader::new(Op::Get, 0, 0);
+        if let Some(g) = opts.if_not_equal {
+            h.flags |= flags::IF_NOT_EQUAL;
+            h.if_not_equal = g;
+        }
+        if let Some(g) = opts.if_equal {
+            h.flags |= flags::IF_EQUAL;
+            h.if_equal = g;
+        }
+        if let Some(r) = opts.range {
+            h.flags |= flags::HAS_RANGE;
+            h.range_start = r.start;
+            h.range_end = r.end;
+        }
+        let reply = self.call_key(key, h, &[])?;
+        match reply.header.status() {
+            Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
+            Status::Missing => Ok(GetResult::Missing),
+            Status::Unchanged => Ok(GetResult::Unchanged { generation: reply.header.generation }),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Deletes a key; `true` if it existed.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        match self.delete_with(key, WriteCondition::None)? {
+            DeleteResult::Deleted { existed } => Ok(existed),
+            DeleteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional delete reported a failed condition")),
+        }
+    }
+
+    pub fn delete_with(&mut self, key: &[u8], condition: WriteCondition) -> Result<DeleteResult> {
+        check_key(key)?;
+        let mut h = RequestHeader::new(Op::Delete, 0, 0);
+        apply_write_condition(&mut h, condition);
+        let reply = self.call_key(key, h, &[])?;
+        match reply.header.status() {
+            Status::Ok => Ok(DeleteResult::Deleted { existed: reply.header.value_size != 0 }),
+            Status::ConditionFailed => Ok(DeleteResult::ConditionFailed),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Deletes every key in the range on every shard; returns how many were removed.
+    pub fn delete_range(&mut self, range: &KeyRange) -> Result<u64> {
+        let mut removed = 0;
+        for (server, shard) in self.all_shards() {
+            let reply = self.call_range(server, shard, Op::DeleteRange, &range.min, range.max.as_deref(), 0)?;
+            removed += reply.header.value_size;
+        }
+        Ok(removed)
+    }
+
+    /// Keys in the range with their value sizes, in key order.
+    pub fn list(&mut self, range: &KeyRange) -> Result<Vec<ListEntry>> {
+        let mut all = Vec::new();
+        for (server, shard) in self.all_shards() {
+            let mut min = range.min.clone();
+            loop {
+                let reply = self.call_range(server, shard, Op::List, &min, range.max.as_deref(), proto::LIST_BATCH as u64)?;
+                let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
+                if reply.header.more == 0 || entries.is_empty() {
+                    all.extend(entries.into_iter().map(|(key, size)| ListEntry { key, size }));
+                    break;
+                }
+                // Continue just after the last key returned.
+                min = entries.last().unwrap().0.clone();
+                min.push(0);
+                all.extend(entries.into_iter().map(|(key, size)| ListEntry { key, size }));
+            }
+        }
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(all)
+    }
+
+    /// Per-server, per-shard statistics and totals, as JSON.
+    pub fn stats(&mut self) -> Result<serde_json::Value> {
+        let mut servers = Vec::new();
+        let (mut keys, mut used, mut capacity) = (0u64, 0u64, 0u64);
+        for server in 0..self.conn.servers.len() {
+            let mut shards = Vec::new();
+            for shard in 0..self.conn.servers[server].shards() {
+                let id = self.conn.submit(server, shard, RequestHeader::new(Op::Stats, 0, 0), &[], &[])?;
+                let reply = self.conn.wait(id)?;
+                if reply.header.status() != Status::Ok {
+                    return Err(error_of(reply.header.status(), &reply));
+                }
+                let v: serde_json::Value =
+                    serde_json::from_slice(&reply.payload).map_err(|e| Error::new(Status::Transport, format!("bad stats JSON: {e}")))?;
+                keys += v["keys"].as_u64().unwrap_or(0);
+                used += v["used_bytes"].as_u64().unwrap_or(0);
+                capacity += v["capacity_bytes"].as_u64().unwrap_or(0);
+                shards.push(v);
+            }
+            servers.push(json!({"node": self.conn.servers[server].node, "shards": shards}));
+        }
+        Ok(json!({"keys": keys, "used_bytes": used, "capacity_bytes": capacity, "servers": servers}))
+    }
+
+    fn all_shards(&self) -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        for (i, s) in self.conn.servers.iter().enumerate() {
+            v.extend((0..s.shards()).map(|shard| (i, shard)));
+        }
+        v
+    }
+
+    /// Sends a single-key request to the key's shard; the key goes inline in the header
+    /// when short, else the caller has put it at the front of `payload`.
+    fn call_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8]) -> Result<Reply> {
+        let (server, shard) = self.conn.route(key);
+        h.key_len = key.len() as u32;
+        let id = if key.len() <= INLINE_KEY_MAX {
+            self.conn.submit(server, shard, h, key, payload)?
+        } else {
+            h.flags |= flags::KEY_IN_PAYLOAD;
+            if payload.is_empty() {
+                self.conn.submit(server, shard, h, &[], key)?
+            } else {
+                self.conn.submit(server, shard, h, &[], payload)?
+            }
+        };
+        self.conn.wait(id)
+    }
+
+    fn call_range(&mut self, server: usize, shard: usize, op: Op, min: &[u8], max: Option<&[u8]>, limit: u64) -> Result<Reply> {
+        if min.len() > MAX_KEY_LEN || max.map_or(0, |m| m.len()) > MAX_KEY_LEN {
+            return Err(Error::new(Status::KeyTooLarge, "range bound longer than the key limit"));
+        }
+        let mut h = RequestHeader::new(op, 0, 0);
+        h.key_len = min.len() as u32;
+        h.aux_len = max.map_or(0, |m| m.len() as u32);
+        h.ttl_or_limit = limit;
+        if max.is_none() {
+            h.flags |= flags::MAX_UNBOUNDED;
+        }
+        let mut payload = min.to_vec();
+        payload.extend_from_slice(max.unwrap_or(&[]));
+        let id = self.conn.submit(server, shard, h, &[], &payload)?;
+        let reply = self.conn.wait(id)?;
+        match reply.header.status() {
+            Status::Ok => Ok(reply),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::new(Status::Invalid, "keys must be at least 1 byte"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::new(Status::KeyTooLarge, format!("{} bytes > limit {MAX_KEY_LEN}", key.len())));
+    }
+    Ok(())
+}
+
+fn apply_write_condition(h: &mut RequestHeader, c: WriteCondition) {
+    match c {
+        WriteCondition::None => {}
+        WriteCondition::IfEqual(g) => {
+            h.flags |= flags::IF_EQUAL;
+            h.if_equal = g;
+        }
+        WriteCondition::IfAbsent => h.flags |= flags::IF_ABSENT,
+    }
+}
+
+fn error_of(status: Status, reply: &Reply) -> Error {
+    let status = if status as i8 >= 0 { Status::Internal } else { status };
+    Error::new(status, String::from_utf8_lossy(&reply.payload).into_owned())
+}

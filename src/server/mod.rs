@@ -1,0 +1,236 @@
+//! The server: one pinned worker thread per shard, plus a bootstrap thread that answers
+//! clients' TCP handshakes with the shards' transport addresses.
+
+mod bootstrap;
+mod worker;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::Serialize;
+use tracing::debug;
+
+use crate::error::{Error, Result, Status};
+use crate::proto::PROTOCOL_VERSION;
+use crate::store::{Backing, HugePages, Mode, Shard};
+use crate::transport::{ucx, PollMode, DEFAULT_SPIN};
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// `host:port`; port 0 picks a free port.
+    pub listen: String,
+    pub workers: usize,
+    /// Cores to pin workers to, in order; empty = cores 0..n of this machine, wrapping.
+    pub cores: Vec<usize>,
+    /// Total arena memory, split evenly across shards.
+    pub memory: u64,
+    pub hugepages: HugePages,
+    pub poll: PollMode,
+    pub spin: Duration,
+    pub mode: Mode,
+    pub auth_token: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:7000".into(),
+            workers: 2,
+            cores: Vec::new(),
+            memory: 1 << 30,
+            hugepages: HugePages::Auto,
+            poll: PollMode::Adaptive,
+            spin: DEFAULT_SPIN,
+            mode: Mode::Store,
+            auth_token: None,
+        }
+    }
+}
+
+/// What a started server reports about itself.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerInfo {
+    pub protocol_version: u8,
+    pub transport: &'static str,
+    pub address: String,
+    pub shards: usize,
+    pub bytes_per_shard: u64,
+    pub backing: Vec<Backing>,
+    pub cores: Vec<Option<usize>>,
+    pub mode: Mode,
+    pub poll: PollMode,
+}
+
+impl ServerInfo {
+    pub fn banner(&self) -> String {
+        let backing: Vec<_> = self.backing.iter().map(|b| b.describe()).collect();
+        let mut backing_list = backing.clone();
+        backing_list.dedup();
+        format!(
+            "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, cores {:?}\nlistening on {}",
+            self.protocol_version,
+            self.transport,
+            self.shards,
+            self.bytes_per_shard >> 20,
+            backing_list.join(", "),
+            self.mode,
+            self.poll,
+            self.cores,
+            self.address
+        )
+    }
+}
+
+pub struct Server {
+    info: ServerInfo,
+    stop: Arc<AtomicBool>,
+    wakers: Vec<ucx::Waker>,
+    workers: Vec<JoinHandle<()>>,
+    bootstrap: Option<JoinHandle<()>>,
+    local_addr: SocketAddr,
+}
+
+impl Server {
+    pub fn start(cfg: ServerConfig) -> Result<Server> {
+        if cfg.workers == 0 || cfg.workers > 1024 {
+            return Err(Error::new(Status::Invalid, "workers must be between 1 and 1024"));
+        }
+        let per_shard = cfg.memory / cfg.workers as u64;
+        if per_shard < 1 << 16 {
+            return Err(Error::new(Status::Invalid, "memory per shard must be at least 64 KiB"));
+        }
+        let listener = TcpListener::bind(&cfg.listen).map_err(|e| Error::new(Status::Io, format!("bind {}: {e}", cfg.listen)))?;
+        let local_addr = listener.local_addr()?;
+        let mut session_bytes = [0u8; 8];
+        getrandom::getrandom(&mut session_bytes).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        let session = u64::from_le_bytes(session_bytes) | 1;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let machine_cores = core_affinity::get_core_ids().unwrap_or_default();
+        let mut workers = Vec::new();
+        let mut wakers = Vec::new();
+        let mut addresses = Vec::new();
+        let mut backing = Vec::new();
+        let mut cores = Vec::new();
+        let mut bytes = 0;
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
+        for index in 0..cfg.workers {
+            let core = match (cfg.cores.get(index % cfg.cores.len().max(1)), machine_cores.len()) {
+                (Some(&c), _) => Some(core_affinity::CoreId { id: c }),
+                (None, 0) => None,
+                (None, n) => Some(machine_cores[index % n]),
+            };
+            cores.push(core.map(|c| c.id));
+            let (tx, stop, cfg) = (ready_tx.clone(), stop.clone(), cfg.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("rdram-shard-{index}"))
+                .spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(c);
+                    }
+                    let built = Shard::new(per_shard, cfg.hugepages, cfg.mode)
+                        .and_then(|shard| worker::ShardWorker::new(index, cfg.workers, session, shard))
+                        .and_then(|w| w.info().map(|info| (w, info)));
+                    match built {
+                        Ok((w, info)) => {
+                            let _ = tx.send(Ok((index, info, w.waker())));
+                            w.run(cfg.poll, cfg.spin, stop);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                })
+                .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+            workers.push(handle);
+        }
+        let mut ready: Vec<_> = Vec::new();
+        let mut failure = None;
+        for _ in 0..cfg.workers {
+            match ready_rx.recv() {
+                Ok(Ok(r)) => ready.push(r),
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => failure = Some(Error::new(Status::Internal, "a worker thread died during start")),
+            }
+        }
+        ready.sort_by_key(|r| r.0);
+        for (_, info, waker) in ready {
+            addresses.push(info.address);
+            backing.push(info.backing);
+            bytes = info.bytes;
+            wakers.push(waker);
+        }
+        let mut server = Server {
+            info: ServerInfo {
+                protocol_version: PROTOCOL_VERSION,
+                transport: "ucx",
+                address: local_addr.to_string(),
+                shards: cfg.workers,
+                bytes_per_shard: bytes,
+                backing,
+                cores,
+                mode: cfg.mode,
+                poll: cfg.poll,
+            },
+            stop,
+            wakers,
+            workers,
+            bootstrap: None,
+            local_addr,
+        };
+        if let Some(e) = failure {
+            server.shutdown();
+            return Err(e);
+        }
+        let welcome = bootstrap::Shared {
+            node: local_addr.to_string(),
+            transport: "ucx",
+            session,
+            shards: addresses,
+            token: cfg.auth_token.clone(),
+            stop: server.stop.clone(),
+        };
+        server.bootstrap = Some(bootstrap::spawn(listener, welcome)?);
+        debug!("{}", server.info.banner());
+        Ok(server)
+    }
+
+    pub fn info(&self) -> &ServerInfo {
+        &self.info
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops the workers and the bootstrap listener and waits for them.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in &self.wakers {
+            w.wake();
+        }
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+        if let Some(b) = self.bootstrap.take() {
+            // Unblock accept() with a connection of our own.
+            let _ = std::net::TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+            let _ = b.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if !self.workers.is_empty() || self.bootstrap.is_some() {
+            self.shutdown();
+        }
+    }
+}
