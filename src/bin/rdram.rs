@@ -17,7 +17,7 @@ const EXIT_MISSING: u8 = 3;
 const EXIT_CONDITION: u8 = 4;
 
 #[derive(Parser)]
-#[command(name = "rdram", version, about = "remote_dram: a key-value store in remote DRAM over UCX")]
+#[command(name = "rdram", version, args_override_self = true, about = "remote_dram: a key-value store in remote DRAM over UCX")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -138,15 +138,24 @@ impl Connection {
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
     pub fn submit(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+        let id = self.next_id;
+        h.request_id = id;
+        h.session = self.servers[server].session;
+        let mut header = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut header);
+        self.submit_raw(server, shard, &header, header_tail, payload)
+    }
+
+    /// Sends header bytes as given (after the id was written into them by `submit`, or
+    /// verbatim for protocol tests) and registers the next request id as waiting.
+    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8]) -> Result<u64> {
         let conn = &self.servers[server];
         if let Some(why) = &conn.dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
         }
         let id = self.next_id;
         self.next_id += 1;
-        h.request_id = id;
-        h.session = conn.session;
-        let ep = conn.eps[shard];
+        let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
         let mut p = self.pool.pop().unwrap_or_else(|| {
             Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, reply: None })
         });
@@ -156,8 +165,7 @@ impl Connection {
         p.receiving = false;
         p.reply = None;
         p.msg.clear();
-        p.msg.resize(REQUEST_HEADER_LEN, 0);
-        h.encode((&mut p.msg[..REQUEST_HEADER_LEN]).try_into().unwrap());
+        p.msg.extend_from_slice(header);
         p.msg.extend_from_slice(header_tail);
         let user = &mut *p as *mut Pending as *mut c_void;
         // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
@@ -177,9 +185,21 @@ impl Connection {
         Ok(id)
     }
 
+    pub fn session(&self, server: usize) -> u64 {
+        self.servers[server].session
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.next_id
+    }
+
     /// Waits for the reply to request `id`.
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
-        let deadline = Instant::now() + self.timeout;
+        self.wait_for(id, self.timeout)
+    }
+
+    pub fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
+        let deadline = Instant::now() + timeout;
         loop {
             let (done, server) = match self.state.pending.get(&id) {
                 Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
@@ -198,7 +218,7 @@ impl Connection {
             let now = Instant::now();
             if now >= deadline {
                 let node = self.servers[server].node.clone();
-                self.fail_server(server, format!("no answer from {node} within {:?}", self.timeout));
+                self.fail_server(server, format!("no answer from {node} within {timeout:?}"));
                 continue;
             }
             let did = self.worker.progress() != 0;

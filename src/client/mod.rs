@@ -282,6 +282,21 @@ impl Client {
         Ok(json!({"keys": keys, "used_bytes": used, "capacity_bytes": capacity, "servers": servers}))
     }
 
+    /// Sends raw header bytes and payload to one shard and returns the reply status and
+    /// payload text. For protocol tests: it lets a test speak malformed requests.
+    #[doc(hidden)]
+    pub fn raw_request(&mut self, shard: usize, header: &[u8], payload: &[u8], timeout: Duration) -> Result<(Status, String)> {
+        let id = self.conn.submit_raw(0, shard, header, &[], payload)?;
+        let reply = self.conn.wait_for(id, timeout)?;
+        Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
+    }
+
+    /// The session credential and next request id, for building raw requests.
+    #[doc(hidden)]
+    pub fn raw_session(&self) -> (u64, u64) {
+        (self.conn.session(0), self.conn.next_request_id())
+    }
+
     fn all_shards(&self) -> Vec<(usize, usize)> {
         let mut v = Vec::new();
         for (i, s) in self.conn.servers.iter().enumerate() {

@@ -1,0 +1,143 @@
+//! Test harness: real `rdram serve` processes on ephemeral loopback ports, real UCX.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use remote_dram::{Client, ClientOptions};
+
+pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
+
+pub const TCP: &str = "tcp";
+pub const SHM: &str = "posix,sysv,cma,self";
+
+static INIT: Once = Once::new();
+
+/// Fixes this test binary's UCX transports (before any UCX context exists) and keeps UCX on
+/// the loopback device. Child processes inherit the same settings.
+pub fn init(tls: &str) {
+    INIT.call_once(|| {
+        std::env::set_var("UCX_NET_DEVICES", "lo");
+        std::env::set_var("UCX_TLS", tls);
+    });
+}
+
+pub struct ServerProc {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl ServerProc {
+    /// Starts `rdram serve` with `--listen 127.0.0.1:0` plus `args`, and waits for its address.
+    pub fn start(args: &[&str]) -> ServerProc {
+        Self::start_with_env(args, &[])
+    }
+
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> ServerProc {
+        let mut cmd = Command::new(RDRAM);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--memory", "64MiB", "--hugepages", "off"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn rdram serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let mut addr = None;
+        for line in lines.by_ref() {
+            let line = line.expect("read server stdout");
+            if let Some(a) = line.strip_prefix("listening on ") {
+                addr = Some(a.trim().to_string());
+                break;
+            }
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let addr = addr.expect("server printed no address (did it fail to start?)");
+        ServerProc { child, addr }
+    }
+
+    pub fn client(&self) -> Client {
+        connect(&self.addr)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        // SIGTERM first: a clean shutdown is part of what we test.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+pub fn options() -> ClientOptions {
+    ClientOptions { timeout: Duration::from_secs(20), ..Default::default() }
+}
+
+pub fn connect(addr: &str) -> Client {
+    Client::connect(addr, options()).expect("connect")
+}
+
+/// Runs the `rdram` command with the given arguments; returns (exit code, stdout, stderr).
+pub fn rdram(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
+    use std::io::Write;
+    let mut child = Command::new(RDRAM)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rdram");
+    if let Some(data) = stdin {
+        let mut s = child.stdin.take().unwrap();
+        s.write_all(data).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Deterministic pseudo-random bytes, so readers can check values without sharing them.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
