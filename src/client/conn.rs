@@ -168,10 +168,14 @@ impl Connection {
         p.msg.extend_from_slice(header);
         p.msg.extend_from_slice(header_tail);
         let user = &mut *p as *mut Pending as *mut c_void;
+        // Only put payloads (values) may go by rendezvous; keys and range bounds always go
+        // eager, so the server gets them inside the callback.
+        let is_put = header.get(3) == Some(&(proto::Op::Put as u8));
+        let am_flags = sys::UCP_AM_SEND_FLAG_REPLY | if is_put { 0 } else { sys::UCP_AM_SEND_FLAG_EAGER };
         // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
         // the caller's buffer; both stay untouched until `sent` is set (see module docs).
         let started = unsafe {
-            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, sys::UCP_AM_SEND_FLAG_REPLY, Some(on_sent), user, ptr::null_mut())
+            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, ptr::null_mut())
         };
         match started {
             Ok(Started::Done) => p.sent = true,

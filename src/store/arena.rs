@@ -23,10 +23,12 @@ pub enum HugePages {
 
 /// What backs the mapping in the end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
 pub enum Backing {
+    #[serde(rename = "hugetlb_2m")]
     Hugetlb2M,
+    #[serde(rename = "transparent_huge")]
     TransparentHuge,
+    #[serde(rename = "pages_4k")]
     Pages4K,
 }
 
