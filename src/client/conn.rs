@@ -22,7 +22,33 @@ use crate::transport::{PollMode, Poller};
 
 pub struct Reply {
     pub header: ReplyHeader,
+    /// The payload, unless it went to the request's sink.
     pub payload: Vec<u8>,
+    /// Payload length. With a sink: bytes written there, or the size needed when the
+    /// sink was too small (then `sink_too_small` is set and nothing was written).
+    pub len: usize,
+    pub sink_too_small: bool,
+}
+
+impl Reply {
+    fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
+        Reply { header, len: payload.len(), payload, sink_too_small: false }
+    }
+}
+
+/// A caller's buffer that a successful reply's payload is received into directly.
+#[derive(Clone, Copy)]
+pub struct Sink {
+    ptr: *mut u8,
+    cap: usize,
+}
+
+impl Sink {
+    /// The buffer must stay valid, and unused by anyone else, until the request's
+    /// `wait` returns.
+    pub fn new(buf: &mut [u8]) -> Sink {
+        Sink { ptr: buf.as_mut_ptr(), cap: buf.len() }
+    }
 }
 
 struct Pending {
@@ -31,6 +57,7 @@ struct Pending {
     msg: Vec<u8>,
     sent: bool,
     receiving: bool,
+    sink: Option<Sink>,
     reply: Option<Result<Reply>>,
 }
 
@@ -137,18 +164,39 @@ impl Connection {
     }
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
-    pub fn submit(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+    pub fn submit(&mut self, server: usize, shard: usize, h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+        self.submit_into(server, shard, h, header_tail, payload, None)
+    }
+
+    /// Like `submit`; a successful reply's payload goes straight into `sink`.
+    pub fn submit_into(
+        &mut self,
+        server: usize,
+        shard: usize,
+        mut h: RequestHeader,
+        header_tail: &[u8],
+        payload: &[u8],
+        sink: Option<Sink>,
+    ) -> Result<u64> {
         let id = self.next_id;
         h.request_id = id;
         h.session = self.servers[server].session;
         let mut header = [0u8; REQUEST_HEADER_LEN];
         h.encode(&mut header);
-        self.submit_raw(server, shard, &header, header_tail, payload)
+        self.submit_raw(server, shard, &header, header_tail, payload, sink)
     }
 
     /// Sends header bytes as given (after the id was written into them by `submit`, or
     /// verbatim for protocol tests) and registers the next request id as waiting.
-    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+    pub fn submit_raw(
+        &mut self,
+        server: usize,
+        shard: usize,
+        header: &[u8],
+        header_tail: &[u8],
+        payload: &[u8],
+        sink: Option<Sink>,
+    ) -> Result<u64> {
         let conn = &self.servers[server];
         if let Some(why) = &conn.dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
@@ -157,12 +205,13 @@ impl Connection {
         self.next_id += 1;
         let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
         let mut p = self.pool.pop().unwrap_or_else(|| {
-            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, reply: None })
+            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, sink: None, reply: None })
         });
         p.state = &mut *self.state;
         p.server = server;
         p.sent = false;
         p.receiving = false;
+        p.sink = sink;
         p.reply = None;
         p.msg.clear();
         p.msg.extend_from_slice(header);
@@ -351,19 +400,38 @@ unsafe extern "C" fn on_reply(
         if p.reply.is_some() {
             return sys::UCS_OK;
         }
+        let (dest, buf) = match p.sink {
+            Some(sink) if h.status() == Status::Ok => {
+                if length > sink.cap {
+                    // Too small: report the size needed; the value stays on the server.
+                    p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
+                    return sys::UCS_OK;
+                }
+                (sink.ptr, Vec::new())
+            }
+            _ if !info.rendezvous => {
+                let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
+                p.reply = Some(Ok(Reply::owned(h, payload)));
+                return sys::UCS_OK;
+            }
+            _ => {
+                let mut buf = Vec::<u8>::with_capacity(length);
+                (buf.as_mut_ptr(), buf)
+            }
+        };
+        p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
         if !info.rendezvous {
-            let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
-            p.reply = Some(Ok(Reply { header: h, payload }));
+            if length > 0 {
+                // SAFETY: eager data holds `length` bytes; the sink holds at least as many.
+                ptr::copy_nonoverlapping(data as *const u8, dest, length);
+            }
             return sys::UCS_OK;
         }
-        let mut buf = Vec::<u8>::with_capacity(length);
-        let dest = buf.as_mut_ptr();
-        p.reply = Some(Ok(Reply { header: h, payload: buf }));
         p.receiving = true;
         let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
-        // SAFETY: dest is the Vec now owned by the pending reply; it is neither read nor
-        // freed while `receiving` is set (fail_server closes the endpoint first, which
-        // completes this receive).
+        // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
+        // neither read nor freed while `receiving` is set (fail_server closes the endpoint
+        // first, which completes this receive).
         match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, ptr::null_mut()) {
             Ok(Started::Pending) => {}
             Ok(Started::Done) => finish_recv(Box::from_raw(tag), sys::UCS_OK, length),
@@ -383,8 +451,11 @@ unsafe fn finish_recv(tag: Box<RecvTag>, status: sys::ucs_status_t, length: usiz
     p.receiving = false;
     if status == sys::UCS_OK {
         if let Some(Ok(r)) = &mut p.reply {
-            // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
-            r.payload.set_len(length);
+            if p.sink.is_none() {
+                // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
+                r.payload.set_len(length);
+            }
+            r.len = length;
         }
     } else {
         p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));

@@ -12,7 +12,7 @@ use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::store::ByteRange;
 use crate::transport::{PollMode, DEFAULT_SPIN};
-use conn::{ConnectOptions, Connection, Reply};
+use conn::{ConnectOptions, Connection, Reply, Sink};
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -70,6 +70,16 @@ pub struct Value {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GetResult {
     Value(Value),
+    Missing,
+    Unchanged { generation: u64 },
+}
+
+/// The result of [`Client::get_into`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GetInto {
+    /// `len` bytes were written to the buffer; `size` is the whole stored value's size.
+    Value { len: usize, generation: u64, size: u64 },
+    TooSmall { needed: usize },
     Missing,
     Unchanged { generation: u64 },
 }
@@ -183,25 +193,27 @@ impl Client {
 
     pub fn get_with(&mut self, key: &[u8], opts: &GetOptions) -> Result<GetResult> {
         check_key(key)?;
-        let mut h = RequestHeader::new(Op::Get, 0, 0);
-        if let Some(g) = opts.if_not_equal {
-            h.flags |= flags::IF_NOT_EQUAL;
-            h.if_not_equal = g;
-        }
-        if let Some(g) = opts.if_equal {
-            h.flags |= flags::IF_EQUAL;
-            h.if_equal = g;
-        }
-        if let Some(r) = opts.range {
-            h.flags |= flags::HAS_RANGE;
-            h.range_start = r.start;
-            h.range_end = r.end;
-        }
-        let reply = self.call_key(key, h, &[])?;
+        let reply = self.call_key(key, get_header(opts), &[])?;
         match reply.header.status() {
             Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
             Status::Missing => Ok(GetResult::Missing),
             Status::Unchanged => Ok(GetResult::Unchanged { generation: reply.header.generation }),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Reads a value (or a byte range of it) straight into `buf`, without an intermediate
+    /// copy for large values. When `buf` is too small, nothing is written and the result
+    /// says how many bytes are needed; the value stays on the server.
+    pub fn get_into(&mut self, key: &[u8], opts: &GetOptions, buf: &mut [u8]) -> Result<GetInto> {
+        check_key(key)?;
+        let h = get_header(opts);
+        let reply = self.call_key_into(key, h, &[], Some(Sink::new(buf)))?;
+        match reply.header.status() {
+            Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
+            Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
+            Status::Missing => Ok(GetInto::Missing),
+            Status::Unchanged => Ok(GetInto::Unchanged { generation: reply.header.generation }),
             s => Err(error_of(s, &reply)),
         }
     }
@@ -286,7 +298,7 @@ impl Client {
     /// payload text. For protocol tests: it lets a test speak malformed requests.
     #[doc(hidden)]
     pub fn raw_request(&mut self, shard: usize, header: &[u8], payload: &[u8], timeout: Duration) -> Result<(Status, String)> {
-        let id = self.conn.submit_raw(0, shard, header, &[], payload)?;
+        let id = self.conn.submit_raw(0, shard, header, &[], payload, None)?;
         let reply = self.conn.wait_for(id, timeout)?;
         Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
     }
@@ -307,18 +319,19 @@ impl Client {
 
     /// Sends a single-key request to the key's shard; the key goes inline in the header
     /// when short, else the caller has put it at the front of `payload`.
-    fn call_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8]) -> Result<Reply> {
+    fn call_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8]) -> Result<Reply> {
+        self.call_key_into(key, h, payload, None)
+    }
+
+    fn call_key_into(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], sink: Option<Sink>) -> Result<Reply> {
         let (server, shard) = self.conn.route(key);
         h.key_len = key.len() as u32;
         let id = if key.len() <= INLINE_KEY_MAX {
-            self.conn.submit(server, shard, h, key, payload)?
+            self.conn.submit_into(server, shard, h, key, payload, sink)?
         } else {
             h.flags |= flags::KEY_IN_PAYLOAD;
-            if payload.is_empty() {
-                self.conn.submit(server, shard, h, &[], key)?
-            } else {
-                self.conn.submit(server, shard, h, &[], payload)?
-            }
+            let payload = if payload.is_empty() { key } else { payload };
+            self.conn.submit_into(server, shard, h, &[], payload, sink)?
         };
         self.conn.wait(id)
     }
@@ -353,6 +366,24 @@ fn check_key(key: &[u8]) -> Result<()> {
         return Err(Error::new(Status::KeyTooLarge, format!("{} bytes > limit {MAX_KEY_LEN}", key.len())));
     }
     Ok(())
+}
+
+fn get_header(opts: &GetOptions) -> RequestHeader {
+    let mut h = RequestHeader::new(Op::Get, 0, 0);
+    if let Some(g) = opts.if_not_equal {
+        h.flags |= flags::IF_NOT_EQUAL;
+        h.if_not_equal = g;
+    }
+    if let Some(g) = opts.if_equal {
+        h.flags |= flags::IF_EQUAL;
+        h.if_equal = g;
+    }
+    if let Some(r) = opts.range {
+        h.flags |= flags::HAS_RANGE;
+        h.range_start = r.start;
+        h.range_end = r.end;
+    }
+    h
 }
 
 fn apply_write_condition(h: &mut RequestHeader, c: WriteCondition) {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{self, pattern, rdram, wait_until, ServerProc};
-use remote_dram::client::{ByteRange, GetOptions, GetResult};
+use remote_dram::client::{ByteRange, GetInto, GetOptions, GetResult};
 use remote_dram::{Client, ClientOptions, Status};
 
 pub const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 64 << 20];
@@ -57,6 +57,16 @@ pub fn sizes_and_ranges(tls: &str) {
         let got = c.get(key.as_bytes()).unwrap().expect("value present");
         assert!(got.data == value, "size {size}");
         assert_eq!((got.generation, got.size), (g1, *size as u64));
+        // Straight into a caller's buffer; a too-small buffer loses nothing.
+        if *size > 0 {
+            let mut small = vec![0u8; size - 1];
+            let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut small).unwrap();
+            assert_eq!(r, GetInto::TooSmall { needed: *size });
+        }
+        let mut buf = vec![0u8; size + 3];
+        let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut buf).unwrap();
+        assert_eq!(r, GetInto::Value { len: *size, generation: g1, size: *size as u64 });
+        assert!(buf[..*size] == value[..]);
         let g2 = c.put(key.as_bytes(), &value).unwrap();
         assert_ne!(g1, g2, "rewriting identical bytes still changes the generation");
         if *size >= 16 {
