@@ -84,6 +84,7 @@ pub struct ServerConn {
     pub node_seed: u64,
     session: u64,
     eps: Vec<sys::ucp_ep_h>,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses
     _tags: Vec<Box<EpTag>>,
     dead: Option<String>,
 }
@@ -98,6 +99,7 @@ pub struct Connection {
     // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
     state: Box<State>,
     pub servers: Vec<ServerConn>,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     pool: Vec<Box<Pending>>,
     next_id: u64,
     poller: Poller,
@@ -286,7 +288,8 @@ impl Connection {
         if conn.dead.is_none() {
             conn.dead = Some(why.clone());
             for &ep in &conn.eps {
-                self.worker.close_ep(ep);
+                // SAFETY: each endpoint is closed once: `dead` is set just before.
+                unsafe { self.worker.close_ep(ep) };
             }
         }
         let status = if why.starts_with("no answer") { Status::Timeout } else { Status::Unavailable };
@@ -325,7 +328,8 @@ impl Drop for Connection {
             if conn.dead.is_none() {
                 conn.dead = Some("closed".into());
                 for &ep in &conn.eps {
-                    self.worker.close_ep(ep);
+                    // SAFETY: each endpoint is closed once: `dead` is set just before.
+                    unsafe { self.worker.close_ep(ep) };
                 }
             }
         }
@@ -389,7 +393,7 @@ unsafe extern "C" fn on_reply(
     // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
     // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
     let state = &mut *(arg as *mut State);
-    let header = std::slice::from_raw_parts(header as *const u8, header_length);
+    let header = ucx::am_header(header, header_length);
     let info = ucx::am_info(param);
     catch_unwind(AssertUnwindSafe(|| {
         let h = match ReplyHeader::decode(header) {
@@ -434,15 +438,15 @@ unsafe extern "C" fn on_reply(
         // first, which completes this receive).
         match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, ptr::null_mut()) {
             Ok(Started::Pending) => {}
-            Ok(Started::Done) => finish_recv(Box::from_raw(tag), sys::UCS_OK, length),
-            Err(_) => finish_recv(Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
+            Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
+            Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
         }
         sys::UCS_OK
     }))
     .unwrap_or(sys::UCS_OK)
 }
 
-unsafe fn finish_recv(tag: Box<RecvTag>, status: sys::ucs_status_t, length: usize) {
+unsafe fn finish_recv(tag: RecvTag, status: sys::ucs_status_t, length: usize) {
     let state = &mut *tag.state;
     let Some(p) = state.pending.get_mut(&tag.id) else { return };
     if !p.receiving {
@@ -464,6 +468,6 @@ unsafe fn finish_recv(tag: Box<RecvTag>, status: sys::ucs_status_t, length: usiz
 
 unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
     // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
-    finish_recv(Box::from_raw(user_data as *mut RecvTag), status, length);
+    finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);
     ucx::request_free(request);
 }

@@ -54,6 +54,7 @@ pub struct ShardWorker {
     worker: Worker,
     memh: sys::ucp_mem_h,
     shard: Shard,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
     list_scratch: Vec<(Vec<u8>, u64)>,
 }
@@ -152,7 +153,7 @@ impl ShardWorker {
         let started = unsafe {
             let (payload, memh): (&[u8], _) = match arena {
                 Some((offset, len, _)) => (self.shard.arena().slice(offset, len), self.memh),
-                None => ((&(*raw).payload).as_slice(), ptr::null_mut()),
+                None => ((*raw).payload.as_slice(), ptr::null_mut()),
             };
             self.worker.am_send(ep, proto::AM_REPLY, &(*raw).header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
         };
@@ -303,15 +304,15 @@ impl ShardWorker {
         match started {
             Ok(Started::Pending) => {}
             // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
-            Ok(Started::Done) => self.finish_put(unsafe { Box::from_raw(pending) }, sys::UCS_OK),
+            Ok(Started::Done) => self.finish_put(unsafe { *Box::from_raw(pending) }, sys::UCS_OK),
             Err(e) => {
                 warn!("rendezvous receive failed to start: {e}");
-                self.finish_put(unsafe { Box::from_raw(pending) }, sys::UCS_ERR_IO_ERROR)
+                self.finish_put(unsafe { *Box::from_raw(pending) }, sys::UCS_ERR_IO_ERROR)
             }
         }
     }
 
-    fn finish_put(&mut self, p: Box<PendingPut>, status: sys::ucs_status_t) {
+    fn finish_put(&mut self, p: PendingPut, status: sys::ucs_status_t) {
         if status != sys::UCS_OK {
             // The client vanished or the transfer failed: free the slot, keep serving.
             debug!("shard {}: rendezvous put failed ({}); slot freed", self.index, ucx::status_string(status));
@@ -402,7 +403,8 @@ impl ShardWorker {
 
 impl Drop for ShardWorker {
     fn drop(&mut self) {
-        self.worker.mem_unmap(self.memh);
+        // SAFETY: mapped in new(), unmapped once here.
+        unsafe { self.worker.mem_unmap(self.memh) };
     }
 }
 
@@ -434,7 +436,7 @@ unsafe extern "C" fn on_request(
     // inside progress, when no other borrow of the worker is live. header/param are valid
     // for the duration of the call.
     let w = &mut *(arg as *mut ShardWorker);
-    let header = if header_length == 0 { &[][..] } else { std::slice::from_raw_parts(header as *const u8, header_length) };
+    let header = ucx::am_header(header, header_length);
     let info = ucx::am_info(param);
     catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info))).unwrap_or_else(|_| {
         warn!("request handler panicked; request dropped");
@@ -454,6 +456,6 @@ unsafe extern "C" fn on_put_received(request: *mut c_void, status: sys::ucs_stat
     // SAFETY: user_data is the PendingPut box leaked in begin_rendezvous_put.
     let p = Box::from_raw(user_data as *mut PendingPut);
     let w = &mut *p.worker;
-    let _ = catch_unwind(AssertUnwindSafe(|| w.finish_put(p, status)));
+    let _ = catch_unwind(AssertUnwindSafe(|| w.finish_put(*p, status)));
     ucx::request_free(request);
 }

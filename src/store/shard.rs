@@ -253,7 +253,7 @@ impl Shard {
         }
         let e = self.index.entry(slot);
         let generation = e.generation;
-        let matches = cond.if_not_equal.map_or(true, |g| g != generation) && cond.if_equal.map_or(true, |g| g == generation);
+        let matches = cond.if_not_equal.is_none_or(|g| g != generation) && cond.if_equal.is_none_or(|g| g == generation);
         if !matches {
             return Ok(GetOutcome::Unchanged { generation });
         }

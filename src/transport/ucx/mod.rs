@@ -191,7 +191,10 @@ impl Worker {
 
     /// Closes an endpoint (forcibly: outstanding operations complete with an error) and
     /// progresses until the close finishes.
-    pub fn close_ep(&self, ep: ucp_ep_h) {
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint of this worker, closed once.
+    pub unsafe fn close_ep(&self, ep: ucp_ep_h) {
         let param = ucp_request_param_t {
             op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS,
             flags: UCP_EP_CLOSE_FLAG_FORCE,
@@ -224,7 +227,9 @@ impl Worker {
         Ok(memh)
     }
 
-    pub fn mem_unmap(&self, memh: ucp_mem_h) {
+    /// # Safety
+    /// `memh` came from `mem_map` on this worker and is unmapped once.
+    pub unsafe fn mem_unmap(&self, memh: ucp_mem_h) {
         // SAFETY: memh came from mem_map on this context and is unmapped once.
         unsafe { ucp_mem_unmap(self.context, memh) };
     }
@@ -343,6 +348,19 @@ pub unsafe fn am_info(param: *const ucp_am_recv_param_t) -> AmInfo {
     let p = &*param;
     let reply_ep = if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
     AmInfo { reply_ep, rendezvous: p.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 }
+}
+
+/// The user header of an AM callback as a slice (UCX leaves the pointer undefined when
+/// the length is 0).
+///
+/// # Safety
+/// `header`/`len` are the values UCX passed to the callback; the slice must not outlive it.
+pub unsafe fn am_header<'a>(header: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(header as *const u8, len)
+    }
 }
 
 /// Releases a request handle from inside its completion callback.
