@@ -218,6 +218,77 @@ impl Client {
         }
     }
 
+    /// Stores many values with up to `depth` requests in flight: one wait for many
+    /// round trips. Results are per item, in order.
+    pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
+        self.pipelined(items.len(), depth, |c, i| {
+            let (key, value) = items[i];
+            check_key(key)?;
+            if key.len() > INLINE_KEY_MAX || value.len() as u64 > MAX_VALUE_LEN {
+                return Err(Error::new(Status::Invalid, "put_many takes keys up to 1 KiB and values up to 1 GiB"));
+            }
+            let mut h = RequestHeader::new(Op::Put, 0, 0);
+            h.key_len = key.len() as u32;
+            let (server, shard) = c.conn.route(key);
+            c.conn.submit(server, shard, h, key, value)
+        })
+        .into_iter()
+        .map(|r| {
+            let reply = r?;
+            match reply.header.status() {
+                Status::Ok => Ok(reply.header.generation),
+                s => Err(error_of(s, &reply)),
+            }
+        })
+        .collect()
+    }
+
+    /// Reads many values with up to `depth` requests in flight. `None`: missing.
+    pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
+        self.pipelined(keys.len(), depth, |c, i| {
+            let key = keys[i];
+            check_key(key)?;
+            if key.len() > INLINE_KEY_MAX {
+                return Err(Error::new(Status::Invalid, "get_many takes keys up to 1 KiB"));
+            }
+            let mut h = RequestHeader::new(Op::Get, 0, 0);
+            h.key_len = key.len() as u32;
+            let (server, shard) = c.conn.route(key);
+            c.conn.submit(server, shard, h, key, &[])
+        })
+        .into_iter()
+        .map(|r| {
+            let reply = r?;
+            match reply.header.status() {
+                Status::Ok => Ok(Some(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
+                Status::Missing => Ok(None),
+                s => Err(error_of(s, &reply)),
+            }
+        })
+        .collect()
+    }
+
+    /// Submits `n` requests, keeping at most `depth` in flight, and collects the replies.
+    fn pipelined(&mut self, n: usize, depth: usize, mut submit: impl FnMut(&mut Self, usize) -> Result<u64>) -> Vec<Result<Reply>> {
+        let depth = depth.max(1);
+        let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
+        let mut in_flight = std::collections::VecDeque::new();
+        for i in 0..n {
+            if in_flight.len() == depth {
+                let (j, id) = in_flight.pop_front().unwrap();
+                results[j] = Some(self.conn.wait(id));
+            }
+            match submit(self, i) {
+                Ok(id) => in_flight.push_back((i, id)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (j, id) in in_flight {
+            results[j] = Some(self.conn.wait(id));
+        }
+        results.into_iter().map(|r| r.unwrap()).collect()
+    }
+
     /// Deletes a key; `true` if it existed.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         match self.delete_with(key, WriteCondition::None)? {
