@@ -4,6 +4,8 @@
 use std::{env, path::PathBuf};
 
 fn main() {
+    // Versioned SONAME for libremote_dram.so (the ABI major).
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libremote_dram.so.{}", env::var("CARGO_PKG_VERSION_MAJOR").unwrap());
     let ucx = pkg_config::Config::new()
         .atleast_version("1.12")
         .probe("ucx")
@@ -30,5 +32,23 @@ fn main() {
     let bindings = builder.generate().expect("bindgen failed on ucp.h");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("ucx_bindings.rs");
     bindings.write_to_file(out).expect("write ucx bindings");
+    generate_c_header();
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// Generates the C header from src/ffi/ into OUT_DIR; `make header` copies it to
+/// include/remote_dram.h and a test fails when the committed copy differs.
+fn generate_c_header() {
+    let crate_dir = env::var("CARGO_MANIFEST_DIR").unwrap();
+    let config = cbindgen::Config::from_file(PathBuf::from(&crate_dir).join("cbindgen.toml")).expect("cbindgen.toml");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("remote_dram.h");
+    cbindgen::Builder::new()
+        .with_crate(&crate_dir)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen failed on src/ffi")
+        .write_to_file(&out);
+    println!("cargo:rustc-env=RDRAM_GENERATED_HEADER={}", out.display());
+    println!("cargo:rerun-if-changed=src/ffi");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
 }

@@ -26,13 +26,19 @@ pub enum Status {
     Io = -11,
     Internal = -12,
     WrongShard = -13,
+    /// The caller's buffer is too small for the value; nothing was lost.
+    BufferTooSmall = -14,
+    /// A panic was caught at the C boundary.
+    Panic = -15,
+    /// A required pointer argument was NULL (C ABI).
+    NullArgument = -16,
 }
 
 impl Status {
     pub fn from_code(code: i8) -> Status {
         use Status::*;
         [Ok, Missing, Unchanged, ConditionFailed, Invalid, KeyTooLarge, ValueTooLarge, NoSpace, OutOfRange, AuthFailed,
-         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard]
+         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard, BufferTooSmall, Panic, NullArgument]
             .into_iter()
             .find(|s| *s as i8 == code)
             .unwrap_or(Internal)
@@ -57,6 +63,9 @@ impl Status {
             Status::Io => "I/O error",
             Status::Internal => "internal error",
             Status::WrongShard => "request sent to the wrong shard",
+            Status::BufferTooSmall => "buffer too small for the value",
+            Status::Panic => "internal panic caught at the C boundary",
+            Status::NullArgument => "a required pointer argument is NULL",
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod error;
+pub mod ffi;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -77,6 +77,16 @@ struct State {
     pending: HashMap<u64, Box<Pending>>,
     /// Set by an endpoint's error callback: the connection to that server is lost.
     failed: Vec<Option<String>>,
+    /// Caller memory registered with UCX: (base, len, handle).
+    registered: Vec<(usize, usize, sys::ucp_mem_h)>,
+}
+
+impl State {
+    /// The registration covering `[ptr, ptr+len)`, or null (UCX then registers on the fly).
+    fn memh_for(&self, ptr: *const u8, len: usize) -> sys::ucp_mem_h {
+        let (p, end) = (ptr as usize, ptr as usize + len);
+        self.registered.iter().find(|(b, l, _)| *b <= p && end <= b + l).map_or(ptr::null_mut(), |r| r.2)
+    }
 }
 
 pub struct ServerConn {
@@ -123,7 +133,8 @@ impl Connection {
             return Err(Error::new(Status::Invalid, "no server address given"));
         }
         let worker = Box::new(Worker::new()?);
-        let mut state = Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; addresses.len()] });
+        let mut state =
+            Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; addresses.len()], registered: Vec::new() });
         let state_ptr: *mut State = &mut *state;
         // SAFETY: state is boxed and outlives the worker's callbacks (Connection::drop closes
         // every endpoint and stops progressing before state and worker are freed).
@@ -226,7 +237,7 @@ impl Connection {
         // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
         // the caller's buffer; both stay untouched until `sent` is set (see module docs).
         let started = unsafe {
-            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, ptr::null_mut())
+            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, self.state.memh_for(payload.as_ptr(), payload.len()))
         };
         match started {
             Ok(Started::Done) => p.sent = true,
@@ -238,6 +249,28 @@ impl Connection {
         }
         self.state.pending.insert(id, p);
         Ok(id)
+    }
+
+    /// Registers caller memory for zero-copy sends from and receives into it.
+    ///
+    /// # Safety
+    /// The memory must stay valid until deregistered (or the connection is dropped).
+    pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
+        if self.state.registered.iter().any(|r| r.0 == base as usize) {
+            return Err(Error::new(Status::Invalid, "region already registered"));
+        }
+        let memh = self.worker.mem_map(base, len)?;
+        self.state.registered.push((base as usize, len, memh));
+        Ok(())
+    }
+
+    pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        let i = self.state.registered.iter().position(|r| r.0 == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
+        let (_, _, memh) = self.state.registered.remove(i);
+        // SAFETY: memh came from mem_map on this worker and is unmapped once; no request
+        // is in flight between synchronous calls.
+        unsafe { self.worker.mem_unmap(memh) };
+        Ok(())
     }
 
     pub fn session(&self, server: usize) -> u64 {
@@ -324,6 +357,10 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        for (_, _, memh) in std::mem::take(&mut self.state.registered) {
+            // SAFETY: registered on this worker, unmapped once.
+            unsafe { self.worker.mem_unmap(memh) };
+        }
         for conn in &mut self.servers {
             if conn.dead.is_none() {
                 conn.dead = Some("closed".into());
@@ -436,7 +473,8 @@ unsafe extern "C" fn on_reply(
         // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
         // neither read nor freed while `receiving` is set (fail_server closes the endpoint
         // first, which completes this receive).
-        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, ptr::null_mut()) {
+        let memh = state.memh_for(dest, length);
+        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
             Ok(Started::Pending) => {}
             Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
             Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),

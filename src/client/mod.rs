@@ -127,9 +127,15 @@ pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// A client connection. Use it from one thread at a time; it may move between threads.
 pub struct Client {
     conn: Connection,
 }
+
+// SAFETY: the UCX worker is in single-thread mode, which allows use from any one thread at a
+// time; `&mut self` on every operation (and no Sync) guarantees exactly that, and the raw
+// pointers inside only point at memory the client owns.
+unsafe impl Send for Client {}
 
 impl Client {
     /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`.
@@ -287,6 +293,47 @@ impl Client {
             results[j] = Some(self.conn.wait(id));
         }
         results.into_iter().map(|r| r.unwrap()).collect()
+    }
+
+    /// Registers `[base, base+len)` with the transport so that puts from it and gets into
+    /// it move without on-the-fly registration (zero copy for large values).
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`Client::deregister`] or the client is dropped.
+    pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
+        self.conn.register(base, len)
+    }
+
+    pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        self.conn.deregister(base)
+    }
+
+    /// Reads many values into the given buffers, with up to `depth` requests in flight.
+    pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
+        assert_eq!(keys.len(), bufs.len(), "one buffer per key");
+        let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
+        self.pipelined(keys.len(), depth, |c, i| {
+            let key = keys[i];
+            check_key(key)?;
+            if key.len() > INLINE_KEY_MAX {
+                return Err(Error::new(Status::Invalid, "get_many_into takes keys up to 1 KiB"));
+            }
+            let mut h = RequestHeader::new(Op::Get, 0, 0);
+            h.key_len = key.len() as u32;
+            let (server, shard) = c.conn.route(key);
+            c.conn.submit_into(server, shard, h, key, &[], Some(sinks[i]))
+        })
+        .into_iter()
+        .map(|r| {
+            let reply = r?;
+            match reply.header.status() {
+                Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
+                Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
+                Status::Missing => Ok(GetInto::Missing),
+                s => Err(error_of(s, &reply)),
+            }
+        })
+        .collect()
     }
 
     /// Deletes a key; `true` if it existed.

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the C11 and C++17 tests against an installed remote_dram (found through
+# pkg-config under PREFIX) and runs them under valgrind, against real server processes.
+# usage: ffi-tests/run.sh PREFIX
+set -euo pipefail
+PREFIX=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig LD_LIBRARY_PATH=$PREFIX/lib PATH=$PREFIX/bin:$PATH
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "== building against $(pkg-config --modversion remote_dram) from $PREFIX"
+flags=$(pkg-config --cflags --libs remote_dram)
+for t in test_api writer reader threads embedded_server; do
+  cc -std=c11 -Wall -Wextra -Werror -g -I"$here" "$here/$t.c" -o "$work/$t" $flags -lpthread
+done
+c++ -std=c++17 -Wall -Wextra -Werror -g "$here/test_cpp.cpp" -o "$work/test_cpp" $flags
+
+VALGRIND=(valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite
+          --suppressions="$here/valgrind.supp")
+
+# start_server LOGNAME ARGS... : runs a server (or any program printing "listening on ADDR")
+# in the background and sets $addr.
+start() {
+  local log=$work/$1.log; shift
+  "$@" >"$log" 2>&1 3>&- &
+  pids+=($!)
+  for _ in $(seq 300); do grep -q "^listening on " "$log" && break; sleep 0.1; done
+  addr=$(sed -n 's/^listening on //p' "$log" | head -1)
+  [ -n "$addr" ] || { cat "$log"; echo "server did not start"; exit 1; }
+}
+
+run() { echo "-- $*"; "${VALGRIND[@]}" "$@"; }
+
+start server rdram serve --listen 127.0.0.1:0 --workers 2 --memory 256MiB --hugepages off
+server=$addr
+start auth env RDRAM_AUTH_TOKEN=c-token rdram serve --listen 127.0.0.1:0 --workers 1 --memory 64MiB --hugepages off
+auth=$addr
+dead=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+
+run "$work/test_api" "$server" "$auth" "$dead"
+run "$work/writer" "$server"
+run "$work/reader" "$server"
+run "$work/threads" "$server"
+run "$work/test_cpp" "$server"
+
+echo "-- embedded server in a C process, writer and reader as separate C processes"
+mkfifo "$work/ctl"
+exec 3<>"$work/ctl"  # the embedded server runs until this, its stdin's only writer, closes
+start embedded bash -c "exec ${VALGRIND[*]} '$work/embedded_server' < '$work/ctl'"
+embedded_pid=${pids[-1]}
+run "$work/writer" "$addr"
+run "$work/reader" "$addr"
+exec 3>&-
+wait "$embedded_pid"
+cat "$work/embedded.log"
+echo "== all C/C++ tests passed"

@@ -1,0 +1,192 @@
+/* Every C function and its error paths, against real servers.
+ * usage: test_api SERVER AUTH_SERVER(token "c-token") DEAD_ADDRESS */
+#include "check.h"
+
+struct listing { int count; char keys[8][32]; uint64_t sizes[8]; };
+
+static int collect(void *userdata, const uint8_t *key, size_t key_len, uint64_t size) {
+  struct listing *l = userdata;
+  if (l->count < 8 && key_len < 32) {
+    memcpy(l->keys[l->count], key, key_len);
+    l->keys[l->count][key_len] = 0;
+    l->sizes[l->count] = size;
+  }
+  l->count++;
+  return 0;
+}
+
+static int stop_after_one(void *userdata, const uint8_t *key, size_t key_len, uint64_t size) {
+  (void)key; (void)key_len; (void)size;
+  ++*(int *)userdata;
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  CHECK(argc == 4);
+  const char *addr = argv[1], *auth_addr = argv[2], *dead = argv[3];
+
+  /* Library-level functions. */
+  CHECK(strstr(rdram_version(), "protocol 1") != NULL);
+  CHECK(strcmp(rdram_strerror(RDRAM_MISSING), "key not found") == 0);
+  CHECK(strcmp(rdram_strerror(12345), "unknown status code") == 0);
+
+  /* Connecting: NULL arguments, a server that is not running, auth. */
+  rdram_client *c = NULL;
+  CHECK_STATUS(rdram_client_connect(NULL, NULL, &c), RDRAM_NULL_ARGUMENT);
+  CHECK_STATUS(rdram_client_connect(addr, NULL, NULL), RDRAM_NULL_ARGUMENT);
+  CHECK(c == NULL);
+  rdram_client_options opts = {0};
+  opts.connect_timeout_ms = 2000;
+  CHECK_STATUS(rdram_client_connect(dead, &opts, &c), RDRAM_UNAVAILABLE);
+  CHECK(c == NULL && strstr(rdram_last_error_message(), dead) != NULL);
+  CHECK_STATUS(rdram_client_connect(auth_addr, &opts, &c), RDRAM_AUTH_FAILED);
+  opts.auth_token = "wrong";
+  CHECK_STATUS(rdram_client_connect(auth_addr, &opts, &c), RDRAM_AUTH_FAILED);
+  CHECK(strstr(rdram_last_error_message(), "wrong auth token") != NULL);
+  opts.auth_token = "c-token";
+  CHECK_STATUS(rdram_client_connect(auth_addr, &opts, &c), RDRAM_OK);
+  CHECK_STATUS(rdram_put(c, KEY("authed"), (const uint8_t *)"yes", 3, NULL), RDRAM_OK);
+  rdram_client_close(c);
+  rdram_client_close(NULL);
+  c = NULL;
+  CHECK_STATUS(rdram_client_connect(addr, NULL, &c), RDRAM_OK);
+
+  /* put / get, NULL checks, too-small buffer, missing key. */
+  uint64_t g1 = 0, g2 = 0, g = 0;
+  CHECK_STATUS(rdram_put(NULL, KEY("k"), (const uint8_t *)"v", 1, &g1), RDRAM_NULL_ARGUMENT);
+  CHECK_STATUS(rdram_put(c, NULL, 1, (const uint8_t *)"v", 1, &g1), RDRAM_NULL_ARGUMENT);
+  CHECK_STATUS(rdram_put(c, KEY("k"), NULL, 1, &g1), RDRAM_NULL_ARGUMENT);
+  CHECK_STATUS(rdram_put(c, (const uint8_t *)"k", 0, (const uint8_t *)"v", 1, &g1), RDRAM_INVALID_ARGUMENT);
+  CHECK(g1 == 0); /* out-parameters untouched on failure */
+  CHECK_STATUS(rdram_put(c, KEY("api/a"), (const uint8_t *)"hello world", 11, &g1), RDRAM_OK);
+  CHECK_STATUS(rdram_put(c, KEY("api/empty"), NULL, 0, NULL), RDRAM_OK);
+  uint8_t buf[64];
+  size_t len = 0;
+  CHECK_STATUS(rdram_get(c, KEY("api/a"), buf, 4, &len, &g), RDRAM_BUFFER_TOO_SMALL);
+  CHECK(len == 11 && g == 0);
+  CHECK_STATUS(rdram_get(c, KEY("api/a"), buf, sizeof buf, &len, &g), RDRAM_OK);
+  CHECK(len == 11 && g == g1 && memcmp(buf, "hello world", 11) == 0);
+  CHECK_STATUS(rdram_get(c, KEY("api/empty"), NULL, 0, &len, NULL), RDRAM_OK);
+  CHECK(len == 0);
+  CHECK_STATUS(rdram_get(c, KEY("api/none"), buf, sizeof buf, &len, &g), RDRAM_MISSING);
+  CHECK_STATUS(rdram_get(c, KEY("api/a"), NULL, 5, &len, &g), RDRAM_NULL_ARGUMENT);
+
+  /* Oversize key. */
+  size_t big_len = RDRAM_MAX_KEY_LEN + 1;
+  uint8_t *big_key = calloc(1, big_len);
+  CHECK_STATUS(rdram_put(c, big_key, big_len, (const uint8_t *)"v", 1, NULL), RDRAM_KEY_TOO_LARGE);
+  CHECK_STATUS(rdram_put(c, big_key, RDRAM_MAX_KEY_LEN, (const uint8_t *)"v", 1, NULL), RDRAM_OK);
+  CHECK_STATUS(rdram_delete(c, big_key, RDRAM_MAX_KEY_LEN), RDRAM_OK);
+  free(big_key);
+
+  /* Conditional put: matching, stale, only-if-absent. */
+  rdram_put_options po = {0};
+  po.if_equal = g1 + 1000;
+  CHECK_STATUS(rdram_put_cond(c, KEY("api/a"), (const uint8_t *)"x", 1, &po, &g2), RDRAM_CONDITION_FAILED);
+  po.if_equal = g1;
+  CHECK_STATUS(rdram_put_cond(c, KEY("api/a"), (const uint8_t *)"HELLO WORLD", 11, &po, &g2), RDRAM_OK);
+  CHECK(g2 > g1);
+  po.if_equal = 0;
+  po.if_absent = true;
+  CHECK_STATUS(rdram_put_cond(c, KEY("api/a"), (const uint8_t *)"x", 1, &po, NULL), RDRAM_CONDITION_FAILED);
+  CHECK_STATUS(rdram_put_cond(c, KEY("api/new"), (const uint8_t *)"n", 1, &po, NULL), RDRAM_OK);
+  po.if_equal = 5;
+  CHECK_STATUS(rdram_put_cond(c, KEY("api/new"), (const uint8_t *)"n", 1, &po, NULL), RDRAM_INVALID_ARGUMENT);
+
+  /* Conditional get and byte ranges. */
+  rdram_get_options go = {0};
+  go.if_not_equal = g2;
+  g = 0;
+  CHECK_STATUS(rdram_get_cond(c, KEY("api/a"), &go, buf, sizeof buf, &len, &g), RDRAM_UNCHANGED);
+  CHECK(g == g2);
+  go.if_not_equal = g1;
+  CHECK_STATUS(rdram_get_cond(c, KEY("api/a"), &go, buf, sizeof buf, &len, &g), RDRAM_OK);
+  CHECK_STATUS(rdram_get_range(c, KEY("api/a"), 6, -1, buf, sizeof buf, &len, NULL), RDRAM_OK);
+  CHECK(len == 5 && memcmp(buf, "WORLD", 5) == 0);
+  CHECK_STATUS(rdram_get_range(c, KEY("api/a"), -3, -1, buf, sizeof buf, &len, NULL), RDRAM_OK);
+  CHECK(len == 3 && memcmp(buf, "RLD", 3) == 0);
+  CHECK_STATUS(rdram_get_range(c, KEY("api/a"), 5, 100, buf, sizeof buf, &len, NULL), RDRAM_OUT_OF_RANGE);
+
+  /* Library-allocated get. */
+  uint8_t *owned = NULL;
+  size_t owned_len = 0;
+  CHECK_STATUS(rdram_get_alloc(c, KEY("api/a"), &owned, &owned_len, &g), RDRAM_OK);
+  CHECK(owned_len == 11 && memcmp(owned, "HELLO WORLD", 11) == 0);
+  rdram_buf_free(owned, owned_len);
+  CHECK_STATUS(rdram_get_alloc(c, KEY("api/empty"), &owned, &owned_len, NULL), RDRAM_OK);
+  CHECK(owned != NULL && owned_len == 0);
+  rdram_buf_free(owned, owned_len);
+  rdram_buf_free(NULL, 0);
+  CHECK_STATUS(rdram_get_alloc(c, KEY("api/none"), &owned, &owned_len, NULL), RDRAM_MISSING);
+  CHECK_STATUS(rdram_get_alloc(c, KEY("api/a"), NULL, &owned_len, NULL), RDRAM_NULL_ARGUMENT);
+
+  /* List (with early stop), stats. */
+  struct listing l = {0};
+  CHECK_STATUS(rdram_list_prefix(c, KEY("api/"), collect, &l), RDRAM_OK);
+  CHECK(l.count == 3);
+  CHECK(strcmp(l.keys[0], "api/a") == 0 && l.sizes[0] == 11);
+  CHECK(strcmp(l.keys[1], "api/empty") == 0 && l.sizes[1] == 0);
+  CHECK(strcmp(l.keys[2], "api/new") == 0);
+  int seen = 0;
+  CHECK_STATUS(rdram_list(c, KEY("api/"), NULL, 0, stop_after_one, &seen), RDRAM_OK);
+  CHECK(seen == 1);
+  CHECK_STATUS(rdram_list(c, KEY("api/"), NULL, 0, NULL, NULL), RDRAM_NULL_ARGUMENT);
+  char *json = NULL;
+  CHECK_STATUS(rdram_stats(c, &json), RDRAM_OK);
+  CHECK(json != NULL && strstr(json, "\"keys\"") != NULL);
+  rdram_string_free(json);
+
+  /* Batches. */
+  enum { N = 100 };
+  rdram_put_item puts[N];
+  rdram_get_item gets[N + 1];
+  char keys[N + 1][16];
+  uint8_t vals[N][32], outs[N + 1][32];
+  for (int i = 0; i <= N; i++) {
+    snprintf(keys[i], sizeof keys[i], "batch/%03d", i);
+    if (i < N) {
+      fill_pattern(vals[i], sizeof vals[i], (uint32_t)i);
+      puts[i] = (rdram_put_item){(const uint8_t *)keys[i], strlen(keys[i]), vals[i], sizeof vals[i], 0, RDRAM_INTERNAL};
+    }
+    gets[i] = (rdram_get_item){(const uint8_t *)keys[i], strlen(keys[i]), outs[i], i == 7 ? 8 : 32, 0, 0, RDRAM_INTERNAL};
+  }
+  CHECK_STATUS(rdram_mput(c, puts, N), RDRAM_OK);
+  for (int i = 0; i < N; i++) CHECK(puts[i].status == RDRAM_OK && puts[i].generation != 0);
+  CHECK_STATUS(rdram_mget(c, gets, N + 1), RDRAM_OK);
+  for (int i = 0; i < N; i++) {
+    if (i == 7) {
+      CHECK(gets[i].status == RDRAM_BUFFER_TOO_SMALL && gets[i].value_len == 32);
+    } else {
+      CHECK(gets[i].status == RDRAM_OK && gets[i].value_len == 32 && gets[i].generation == puts[i].generation);
+      CHECK(memcmp(outs[i], vals[i], 32) == 0);
+    }
+  }
+  CHECK(gets[N].status == RDRAM_MISSING);
+
+  /* Registered memory for zero-copy transfers. */
+  size_t reg_len = 4 << 20;
+  uint8_t *region = malloc(reg_len);
+  fill_pattern(region, reg_len / 2, 99);
+  CHECK_STATUS(rdram_register(c, region, reg_len), RDRAM_OK);
+  CHECK_STATUS(rdram_register(c, region, reg_len), RDRAM_INVALID_ARGUMENT);
+  CHECK_STATUS(rdram_put(c, KEY("reg/v"), region, reg_len / 2, NULL), RDRAM_OK);
+  CHECK_STATUS(rdram_get(c, KEY("reg/v"), region + reg_len / 2, reg_len / 2, &len, NULL), RDRAM_OK);
+  CHECK(len == reg_len / 2 && memcmp(region, region + reg_len / 2, len) == 0);
+  CHECK_STATUS(rdram_deregister(c, region), RDRAM_OK);
+  CHECK_STATUS(rdram_deregister(c, region), RDRAM_INVALID_ARGUMENT);
+  free(region);
+
+  /* Deletes: conditional, missing, range. */
+  CHECK_STATUS(rdram_delete_cond(c, KEY("api/a"), g1), RDRAM_CONDITION_FAILED);
+  CHECK_STATUS(rdram_delete_cond(c, KEY("api/a"), g2), RDRAM_OK);
+  CHECK_STATUS(rdram_delete(c, KEY("api/a")), RDRAM_MISSING);
+  uint64_t removed = 0;
+  CHECK_STATUS(rdram_delete_range(c, KEY("batch/"), (const uint8_t *)"batch0", 6, &removed), RDRAM_OK);
+  CHECK(removed == N);
+  CHECK_STATUS(rdram_delete_range(c, KEY("api/"), NULL, 0, &removed), RDRAM_OK);
+  CHECK(removed >= 2);
+
+  rdram_client_close(c);
+  printf("test_api: all checks passed\n");
+  return 0;
+}

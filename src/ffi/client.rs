@@ -1,0 +1,586 @@
+//! C ABI: the client handle and its operations.
+
+use std::ffi::{c_char, c_void};
+use std::time::Duration;
+
+use super::{bytes, c_str, guard, null_arg, rdram_status};
+use crate::client::{ByteRange, DeleteResult, GetInto, GetOptions, KeyRange, PutOptions, WriteCondition, WriteResult};
+use crate::error::{Error, Status};
+use crate::transport::PollMode;
+use crate::{Client, ClientOptions};
+
+use rdram_status::*;
+
+/// An open client connection to one or more servers. Created by `rdram_client_connect`,
+/// freed by `rdram_client_close`. A client must be used by one thread at a time (it may
+/// move between threads); open one per thread for parallelism.
+pub struct rdram_client {
+    inner: Client,
+}
+
+/// Polling mode of the client's (or embedded server's) transport.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum rdram_poll_mode {
+    /// Spin for a bounded time, then sleep on the transport's event fd (default).
+    RDRAM_POLL_ADAPTIVE = 0,
+    /// Spin continuously: lowest latency, one core per poller.
+    RDRAM_POLL_BUSY = 1,
+}
+
+impl From<rdram_poll_mode> for PollMode {
+    fn from(m: rdram_poll_mode) -> Self {
+        match m {
+            rdram_poll_mode::RDRAM_POLL_ADAPTIVE => PollMode::Adaptive,
+            rdram_poll_mode::RDRAM_POLL_BUSY => PollMode::Busy,
+        }
+    }
+}
+
+/// Client options. Zero-initialise (`= {0}`) for defaults, then set what you need.
+#[repr(C)]
+pub struct rdram_client_options {
+    /// NUL-terminated auth token, or NULL for none. Borrowed for the call only.
+    pub auth_token: *const c_char,
+    pub poll_mode: rdram_poll_mode,
+    /// Upper bound on one operation in milliseconds; 0 = 30000.
+    pub timeout_ms: u32,
+    /// Upper bound on connecting in milliseconds; 0 = 5000.
+    pub connect_timeout_ms: u32,
+}
+
+/// Options of a conditional put. Zero-initialise for "unconditional, no TTL".
+#[repr(C)]
+pub struct rdram_put_options {
+    /// Only write if the current generation equals this (0 = no such condition).
+    pub if_equal: u64,
+    /// Only write if the key does not exist.
+    pub if_absent: bool,
+    /// Expire the value after this many milliseconds (0 = never).
+    pub ttl_ms: u64,
+}
+
+/// Options of a conditional or ranged get. Zero-initialise for a plain get.
+#[repr(C)]
+pub struct rdram_get_options {
+    /// Answer RDRAM_UNCHANGED (without the value) if the generation equals this (0 = none).
+    pub if_not_equal: u64,
+    /// Answer RDRAM_UNCHANGED if the generation differs from this (0 = none).
+    pub if_equal: u64,
+    /// Read only bytes [range_start, range_end) of the value.
+    pub has_range: bool,
+    /// Negative: counted from the end (a suffix).
+    pub range_start: i64,
+    /// -1: to the end of the value.
+    pub range_end: i64,
+}
+
+/// One item of `rdram_mput`. The caller fills key and value; the library fills
+/// `status` and, on success, `generation`.
+#[repr(C)]
+pub struct rdram_put_item {
+    pub key: *const u8,
+    pub key_len: usize,
+    pub value: *const u8,
+    pub value_len: usize,
+    pub generation: u64,
+    pub status: rdram_status,
+}
+
+/// One item of `rdram_mget`. The caller fills key and buffer; the library fills
+/// `status`, `value_len` (bytes written, or the size needed on RDRAM_BUFFER_TOO_SMALL)
+/// and `generation`.
+#[repr(C)]
+pub struct rdram_get_item {
+    pub key: *const u8,
+    pub key_len: usize,
+    pub buf: *mut u8,
+    pub buf_len: usize,
+    pub value_len: usize,
+    pub generation: u64,
+    pub status: rdram_status,
+}
+
+/// Called once per listed key, in key order. `key` is valid only during the call.
+/// Return 0 to continue, nonzero to stop listing.
+pub type rdram_list_callback = Option<unsafe extern "C" fn(userdata: *mut c_void, key: *const u8, key_len: usize, value_size: u64) -> i32>;
+
+unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
+    c.as_mut().map(|c| &mut c.inner).ok_or_else(|| null_arg("client"))
+}
+
+unsafe fn write<T>(out: *mut T, v: T) {
+    if !out.is_null() {
+        out.write(v);
+    }
+}
+
+/// Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`).
+///
+/// `addresses` must not be NULL. `options` may be NULL (defaults). On success `*out`
+/// receives a client owned by the caller, to be freed with `rdram_client_close`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options: *const rdram_client_options, out: *mut *mut rdram_client) -> rdram_status {
+    guard(|| {
+        let addresses = c_str(addresses, "addresses")?;
+        if out.is_null() {
+            return Err(null_arg("out"));
+        }
+        let mut opts = ClientOptions::default();
+        if let Some(o) = options.as_ref() {
+            if !o.auth_token.is_null() {
+                opts.auth_token = Some(c_str(o.auth_token, "options.auth_token")?.to_string());
+            }
+            opts.poll = o.poll_mode.into();
+            if o.timeout_ms > 0 {
+                opts.timeout = Duration::from_millis(o.timeout_ms as u64);
+            }
+            if o.connect_timeout_ms > 0 {
+                opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
+            }
+        }
+        let inner = Client::connect(addresses, opts)?;
+        out.write(Box::into_raw(Box::new(rdram_client { inner })));
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Closes a client and frees it. NULL is allowed (no-op). The handle must not be used after.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
+    if !client.is_null() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(client))));
+    }
+}
+
+/// Stores a value. `key` (1 B–64 KiB) must not be NULL; `value` may be NULL when
+/// `value_len` is 0. `generation_out` may be NULL; on success it receives the new
+/// generation. Both buffers are borrowed for the call only.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_put(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    value: *const u8,
+    value_len: usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out)
+}
+
+/// Stores a value under a condition and/or with a TTL (`options` may be NULL). Returns
+/// RDRAM_CONDITION_FAILED (nothing written) when the condition does not hold.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_put_cond(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    value: *const u8,
+    value_len: usize,
+    options: *const rdram_put_options,
+    generation_out: *mut u64,
+) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let key = key_arg(key, key_len)?;
+        let value = bytes(value, value_len, "value")?;
+        let mut opts = PutOptions::default();
+        if let Some(o) = options.as_ref() {
+            opts.condition = match (o.if_equal, o.if_absent) {
+                (0, false) => WriteCondition::None,
+                (0, true) => WriteCondition::IfAbsent,
+                (g, false) => WriteCondition::IfEqual(g),
+                (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
+            };
+            opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
+        }
+        match c.put_with(key, value, &opts)? {
+            WriteResult::Written { generation } => {
+                write(generation_out, generation);
+                Ok(RDRAM_OK)
+            }
+            WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
+        }
+    })
+}
+
+/// Reads a value into the caller's buffer `buf` of `buf_len` bytes (`buf` may be NULL when
+/// `buf_len` is 0). On RDRAM_OK, `*value_len_out` is the value's length. On
+/// RDRAM_BUFFER_TOO_SMALL, `*value_len_out` is the size needed and the value is untouched
+/// on the server: call again with a big enough buffer. RDRAM_MISSING: no such key.
+/// `value_len_out` and `generation_out` may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_get(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    buf: *mut u8,
+    buf_len: usize,
+    value_len_out: *mut usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out)
+}
+
+/// Reads bytes [start, end) of a value (start < 0: from the end; end = -1: to the end)
+/// into `buf`, as `rdram_get`. An invalid range gives RDRAM_OUT_OF_RANGE.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_get_range(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    start: i64,
+    end: i64,
+    buf: *mut u8,
+    buf_len: usize,
+    value_len_out: *mut usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: true, range_start: start, range_end: end };
+    rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
+}
+
+/// Reads a value under conditions and/or a byte range (`options` may be NULL), as
+/// `rdram_get`. RDRAM_UNCHANGED: the condition did not match; `*generation_out` then
+/// holds the current generation and no bytes were moved.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_get_cond(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    options: *const rdram_get_options,
+    buf: *mut u8,
+    buf_len: usize,
+    value_len_out: *mut usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let key = key_arg(key, key_len)?;
+        if buf.is_null() && buf_len > 0 {
+            return Err(null_arg("buf"));
+        }
+        let opts = get_options(options);
+        let mut empty = [0u8; 0];
+        let sink: &mut [u8] = if buf_len == 0 { &mut empty } else { std::slice::from_raw_parts_mut(buf, buf_len) };
+        match c.get_into(key, &opts, sink)? {
+            GetInto::Value { len, generation, .. } => {
+                write(value_len_out, len);
+                write(generation_out, generation);
+                Ok(RDRAM_OK)
+            }
+            GetInto::TooSmall { needed } => {
+                write(value_len_out, needed);
+                Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
+            }
+            GetInto::Missing => Ok(RDRAM_MISSING),
+            GetInto::Unchanged { generation } => {
+                write(generation_out, generation);
+                Ok(RDRAM_UNCHANGED)
+            }
+        }
+    })
+}
+
+/// Reads a value into a buffer the library allocates. On RDRAM_OK, `*buf_out` (never
+/// NULL, even for an empty value) is owned by the caller and must be freed with
+/// `rdram_buf_free(*buf_out, *len_out)`. `buf_out` and `len_out` must not be NULL;
+/// `generation_out` may be.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_get_alloc(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    buf_out: *mut *mut u8,
+    len_out: *mut usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let key = key_arg(key, key_len)?;
+        if buf_out.is_null() || len_out.is_null() {
+            return Err(null_arg("buf_out/len_out"));
+        }
+        match c.get(key)? {
+            Some(v) => {
+                let data = v.data.into_boxed_slice();
+                len_out.write(data.len());
+                buf_out.write(Box::into_raw(data) as *mut u8);
+                write(generation_out, v.generation);
+                Ok(RDRAM_OK)
+            }
+            None => Ok(RDRAM_MISSING),
+        }
+    })
+}
+
+/// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it.
+/// NULL is allowed (no-op).
+#[no_mangle]
+pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
+    if !buf.is_null() {
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)));
+    }
+}
+
+/// Deletes a key. RDRAM_OK if it existed, RDRAM_MISSING if not.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_delete(client: *mut rdram_client, key: *const u8, key_len: usize) -> rdram_status {
+    rdram_delete_cond(client, key, key_len, 0)
+}
+
+/// Deletes a key only if its generation equals `if_equal` (0 = unconditional).
+/// RDRAM_CONDITION_FAILED when it does not (or the key is missing); nothing changed.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_delete_cond(client: *mut rdram_client, key: *const u8, key_len: usize, if_equal: u64) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let key = key_arg(key, key_len)?;
+        let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
+        Ok(match c.delete_with(key, cond)? {
+            DeleteResult::Deleted { existed: true } => RDRAM_OK,
+            DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
+            DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
+        })
+    })
+}
+
+/// Deletes every key in [min, max). `max` NULL means unbounded (then `max_len` is
+/// ignored). `removed_out` may be NULL; it receives the number of keys removed.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_delete_range(
+    client: *mut rdram_client,
+    min: *const u8,
+    min_len: usize,
+    max: *const u8,
+    max_len: usize,
+    removed_out: *mut u64,
+) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let range = key_range(min, min_len, max, max_len)?;
+        let n = c.delete_range(&range)?;
+        write(removed_out, n);
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Lists the keys in [min, max) (`max` NULL: unbounded) in key order, calling `callback`
+/// with `userdata` for each, with the value's size. `callback` must not be NULL and must
+/// not call back into this client.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_list(
+    client: *mut rdram_client,
+    min: *const u8,
+    min_len: usize,
+    max: *const u8,
+    max_len: usize,
+    callback: rdram_list_callback,
+    userdata: *mut c_void,
+) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let range = key_range(min, min_len, max, max_len)?;
+        let cb = callback.ok_or_else(|| null_arg("callback"))?;
+        for e in c.list(&range)? {
+            if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
+                break;
+            }
+        }
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Lists the keys starting with `prefix` (may be NULL when `prefix_len` is 0), as
+/// `rdram_list`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_list_prefix(
+    client: *mut rdram_client,
+    prefix: *const u8,
+    prefix_len: usize,
+    callback: rdram_list_callback,
+    userdata: *mut c_void,
+) -> rdram_status {
+    guard(|| {
+        let p = bytes(prefix, prefix_len, "prefix")?;
+        let range = KeyRange::prefix(p);
+        let (max, max_len) = range.max.as_ref().map_or((std::ptr::null(), 0), |m| (m.as_ptr(), m.len()));
+        Ok(rdram_list(client, range.min.as_ptr(), range.min.len(), max, max_len, callback, userdata))
+    })
+}
+
+/// Server statistics as a NUL-terminated JSON document. On success `*json_out` is owned by
+/// the caller and must be freed with `rdram_string_free`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *mut c_char) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        if json_out.is_null() {
+            return Err(null_arg("json_out"));
+        }
+        let text = c.stats()?.to_string();
+        json_out.write(std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw());
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Frees a string returned by the library (`rdram_stats`). NULL is allowed.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        drop(std::ffi::CString::from_raw(s));
+    }
+}
+
+/// Stores `n` values with many requests in flight behind one wait. Each item's `status`
+/// and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
+/// status of the first item that failed (see each item's status).
+/// Keys in batches are limited to 1 KiB.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let items = items_mut(items, n)?;
+        let mut args = Vec::with_capacity(n);
+        for it in items.iter() {
+            args.push((bytes(it.key, it.key_len, "item.key")?, bytes(it.value, it.value_len, "item.value")?));
+        }
+        let results = c.put_many(&args, BATCH_DEPTH);
+        Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
+    })
+}
+
+/// Reads `n` values into the items' buffers with many requests in flight behind one wait.
+/// Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
+/// RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
+/// got an answer (whatever it was), else the first other error (see each item's status).
+#[no_mangle]
+pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        let items = items_mut(items, n)?;
+        let mut keys = Vec::with_capacity(n);
+        let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
+        for it in items.iter() {
+            keys.push(bytes(it.key, it.key_len, "item.key")?);
+            if it.buf.is_null() && it.buf_len > 0 {
+                return Err(null_arg("item.buf"));
+            }
+            bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
+        }
+        let results = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH);
+        let mut first_error = RDRAM_OK;
+        for (it, r) in items.iter_mut().zip(results) {
+            it.status = match r {
+                Ok(GetInto::Value { len, generation, .. }) => {
+                    it.value_len = len;
+                    it.generation = generation;
+                    RDRAM_OK
+                }
+                Ok(GetInto::TooSmall { needed }) => {
+                    it.value_len = needed;
+                    RDRAM_BUFFER_TOO_SMALL
+                }
+                Ok(GetInto::Missing) => RDRAM_MISSING,
+                Ok(GetInto::Unchanged { generation }) => {
+                    it.generation = generation;
+                    RDRAM_UNCHANGED
+                }
+                Err(e) => {
+                    super::set_last_error(&e.to_string());
+                    e.status.into()
+                }
+            };
+            if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
+                first_error = it.status;
+            }
+        }
+        Ok(first_error)
+    })
+}
+
+/// Registers caller memory [addr, addr+len) with the transport, so that puts from it and
+/// gets into it move without per-call registration. The memory stays owned by the
+/// caller and must stay valid until `rdram_deregister(client, addr)` or
+/// `rdram_client_close`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_register(client: *mut rdram_client, addr: *mut c_void, len: usize) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        if addr.is_null() {
+            return Err(null_arg("addr"));
+        }
+        if len == 0 {
+            return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
+        }
+        c.register(addr as *mut u8, len)?;
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Deregisters memory registered with `rdram_register` at `addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void) -> rdram_status {
+    guard(|| {
+        let c = handle(client)?;
+        c.deregister(addr as *mut u8)?;
+        Ok(RDRAM_OK)
+    })
+}
+
+/// Requests in flight per batch call.
+const BATCH_DEPTH: usize = 64;
+
+unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
+    if key.is_null() {
+        return Err(null_arg("key"));
+    }
+    bytes(key, key_len, "key")
+}
+
+unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usize) -> Result<KeyRange, Error> {
+    Ok(KeyRange { min: bytes(min, min_len, "min")?.to_vec(), max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) } })
+}
+
+unsafe fn get_options(options: *const rdram_get_options) -> GetOptions {
+    match options.as_ref() {
+        None => GetOptions::default(),
+        Some(o) => GetOptions {
+            if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
+            if_equal: (o.if_equal != 0).then_some(o.if_equal),
+            range: o.has_range.then_some(ByteRange { start: o.range_start, end: o.range_end }),
+        },
+    }
+}
+
+unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if items.is_null() {
+        return Err(null_arg("items"));
+    }
+    Ok(std::slice::from_raw_parts_mut(items, n))
+}
+
+fn fill<T>(items: &mut [T], results: Vec<crate::Result<u64>>, ok: impl Fn(&mut T, u64), status: impl Fn(&mut T, rdram_status)) -> rdram_status {
+    let mut first_error = RDRAM_OK;
+    for (it, r) in items.iter_mut().zip(results) {
+        let s = match r {
+            Ok(g) => {
+                ok(it, g);
+                RDRAM_OK
+            }
+            Err(e) => {
+                super::set_last_error(&e.to_string());
+                e.status.into()
+            }
+        };
+        status(it, s);
+        if (s as i32) < 0 && first_error == RDRAM_OK {
+            first_error = s;
+        }
+    }
+    first_error
+}

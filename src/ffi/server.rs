@@ -1,0 +1,96 @@
+//! C ABI: a server hosted inside the calling process (the TensorStore driver plan's
+//! "server mode"). Clients, in this process or others, reach it over UCX like any server.
+
+use std::ffi::{c_char, CString};
+
+use super::client::rdram_poll_mode;
+use super::{c_str, guard, null_arg, rdram_status};
+use crate::error::{Error, Status};
+use crate::store::{HugePages, Mode};
+use crate::{Server, ServerConfig};
+
+/// A running embedded server. Created by `rdram_server_start`, stopped and freed by
+/// `rdram_server_stop`. The handle may be used from any thread, but not freed while
+/// another thread uses it.
+pub struct rdram_server {
+    inner: Server,
+    address: CString,
+}
+
+/// Embedded server configuration. Zero-initialise for defaults (127.0.0.1 on a free port,
+/// 2 workers, 1 GiB, huge pages when available, adaptive polling, store mode, no auth).
+#[repr(C)]
+pub struct rdram_server_config {
+    /// "host:port" to listen on (NULL: "127.0.0.1:0", a free loopback port).
+    pub listen_addr: *const c_char,
+    /// Worker threads, one shard each (0: 2).
+    pub workers: u32,
+    /// Total arena bytes, split across workers (0: 1 GiB).
+    pub memory_bytes: u64,
+    /// 0: auto (hugetlb, else THP, else 4 KiB), 1: hugetlb only, 2: 4 KiB pages only.
+    pub hugepages: i32,
+    pub poll_mode: rdram_poll_mode,
+    /// 0: store ("no space" when full), 1: cache (evict least-recently-used values).
+    pub cache_mode: bool,
+    /// Token clients must present (NULL: none). Copied.
+    pub auth_token: *const c_char,
+    /// Cores to pin workers to (NULL: cores 0.. of this machine). Borrowed for the call.
+    pub cores: *const u32,
+    pub cores_len: usize,
+}
+
+/// Starts a server in this process. `config` may be NULL (defaults). On success `*out`
+/// receives a server owned by the caller, to be stopped with `rdram_server_stop`.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, out: *mut *mut rdram_server) -> rdram_status {
+    guard(|| {
+        if out.is_null() {
+            return Err(null_arg("out"));
+        }
+        let mut cfg = ServerConfig { listen: "127.0.0.1:0".into(), ..Default::default() };
+        if let Some(c) = config.as_ref() {
+            if !c.listen_addr.is_null() {
+                cfg.listen = c_str(c.listen_addr, "config.listen_addr")?.to_string();
+            }
+            if c.workers > 0 {
+                cfg.workers = c.workers as usize;
+            }
+            if c.memory_bytes > 0 {
+                cfg.memory = c.memory_bytes;
+            }
+            cfg.hugepages = match c.hugepages {
+                0 => HugePages::Auto,
+                1 => HugePages::On,
+                2 => HugePages::Off,
+                v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
+            };
+            cfg.poll = c.poll_mode.into();
+            cfg.mode = if c.cache_mode { Mode::Cache } else { Mode::Store };
+            if !c.auth_token.is_null() {
+                cfg.auth_token = Some(c_str(c.auth_token, "config.auth_token")?.to_string());
+            }
+            if !c.cores.is_null() {
+                cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
+            }
+        }
+        let inner = Server::start(cfg)?;
+        let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        out.write(Box::into_raw(Box::new(rdram_server { inner, address })));
+        Ok(rdram_status::RDRAM_OK)
+    })
+}
+
+/// The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
+/// `rdram_server_stop`. NULL if `server` is NULL.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_char {
+    server.as_ref().map_or(std::ptr::null(), |s| s.address.as_ptr())
+}
+
+/// Stops the server's workers, frees its memory and the handle. NULL is allowed (no-op).
+#[no_mangle]
+pub unsafe extern "C" fn rdram_server_stop(server: *mut rdram_server) {
+    if !server.is_null() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Box::from_raw(server).inner.stop()));
+    }
+}
