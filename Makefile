@@ -3,7 +3,7 @@
 #               sharing data through a server's DRAM over UCX on loopback
 #   make test   installs what is missing, builds, and runs every test
 CARGO ?= cargo
-DEBIAN_PACKAGES := libucx-dev ucx-utils libclang-dev clang pkg-config g++ valgrind
+DEBIAN_PACKAGES := libucx-dev ucx-utils libclang-dev clang pkg-config g++ valgrind nlohmann-json3-dev libgtest-dev
 PREFIX ?= /usr/local
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))
@@ -47,7 +47,7 @@ install: build
 	ln -sf libremote_dram.so.$(VERSION) $(PREFIX)/lib/libremote_dram.so.$(MAJOR)
 	ln -sf libremote_dram.so.$(MAJOR) $(PREFIX)/lib/libremote_dram.so
 	install -m 644 target/release/libremote_dram.a $(PREFIX)/lib/libremote_dram.a
-	install -m 644 include/remote_dram.h $(PREFIX)/include/remote_dram.h
+	install -m 644 include/remote_dram.h include/remote_dram_kvstore.hpp $(PREFIX)/include/
 	install -m 755 target/release/rdram target/release/rdram-bench $(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' remote_dram.pc.in > $(PREFIX)/lib/pkgconfig/remote_dram.pc
 

@@ -18,6 +18,8 @@ for t in test_api writer reader threads embedded_server; do
   cc -std=c11 -Wall -Wextra -Werror -g -I"$here" "$here/$t.c" -o "$work/$t" $flags -lpthread
 done
 c++ -std=c++17 -Wall -Wextra -Werror -g "$here/test_cpp.cpp" -o "$work/test_cpp" $flags
+c++ -std=c++17 -Wall -Wextra -Werror -O1 -g "$here/kvstore_conformance_test.cpp" -o "$work/kvstore_conformance_test" $flags -lgtest -lgtest_main -lpthread
+c++ -std=c++17 -Wall -Wextra -Werror -O1 -g "$here/../examples/remote_dram_example.cpp" -o "$work/remote_dram_example" $flags -lpthread
 
 VALGRIND=(valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite
           --suppressions="$here/valgrind.supp")
@@ -57,4 +59,14 @@ run "$work/reader" "$addr"
 exec 3>&-
 wait "$embedded_pid"
 cat "$work/embedded.log"
+echo "-- C++ kvstore driver: the shared conformance cases (GoogleTest)"
+RDRAM_SERVER=$server RDRAM_CONFORMANCE_CASES=$here/../tests/conformance/cases.json "$work/kvstore_conformance_test" --gtest_brief=1
+
+echo "-- remote_dram_example as three processes: server, writer, reader"
+start example "$work/remote_dram_example" --mode=server --listen_addr=127.0.0.1:0
+example_pid=${pids[-1]}
+"$work/remote_dram_example" --mode=writer --server_addr="$addr"
+"$work/remote_dram_example" --mode=reader --server_addr="$addr"
+kill -TERM "$example_pid"
+wait "$example_pid"
 echo "== all C/C++ tests passed"

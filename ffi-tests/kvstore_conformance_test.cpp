@@ -1,0 +1,196 @@
+// Conformance of the C++ kvstore driver: runs the shared case list
+// (tests/conformance/cases.json) against a real server, plus spec parsing and server mode.
+// env: RDRAM_SERVER (address of a running server), RDRAM_CONFORMANCE_CASES (cases.json).
+#include <gtest/gtest.h>
+#include <remote_dram_kvstore.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+using namespace remote_dram;
+using json = nlohmann::json;
+
+namespace {
+
+std::string Server() {
+  const char* s = std::getenv("RDRAM_SERVER");
+  return s ? s : "";
+}
+
+json LoadCases() {
+  const char* path = std::getenv("RDRAM_CONFORMANCE_CASES");
+  std::ifstream in(path ? path : "");
+  if (!in) return json::array();
+  return json::parse(in)["cases"];
+}
+
+// Pattern bytes shared by every runner: byte i is (i * 31 + seed * 7) mod 256.
+std::string Value(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  size_t size = v["size"], seed = v["seed"], from = v.value("from", size_t{0});
+  std::string out(size - from, '\0');
+  for (size_t i = from; i < size; i++) out[i - from] = static_cast<char>((i * 31 + seed * 7) & 0xff);
+  return out;
+}
+
+struct Runner {
+  std::shared_ptr<KvStore> store;
+  std::map<std::string, StorageGeneration> saved;
+
+  StorageGeneration Gen(const json& ref) {
+    std::string r = ref.get<std::string>();
+    if (r == "no_value") return StorageGeneration::NoValue();
+    if (r == "bogus") return StorageGeneration::FromValue(12345);
+    EXPECT_EQ(r[0], '$') << r;
+    EXPECT_TRUE(saved.count(r.substr(1))) << "no saved generation " << r;
+    return saved[r.substr(1)];
+  }
+
+  void Step(const json& s) {
+    std::string op = s["op"];
+    SCOPED_TRACE(s.dump());
+    std::string expect = s.value("expect", "");
+    if (op == "write" || op == "delete") {
+      WriteOptions wo;
+      if (s.contains("if_equal")) wo.if_equal = Gen(s["if_equal"]);
+      auto f = op == "write" ? store->Write(s["key"], Value(s["value"]), wo) : store->Delete(s["key"], wo);
+      auto r = f.get();
+      ASSERT_TRUE(r.ok()) << r.status().message;
+      if (expect == "condition_failed") {
+        EXPECT_TRUE(r->generation.IsUnknown());
+      } else if (op == "delete") {
+        EXPECT_TRUE(r->generation.IsNoValue());
+      } else {
+        EXPECT_EQ(r->generation.kind, StorageGeneration::Kind::kValue);
+      }
+      if (s.contains("save")) saved[s["save"]] = r->generation;
+    } else if (op == "read") {
+      ReadOptions ro;
+      if (s.contains("if_equal")) ro.if_equal = Gen(s["if_equal"]);
+      if (s.contains("if_not_equal")) ro.if_not_equal = Gen(s["if_not_equal"]);
+      if (s.contains("range")) {
+        ByteRange br;
+        br.inclusive_min = s["range"][0];
+        if (!s["range"][1].is_null()) br.exclusive_max = s["range"][1].get<int64_t>();
+        ro.byte_range = br;
+      }
+      auto r = store->Read(s["key"], ro).get();
+      if (expect.rfind("error:", 0) == 0) {
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(expect, "error:OUT_OF_RANGE");
+        EXPECT_EQ(r.status().code, StatusCode::kOutOfRange) << r.status().message;
+        return;
+      }
+      ASSERT_TRUE(r.ok()) << r.status().message;
+      auto want_state = expect == "value" ? ReadResult::State::kValue
+                        : expect == "missing" ? ReadResult::State::kMissing
+                                              : ReadResult::State::kUnspecified;
+      EXPECT_EQ(static_cast<int>(r->state), static_cast<int>(want_state));
+      if (s.contains("value")) {
+        EXPECT_TRUE(r->value == Value(s["value"])) << "value differs";
+      }
+      if (s.contains("generation")) {
+        EXPECT_TRUE(r->stamp.generation == Gen(s["generation"]));
+      }
+    } else if (op == "list") {
+      ListOptions lo;
+      if (s.contains("range")) lo.range = {s["range"][0], s["range"][1]};
+      lo.strip_prefix_length = s.value("strip", size_t{0});
+      auto r = store->List(lo).get();
+      ASSERT_TRUE(r.ok()) << r.status().message;
+      std::vector<std::string> keys;
+      std::vector<int64_t> sizes;
+      for (auto& e : *r) {
+        keys.push_back(e.key);
+        sizes.push_back(e.size);
+      }
+      EXPECT_EQ(keys, s["expect_keys"].get<std::vector<std::string>>());
+      if (s.contains("expect_sizes")) {
+        EXPECT_EQ(sizes, s["expect_sizes"].get<std::vector<int64_t>>());
+      }
+    } else if (op == "delete_range") {
+      auto r = store->DeleteRange({s["range"][0], s["range"][1]}).get();
+      ASSERT_TRUE(r.ok()) << r.status().message;
+    } else if (op == "generations_differ") {
+      EXPECT_TRUE(saved.at(s["a"]) != saved.at(s["b"]));
+    } else if (op == "concurrent_writes") {
+      int n = s["count"];
+      std::vector<Future<TimestampedStorageGeneration>> writes;
+      for (int i = 0; i < n; i++) writes.push_back(store->Write("k" + std::to_string(i), "v" + std::to_string(i)));
+      for (auto& f : writes) ASSERT_TRUE(f.get().ok());
+      std::vector<Future<ReadResult>> reads;
+      for (int i = 0; i < n; i++) reads.push_back(store->Read("k" + std::to_string(i)));
+      for (int i = 0; i < n; i++) {
+        auto r = reads[i].get();
+        ASSERT_TRUE(r.ok());
+        EXPECT_EQ(r->value, "v" + std::to_string(i));
+      }
+    } else {
+      FAIL() << "unknown op " << op;
+    }
+  }
+};
+
+class Conformance : public ::testing::TestWithParam<json> {};
+
+TEST_P(Conformance, Case) {
+  ASSERT_FALSE(Server().empty()) << "set RDRAM_SERVER";
+  const json& c = GetParam();
+  auto store = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", Server()}, {"path", std::string(c["name"]) + "/"}});
+  ASSERT_TRUE(store.ok()) << store.status().message;
+  Runner r{*store, {}};
+  for (const auto& step : c["steps"]) {
+    r.Step(step);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Conformance, ::testing::ValuesIn(LoadCases().get<std::vector<json>>()),
+                         [](const ::testing::TestParamInfo<json>& info) { return info.param["name"].get<std::string>(); });
+
+TEST(Spec, UnknownMembersAndBadValuesNameTheMember) {
+  auto r = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", Server()}, {"colour", "red"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code, StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message.find("\"colour\""), std::string::npos) << r.status().message;
+  r = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", 7}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message.find("\"remote_addr\""), std::string::npos);
+  r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "lots"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message.find("\"memory\""), std::string::npos);
+  r = KvStore::Open({{"driver", "file"}, {"remote_addr", Server()}});
+  EXPECT_FALSE(r.ok());
+  r = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", "127.0.0.1:1"}, {"timeout_ms", 2000}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code, StatusCode::kUnavailable) << r.status().message;
+}
+
+TEST(Spec, ServerModeHostsAServerAndIsItsClient) {
+  auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "64MiB"}, {"workers", 1}});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  auto store = *r;
+  ASSERT_FALSE(store->server_address().empty());
+  ASSERT_TRUE(store->Write("k", std::string("in-process server")).get().ok());
+  // A second, independent driver reaches the same server over UCX.
+  auto other = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", store->server_address()}});
+  ASSERT_TRUE(other.ok()) << other.status().message;
+  auto read = (*other)->Read("k").get();
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->value, "in-process server");
+}
+
+TEST(Errors, ResourceExhaustedWhenFull) {
+  auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "1MiB"}, {"workers", 1}});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  auto w = (*r)->Write("big", std::string(2 << 20, 'x')).get();
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code, StatusCode::kInvalidArgument) << w.status().message;  // larger than the shard
+  ASSERT_TRUE((*r)->Write("a", std::string(600 << 10, 'x')).get().ok());
+  w = (*r)->Write("b", std::string(600 << 10, 'x')).get();
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code, StatusCode::kResourceExhausted) << w.status().message;
+}
+
+}  // namespace
