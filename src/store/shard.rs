@@ -200,8 +200,11 @@ impl Shard {
     /// Publishes `key || value` already written at the start of `extent`.
     pub fn commit_put(&mut self, extent: Extent, key_len: u32, value_len: u64, cond: &Condition, ttl_ms: u64) -> Result<u64> {
         debug_assert!(key_len as u64 + value_len <= extent.len);
-        let key = self.arena.slice(extent.offset, key_len as u64).to_vec();
-        if !self.write_condition_holds(&key, cond) {
+        // SAFETY: the extent is reserved for this put: it is not in the index, so nothing
+        // below frees or writes it, and the arena mapping never moves. Borrowing it raw
+        // avoids copying the key on every put.
+        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), key_len as usize) };
+        if !self.write_condition_holds(key, cond) {
             self.counters.condition_failed += 1;
             self.release(extent);
             return Err(Error::new(Status::ConditionFailed, ""));
@@ -209,13 +212,13 @@ impl Shard {
         let generation = self.next_generation();
         let expires_at = if ttl_ms == 0 { 0 } else { self.now().saturating_add(ttl_ms.saturating_mul(1_000_000)).max(1) };
         let entry = Entry::new(extent, key_len, value_len, generation, expires_at);
-        match self.index.find(&key) {
+        match self.index.find(key) {
             Some(slot) => {
                 let old = self.index.replace(slot, entry);
                 self.release(old.extent);
             }
             None => {
-                self.index.insert(&key, entry);
+                self.index.insert(key, entry);
             }
         }
         self.counters.puts += 1;
