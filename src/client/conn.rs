@@ -300,13 +300,13 @@ impl Connection {
                 return reply;
             }
             if let Some(why) = self.state.failed[server].clone() {
-                self.fail_server(server, format!("connection lost: {why}"));
+                self.fail_server(server, Status::Unavailable, format!("connection lost: {why}"));
                 continue;
             }
             let now = Instant::now();
             if now >= deadline {
                 let node = self.servers[server].node.clone();
-                self.fail_server(server, format!("no answer from {node} within {timeout:?}"));
+                self.fail_server(server, Status::Timeout, format!("no answer from {node} within {timeout:?}"));
                 continue;
             }
             let did = self.worker.progress() != 0;
@@ -316,7 +316,7 @@ impl Connection {
 
     /// Closes a server's endpoints (completing what is in flight with errors) and fails
     /// every request still waiting on it.
-    fn fail_server(&mut self, server: usize, why: String) {
+    fn fail_server(&mut self, server: usize, status: Status, why: String) {
         let conn = &mut self.servers[server];
         if conn.dead.is_none() {
             conn.dead = Some(why.clone());
@@ -325,7 +325,6 @@ impl Connection {
                 unsafe { self.worker.close_ep(ep) };
             }
         }
-        let status = if why.starts_with("no answer") { Status::Timeout } else { Status::Unavailable };
         for p in self.state.pending.values_mut().filter(|p| p.server == server) {
             p.sent = true;
             if p.receiving {

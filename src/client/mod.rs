@@ -214,14 +214,7 @@ impl Client {
     pub fn get_into(&mut self, key: &[u8], opts: &GetOptions, buf: &mut [u8]) -> Result<GetInto> {
         check_key(key)?;
         let h = get_header(opts);
-        let reply = self.call_key_into(key, h, &[], Some(Sink::new(buf)))?;
-        match reply.header.status() {
-            Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
-            Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
-            Status::Missing => Ok(GetInto::Missing),
-            Status::Unchanged => Ok(GetInto::Unchanged { generation: reply.header.generation }),
-            s => Err(error_of(s, &reply)),
-        }
+        get_into_result(self.call_key_into(key, h, &[], Some(Sink::new(buf)))?)
     }
 
     /// Stores many values with up to `depth` requests in flight: one wait for many
@@ -229,14 +222,10 @@ impl Client {
     pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
         self.pipelined(items.len(), depth, |c, i| {
             let (key, value) = items[i];
-            check_key(key)?;
-            if key.len() > INLINE_KEY_MAX || value.len() as u64 > MAX_VALUE_LEN {
-                return Err(Error::new(Status::Invalid, "put_many takes keys up to 1 KiB and values up to 1 GiB"));
+            if value.len() as u64 > MAX_VALUE_LEN {
+                return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
             }
-            let mut h = RequestHeader::new(Op::Put, 0, 0);
-            h.key_len = key.len() as u32;
-            let (server, shard) = c.conn.route(key);
-            c.conn.submit(server, shard, h, key, value)
+            c.submit_batched(Op::Put, key, value, None)
         })
         .into_iter()
         .map(|r| {
@@ -251,17 +240,7 @@ impl Client {
 
     /// Reads many values with up to `depth` requests in flight. `None`: missing.
     pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
-        self.pipelined(keys.len(), depth, |c, i| {
-            let key = keys[i];
-            check_key(key)?;
-            if key.len() > INLINE_KEY_MAX {
-                return Err(Error::new(Status::Invalid, "get_many takes keys up to 1 KiB"));
-            }
-            let mut h = RequestHeader::new(Op::Get, 0, 0);
-            h.key_len = key.len() as u32;
-            let (server, shard) = c.conn.route(key);
-            c.conn.submit(server, shard, h, key, &[])
-        })
+        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], None))
         .into_iter()
         .map(|r| {
             let reply = r?;
@@ -312,28 +291,23 @@ impl Client {
     pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
         assert_eq!(keys.len(), bufs.len(), "one buffer per key");
         let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
-        self.pipelined(keys.len(), depth, |c, i| {
-            let key = keys[i];
-            check_key(key)?;
-            if key.len() > INLINE_KEY_MAX {
-                return Err(Error::new(Status::Invalid, "get_many_into takes keys up to 1 KiB"));
-            }
-            let mut h = RequestHeader::new(Op::Get, 0, 0);
-            h.key_len = key.len() as u32;
-            let (server, shard) = c.conn.route(key);
-            c.conn.submit_into(server, shard, h, key, &[], Some(sinks[i]))
-        })
+        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Some(sinks[i])))
         .into_iter()
-        .map(|r| {
-            let reply = r?;
-            match reply.header.status() {
-                Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
-                Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
-                Status::Missing => Ok(GetInto::Missing),
-                s => Err(error_of(s, &reply)),
-            }
-        })
+        .map(|r| get_into_result(r?))
         .collect()
+    }
+
+    /// Starts one request of a batch: keys travel inline, so batches take keys up to
+    /// `INLINE_KEY_MAX`.
+    fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+        check_key(key)?;
+        if key.len() > INLINE_KEY_MAX {
+            return Err(Error::new(Status::Invalid, format!("batched operations take keys up to {INLINE_KEY_MAX} bytes")));
+        }
+        let mut h = RequestHeader::new(op, 0, 0);
+        h.key_len = key.len() as u32;
+        let (server, shard) = self.conn.route(key);
+        self.conn.submit_into(server, shard, h, key, payload, sink)
     }
 
     /// Deletes a key; `true` if it existed.
@@ -484,6 +458,16 @@ fn check_key(key: &[u8]) -> Result<()> {
         return Err(Error::new(Status::KeyTooLarge, format!("{} bytes > limit {MAX_KEY_LEN}", key.len())));
     }
     Ok(())
+}
+
+fn get_into_result(reply: Reply) -> Result<GetInto> {
+    match reply.header.status() {
+        Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
+        Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
+        Status::Missing => Ok(GetInto::Missing),
+        Status::Unchanged => Ok(GetInto::Unchanged { generation: reply.header.generation }),
+        s => Err(error_of(s, &reply)),
+    }
 }
 
 fn get_header(opts: &GetOptions) -> RequestHeader {

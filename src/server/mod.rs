@@ -66,8 +66,7 @@ pub struct ServerInfo {
 
 impl ServerInfo {
     pub fn banner(&self) -> String {
-        let backing: Vec<_> = self.backing.iter().map(|b| b.describe()).collect();
-        let mut backing_list = backing.clone();
+        let mut backing_list: Vec<_> = self.backing.iter().map(|b| b.describe()).collect();
         backing_list.dedup();
         format!(
             "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, cores {:?}\nlistening on {}",

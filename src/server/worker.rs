@@ -270,21 +270,20 @@ impl ShardWorker {
     fn begin_rendezvous_put(&mut self, ep: sys::ucp_ep_h, h: RequestHeader, inline: &[u8], desc: *mut c_void, length: usize) {
         let key_len = h.key_len as u64;
         let in_payload = h.flags & flags::KEY_IN_PAYLOAD != 0;
-        let value_len = if in_payload { (length as u64).checked_sub(key_len) } else { Some(length as u64) };
-        let check = || -> Result<Extent> {
-            let value_len = value_len.ok_or_else(|| Error::new(Status::Invalid, "payload shorter than the key"))?;
+        let value_len = if in_payload { (length as u64).saturating_sub(key_len) } else { length as u64 };
+        let prepared = (|| {
+            if in_payload && (length as u64) < key_len {
+                return Err(Error::new(Status::Invalid, "payload shorter than the key"));
+            }
             if value_len > proto::MAX_VALUE_LEN {
                 return Err(Error::new(Status::ValueTooLarge, format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN)));
             }
-            Ok(Extent { offset: 0, len: 0 })
-        };
-        let prepared = check().and_then(|_| {
             if !in_payload {
                 self.key_of(&h, inline, &[])?;
                 self.shard.precheck_put(inline, &condition(&h))?;
             }
-            self.shard.reserve(key_len + value_len.unwrap())
-        });
+            self.shard.reserve(key_len + value_len)
+        })();
         let extent = match prepared {
             Ok(e) => e,
             Err(e) => {
@@ -297,7 +296,7 @@ impl ShardWorker {
             self.shard.extent_mut(extent)[..inline.len()].copy_from_slice(inline);
         }
         let dest = self.shard.extent_mut(extent)[dest_off as usize..].as_mut_ptr();
-        let pending = Box::into_raw(Box::new(PendingPut { worker: self, reply_ep: ep, header: h, extent, value_len: value_len.unwrap() }));
+        let pending = Box::into_raw(Box::new(PendingPut { worker: self, reply_ep: ep, header: h, extent, value_len }));
         // SAFETY: the extent is reserved for this transfer only (not in the index, so no
         // reader or writer can reach it) until finish_put runs.
         let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, self.memh) };
