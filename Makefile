@@ -9,7 +9,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))
 export UCX_NET_DEVICES ?= lo
 
-.PHONY: deps build demo test test-rust test-ffi header install clean
+.PHONY: deps build demo test test-rust test-ffi header install clean bench
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -29,6 +29,11 @@ test: test-rust test-ffi
 
 test-rust: deps
 	$(CARGO) test --release -- --test-threads=2
+
+# remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).
+bench: deps
+	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	bench/compare
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.
