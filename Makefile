@@ -9,7 +9,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))
 export UCX_NET_DEVICES ?= lo
 
-.PHONY: deps build demo test test-rust test-ffi header install clean bench
+.PHONY: deps build demo test test-rust test-ffi test-gateway header install clean bench
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -25,7 +25,7 @@ build: deps
 demo: build
 	scripts/demo.sh target/release/rdram
 
-test: test-rust test-ffi
+test: test-rust test-ffi test-gateway
 
 test-rust: deps
 	$(CARGO) test --release -- --test-threads=2
@@ -34,6 +34,10 @@ test-rust: deps
 bench: deps
 	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	bench/compare
+
+# Unmodified TensorStore (PyPI, in target/venv-tensorstore) through `rdram gateway`.
+test-gateway: build
+	tests/gateway/run.sh target/release/rdram
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.

@@ -1,4 +1,5 @@
-//! Generates Rust bindings for the system's UCX (libucx-dev) with bindgen.
+//! Generates Rust bindings for the system's UCX (libucx-dev) with bindgen, the C header
+//! with cbindgen, and the gateway's gRPC code with tonic-build.
 //! The crates.io `ucx-sys` does not build, so we bind the headers pkg-config finds.
 
 use std::{env, path::PathBuf};
@@ -33,7 +34,17 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("ucx_bindings.rs");
     bindings.write_to_file(out).expect("write ucx bindings");
     generate_c_header();
+    generate_grpc();
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The tsgrpc gateway's messages and service from proto/ (tonic-build runs protoc).
+fn generate_grpc() {
+    tonic_build::configure()
+        .bytes(["."])
+        .compile_protos(&["proto/tsgrpc_kvstore.proto"], &["proto"])
+        .expect("protoc failed on proto/tsgrpc_kvstore.proto (install protobuf-compiler: make deps)");
+    println!("cargo:rerun-if-changed=proto");
 }
 
 /// Generates the C header from src/ffi/ into OUT_DIR; `make header` copies it to

@@ -5,10 +5,12 @@
 //! - [`client::Client`] routes each request straight to the owning shard's worker.
 //! - [`store`] holds the semantics (generations, conditions, ranges, TTL, eviction),
 //!   [`proto`] the wire format, [`transport`] the network.
+//! - [`gateway`] serves TensorStore's `tsgrpc_kvstore` gRPC protocol from the engine.
 
 pub mod client;
 pub mod error;
 pub mod ffi;
+pub mod gateway;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -82,6 +82,23 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
     },
+    /// Serve TensorStore's gRPC kvstore protocol (driver "tsgrpc_kvstore") from remote DRAM.
+    Gateway(GatewayArgs),
+}
+
+#[derive(Args)]
+struct GatewayArgs {
+    /// Where TensorStore connects: {"driver": "tsgrpc_kvstore", "address": "<this>"}.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    listen: std::net::SocketAddr,
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Engine clients (each on its own thread): the requests in flight toward the servers.
+    #[arg(long, default_value_t = 8)]
+    engine_clients: usize,
+    /// Largest value a Write may stream (it is buffered whole before it is stored).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    max_value: u64,
 }
 
 #[derive(Args)]
@@ -124,13 +141,12 @@ struct ConnArgs {
 }
 
 impl ConnArgs {
+    fn options(&self) -> ClientOptions {
+        ClientOptions { auth_token: self.auth_token.clone(), timeout: Duration::from_millis(self.timeout_ms), ..Default::default() }
+    }
+
     fn connect(&self) -> Result<Client, Error> {
-        let opts = ClientOptions {
-            auth_token: self.auth_token.clone(),
-            timeout: Duration::from_millis(self.timeout_ms),
-            ..Default::default()
-        };
-        Client::connect(&self.server, opts)
+        Client::connect(&self.server, self.options())
     }
 }
 
@@ -151,6 +167,7 @@ fn main() -> ExitCode {
 fn run(cmd: Command) -> Result<ExitCode, Error> {
     match cmd {
         Command::Serve(args) => serve(args),
+        Command::Gateway(args) => gateway(args),
         Command::Put { conn, key, value, file, if_equal, if_absent, ttl_ms } => {
             let data = match (value, file) {
                 (Some(v), _) => v.into_bytes(),
@@ -266,5 +283,20 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         eprintln!("rdram: signal {sig}, shutting down");
     }
     server.stop();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
+    let config = remote_dram::gateway::GatewayConfig {
+        listen: args.listen,
+        servers: args.conn.server.clone(),
+        client: args.conn.options(),
+        engine_clients: args.engine_clients,
+        max_value: usize::try_from(args.max_value.min(remote_dram::proto::MAX_VALUE_LEN)).unwrap_or(usize::MAX),
+    };
+    remote_dram::gateway::run(config, |addr| {
+        println!("gateway for {} (tsgrpc_kvstore)\nlistening on {addr}", args.conn.server);
+        let _ = std::io::stdout().flush();
+    })?;
     Ok(ExitCode::SUCCESS)
 }

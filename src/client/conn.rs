@@ -100,6 +100,10 @@ pub struct ServerConn {
 }
 
 impl ServerConn {
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_some()
+    }
+
     pub fn shards(&self) -> usize {
         self.eps.len()
     }

@@ -151,6 +151,12 @@ impl Client {
         Ok(Client { conn: Connection::connect(&list, &copts)? })
     }
 
+    /// True once the connection to any server was lost (the client does not reconnect:
+    /// open a new one).
+    pub fn lost_a_server(&self) -> bool {
+        self.conn.servers.iter().any(|s| s.is_dead())
+    }
+
     /// Server nodes and their shard counts, in the order given at connect.
     pub fn layout(&self) -> Vec<(String, usize)> {
         self.conn.servers.iter().map(|s| (s.node.clone(), s.shards())).collect()

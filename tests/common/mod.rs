@@ -37,14 +37,23 @@ impl ServerProc {
 
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> ServerProc {
         let mut cmd = Command::new(RDRAM);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--memory", "64MiB", "--hugepages", "off"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--memory", "64MiB", "--hugepages", "off"]).args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn rdram serve");
+        Self::spawn_listening(cmd)
+    }
+
+    /// Starts `rdram gateway` on an ephemeral port in front of `server`.
+    pub fn gateway(server: &str, args: &[&str]) -> ServerProc {
+        let mut cmd = Command::new(RDRAM);
+        cmd.args(["gateway", "--listen", "127.0.0.1:0", "--server", server]).args(args);
+        Self::spawn_listening(cmd)
+    }
+
+    /// Spawns `cmd` and waits for the "listening on ADDR" line it prints when ready.
+    fn spawn_listening(mut cmd: Command) -> ServerProc {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn rdram");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let mut addr = None;

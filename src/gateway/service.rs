@@ -1,0 +1,216 @@
+//! `tensorstore_grpc.kvstore.KvStoreService` over the engine, with the memory driver's
+//! semantics (the reference TensorStore's client expects).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
+use super::pool::EnginePool;
+use super::wire::{generation_and_timestamp, status_of, Generation};
+use crate::client::{
+    ByteRange, DeleteResult, GetOptions, GetResult, KeyRange, PutOptions, Value, WriteCondition, WriteResult,
+};
+use crate::proto::MAX_KEY_LEN;
+
+/// Value bytes per streamed ReadResponse, as upstream sends them.
+const READ_CHUNK: usize = 1 << 20;
+/// Key bytes per ListResponse batch, as upstream.
+const LIST_BATCH_BYTES: usize = 16 << 10;
+
+type ReplyStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+pub struct Gateway {
+    pub engine: Arc<EnginePool>,
+    /// Largest value a Write may stream (bytes buffered per request).
+    pub max_value: usize,
+}
+
+fn check_key(key: &[u8]) -> Result<(), GrpcStatus> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(GrpcStatus::invalid_argument(format!("key of {} bytes exceeds {MAX_KEY_LEN}", key.len())));
+    }
+    Ok(())
+}
+
+/// A write or delete condition; `None` when it can never hold (a generation we never
+/// minted), so the caller answers "condition failed" without touching the store.
+fn write_condition(bytes: &[u8]) -> Option<WriteCondition> {
+    match Generation::parse(bytes) {
+        Generation::Unknown => Some(WriteCondition::None),
+        Generation::NoValue => Some(WriteCondition::IfAbsent),
+        Generation::Engine(g) => Some(WriteCondition::IfEqual(g)),
+        Generation::Foreign => None,
+    }
+}
+
+fn read_response(state: State, g: Generation, bound: Option<&pb::Timestamp>, part: Bytes) -> pb::ReadResponse {
+    pb::ReadResponse {
+        status: None,
+        generation_and_timestamp: Some(generation_and_timestamp(g, bound)),
+        state: state as i32,
+        value_part: part,
+    }
+}
+
+#[tonic::async_trait]
+impl KvStoreService for Gateway {
+    type ReadStream = ReplyStream<pb::ReadResponse>;
+    type ListStream = ReplyStream<pb::ListResponse>;
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
+        let r = request.into_inner();
+        check_key(&r.key)?;
+        let bound = r.staleness_bound;
+        let range = r.byte_range.map(|b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
+        let mut opts = GetOptions { range, ..Default::default() };
+        match Generation::parse(&r.generation_if_not_equal) {
+            Generation::Engine(g) => opts.if_not_equal = Some(g),
+            // A present key's generation always differs from these.
+            Generation::Unknown | Generation::NoValue | Generation::Foreign => {}
+        }
+        let never_equal = match Generation::parse(&r.generation_if_equal) {
+            Generation::Engine(g) => {
+                opts.if_equal = Some(g);
+                false
+            }
+            Generation::Unknown => false,
+            // No present key matches: only its existence and generation are needed.
+            Generation::NoValue | Generation::Foreign => true,
+        };
+        if never_equal {
+            opts.range = Some(ByteRange { start: 0, end: 0 });
+        }
+        let key = r.key;
+        let result = if key.is_empty() {
+            GetResult::Missing // the engine stores no empty key
+        } else {
+            self.engine.run(move |c| c.get_with(&key, &opts)).await.map_err(|e| status_of(&e))?
+        };
+        let messages = match result {
+            GetResult::Missing => vec![read_response(State::Missing, Generation::NoValue, bound.as_ref(), Bytes::new())],
+            GetResult::Value(v) if !never_equal => {
+                // Every message repeats state and generation: the client takes them from
+                // each message while its gathered bytes are still empty.
+                let g = Generation::Engine(v.generation);
+                let data = Bytes::from(v.data);
+                let chunks = data.len().div_ceil(READ_CHUNK).max(1);
+                (0..chunks)
+                    .map(|i| {
+                        let part = data.slice((i * READ_CHUNK).min(data.len())..((i + 1) * READ_CHUNK).min(data.len()));
+                        read_response(State::Value, g, bound.as_ref(), part)
+                    })
+                    .collect()
+            }
+            GetResult::Unchanged { generation } | GetResult::Value(Value { generation, .. }) => {
+                vec![read_response(State::Unspecified, Generation::Engine(generation), bound.as_ref(), Bytes::new())]
+            }
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter(messages.into_iter().map(Ok)))))
+    }
+
+    async fn write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
+        let mut stream = request.into_inner();
+        // Key and condition come from the first message (the client repeats them).
+        let first = stream.message().await?.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
+        check_key(&first.key)?;
+        if first.key.is_empty() {
+            return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
+        }
+        let mut value = BytesMut::new();
+        let mut next = Some(first.value_part);
+        while let Some(part) = next {
+            if value.len() + part.len() > self.max_value {
+                return Err(GrpcStatus::invalid_argument(format!(
+                    "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
+                    self.max_value
+                )));
+            }
+            value.extend_from_slice(&part);
+            next = stream.message().await?.map(|m| m.value_part);
+        }
+        let Some(condition) = write_condition(&first.generation_if_equal) else {
+            return Ok(Response::new(pb::WriteResponse {
+                status: None,
+                generation_and_timestamp: Some(generation_and_timestamp(Generation::Unknown, None)),
+            }));
+        };
+        let key = first.key;
+        let value = value.freeze();
+        let result = self
+            .engine
+            .run(move |c| c.put_with(&key, &value, &PutOptions { condition, ttl: None }))
+            .await
+            .map_err(|e| status_of(&e))?;
+        let g = match result {
+            WriteResult::Written { generation } => Generation::Engine(generation),
+            WriteResult::ConditionFailed => Generation::Unknown,
+        };
+        Ok(Response::new(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
+    }
+
+    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        // Decided by presence: a range delete may legitimately start at the empty key, and
+        // deleting the empty key is a single-key delete.
+        let g = match (r.range, r.key) {
+            (Some(range), _) => {
+                let range = KeyRange {
+                    min: range.inclusive_min.to_vec(),
+                    max: (!range.exclusive_max.is_empty()).then(|| range.exclusive_max.to_vec()),
+                };
+                self.engine.run(move |c| c.delete_range(&range)).await.map_err(|e| status_of(&e))?;
+                Generation::Unknown
+            }
+            (None, Some(key)) => {
+                check_key(&key)?;
+                match write_condition(&r.generation_if_equal) {
+                    None => Generation::Unknown,
+                    // The engine stores no empty key: it is absent, whatever is asked.
+                    Some(WriteCondition::None | WriteCondition::IfAbsent) if key.is_empty() => Generation::NoValue,
+                    Some(WriteCondition::IfEqual(_)) if key.is_empty() => Generation::Unknown,
+                    Some(condition) => {
+                        match self.engine.run(move |c| c.delete_with(&key, condition)).await.map_err(|e| status_of(&e))? {
+                            DeleteResult::Deleted { .. } => Generation::NoValue,
+                            DeleteResult::ConditionFailed => Generation::Unknown,
+                        }
+                    }
+                }
+            }
+            (None, None) => return Err(GrpcStatus::invalid_argument("delete needs a key or a range")),
+        };
+        Ok(Response::new(pb::DeleteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
+    }
+
+    async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
+        let r = request.into_inner();
+        let range = r.range.unwrap_or_default();
+        let range = KeyRange {
+            min: range.inclusive_min.to_vec(),
+            max: (!range.exclusive_max.is_empty()).then(|| range.exclusive_max.to_vec()),
+        };
+        let strip = usize::try_from(r.strip_prefix_length).unwrap_or(usize::MAX);
+        let entries = self.engine.run(move |c| c.list(&range)).await.map_err(|e| status_of(&e))?;
+        let mut batches = Vec::new();
+        let mut batch = pb::ListResponse::default();
+        let mut batch_bytes = 0;
+        for e in entries {
+            let key = Bytes::from(e.key);
+            let key = key.slice(strip.min(key.len())..);
+            batch_bytes += key.len();
+            batch.entry.push(pb::list_response::Entry { key, size: e.size as i64 });
+            if batch_bytes >= LIST_BATCH_BYTES {
+                batches.push(std::mem::take(&mut batch));
+                batch_bytes = 0;
+            }
+        }
+        if !batch.entry.is_empty() {
+            batches.push(batch);
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(batches.into_iter().map(Ok)))))
+    }
+}
+

@@ -1,0 +1,157 @@
+//! `rdram gateway` at the gRPC level, for what TensorStore itself never sends: malformed
+//! and hostile requests, sentinel timestamps, foreign generations, limits, concurrency.
+//! (tests/gateway/run.sh drives it with the real TensorStore.) Real processes: an
+//! `rdram serve` server and an `rdram gateway`, both on ephemeral loopback ports.
+mod common;
+
+use common::{ServerProc, TCP};
+use remote_dram::gateway::pb::{self, kv_store_service_client::KvStoreServiceClient, read_response::State};
+use tonic::transport::Channel;
+use tonic::Code;
+
+type Grpc = KvStoreServiceClient<Channel>;
+
+async fn connect(gateway: &ServerProc) -> Grpc {
+    KvStoreServiceClient::connect(format!("http://{}", gateway.addr)).await.expect("connect to the gateway")
+}
+
+fn start() -> (ServerProc, ServerProc) {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "1MiB", "--engine-clients", "4"]);
+    (server, gateway)
+}
+
+async fn write(c: &mut Grpc, key: &[u8], value: &[u8], if_equal: &[u8]) -> Result<Vec<u8>, tonic::Status> {
+    let parts: Vec<pb::WriteRequest> = value
+        .chunks(256 << 10)
+        .map(|p| pb::WriteRequest { key: key.to_vec().into(), generation_if_equal: if_equal.to_vec().into(), value_part: p.to_vec().into() })
+        .collect();
+    let parts = if parts.is_empty() {
+        vec![pb::WriteRequest { key: key.to_vec().into(), generation_if_equal: if_equal.to_vec().into(), ..Default::default() }]
+    } else {
+        parts
+    };
+    let r = c.write(tokio_stream::iter(parts)).await?.into_inner();
+    Ok(r.generation_and_timestamp.unwrap().generation.to_vec())
+}
+
+async fn read(c: &mut Grpc, req: pb::ReadRequest) -> Result<Vec<pb::ReadResponse>, tonic::Status> {
+    let mut stream = c.read(req).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await? {
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_edge_cases() {
+    let (_server, gateway) = start();
+    let mut c = connect(&gateway).await;
+
+    // Sentinel staleness bounds (infinite past / future) are accepted, never echoed.
+    for seconds in [i64::MIN, i64::MAX] {
+        let req = pb::ReadRequest {
+            key: "missing".into(),
+            staleness_bound: Some(pb::Timestamp { seconds, nanos: 0 }),
+            ..Default::default()
+        };
+        let reply = read(&mut c, req).await.unwrap();
+        assert_eq!(reply.len(), 1);
+        assert_eq!(reply[0].state(), State::Missing);
+        let gt = reply[0].generation_and_timestamp.as_ref().unwrap();
+        assert_eq!(gt.generation.as_ref(), [0x02]);
+        let ts = gt.timestamp.unwrap();
+        assert!((ts.seconds - now_seconds()).abs() < 60, "reply timestamp {ts:?}");
+    }
+
+    // A value streamed back in 1 MiB parts, each repeating state and generation.
+    let big: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+    let g = write(&mut c, b"big", &big, b"").await.unwrap();
+    assert_eq!((g.len(), g[0]), (9, 0x00), "tagged generation {g:?}");
+    let reply = read(&mut c, pb::ReadRequest { key: "big".into(), ..Default::default() }).await.unwrap();
+    assert!(reply.iter().all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
+    assert_eq!(reply.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>(), big);
+
+    // if_equal "no value" on a present key: unspecified, current generation, no bytes.
+    let req = pb::ReadRequest { key: "big".into(), generation_if_equal: vec![0x02].into(), ..Default::default() };
+    let reply = read(&mut c, req).await.unwrap();
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].state(), State::Unspecified);
+    assert_eq!(reply[0].generation_and_timestamp.as_ref().unwrap().generation, g);
+    assert!(reply[0].value_part.is_empty());
+
+    // Generations we never minted match nothing: the condition fails, nothing changes.
+    for foreign in [&[0x03u8, 1, 2, 3, 4, 5, 6, 7, 8][..], &[0x00, 1], &[0x01]] {
+        assert_eq!(write(&mut c, b"big", b"overwrite", foreign).await.unwrap(), b"", "{foreign:?}");
+        let del = pb::DeleteRequest { key: Some("big".into()), generation_if_equal: foreign.to_vec().into(), ..Default::default() };
+        assert!(c.delete(del).await.unwrap().into_inner().generation_and_timestamp.unwrap().generation.is_empty());
+    }
+    let reply = read(&mut c, pb::ReadRequest { key: "big".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(reply[0].generation_and_timestamp.as_ref().unwrap().generation, g, "value kept");
+
+    // Over the gateway's --max-value: INVALID_ARGUMENT (not retried), nothing stored.
+    let too_big = vec![7u8; (1 << 20) + 1];
+    assert_eq!(write(&mut c, b"too-big", &too_big, b"").await.unwrap_err().code(), Code::InvalidArgument);
+    let reply = read(&mut c, pb::ReadRequest { key: "too-big".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(reply[0].state(), State::Missing);
+
+    // A write stream with no message, a delete with neither key nor range, an oversized key.
+    let empty = c.write(tokio_stream::iter(Vec::<pb::WriteRequest>::new())).await.unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument, "{empty}");
+    assert_eq!(c.delete(pb::DeleteRequest::default()).await.unwrap_err().code(), Code::InvalidArgument);
+    let long_key = vec![b'k'; 64 * 1024 + 1];
+    assert_eq!(write(&mut c, &long_key, b"v", b"").await.unwrap_err().code(), Code::InvalidArgument);
+
+    // The engine stores no empty key: writing it is refused clearly, and a single-key
+    // delete of it (recognised by presence, not by being non-empty) finds it absent.
+    assert_eq!(write(&mut c, b"", b"root", b"").await.unwrap_err().code(), Code::InvalidArgument);
+    let del = pb::DeleteRequest { key: Some(Vec::new().into()), ..Default::default() };
+    assert_eq!(c.delete(del).await.unwrap().into_inner().generation_and_timestamp.unwrap().generation.as_ref(), [0x02]);
+    let reply = read(&mut c, pb::ReadRequest { key: "".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(reply[0].state(), State::Missing);
+
+    // A suffix range and an inverted one.
+    let range = |min, max| Some(pb::ByteRange { inclusive_min: min, exclusive_max: max });
+    let reply = read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(-3, None), ..Default::default() }).await.unwrap();
+    assert_eq!(reply[0].value_part.as_ref(), &big[big.len() - 3..]);
+    let err = read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(10, Some(5)), ..Default::default() }).await;
+    assert_eq!(err.unwrap_err().code(), Code::OutOfRange);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_requests_over_several_connections() {
+    let (_server, gateway) = start();
+    let mut tasks = Vec::new();
+    for conn in 0..4 {
+        let client = connect(&gateway).await;
+        for i in 0..32 {
+            let mut c = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = format!("c{conn}/k{i}");
+                let value = common::pattern(conn * 100 + i, 1000 + i as usize * 97);
+                let g = write(&mut c, key.as_bytes(), &value, &[0x02]).await.unwrap();
+                assert_eq!(g.len(), 9);
+                let reply = read(&mut c, pb::ReadRequest { key: key.into(), ..Default::default() }).await.unwrap();
+                assert_eq!(reply.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>(), value);
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut c = connect(&gateway).await;
+    let listed = c.list(pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: "c".into(), exclusive_max: "d".into() }), strip_prefix_length: 1, ..Default::default() });
+    let mut stream = listed.await.unwrap().into_inner();
+    let mut keys = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        keys.extend(m.entry.into_iter().map(|e| e.key));
+    }
+    assert_eq!(keys.len(), 128);
+    assert!(keys.iter().all(|k| !k.starts_with(b"c")), "prefix stripped");
+}

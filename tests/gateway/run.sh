@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Unmodified TensorStore from PyPI against `rdram gateway`, every actor its own process:
+# an `rdram serve` server, the gateway, then writer, reader and kvstore-checker processes.
+# Usage: tests/gateway/run.sh [path/to/rdram]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+RDRAM=${1:-$root/target/release/rdram}
+VENV=${RDRAM_TS_VENV:-$root/target/venv-tensorstore}
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tensorstore, numpy" 2>/dev/null; then
+  echo "== creating $VENV with tensorstore and numpy from PyPI"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+fi
+PY="$VENV/bin/python"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start NAME CMD...: runs CMD in the background, waits for its "listening on ADDR" and
+# sets NAME_pid and NAME_addr.
+start() {
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 200); do
+    grep -q "^listening on" "$work/$name.log" && break
+    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log"; echo "$name exited"; exit 1; }
+    sleep 0.05
+  done
+  printf -v "${name}_pid" %s "$pid"
+  printf -v "${name}_addr" %s "$(sed -n 's/^listening on //p' "$work/$name.log")"
+}
+
+start server "$RDRAM" serve --listen 127.0.0.1:0 --workers 2 --memory 256MiB --hugepages off
+start gateway "$RDRAM" gateway --listen 127.0.0.1:0 --server "$server_addr" --engine-clients 4 --timeout-ms 5000
+gateway=$gateway_addr
+echo "== server $server_addr, gateway $gateway"
+
+for step in write read kvstore; do
+  echo "== $step (a separate process)"
+  "$PY" "$here/ts_check.py" "$step" "$gateway"
+done
+
+echo "== the server goes away"
+kill -9 "$server_pid"
+"$PY" "$here/ts_check.py" dead "$gateway"
+kill -0 "$gateway_pid" || { cat "$work/gateway.log"; echo "the gateway died with its server"; exit 1; }
+echo "gateway tests passed"
