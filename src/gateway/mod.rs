@@ -55,6 +55,9 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> Result<()> 
             // TensorStore pings every 5 min; answer them, and drop dead peers.
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
             .max_concurrent_streams(Some(256))
+            // Chunks are MiBs: HTTP/2's default 64 KiB windows would stall every stream on
+            // window updates; size them to the traffic instead.
+            .http2_adaptive_window(Some(true))
             .add_service(
                 pb::kv_store_service_server::KvStoreServiceServer::new(service)
                     .max_decoding_message_size(8 << 20)

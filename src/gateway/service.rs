@@ -120,18 +120,30 @@ impl KvStoreService for Gateway {
         if first.key.is_empty() {
             return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
         }
-        let mut value = BytesMut::new();
+        // Parts are kept as received and joined once at the end (a single part, the
+        // common case for chunks up to 1 MiB, is not copied at all).
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut total = 0usize;
         let mut next = Some(first.value_part);
         while let Some(part) = next {
-            if value.len() + part.len() > self.max_value {
+            total += part.len();
+            if total > self.max_value {
                 return Err(GrpcStatus::invalid_argument(format!(
                     "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
                     self.max_value
                 )));
             }
-            value.extend_from_slice(&part);
+            parts.push(part);
             next = stream.message().await?.map(|m| m.value_part);
         }
+        let value = match parts.len() {
+            1 => parts.pop().unwrap(),
+            _ => {
+                let mut joined = BytesMut::with_capacity(total);
+                parts.iter().for_each(|p| joined.extend_from_slice(p));
+                joined.freeze()
+            }
+        };
         let Some(condition) = write_condition(&first.generation_if_equal) else {
             return Ok(Response::new(pb::WriteResponse {
                 status: None,
@@ -139,7 +151,6 @@ impl KvStoreService for Gateway {
             }));
         };
         let key = first.key;
-        let value = value.freeze();
         let result = self
             .engine
             .run(move |c| c.put_with(&key, &value, &PutOptions { condition, ttl: None }))
