@@ -47,6 +47,11 @@ fn write_condition(bytes: &[u8]) -> Option<WriteCondition> {
     }
 }
 
+/// `[min, max)`; an empty max is unbounded.
+fn key_range(r: pb::KeyRange) -> KeyRange {
+    KeyRange { min: r.inclusive_min.to_vec(), max: (!r.exclusive_max.is_empty()).then(|| r.exclusive_max.to_vec()) }
+}
+
 fn read_response(state: State, g: Generation, bound: Option<&pb::Timestamp>, part: Bytes) -> pb::ReadResponse {
     pb::ReadResponse {
         status: None,
@@ -169,10 +174,7 @@ impl KvStoreService for Gateway {
         // deleting the empty key is a single-key delete.
         let g = match (r.range, r.key) {
             (Some(range), _) => {
-                let range = KeyRange {
-                    min: range.inclusive_min.to_vec(),
-                    max: (!range.exclusive_max.is_empty()).then(|| range.exclusive_max.to_vec()),
-                };
+                let range = key_range(range);
                 self.engine.run(move |c| c.delete_range(&range)).await.map_err(|e| status_of(&e))?;
                 Generation::Unknown
             }
@@ -198,11 +200,7 @@ impl KvStoreService for Gateway {
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
         let r = request.into_inner();
-        let range = r.range.unwrap_or_default();
-        let range = KeyRange {
-            min: range.inclusive_min.to_vec(),
-            max: (!range.exclusive_max.is_empty()).then(|| range.exclusive_max.to_vec()),
-        };
+        let range = key_range(r.range.unwrap_or_default());
         let strip = usize::try_from(r.strip_prefix_length).unwrap_or(usize::MAX);
         let entries = self.engine.run(move |c| c.list(&range)).await.map_err(|e| status_of(&e))?;
         let mut batches = Vec::new();
