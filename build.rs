@@ -1,5 +1,6 @@
 //! Generates Rust bindings for the system's UCX (libucx-dev) with bindgen, the C header
-//! with cbindgen, and the gateway's gRPC code with tonic-build.
+//! with cbindgen, libfabric bindings (bindgen + a C shim), and the gateway's gRPC code
+//! with tonic-build.
 //! The crates.io `ucx-sys` does not build, so we bind the headers pkg-config finds.
 
 use std::{env, path::PathBuf};
@@ -33,9 +34,42 @@ fn main() {
     let bindings = builder.generate().expect("bindgen failed on ucp.h");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("ucx_bindings.rs");
     bindings.write_to_file(out).expect("write ucx bindings");
+    generate_fabric_bindings();
     generate_c_header();
     generate_grpc();
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// libfabric (libfabric-dev) via bindgen; its many static inline calls go through a small
+/// C shim compiled here (the crates.io libfabric-sys does not build against 1.17).
+fn generate_fabric_bindings() {
+    let fabric = pkg_config::Config::new()
+        .atleast_version("1.17")
+        .probe("libfabric")
+        .expect("libfabric development files not found: install libfabric-dev (make deps)");
+    let shim = "src/transport/fabric/shim";
+    let mut cc = cc::Build::new();
+    cc.file(format!("{shim}.c")).warnings(true);
+    for path in &fabric.include_paths {
+        cc.include(path);
+    }
+    cc.compile("rdram_fabric_shim");
+    let mut builder = bindgen::Builder::default()
+        .header(format!("{shim}.h"))
+        .allowlist_function("rdram_fi_.*|fi_getinfo|fi_freeinfo|fi_dupinfo|fi_strerror|fi_version")
+        .allowlist_type("fi_.*|fid_.*")
+        .allowlist_var("FI_.*")
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(false)
+        .generate_comments(false);
+    for path in &fabric.include_paths {
+        builder = builder.clang_arg(format!("-I{}", path.display()));
+    }
+    let bindings = builder.generate().expect("bindgen failed on the libfabric headers");
+    bindings.write_to_file(PathBuf::from(env::var("OUT_DIR").unwrap()).join("fabric_bindings.rs")).expect("write fabric bindings");
+    println!("cargo:rerun-if-changed=src/transport/fabric/shim.c");
+    println!("cargo:rerun-if-changed=src/transport/fabric/shim.h");
 }
 
 /// The tsgrpc gateway's messages and service from proto/ (tonic-build runs protoc).

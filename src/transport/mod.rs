@@ -6,6 +6,7 @@
 //! address for the out-of-band bootstrap. Message movement (active messages, rendezvous
 //! receives into arena slots) is specific to each transport's worker module.
 
+pub mod fabric;
 pub mod ucx;
 
 use std::os::fd::RawFd;

@@ -1,0 +1,398 @@
+//! libfabric reliable-datagram endpoints (`FI_EP_RDM`): the path to AWS EFA, exercised
+//! here over `tcp;ofi_rxm` and `shm`, which speak the same API.
+//!
+//! One [`Endpoint`] = one fabric, domain, address vector, completion queue and endpoint,
+//! owned by one thread (`FI_THREAD_DOMAIN`), like a UCX worker. Messages are tagged sends
+//! and receives; callers pass an `fi_context`-sized context per operation and get it back
+//! in the completion.
+//!
+//! Status: the building block for the libfabric transport (issue #7). The engine's server
+//! and client do not use it yet.
+
+pub mod sys;
+
+use std::ffi::{CStr, CString};
+use std::os::raw::c_void;
+use std::ptr;
+
+use crate::error::{Error, Result, Status};
+
+/// The libfabric API version we are written against (Debian 12 ships 1.17).
+const API_VERSION: u32 = (1 << 16) | 17;
+
+/// Registration modes we honour: local buffers registered (EFA needs it), virtual
+/// addresses and provider-chosen keys for RMA, allocated memory only.
+const MR_MODES_SUPPORTED: u32 = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+
+/// A peer's index in the endpoint's address vector.
+pub type PeerAddr = sys::fi_addr_t;
+
+/// Per-operation context storage handed to libfabric (`FI_CONTEXT` mode): it must stay at
+/// a fixed address until the operation completes.
+#[repr(C)]
+#[derive(Default)]
+pub struct OpContext {
+    raw: sys::fi_context,
+    /// The caller's own token, returned in [`Completion`].
+    pub token: u64,
+}
+
+#[derive(Debug)]
+pub enum Completion {
+    Done { token: u64, len: usize, tag: u64 },
+    Failed { token: u64, error: Error },
+}
+
+pub struct Endpoint {
+    info: *mut sys::fi_info,
+    fabric: *mut sys::fid_fabric,
+    domain: *mut sys::fid_domain,
+    av: *mut sys::fid_av,
+    cq: *mut sys::fid_cq,
+    ep: *mut sys::fid_ep,
+    pub provider: String,
+    pub fabric_name: String,
+    pub domain_name: String,
+    /// The `FI_MR_*` bits the provider requires of us.
+    pub mr_mode: u32,
+}
+
+/// A registered memory region: `desc` goes with local operations, `key` to peers.
+pub struct MemoryRegion {
+    mr: *mut sys::fid_mr,
+    pub desc: *mut c_void,
+    pub key: u64,
+}
+
+fn fi_error(what: &str, code: i64) -> Error {
+    // SAFETY: fi_strerror returns a static string for any code.
+    let text = unsafe { CStr::from_ptr(sys::fi_strerror((-code) as i32)) }.to_string_lossy();
+    Error::new(Status::Transport, format!("libfabric {what}: {text} ({code})"))
+}
+
+fn check(what: &str, rc: i64) -> Result<()> {
+    if rc < 0 {
+        Err(fi_error(what, rc))
+    } else {
+        Ok(())
+    }
+}
+
+fn cstr(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: libfabric's names are NUL-terminated strings owned by the fi_info.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// Names of the providers offering RDM endpoints here, for error messages.
+pub fn available_providers() -> Vec<String> {
+    let mut names = Vec::new();
+    // SAFETY: hints are allocated and freed by libfabric; the list is walked read-only
+    // and freed once.
+    unsafe {
+        let hints = sys::rdram_fi_allocinfo();
+        if hints.is_null() {
+            return names;
+        }
+        (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
+        let mut list = ptr::null_mut();
+        if sys::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut list) == 0 {
+            let mut i = list;
+            while !i.is_null() {
+                let name = cstr((*(*i).fabric_attr).prov_name);
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+                i = (*i).next;
+            }
+            sys::fi_freeinfo(list);
+        }
+        sys::fi_freeinfo(hints);
+    }
+    names
+}
+
+impl Endpoint {
+    /// Opens an RDM endpoint on `provider` (e.g. "efa", "tcp;ofi_rxm", "shm"). `node`
+    /// picks the local interface by address for IP-based providers ("127.0.0.1" keeps
+    /// tcp on loopback). A missing provider is an error naming the ones available: no
+    /// silent fallback to something slower.
+    pub fn open(provider: &str, node: Option<&str>) -> Result<Endpoint> {
+        let prov = CString::new(provider).map_err(|_| Error::new(Status::Invalid, "provider name contains NUL"))?;
+        let node_c = node.map(CString::new).transpose().map_err(|_| Error::new(Status::Invalid, "node contains NUL"))?;
+        let mut ep = Endpoint {
+            info: ptr::null_mut(),
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            av: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            ep: ptr::null_mut(),
+            provider: provider.to_string(),
+            fabric_name: String::new(),
+            domain_name: String::new(),
+            mr_mode: 0,
+        };
+        // SAFETY: every object is created from the previous one's valid handle; on any
+        // error, Drop closes what was opened (in reverse order) and frees the info.
+        unsafe {
+            let hints = sys::rdram_fi_allocinfo();
+            if hints.is_null() {
+                return Err(Error::new(Status::Internal, "fi_allocinfo failed"));
+            }
+            (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
+            (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64;
+            (*hints).mode = sys::FI_CONTEXT as u64;
+            (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
+            (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
+            // fi_freeinfo frees prov_name: it must come from malloc.
+            (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+            let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
+            let node_ptr = node_c.as_ref().map_or(ptr::null(), |n| n.as_ptr());
+            let rc = sys::fi_getinfo(API_VERSION, node_ptr, ptr::null(), flags, hints, &mut ep.info);
+            sys::fi_freeinfo(hints);
+            if rc != 0 || ep.info.is_null() {
+                ep.info = ptr::null_mut();
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!(
+                        "libfabric provider '{provider}' offers no reliable-datagram endpoint here ({}); available: {}",
+                        cstr(sys::fi_strerror(-rc)),
+                        available_providers().join(", ")
+                    ),
+                ));
+            }
+            let info = &*ep.info;
+            ep.provider = cstr((*info.fabric_attr).prov_name);
+            ep.fabric_name = cstr((*info.fabric_attr).name);
+            ep.domain_name = cstr((*info.domain_attr).name);
+            ep.mr_mode = (*info.domain_attr).mr_mode as u32;
+
+            check("fi_fabric", sys::rdram_fi_fabric(info.fabric_attr, &mut ep.fabric, ptr::null_mut()) as i64)?;
+            check("fi_domain", sys::rdram_fi_domain(ep.fabric, ep.info, &mut ep.domain, ptr::null_mut()) as i64)?;
+            let mut av_attr = sys::fi_av_attr { type_: sys::FI_AV_TABLE, ..Default::default() };
+            check("fi_av_open", sys::rdram_fi_av_open(ep.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as i64)?;
+            let mut cq_attr = sys::fi_cq_attr {
+                format: sys::FI_CQ_FORMAT_TAGGED,
+                wait_obj: sys::FI_WAIT_NONE,
+                size: 1024,
+                ..Default::default()
+            };
+            check("fi_cq_open", sys::rdram_fi_cq_open(ep.domain, &mut cq_attr, &mut ep.cq, ptr::null_mut()) as i64)?;
+            check("fi_endpoint", sys::rdram_fi_endpoint(ep.domain, ep.info, &mut ep.ep, ptr::null_mut()) as i64)?;
+            check("fi_ep_bind(av)", sys::rdram_fi_ep_bind(ep.ep, &mut (*ep.av).fid, 0) as i64)?;
+            let cq_flags = (sys::FI_TRANSMIT | sys::FI_RECV) as u64;
+            check("fi_ep_bind(cq)", sys::rdram_fi_ep_bind(ep.ep, &mut (*ep.cq).fid, cq_flags) as i64)?;
+            check("fi_enable", sys::rdram_fi_enable(ep.ep) as i64)?;
+        }
+        Ok(ep)
+    }
+
+    /// "provider tcp;ofi_rxm, fabric 127.0.0.0/8, domain lo": what startup prints.
+    pub fn describe(&self) -> String {
+        format!("provider {}, fabric {}, domain {}", self.provider, self.fabric_name, self.domain_name)
+    }
+
+    /// This endpoint's fabric address, for the out-of-band bootstrap.
+    pub fn address(&self) -> Result<Vec<u8>> {
+        let mut len = 0usize;
+        // SAFETY: the first call only reports the length (FI_ETOOSMALL); the second
+        // writes at most `len` bytes into a buffer of that size.
+        unsafe {
+            sys::rdram_fi_getname(&mut (*self.ep).fid, ptr::null_mut(), &mut len);
+            let mut addr = vec![0u8; len];
+            check("fi_getname", sys::rdram_fi_getname(&mut (*self.ep).fid, addr.as_mut_ptr().cast(), &mut len) as i64)?;
+            addr.truncate(len);
+            Ok(addr)
+        }
+    }
+
+    /// Adds a peer's address (from its [`Endpoint::address`]) to the address vector.
+    pub fn insert_peer(&self, address: &[u8]) -> Result<PeerAddr> {
+        let mut peer: PeerAddr = 0;
+        // SAFETY: one address in, one fi_addr_t out; libfabric copies the address.
+        let n = unsafe { sys::rdram_fi_av_insert(self.av, address.as_ptr().cast(), 1, &mut peer, 0, ptr::null_mut()) };
+        if n != 1 {
+            return Err(fi_error("fi_av_insert", if n < 0 { n as i64 } else { -(sys::FI_EINVAL as i64) }));
+        }
+        Ok(peer)
+    }
+
+    /// Registers memory for local use (`desc`) and remote reads/writes (`key`).
+    pub fn register(&self, buf: *const u8, len: usize) -> Result<MemoryRegion> {
+        let access = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
+        let mut mr = ptr::null_mut();
+        // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
+        unsafe {
+            check("fi_mr_reg", sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, 0, 0, &mut mr, ptr::null_mut()) as i64)?;
+            Ok(MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr) })
+        }
+    }
+
+    pub fn deregister(&self, region: MemoryRegion) -> Result<()> {
+        // SAFETY: the region was registered on this endpoint's domain and is closed once.
+        check("fi_close(mr)", unsafe { sys::rdram_fi_close(&mut (*region.mr).fid) } as i64)
+    }
+
+    /// Posts a tagged send.
+    ///
+    /// # Safety
+    /// `buf..buf+len` and `ctx` must stay valid and unmoved until `ctx`'s completion.
+    pub unsafe fn send(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, tag: u64, ctx: *mut OpContext) -> Result<()> {
+        self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
+    }
+
+    /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
+    /// peer.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::send`].
+    pub unsafe fn recv(&self, buf: *mut u8, len: usize, desc: *mut c_void, tag: u64, ignore: u64, ctx: *mut OpContext) -> Result<()> {
+        let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
+        self.retry_on_eagain("fi_trecv", || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()))
+    }
+
+    /// FI_EAGAIN means the provider cannot take the operation until it makes progress
+    /// (queues full, or shm still mapping the peer, which needs the peer to progress
+    /// too): drive our side and retry.
+    fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
+        loop {
+            let rc = post() as i64;
+            if rc != -(sys::FI_EAGAIN as i64) {
+                return check(what, rc);
+            }
+            // SAFETY: a zero-count read only drives progress for providers that need it.
+            unsafe { sys::rdram_fi_cq_read(self.cq, ptr::null_mut(), 0) };
+        }
+    }
+
+    /// Reaps up to `out.capacity()` completions; returns how many were added to `out`.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut entries: [sys::fi_cq_tagged_entry; 16] = Default::default();
+        let want = max.min(entries.len());
+        // SAFETY: the buffer holds `want` tagged entries, the CQ's format.
+        let n = unsafe { sys::rdram_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) } as i64;
+        if n > 0 {
+            for e in &entries[..n as usize] {
+                // SAFETY: every op_context we post points at an OpContext.
+                let token = unsafe { (*(e.op_context as *const OpContext)).token };
+                out.push(Completion::Done { token, len: e.len, tag: e.tag });
+            }
+            return n as usize;
+        }
+        if n == -(sys::FI_EAVAIL as i64) {
+            let mut err = sys::fi_cq_err_entry::default();
+            // SAFETY: reads the one pending error entry into `err`.
+            if unsafe { sys::rdram_fi_cq_readerr(self.cq, &mut err, 0) } == 1 {
+                let mut text = [0 as std::os::raw::c_char; 256];
+                // SAFETY: fi_cq_strerror writes at most text.len() bytes and returns a C string.
+                let detail = cstr(unsafe { sys::rdram_fi_cq_strerror(self.cq, err.prov_errno, err.err_data, text.as_mut_ptr(), text.len()) });
+                // SAFETY: as above, op_context is one of ours.
+                let token = unsafe { (*(err.op_context as *const OpContext)).token };
+                let error = Error::new(Status::Transport, format!("libfabric operation failed: {detail} (errno {})", err.err));
+                out.push(Completion::Failed { token, error });
+                return 1;
+            }
+        }
+        0
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: each handle was opened by `open`, is closed once, endpoint first.
+        unsafe {
+            for fid in [
+                self.ep.cast::<sys::fid>(),
+                self.cq.cast::<sys::fid>(),
+                self.av.cast::<sys::fid>(),
+                self.domain.cast::<sys::fid>(),
+                self.fabric.cast::<sys::fid>(),
+            ] {
+                if !fid.is_null() {
+                    sys::rdram_fi_close(fid);
+                }
+            }
+            if !self.info.is_null() {
+                sys::fi_freeinfo(self.info);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIZES: [usize; 3] = [8, 4096, 3 << 20];
+
+    fn message(round: usize, size: usize) -> Vec<u8> {
+        (0..size).map(|i| (i * 7 + round) as u8).collect()
+    }
+
+    /// Polls until `n` completions arrived (or panics after 20 s).
+    fn wait_for(ep: &Endpoint, n: usize) -> Vec<Completion> {
+        let mut done = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while done.len() < n {
+            assert!(std::time::Instant::now() < deadline, "{}: no completion", ep.provider);
+            ep.poll(&mut done, 16);
+        }
+        done
+    }
+
+    /// Two endpoints on one provider, each driven by its own thread as in a server and a
+    /// client: tagged messages of 8 B to 3 MiB arrive intact with their tags.
+    fn tagged_messages(provider: &'static str, node: Option<&'static str>) {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let receiver = std::thread::spawn(move || {
+            let b = Endpoint::open(provider, node).unwrap_or_else(|e| panic!("{provider}: {e}"));
+            addr_tx.send(b.address().unwrap()).unwrap();
+            for (round, size) in SIZES.into_iter().enumerate() {
+                let mut got = vec![0u8; size];
+                let mut rx = OpContext { token: round as u64, ..Default::default() };
+                // SAFETY: `got` and `rx` outlive the completion awaited below.
+                unsafe { b.recv(got.as_mut_ptr(), size, ptr::null_mut(), 0x40 + round as u64, 0, &mut rx).unwrap() };
+                match wait_for(&b, 1).pop().unwrap() {
+                    Completion::Done { token, len, tag } => assert_eq!((token, len, tag), (round as u64, size, 0x40 + round as u64)),
+                    other => panic!("{provider}: {other:?}"),
+                }
+                assert!(got == message(round, size), "{provider}: {size} B arrived changed");
+            }
+        });
+        let a = Endpoint::open(provider, node).unwrap();
+        eprintln!("{}", a.describe());
+        assert!(a.describe().contains(provider), "{}", a.describe());
+        let b_at_a = a.insert_peer(&addr_rx.recv().unwrap()).unwrap();
+        for (round, size) in SIZES.into_iter().enumerate() {
+            let msg = message(round, size);
+            let mut tx = OpContext { token: 100 + round as u64, ..Default::default() };
+            // SAFETY: `msg` and `tx` outlive the completion awaited below.
+            unsafe { a.send(msg.as_ptr(), size, ptr::null_mut(), b_at_a, 0x40 + round as u64, &mut tx).unwrap() };
+            match wait_for(&a, 1).pop().unwrap() {
+                Completion::Done { token, .. } => assert_eq!(token, 100 + round as u64),
+                other => panic!("{provider}: {other:?}"),
+            }
+        }
+        receiver.join().unwrap();
+    }
+
+    #[test]
+    fn tagged_messages_over_tcp_rxm() {
+        tagged_messages("tcp;ofi_rxm", Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn tagged_messages_over_shm() {
+        tagged_messages("shm", None);
+    }
+
+    #[test]
+    fn a_missing_provider_is_named_with_the_alternatives() {
+        let err = Endpoint::open("efa", None).err().expect("no EFA on this machine");
+        assert_eq!(err.status, Status::Unavailable);
+        assert!(err.message.contains("'efa'") && err.message.contains("shm"), "{}", err.message);
+    }
+}
