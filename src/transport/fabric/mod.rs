@@ -55,13 +55,19 @@ pub struct Endpoint {
     pub domain_name: String,
     /// The `FI_MR_*` bits the provider requires of us.
     pub mr_mode: u32,
+    /// Whether the provider offered one-sided reads (`FI_RMA`) for large values.
+    pub rma: bool,
 }
 
-/// A registered memory region: `desc` goes with local operations, `key` to peers.
+/// A registered memory region: `desc` goes with local operations; `key` and
+/// `remote_base` go to peers that read it.
 pub struct MemoryRegion {
     mr: *mut sys::fid_mr,
     pub desc: *mut c_void,
     pub key: u64,
+    /// What a peer passes as the address of the region's first byte: its virtual address
+    /// under FI_MR_VIRT_ADDR, else offsets count from 0.
+    pub remote_base: u64,
 }
 
 fn fi_error(what: &str, code: i64) -> Error {
@@ -85,6 +91,32 @@ fn cstr(p: *const std::os::raw::c_char) -> String {
         // SAFETY: libfabric's names are NUL-terminated strings owned by the fi_info.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
+}
+
+/// `fi_getinfo` for a tagged RDM endpoint on `prov` with `extra_caps`; the result goes to
+/// `info` (NULL on failure). Returns libfabric's code.
+///
+/// # Safety
+/// `info` must be NULL or a list this function may overwrite without freeing.
+unsafe fn get_info(prov: &CStr, node: Option<&CStr>, extra_caps: u64, info: &mut *mut sys::fi_info) -> i32 {
+    let hints = sys::rdram_fi_allocinfo();
+    if hints.is_null() {
+        return -(sys::FI_ENOMEM as i32);
+    }
+    (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
+    (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64 | extra_caps;
+    (*hints).mode = sys::FI_CONTEXT as u64;
+    (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
+    (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
+    // fi_freeinfo frees prov_name: it must come from malloc.
+    (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+    let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
+    let rc = sys::fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
+    sys::fi_freeinfo(hints);
+    if rc != 0 {
+        *info = ptr::null_mut();
+    }
+    rc
 }
 
 /// Names of the providers offering RDM endpoints here, for error messages.
@@ -134,25 +166,21 @@ impl Endpoint {
             fabric_name: String::new(),
             domain_name: String::new(),
             mr_mode: 0,
+            rma: false,
         };
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
         unsafe {
-            let hints = sys::rdram_fi_allocinfo();
-            if hints.is_null() {
-                return Err(Error::new(Status::Internal, "fi_allocinfo failed"));
+            // One-sided reads where the provider offers them, plain messaging otherwise.
+            let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ) as u64;
+            let mut rc = -(sys::FI_ENODATA as i32);
+            for extra in [rma_caps, 0] {
+                rc = get_info(&prov, node_c.as_deref(), extra, &mut ep.info);
+                if rc == 0 && !ep.info.is_null() {
+                    ep.rma = extra != 0;
+                    break;
+                }
             }
-            (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
-            (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64;
-            (*hints).mode = sys::FI_CONTEXT as u64;
-            (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
-            (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
-            // fi_freeinfo frees prov_name: it must come from malloc.
-            (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
-            let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
-            let node_ptr = node_c.as_ref().map_or(ptr::null(), |n| n.as_ptr());
-            let rc = sys::fi_getinfo(API_VERSION, node_ptr, ptr::null(), flags, hints, &mut ep.info);
-            sys::fi_freeinfo(hints);
             if rc != 0 || ep.info.is_null() {
                 ep.info = ptr::null_mut();
                 return Err(Error::new(
@@ -227,7 +255,8 @@ impl Endpoint {
         // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
         unsafe {
             check("fi_mr_reg", sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, 0, 0, &mut mr, ptr::null_mut()) as i64)?;
-            Ok(MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr) })
+            let remote_base = if self.mr_mode & sys::FI_MR_VIRT_ADDR != 0 { buf as u64 } else { 0 };
+            Ok(MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr), remote_base })
         }
     }
 
@@ -252,6 +281,19 @@ impl Endpoint {
     pub unsafe fn recv(&self, buf: *mut u8, len: usize, desc: *mut c_void, tag: u64, ignore: u64, ctx: *mut OpContext) -> Result<()> {
         let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
         self.retry_on_eagain("fi_trecv", || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()))
+    }
+
+    /// One-sided read of `len` bytes at `remote_addr` (see [`MemoryRegion::remote_base`])
+    /// of the peer's region `key` into `buf`.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::send`]; `desc` belongs to a region covering `buf` when the
+    /// provider requires FI_MR_LOCAL.
+    pub unsafe fn read(&self, buf: *mut u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
+        if !self.rma {
+            return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided reads", self.provider)));
+        }
+        self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
     }
 
     /// FI_EAGAIN means the provider cannot take the operation until it makes progress
@@ -377,6 +419,53 @@ mod tests {
             }
         }
         receiver.join().unwrap();
+    }
+
+    /// One-sided read of a registered 2 MiB region owned by another thread's endpoint,
+    /// addressed per the provider's FI_MR_VIRT_ADDR mode, local buffer registered too.
+    fn one_sided_read(provider: &'static str, node: Option<&'static str>) {
+        const LEN: usize = 2 << 20;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let target = std::thread::spawn(move || {
+            let b = Endpoint::open(provider, node).unwrap();
+            let region: Vec<u8> = message(9, LEN);
+            let mr = b.register(region.as_ptr(), LEN).unwrap();
+            tx.send((b.address().unwrap(), mr.remote_base, mr.key, b.rma)).unwrap();
+            // Progress until the reader is done (tcp;ofi_rxm serves reads in progress).
+            let mut sink = Vec::new();
+            while done_rx.try_recv().is_err() {
+                b.poll(&mut sink, 16);
+            }
+            b.deregister(mr).unwrap();
+        });
+        let (addr, base, key, rma) = rx.recv().unwrap();
+        assert!(rma, "{provider} should offer FI_RMA here");
+        let a = Endpoint::open(provider, node).unwrap();
+        let peer = a.insert_peer(&addr).unwrap();
+        let mut local = vec![0u8; LEN / 2];
+        let mr = a.register(local.as_ptr(), local.len()).unwrap();
+        let mut ctx = OpContext { token: 7, ..Default::default() };
+        // SAFETY: `local`, its region and `ctx` outlive the completion awaited below.
+        unsafe { a.read(local.as_mut_ptr(), LEN / 2, mr.desc, peer, base + (LEN / 4) as u64, key, &mut ctx).unwrap() };
+        match wait_for(&a, 1).pop().unwrap() {
+            Completion::Done { token: 7, .. } => {}
+            other => panic!("{provider}: {other:?}"),
+        }
+        assert!(local == message(9, LEN)[LEN / 4..LEN / 4 + LEN / 2], "{provider}: read the wrong bytes");
+        a.deregister(mr).unwrap();
+        done_tx.send(()).unwrap();
+        target.join().unwrap();
+    }
+
+    #[test]
+    fn one_sided_read_over_tcp_rxm() {
+        one_sided_read("tcp;ofi_rxm", Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn one_sided_read_over_shm() {
+        one_sided_read("shm", None);
     }
 
     #[test]
