@@ -23,15 +23,12 @@ fn start() -> (ServerProc, ServerProc) {
 }
 
 async fn write(c: &mut Grpc, key: &[u8], value: &[u8], if_equal: &[u8]) -> Result<Vec<u8>, tonic::Status> {
-    let parts: Vec<pb::WriteRequest> = value
-        .chunks(256 << 10)
+    // An empty value is one message without a part, as TensorStore sends it.
+    let chunks: Vec<&[u8]> = if value.is_empty() { vec![&[]] } else { value.chunks(256 << 10).collect() };
+    let parts: Vec<pb::WriteRequest> = chunks
+        .into_iter()
         .map(|p| pb::WriteRequest { key: key.to_vec().into(), generation_if_equal: if_equal.to_vec().into(), value_part: p.to_vec().into() })
         .collect();
-    let parts = if parts.is_empty() {
-        vec![pb::WriteRequest { key: key.to_vec().into(), generation_if_equal: if_equal.to_vec().into(), ..Default::default() }]
-    } else {
-        parts
-    };
     let r = c.write(tokio_stream::iter(parts)).await?.into_inner();
     Ok(r.generation_and_timestamp.unwrap().generation.to_vec())
 }

@@ -93,12 +93,12 @@ fn cstr(p: *const std::os::raw::c_char) -> String {
     }
 }
 
-/// `fi_getinfo` for a tagged RDM endpoint on `prov` with `extra_caps`; the result goes to
-/// `info` (NULL on failure). Returns libfabric's code.
+/// `fi_getinfo` for a tagged RDM endpoint on `prov` (any provider if None) with
+/// `extra_caps`; the result goes to `info` (NULL on failure). Returns libfabric's code.
 ///
 /// # Safety
 /// `info` must be NULL or a list this function may overwrite without freeing.
-unsafe fn get_info(prov: &CStr, node: Option<&CStr>, extra_caps: u64, info: &mut *mut sys::fi_info) -> i32 {
+unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, info: &mut *mut sys::fi_info) -> i32 {
     let hints = sys::rdram_fi_allocinfo();
     if hints.is_null() {
         return -(sys::FI_ENOMEM as i32);
@@ -108,8 +108,10 @@ unsafe fn get_info(prov: &CStr, node: Option<&CStr>, extra_caps: u64, info: &mut
     (*hints).mode = sys::FI_CONTEXT as u64;
     (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
     (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
-    // fi_freeinfo frees prov_name: it must come from malloc.
-    (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+    if let Some(prov) = prov {
+        // fi_freeinfo frees prov_name: it must come from malloc.
+        (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+    }
     let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
     let rc = sys::fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
     sys::fi_freeinfo(hints);
@@ -119,19 +121,13 @@ unsafe fn get_info(prov: &CStr, node: Option<&CStr>, extra_caps: u64, info: &mut
     rc
 }
 
-/// Names of the providers offering RDM endpoints here, for error messages.
+/// Names of the providers offering the endpoints we need here, for error messages.
 pub fn available_providers() -> Vec<String> {
     let mut names = Vec::new();
-    // SAFETY: hints are allocated and freed by libfabric; the list is walked read-only
-    // and freed once.
+    let mut list = ptr::null_mut();
+    // SAFETY: get_info fills `list` (or leaves it NULL); it is walked read-only and freed once.
     unsafe {
-        let hints = sys::rdram_fi_allocinfo();
-        if hints.is_null() {
-            return names;
-        }
-        (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
-        let mut list = ptr::null_mut();
-        if sys::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut list) == 0 {
+        if get_info(None, None, 0, &mut list) == 0 {
             let mut i = list;
             while !i.is_null() {
                 let name = cstr((*(*i).fabric_attr).prov_name);
@@ -142,7 +138,6 @@ pub fn available_providers() -> Vec<String> {
             }
             sys::fi_freeinfo(list);
         }
-        sys::fi_freeinfo(hints);
     }
     names
 }
@@ -175,7 +170,7 @@ impl Endpoint {
             let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ) as u64;
             let mut rc = -(sys::FI_ENODATA as i32);
             for extra in [rma_caps, 0] {
-                rc = get_info(&prov, node_c.as_deref(), extra, &mut ep.info);
+                rc = get_info(Some(&prov), node_c.as_deref(), extra, &mut ep.info);
                 if rc == 0 && !ep.info.is_null() {
                     ep.rma = extra != 0;
                     break;
