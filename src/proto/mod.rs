@@ -43,7 +43,10 @@ pub mod flags {
     /// Range operations: the upper bound is absent (unbounded).
     pub const MAX_UNBOUNDED: u32 = 1 << 5;
     pub const HAS_TTL: u32 = 1 << 6;
-    pub const ALL: u32 = (1 << 7) - 1;
+    /// Put over libfabric: the payload ends with a [`crate::transport::fabric::RemoteValue`]
+    /// that the server reads the value through (one-sided), instead of the value itself.
+    pub const REMOTE_VALUE: u32 = 1 << 7;
+    pub const ALL: u32 = (1 << 8) - 1;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,8 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
-mod worker;
+mod service;
+mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -131,7 +132,7 @@ impl Server {
                         core_affinity::set_for_current(c);
                     }
                     let built = Shard::new(per_shard, cfg.hugepages, cfg.mode)
-                        .and_then(|shard| worker::ShardWorker::new(index, cfg.workers, session, shard))
+                        .and_then(|shard| ucx_worker::ShardWorker::new(index, cfg.workers, session, shard))
                         .and_then(|w| w.info().map(|info| (w, info)));
                     match built {
                         Ok((w, info)) => {

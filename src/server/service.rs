@@ -1,0 +1,273 @@
+//! What a shard worker does with a request, whatever transport brought it: validate it,
+//! apply it to the shard, and say what to send back. The transport workers
+//! (`ucx_worker.rs`, `fabric_worker.rs`) only move bytes and call in here.
+
+use crate::error::{Error, Result, Status};
+use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
+use crate::store::alloc::Extent;
+use crate::store::{ByteRange, Condition, GetOutcome, Shard};
+
+/// A decoded, authenticated request.
+pub struct Request<'a> {
+    pub header: RequestHeader,
+    pub op: Op,
+    /// The key when it travels in the header (empty otherwise).
+    pub inline: &'a [u8],
+}
+
+/// The reply to send: a header, plus either the bytes the service wrote to the caller's
+/// `out` buffer or a slice of the arena.
+pub enum Answer {
+    Owned(ReplyHeader),
+    /// `len` bytes at `offset` of the arena, inside `extent`; the sender pins the extent
+    /// while the bytes are in flight.
+    Arena { header: ReplyHeader, offset: u64, len: u64, extent: u64 },
+}
+
+/// A put whose bytes are still arriving into a reserved extent that is not in the index
+/// (no reader or writer can reach it) until [`Service::finish_put`].
+pub struct PendingPut {
+    pub header: RequestHeader,
+    pub extent: Extent,
+    /// Where, from the extent's start, the arriving bytes go, and how many arrive.
+    pub dest_offset: u64,
+    pub arriving: u64,
+    pub value_len: u64,
+}
+
+pub struct Service {
+    pub index: usize,
+    shards: usize,
+    session: u64,
+    pub shard: Shard,
+    list_scratch: Vec<(Vec<u8>, u64)>,
+}
+
+impl Service {
+    pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Service {
+        Service { index, shards, session, shard, list_scratch: Vec::new() }
+    }
+
+    /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
+    /// header). On failure, the request id to answer (when readable) and why.
+    pub fn admit<'a>(&self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
+        let (h, op) = RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))?;
+        let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
+        if h.session != self.session {
+            return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
+        }
+        let inline = &header[REQUEST_HEADER_LEN..];
+        let expected = inline_key_len(&h, op);
+        if inline.len() != expected {
+            return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
+        }
+        Ok(Request { header: h, op, inline })
+    }
+
+    /// Like [`Service::admit`] for a transport that sends one message: header, inline key
+    /// and payload back to back. Returns the request and its payload.
+    pub fn admit_message<'a>(&self, msg: &'a [u8]) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
+        let split = match RequestHeader::decode(msg) {
+            Ok((h, op)) => (REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()),
+            Err(e) => return Err((e.request_id, Error::new(e.status, e.message))),
+        };
+        let (header, payload) = msg.split_at(split);
+        Ok((self.admit(header)?, payload))
+    }
+
+    /// Serves a request whose payload is all here. Owned reply bytes go to `out`.
+    pub fn serve(&mut self, req: &Request, payload: &[u8], out: &mut Vec<u8>) -> Answer {
+        let h = &req.header;
+        if h.flags & flags::REMOTE_VALUE != 0 {
+            let e = Error::new(Status::Invalid, "this transport does not read values from client memory");
+            return Answer::Owned(error_reply(h.request_id, &e, out));
+        }
+        let result = match req.op {
+            Op::Put => self.eager_put(h, req.inline, payload),
+            Op::Get => return self.get(h, req.inline, payload, out),
+            Op::Delete => self.delete(h, req.inline, payload),
+            Op::DeleteRange | Op::List => self.range_op(h, req.op, payload, out),
+            Op::Stats => self.stats(h, out),
+        };
+        Answer::Owned(result.unwrap_or_else(|e| error_reply(h.request_id, &e, out)))
+    }
+
+    /// Starts a put whose `arriving` bytes (the value, after the key when the key travels
+    /// in the payload) land straight in the arena: checks and reserves.
+    pub fn begin_put(&mut self, req: &Request, arriving: u64) -> Result<PendingPut> {
+        let h = req.header;
+        if req.op != Op::Put {
+            return Err(Error::new(Status::Invalid, format!("{:?} with a {arriving}-byte payload", req.op)));
+        }
+        let key_len = h.key_len as u64;
+        let in_payload = h.flags & flags::KEY_IN_PAYLOAD != 0;
+        if in_payload && arriving < key_len {
+            return Err(Error::new(Status::Invalid, "payload shorter than the key"));
+        }
+        let value_len = if in_payload { arriving - key_len } else { arriving };
+        if value_len > proto::MAX_VALUE_LEN {
+            return Err(Error::new(Status::ValueTooLarge, format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN)));
+        }
+        if !in_payload {
+            self.check_shard(req.inline)?;
+            self.shard.precheck_put(req.inline, &condition(&h))?;
+        }
+        let extent = self.shard.reserve(key_len + value_len)?;
+        let dest_offset = if in_payload { 0 } else { key_len };
+        if !in_payload {
+            self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
+        }
+        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len })
+    }
+
+    /// Where a pending put's bytes go.
+    pub fn put_destination(&mut self, p: &PendingPut) -> *mut u8 {
+        self.shard.extent_mut(p.extent)[p.dest_offset as usize..].as_mut_ptr()
+    }
+
+    /// Publishes a put whose bytes arrived (`arrived`), or frees its slot when the
+    /// transfer failed (the client vanished): the server keeps serving either way.
+    pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
+        let id = p.header.request_id;
+        if !arrived {
+            self.shard.release(p.extent);
+            return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);
+        }
+        let key_len = p.header.key_len as usize;
+        let key = self.shard.arena().slice(p.extent.offset, key_len as u64);
+        if let Err(e) = self.check_shard(key) {
+            self.shard.release(p.extent);
+            return error_reply(id, &e, out);
+        }
+        match self.shard.commit_put(p.extent, key_len as u32, p.value_len, &condition(&p.header), ttl(&p.header)) {
+            Ok(generation) => ok_reply(id, generation, p.value_len),
+            Err(e) => error_reply(id, &e, out),
+        }
+    }
+
+    fn check_shard(&self, key: &[u8]) -> Result<()> {
+        let owner = proto::shard_of(key, self.shards);
+        if owner != self.index {
+            return Err(Error::new(Status::WrongShard, format!("key belongs to shard {owner}, not {}", self.index)));
+        }
+        Ok(())
+    }
+
+    fn key_of<'a>(&self, h: &RequestHeader, inline: &'a [u8], payload: &'a [u8]) -> Result<&'a [u8]> {
+        let key = if h.flags & flags::KEY_IN_PAYLOAD != 0 {
+            payload.get(..h.key_len as usize).ok_or_else(|| Error::new(Status::Invalid, "payload shorter than the key"))?
+        } else {
+            inline
+        };
+        self.check_shard(key)?;
+        Ok(key)
+    }
+
+    fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+        let key = self.key_of(h, inline, payload)?;
+        let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
+        let cond = condition(h);
+        self.shard.precheck_put(key, &cond)?;
+        let extent = self.shard.reserve((key.len() + value.len()) as u64)?;
+        let slot = self.shard.extent_mut(extent);
+        slot[..key.len()].copy_from_slice(key);
+        slot[key.len()..key.len() + value.len()].copy_from_slice(value);
+        let generation = self.shard.commit_put(extent, key.len() as u32, value.len() as u64, &cond, ttl(h))?;
+        Ok(ok_reply(h.request_id, generation, value.len() as u64))
+    }
+
+    fn get(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
+        let range = (h.flags & flags::HAS_RANGE != 0).then_some(ByteRange { start: h.range_start, end: h.range_end });
+        let outcome = self.key_of(h, inline, payload).and_then(|key| self.shard.get(key, &condition(h), range));
+        let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
+        match outcome {
+            Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
+            Ok(GetOutcome::Missing) => reply.status = Status::Missing as u8,
+            Ok(GetOutcome::Unchanged { generation }) => {
+                reply.status = Status::Unchanged as u8;
+                reply.generation = generation;
+            }
+            Ok(GetOutcome::Value { generation, value_size, offset, len, extent }) => {
+                reply.generation = generation;
+                reply.value_size = value_size;
+                return Answer::Arena { header: reply, offset, len, extent };
+            }
+        }
+        Answer::Owned(reply)
+    }
+
+    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+        let key = self.key_of(h, inline, payload)?;
+        let existed = self.shard.delete(key, &condition(h))?;
+        Ok(ok_reply(h.request_id, 0, existed as u64))
+    }
+
+    fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
+        let (min_len, max_len) = (h.key_len as usize, h.aux_len as usize);
+        if payload.len() != min_len + max_len {
+            return Err(Error::new(Status::Invalid, "range bounds do not match their lengths"));
+        }
+        let min = &payload[..min_len];
+        let max = (h.flags & flags::MAX_UNBOUNDED == 0).then(|| &payload[min_len..]);
+        if op == Op::DeleteRange {
+            let n = self.shard.delete_range(min, max);
+            return Ok(ok_reply(h.request_id, 0, n));
+        }
+        let limit = (h.ttl_or_limit as usize).clamp(1, proto::LIST_BATCH as usize);
+        let mut entries = std::mem::take(&mut self.list_scratch);
+        entries.clear();
+        let more = self.shard.list(min, max, limit, &mut entries);
+        for (k, size) in &entries {
+            proto::encode_list_entry(out, k, *size);
+        }
+        let mut reply = ok_reply(h.request_id, 0, entries.len() as u64);
+        reply.more = more as u32;
+        self.list_scratch = entries;
+        Ok(reply)
+    }
+
+    fn stats(&mut self, h: &RequestHeader, out: &mut Vec<u8>) -> Result<ReplyHeader> {
+        let mut stats = serde_json::to_value(self.shard.stats()).unwrap_or_default();
+        stats["shard"] = self.index.into();
+        serde_json::to_writer(&mut *out, &stats).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        Ok(ReplyHeader::new(h.request_id, Status::Ok))
+    }
+}
+
+/// The reply for a failed request: its status, and the message as the payload in `out`.
+pub fn error_reply(request_id: u64, err: &Error, out: &mut Vec<u8>) -> ReplyHeader {
+    out.clear();
+    out.extend_from_slice(err.message.as_bytes());
+    ReplyHeader::new(request_id, err.status)
+}
+
+fn ok_reply(request_id: u64, generation: u64, value_size: u64) -> ReplyHeader {
+    let mut h = ReplyHeader::new(request_id, Status::Ok);
+    h.generation = generation;
+    h.value_size = value_size;
+    h
+}
+
+/// How many key bytes travel right after the fixed header.
+fn inline_key_len(h: &RequestHeader, op: Op) -> usize {
+    match op {
+        Op::Put | Op::Get | Op::Delete if h.flags & flags::KEY_IN_PAYLOAD == 0 => h.key_len as usize,
+        _ => 0,
+    }
+}
+
+fn condition(h: &RequestHeader) -> Condition {
+    Condition {
+        if_equal: (h.flags & flags::IF_EQUAL != 0).then_some(h.if_equal),
+        if_not_equal: (h.flags & flags::IF_NOT_EQUAL != 0).then_some(h.if_not_equal),
+        if_absent: h.flags & flags::IF_ABSENT != 0,
+    }
+}
+
+fn ttl(h: &RequestHeader) -> u64 {
+    if h.flags & flags::HAS_TTL != 0 {
+        h.ttl_or_limit.max(1)
+    } else {
+        0
+    }
+}

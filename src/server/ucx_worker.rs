@@ -1,0 +1,282 @@
+//! A shard worker over UCX: one pinned thread that owns one UCX worker, the endpoints its clients
+//! reach it by, and one shard. Requests are served inside the active-message callback, on
+//! this thread, with no lock: the worker is the only one who ever touches its shard.
+//!
+//! Buffer ownership (who may touch which bytes when):
+//! - Reply headers and owned reply payloads live in pooled [`ReplyMsg`] boxes; a box is
+//!   owned by UCX from a pending send until its completion callback returns it to the pool.
+//! - A get reply sends straight from the arena; the extent is pinned until the send
+//!   completes, so a concurrent delete or overwrite defers the free.
+//! - A rendezvous put receives into a reserved extent that is not yet in the index; on
+//!   completion it is committed (condition re-checked) or released, also when the client
+//!   vanished mid-transfer (the callback then carries an error status).
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use super::service::{self, Answer, PendingPut, Service};
+use crate::error::{Error, Result};
+use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
+use crate::store::Shard;
+use crate::transport::ucx::{self, sys, Started, Worker};
+use crate::transport::{PollMode, Poller};
+
+/// How often an idle worker wakes to expire TTL'd keys.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+const SWEEP_BATCH: usize = 256;
+
+struct ReplyMsg {
+    worker: *mut ShardWorker,
+    header: [u8; REPLY_HEADER_LEN],
+    payload: Vec<u8>,
+    /// Arena extent the payload is sent from, if any (pinned while in flight).
+    pinned: Option<u64>,
+}
+
+struct PutInFlight {
+    worker: *mut ShardWorker,
+    reply_ep: sys::ucp_ep_h,
+    put: PendingPut,
+}
+
+pub struct ShardWorker {
+    service: Service,
+    worker: Worker,
+    memh: sys::ucp_mem_h,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
+    reply_pool: Vec<Box<ReplyMsg>>,
+}
+
+pub struct WorkerInfo {
+    pub address: Vec<u8>,
+    pub backing: crate::store::Backing,
+    pub bytes: u64,
+}
+
+impl ShardWorker {
+    /// Builds the worker on the calling thread (the one that will run it).
+    pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Result<Box<ShardWorker>> {
+        let worker = Worker::new()?;
+        let arena = shard.arena();
+        let memh = worker.mem_map(arena.base(), arena.len())?;
+        let mut w = Box::new(ShardWorker {
+            service: Service::new(index, shards, session, shard),
+            worker,
+            memh,
+            reply_pool: Vec::new(),
+        });
+        let arg = &mut *w as *mut ShardWorker as *mut c_void;
+        // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
+        // worker is destroyed in Drop before the box's memory is freed).
+        unsafe { w.worker.set_am_handler(proto::AM_REQUEST, Some(on_request), arg)? };
+        Ok(w)
+    }
+
+    pub fn info(&self) -> Result<WorkerInfo> {
+        Ok(WorkerInfo { address: self.worker.address()?, backing: self.service.shard.arena().backing(), bytes: self.service.shard.arena().len() as u64 })
+    }
+
+    pub fn waker(&self) -> ucx::Waker {
+        self.worker.waker()
+    }
+
+    /// Serves until `stop` is set (and the worker woken).
+    pub fn run(self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
+        let this = Box::into_raw(self);
+        let mut poller = Poller::new(mode, spin);
+        let mut last_sweep = std::time::Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            // SAFETY: `this` is the only handle to the worker; borrows taken here end before
+            // progress runs callbacks that take their own short borrow through the same pointer.
+            let did_work = unsafe { (*this).worker.progress() } != 0;
+            if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
+                unsafe { (*this).service.shard.expire_due(SWEEP_BATCH) };
+                last_sweep = std::time::Instant::now();
+            }
+            let worker = unsafe { &(*this).worker };
+            if let Err(e) = poller.after_progress(worker, did_work, SWEEP_INTERVAL) {
+                warn!("worker: {e}");
+            }
+        }
+        // SAFETY: reclaim the box leaked above; no callback can run after this point
+        // because nothing progresses the worker any more.
+        drop(unsafe { Box::from_raw(this) });
+    }
+
+    fn take_reply(&mut self) -> Box<ReplyMsg> {
+        let me = self as *mut ShardWorker;
+        let mut m = self.reply_pool.pop().unwrap_or_else(|| {
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None })
+        });
+        m.payload.clear();
+        m.pinned = None;
+        m
+    }
+
+    fn finish_reply(&mut self, mut m: Box<ReplyMsg>) {
+        if let Some(extent) = m.pinned.take() {
+            self.service.shard.unpin(extent);
+        }
+        if m.payload.capacity() > 1 << 20 {
+            m.payload = Vec::new();
+        }
+        self.reply_pool.push(m);
+    }
+
+    /// Sends a reply. `arena`: bytes of the arena to send instead of the owned payload.
+    fn send_reply(&mut self, ep: sys::ucp_ep_h, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<(u64, u64, u64)>) {
+        if ep.is_null() {
+            self.finish_reply(m);
+            return;
+        }
+        m.header = header.encode();
+        let raw = Box::into_raw(m);
+        // SAFETY: header and payload live in the box (heap, stable while leaked) or the
+        // arena (pinned below while in flight), untouched until the completion; ep is the
+        // reply endpoint UCX gave us.
+        let started = unsafe {
+            let (payload, memh): (&[u8], _) = match arena {
+                Some((offset, len, _)) => (self.service.shard.arena().slice(offset, len), self.memh),
+                None => ((*raw).payload.as_slice(), ptr::null_mut()),
+            };
+            self.worker.am_send(ep, proto::AM_REPLY, &(*raw).header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
+        };
+        // SAFETY: raw came from Box::into_raw above and is reclaimed exactly once: here when
+        // the send finished (or failed) inside the call, else in on_reply_sent.
+        match started {
+            Ok(Started::Pending) => {
+                if let Some((_, _, extent)) = arena {
+                    self.service.shard.pin(extent);
+                    unsafe { (*raw).pinned = Some(extent) };
+                }
+            }
+            Ok(Started::Done) => self.finish_reply(unsafe { Box::from_raw(raw) }),
+            Err(e) => {
+                debug!("reply not sent: {e}");
+                self.finish_reply(unsafe { Box::from_raw(raw) })
+            }
+        }
+    }
+
+    /// Sends what the service answered; `m.payload` holds its owned bytes.
+    fn answer(&mut self, ep: sys::ucp_ep_h, answer: Answer, m: Box<ReplyMsg>) {
+        match answer {
+            Answer::Owned(header) => self.send_reply(ep, header, m, None),
+            Answer::Arena { header, offset, len, extent } => self.send_reply(ep, header, m, Some((offset, len, extent))),
+        }
+    }
+
+    fn reply_error(&mut self, ep: sys::ucp_ep_h, request_id: u64, err: &Error) {
+        let mut m = self.take_reply();
+        let header = service::error_reply(request_id, err, &mut m.payload);
+        self.send_reply(ep, header, m, None);
+    }
+
+    /// Handles one request from the AM callback. `data` is the eager payload, or the
+    /// rendezvous descriptor when `rendezvous`.
+    fn handle(&mut self, header: &[u8], data: *mut c_void, length: usize, info: ucx::AmInfo) -> sys::ucs_status_t {
+        let ep = info.reply_ep;
+        let req = match self.service.admit(header) {
+            Ok(r) => r,
+            Err((id, e)) => {
+                debug!("shard {}: refused request: {}", self.service.index, e.message);
+                if let Some(id) = id {
+                    self.reply_error(ep, id, &e);
+                }
+                return sys::UCS_OK;
+            }
+        };
+        if info.rendezvous {
+            // Only puts carry large payloads; returning UCS_OK without receiving drops the
+            // descriptor and releases the sender.
+            match self.service.begin_put(&req, length as u64) {
+                Ok(p) => self.receive_put(ep, p, data),
+                Err(e) => self.reply_error(ep, req.header.request_id, &e),
+            }
+            return sys::UCS_OK;
+        }
+        // SAFETY: for an eager message UCX hands us `length` readable bytes at `data`,
+        // valid for the duration of this callback.
+        let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
+        let mut m = self.take_reply();
+        let answer = self.service.serve(&req, payload, &mut m.payload);
+        self.answer(ep, answer, m);
+        sys::UCS_OK
+    }
+
+    fn receive_put(&mut self, ep: sys::ucp_ep_h, put: PendingPut, desc: *mut c_void) {
+        let dest = self.service.put_destination(&put);
+        let length = put.arriving as usize;
+        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, put }));
+        // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
+        // finish_put runs.
+        let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, self.memh) };
+        match started {
+            Ok(Started::Pending) => {}
+            // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
+            Ok(Started::Done) => self.finish_put(unsafe { *Box::from_raw(pending) }, sys::UCS_OK),
+            Err(e) => {
+                warn!("rendezvous receive failed to start: {e}");
+                self.finish_put(unsafe { *Box::from_raw(pending) }, sys::UCS_ERR_IO_ERROR)
+            }
+        }
+    }
+
+    fn finish_put(&mut self, p: PutInFlight, status: sys::ucs_status_t) {
+        if status != sys::UCS_OK {
+            debug!("shard {}: rendezvous put failed ({}); slot freed", self.service.index, ucx::status_string(status));
+        }
+        let mut m = self.take_reply();
+        let header = self.service.finish_put(p.put, status == sys::UCS_OK, &mut m.payload);
+        self.send_reply(p.reply_ep, header, m, None);
+    }
+}
+
+impl Drop for ShardWorker {
+    fn drop(&mut self) {
+        // SAFETY: mapped in new(), unmapped once here.
+        unsafe { self.worker.mem_unmap(self.memh) };
+    }
+}
+
+unsafe extern "C" fn on_request(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the ShardWorker registered in new(); UCX calls us on its thread,
+    // inside progress, when no other borrow of the worker is live. header/param are valid
+    // for the duration of the call.
+    let w = &mut *(arg as *mut ShardWorker);
+    let header = ucx::am_header(header, header_length);
+    let info = ucx::am_info(param);
+    catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info))).unwrap_or_else(|_| {
+        warn!("request handler panicked; request dropped");
+        sys::UCS_OK
+    })
+}
+
+unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
+    // SAFETY: user_data is the ReplyMsg box leaked in send_reply for this pending send.
+    let m = Box::from_raw(user_data as *mut ReplyMsg);
+    let w = &mut *m.worker;
+    w.finish_reply(m);
+    ucx::request_free(request);
+}
+
+unsafe extern "C" fn on_put_received(request: *mut c_void, status: sys::ucs_status_t, _length: usize, user_data: *mut c_void) {
+    // SAFETY: user_data is the PutInFlight box leaked in receive_put.
+    let p = Box::from_raw(user_data as *mut PutInFlight);
+    let w = &mut *p.worker;
+    let _ = catch_unwind(AssertUnwindSafe(|| w.finish_put(*p, status)));
+    ucx::request_free(request);
+}
