@@ -18,4 +18,4 @@ pub mod transport;
 
 pub use client::{Client, ClientOptions};
 pub use error::{Error, Result, Status};
-pub use server::{Server, ServerConfig};
+pub use server::{Server, ServerConfig, TransportChoice};

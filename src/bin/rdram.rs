@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::store::{parse_size, HugePages, Mode};
 use remote_dram::transport::PollMode;
-use remote_dram::{Client, ClientOptions, Error, Server, ServerConfig, Status};
+use remote_dram::{Client, ClientOptions, Error, Server, ServerConfig, Status, TransportChoice};
 
 /// Exit code for "key not found".
 const EXIT_MISSING: u8 = 3;
@@ -17,7 +17,7 @@ const EXIT_MISSING: u8 = 3;
 const EXIT_CONDITION: u8 = 4;
 
 #[derive(Parser)]
-#[command(name = "rdram", version, args_override_self = true, about = "remote_dram: a key-value store in remote DRAM over UCX")]
+#[command(name = "rdram", version, args_override_self = true, about = "remote_dram: a key-value store in remote DRAM over UCX or libfabric")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -125,6 +125,23 @@ struct ServeArgs {
     /// File whose first line is the auth token clients must present.
     #[arg(long, env = "RDRAM_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
+    /// Network stack: auto = UCX, unless libfabric offers the efa provider.
+    #[arg(long, value_enum, default_value = "auto")]
+    transport: TransportArg,
+    /// libfabric provider for --transport fabric: efa, "tcp;ofi_rxm", shm, ...
+    #[arg(long, default_value = "efa")]
+    provider: String,
+    /// libfabric: endpoints per worker, one per NIC domain; large values are striped
+    /// across them (wraps around when the host has fewer domains).
+    #[arg(long, default_value_t = 1)]
+    domains: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TransportArg {
+    Auto,
+    Ucx,
+    Fabric,
 }
 
 #[derive(Args)]
@@ -272,6 +289,11 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         spin: Duration::from_micros(args.spin_us),
         mode: args.mode,
         auth_token,
+        transport: match args.transport {
+            TransportArg::Auto => TransportChoice::Auto,
+            TransportArg::Ucx => TransportChoice::Ucx,
+            TransportArg::Fabric => TransportChoice::Fabric { provider: args.provider, rails: args.domains },
+        },
     };
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     let mut signals = signals.map_err(|e| Error::new(Status::Internal, e.to_string()))?;

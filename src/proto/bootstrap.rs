@@ -33,12 +33,16 @@ pub struct Welcome {
     pub error: Option<(i8, String)>,
     #[serde(default)]
     pub transport: String,
+    /// libfabric provider when `transport` is "fabric" (the client opens the same).
+    #[serde(default)]
+    pub provider: String,
     /// The server's canonical address; clusters hash keys over these.
     #[serde(default)]
     pub node: String,
     #[serde(default)]
     pub session: u64,
-    /// Hex-encoded transport address of each shard's worker, in shard order.
+    /// Each shard worker's transport address, in shard order: hex (UCX), or hex per
+    /// rail joined by commas (libfabric).
     #[serde(default)]
     pub shards: Vec<String>,
 }
@@ -50,6 +54,7 @@ impl Welcome {
             version: super::PROTOCOL_VERSION,
             error: Some((status as i8, message)),
             transport: String::new(),
+            provider: String::new(),
             node: String::new(),
             session: 0,
             shards: Vec::new(),

@@ -14,6 +14,7 @@
 //! Every field is validated by [`RequestHeader::decode`] before anything else looks at it.
 
 pub mod bootstrap;
+pub mod fabric;
 
 use crate::error::Status;
 
@@ -43,7 +44,7 @@ pub mod flags {
     /// Range operations: the upper bound is absent (unbounded).
     pub const MAX_UNBOUNDED: u32 = 1 << 5;
     pub const HAS_TTL: u32 = 1 << 6;
-    /// Put over libfabric: the payload ends with a [`crate::transport::fabric::RemoteValue`]
+    /// Put over libfabric: the payload ends with a [`crate::proto::fabric::RemoteValue`]
     /// that the server reads the value through (one-sided), instead of the value itself.
     pub const REMOTE_VALUE: u32 = 1 << 7;
     pub const ALL: u32 = (1 << 8) - 1;
@@ -109,6 +110,9 @@ pub struct ReplyHeader {
     pub value_size: u64,
     /// List: 1 when more entries remain after the last one returned.
     pub more: u32,
+    /// Payload length. Set over libfabric, where it may follow in its own message; over
+    /// UCX the active message's length says it and this is 0.
+    pub payload_len: u64,
 }
 
 impl RequestHeader {
@@ -208,6 +212,7 @@ impl ReplyHeader {
         out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         out[16..24].copy_from_slice(&self.generation.to_le_bytes());
         out[24..32].copy_from_slice(&self.value_size.to_le_bytes());
+        out[32..40].copy_from_slice(&self.payload_len.to_le_bytes());
         out
     }
 
@@ -222,6 +227,7 @@ impl ReplyHeader {
             request_id: u64_at(buf, 8),
             generation: u64_at(buf, 16),
             value_size: u64_at(buf, 24),
+            payload_len: u64_at(buf, 32),
         };
         if h.version != PROTOCOL_VERSION {
             return Err(format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}", h.version));

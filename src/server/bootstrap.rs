@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::{debug, info};
 
 use crate::error::{Error, Result, Status};
-use crate::proto::bootstrap::{hex_encode, read_line, write_line, Hello, Welcome, MAGIC};
+use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
 use crate::proto::PROTOCOL_VERSION;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -18,8 +18,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Shared {
     pub node: String,
     pub transport: &'static str,
+    pub provider: String,
     pub session: u64,
-    pub shards: Vec<Vec<u8>>,
+    /// Each shard worker's address(es), encoded for the Welcome.
+    pub shards: Vec<String>,
     pub token: Option<String>,
     pub stop: Arc<AtomicBool>,
 }
@@ -84,9 +86,10 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<()> {
             version: PROTOCOL_VERSION,
             error: None,
             transport: shared.transport.into(),
+            provider: shared.provider.clone(),
             node: shared.node.clone(),
             session: shared.session,
-            shards: shared.shards.iter().map(|a| hex_encode(a)).collect(),
+            shards: shared.shards.clone(),
         },
     )
 }

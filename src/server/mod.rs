@@ -2,6 +2,7 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
+mod fabric_worker;
 mod service;
 mod ucx_worker;
 
@@ -33,6 +34,38 @@ pub struct ServerConfig {
     pub spin: Duration,
     pub mode: Mode,
     pub auth_token: Option<String>,
+    pub transport: TransportChoice,
+}
+
+/// Which network stack the workers use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// UCX, unless libfabric offers `efa` (then libfabric on efa).
+    Auto,
+    Ucx,
+    /// libfabric RDM endpoints on `provider` ("efa", "tcp;ofi_rxm", "shm"), `rails`
+    /// endpoints per worker (one per NIC domain).
+    Fabric { provider: String, rails: usize },
+}
+
+impl TransportChoice {
+    /// Resolves `Auto`: EFA hosts get libfabric on efa, everything else UCX.
+    pub fn resolve(self) -> TransportChoice {
+        match self {
+            TransportChoice::Auto if crate::transport::fabric::available_providers().iter().any(|p| p == "efa") => {
+                TransportChoice::Fabric { provider: "efa".into(), rails: 1 }
+            }
+            TransportChoice::Auto => TransportChoice::Ucx,
+            other => other,
+        }
+    }
+}
+
+/// The local interface address IP-based providers bind to (the listen host), so that
+/// loopback servers keep their traffic on `lo`; NIC-based providers pick their own.
+fn fabric_node(provider: &str, listen: &SocketAddr) -> Option<String> {
+    let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
+    (ip_based && !listen.ip().is_unspecified()).then(|| listen.ip().to_string())
 }
 
 impl Default for ServerConfig {
@@ -47,6 +80,7 @@ impl Default for ServerConfig {
             spin: DEFAULT_SPIN,
             mode: Mode::Store,
             auth_token: None,
+            transport: TransportChoice::Auto,
         }
     }
 }
@@ -55,7 +89,8 @@ impl Default for ServerConfig {
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerInfo {
     pub protocol_version: u8,
-    pub transport: &'static str,
+    /// "ucx", or "fabric" and what libfabric chose ("provider shm, fabric shm, domain shm").
+    pub transport: String,
     pub address: String,
     pub shards: usize,
     pub bytes_per_shard: u64,
@@ -84,9 +119,21 @@ impl ServerInfo {
     }
 }
 
+/// What a worker thread reports once it is up.
+struct Ready {
+    index: usize,
+    /// The worker's transport address(es) as the bootstrap hands them out.
+    address: String,
+    transport: String,
+    backing: Backing,
+    bytes: u64,
+    waker: Option<ucx::Waker>,
+}
+
 pub struct Server {
     info: ServerInfo,
     stop: Arc<AtomicBool>,
+    /// UCX workers are woken at once; fabric workers notice `stop` within their sweep interval.
     wakers: Vec<ucx::Waker>,
     workers: Vec<JoinHandle<()>>,
     bootstrap: Option<JoinHandle<()>>,
@@ -116,6 +163,8 @@ impl Server {
         let mut backing = Vec::new();
         let mut cores = Vec::new();
         let mut bytes = 0;
+        let transport = cfg.transport.clone().resolve();
+        let node = fabric_node(match &transport { TransportChoice::Fabric { provider, .. } => provider, _ => "" }, &local_addr);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         for index in 0..cfg.workers {
             let core = match (cfg.cores.get(index % cfg.cores.len().max(1)), machine_cores.len()) {
@@ -124,23 +173,54 @@ impl Server {
                 (None, n) => Some(machine_cores[index % n]),
             };
             cores.push(core.map(|c| c.id));
-            let (tx, stop, cfg) = (ready_tx.clone(), stop.clone(), cfg.clone());
+            let (tx, stop, cfg, transport, node) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), node.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("rdram-shard-{index}"))
                 .spawn(move || {
                     if let Some(c) = core {
                         core_affinity::set_for_current(c);
                     }
-                    let built = Shard::new(per_shard, cfg.hugepages, cfg.mode)
-                        .and_then(|shard| ucx_worker::ShardWorker::new(index, cfg.workers, session, shard))
-                        .and_then(|w| w.info().map(|info| (w, info)));
-                    match built {
-                        Ok((w, info)) => {
-                            let _ = tx.send(Ok((index, info, w.waker())));
-                            w.run(cfg.poll, cfg.spin, stop);
+                    let shard = match Shard::new(per_shard, cfg.hugepages, cfg.mode) {
+                        Ok(s) => s,
+                        Err(e) => return drop(tx.send(Err(e))),
+                    };
+                    match transport {
+                        TransportChoice::Fabric { provider, rails } => {
+                            let built = fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, node.as_deref(), rails)
+                                .and_then(|w| w.info().map(|info| (w, info)));
+                            match built {
+                                Ok((w, info)) => {
+                                    let ready = Ready {
+                                        index,
+                                        address: crate::proto::fabric::encode_addresses(&info.addresses),
+                                        transport: format!("fabric ({})", info.description),
+                                        backing: info.backing,
+                                        bytes: info.bytes,
+                                        waker: None,
+                                    };
+                                    let _ = tx.send(Ok(ready));
+                                    w.run(cfg.poll, cfg.spin, stop);
+                                }
+                                Err(e) => drop(tx.send(Err(e))),
+                            }
                         }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
+                        _ => {
+                            let built = ucx_worker::ShardWorker::new(index, cfg.workers, session, shard).and_then(|w| w.info().map(|info| (w, info)));
+                            match built {
+                                Ok((w, info)) => {
+                                    let ready = Ready {
+                                        index,
+                                        address: crate::proto::bootstrap::hex_encode(&info.address),
+                                        transport: "ucx".into(),
+                                        backing: info.backing,
+                                        bytes: info.bytes,
+                                        waker: Some(w.waker()),
+                                    };
+                                    let _ = tx.send(Ok(ready));
+                                    w.run(cfg.poll, cfg.spin, stop);
+                                }
+                                Err(e) => drop(tx.send(Err(e))),
+                            }
                         }
                     }
                 })
@@ -156,17 +236,18 @@ impl Server {
                 Err(_) => failure = Some(Error::new(Status::Internal, "a worker thread died during start")),
             }
         }
-        ready.sort_by_key(|r| r.0);
-        for (_, info, waker) in ready {
-            addresses.push(info.address);
-            backing.push(info.backing);
-            bytes = info.bytes;
-            wakers.push(waker);
+        ready.sort_by_key(|r| r.index);
+        let transport_name = ready.first().map_or_else(String::new, |r| r.transport.clone());
+        for r in ready {
+            addresses.push(r.address);
+            backing.push(r.backing);
+            bytes = r.bytes;
+            wakers.extend(r.waker);
         }
         let mut server = Server {
             info: ServerInfo {
                 protocol_version: PROTOCOL_VERSION,
-                transport: "ucx",
+                transport: transport_name,
                 address: local_addr.to_string(),
                 shards: cfg.workers,
                 bytes_per_shard: bytes,
@@ -187,7 +268,14 @@ impl Server {
         }
         let welcome = bootstrap::Shared {
             node: local_addr.to_string(),
-            transport: "ucx",
+            transport: match &transport {
+                TransportChoice::Fabric { .. } => "fabric",
+                _ => "ucx",
+            },
+            provider: match &transport {
+                TransportChoice::Fabric { provider, .. } => provider.clone(),
+                _ => String::new(),
+            },
             session,
             shards: addresses,
             token: cfg.auth_token.clone(),

@@ -48,6 +48,10 @@ impl Service {
         Service { index, shards, session, shard, list_scratch: Vec::new() }
     }
 
+    pub fn session_is(&self, session: u64) -> bool {
+        session == self.session
+    }
+
     /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
     /// header). On failure, the request id to answer (when readable) and why.
     pub fn admit<'a>(&self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {

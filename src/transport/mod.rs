@@ -80,7 +80,9 @@ impl Poller {
             return Ok(());
         }
         if t.arm()? {
-            wait_readable(t.event_fd(), max_sleep);
+            // Without an fd to sleep on (some libfabric providers), nap briefly instead.
+            let fd = t.event_fd();
+            wait_readable(fd, if fd < 0 { max_sleep.min(fabric::rails::NAP) } else { max_sleep });
         }
         self.idle_since = None;
         Ok(())

@@ -6,12 +6,18 @@
 //! and receives; callers pass an `fi_context`-sized context per operation and get it back
 //! in the completion.
 //!
-//! Status: the building block for the libfabric transport (issue #7). The engine's server
-//! and client do not use it yet.
+//! [`Rails`] groups one endpoint per NIC domain for multi-rail transfers; `ops` tracks
+//! operations in flight over them.
 
+pub mod ops;
+pub mod rails;
 pub mod sys;
 
+pub use ops::InFlight;
+pub use rails::Rails;
+
 use std::ffi::{CStr, CString};
+use std::os::fd::RawFd;
 use std::os::raw::c_void;
 use std::ptr;
 
@@ -57,6 +63,12 @@ pub struct Endpoint {
     pub mr_mode: u32,
     /// Whether the provider offered one-sided reads (`FI_RMA`) for large values.
     pub rma: bool,
+    /// The completion queue's file descriptor for sleeping, or -1 when the provider has
+    /// no FD wait object (then idle loops sleep in short, bounded naps).
+    pub wait_fd: RawFd,
+    /// Next key to request when the provider does not choose keys (no FI_MR_PROV_KEY):
+    /// keys must then be unique within the domain.
+    next_key: std::cell::Cell<u64>,
 }
 
 /// A registered memory region: `desc` goes with local operations; `key` and
@@ -121,6 +133,25 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
     rc
 }
 
+/// The first entry of `list` on the `n`-th distinct domain, wrapping around.
+///
+/// # Safety
+/// `list` is a valid, non-empty fi_info list.
+unsafe fn nth_domain(list: *mut sys::fi_info, n: usize) -> *mut sys::fi_info {
+    let mut firsts: Vec<*mut sys::fi_info> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut i = list;
+    while !i.is_null() {
+        let name = cstr((*(*i).domain_attr).name);
+        if !names.contains(&name) {
+            names.push(name);
+            firsts.push(i);
+        }
+        i = (*i).next;
+    }
+    firsts[n % firsts.len()]
+}
+
 /// Names of the providers offering the endpoints we need here, for error messages.
 pub fn available_providers() -> Vec<String> {
     let mut names = Vec::new();
@@ -148,6 +179,12 @@ impl Endpoint {
     /// tcp on loopback). A missing provider is an error naming the ones available: no
     /// silent fallback to something slower.
     pub fn open(provider: &str, node: Option<&str>) -> Result<Endpoint> {
+        Self::open_rail(provider, node, 0)
+    }
+
+    /// Like `open`, on the `rail`-th distinct domain (NIC) the provider offers, wrapping
+    /// around when there are fewer: rails beyond the domain count share a NIC.
+    pub fn open_rail(provider: &str, node: Option<&str>, rail: usize) -> Result<Endpoint> {
         let prov = CString::new(provider).map_err(|_| Error::new(Status::Invalid, "provider name contains NUL"))?;
         let node_c = node.map(CString::new).transpose().map_err(|_| Error::new(Status::Invalid, "node contains NUL"))?;
         let mut ep = Endpoint {
@@ -162,6 +199,8 @@ impl Endpoint {
             domain_name: String::new(),
             mr_mode: 0,
             rma: false,
+            wait_fd: -1,
+            next_key: std::cell::Cell::new(1),
         };
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
@@ -187,24 +226,34 @@ impl Endpoint {
                     ),
                 ));
             }
-            let info = &*ep.info;
+            let info = &*nth_domain(ep.info, rail);
             ep.provider = cstr((*info.fabric_attr).prov_name);
             ep.fabric_name = cstr((*info.fabric_attr).name);
             ep.domain_name = cstr((*info.domain_attr).name);
             ep.mr_mode = (*info.domain_attr).mr_mode as u32;
 
             check("fi_fabric", sys::rdram_fi_fabric(info.fabric_attr, &mut ep.fabric, ptr::null_mut()) as i64)?;
-            check("fi_domain", sys::rdram_fi_domain(ep.fabric, ep.info, &mut ep.domain, ptr::null_mut()) as i64)?;
+            let chosen = info as *const sys::fi_info as *mut sys::fi_info;
+            check("fi_domain", sys::rdram_fi_domain(ep.fabric, chosen, &mut ep.domain, ptr::null_mut()) as i64)?;
             let mut av_attr = sys::fi_av_attr { type_: sys::FI_AV_TABLE, ..Default::default() };
             check("fi_av_open", sys::rdram_fi_av_open(ep.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as i64)?;
-            let mut cq_attr = sys::fi_cq_attr {
-                format: sys::FI_CQ_FORMAT_TAGGED,
-                wait_obj: sys::FI_WAIT_NONE,
-                size: 1024,
-                ..Default::default()
-            };
-            check("fi_cq_open", sys::rdram_fi_cq_open(ep.domain, &mut cq_attr, &mut ep.cq, ptr::null_mut()) as i64)?;
-            check("fi_endpoint", sys::rdram_fi_endpoint(ep.domain, ep.info, &mut ep.ep, ptr::null_mut()) as i64)?;
+            // A completion queue with an fd to sleep on where the provider has one.
+            for wait_obj in [sys::FI_WAIT_FD, sys::FI_WAIT_NONE] {
+                let mut cq_attr = sys::fi_cq_attr { format: sys::FI_CQ_FORMAT_TAGGED, wait_obj, size: 4096, ..Default::default() };
+                let rc = sys::rdram_fi_cq_open(ep.domain, &mut cq_attr, &mut ep.cq, ptr::null_mut()) as i64;
+                if rc == 0 {
+                    if wait_obj == sys::FI_WAIT_FD {
+                        let mut fd: libc::c_int = -1;
+                        check("fi_control(FI_GETWAIT)", sys::rdram_fi_control(&mut (*ep.cq).fid, sys::FI_GETWAIT as i32, (&mut fd as *mut libc::c_int).cast()) as i64)?;
+                        ep.wait_fd = fd;
+                    }
+                    break;
+                }
+                if wait_obj == sys::FI_WAIT_NONE {
+                    check("fi_cq_open", rc)?;
+                }
+            }
+            check("fi_endpoint", sys::rdram_fi_endpoint(ep.domain, chosen, &mut ep.ep, ptr::null_mut()) as i64)?;
             check("fi_ep_bind(av)", sys::rdram_fi_ep_bind(ep.ep, &mut (*ep.av).fid, 0) as i64)?;
             let cq_flags = (sys::FI_TRANSMIT | sys::FI_RECV) as u64;
             check("fi_ep_bind(cq)", sys::rdram_fi_ep_bind(ep.ep, &mut (*ep.cq).fid, cq_flags) as i64)?;
@@ -243,13 +292,32 @@ impl Endpoint {
         Ok(peer)
     }
 
+    /// Forgets a peer (a client that said goodbye).
+    pub fn remove_peer(&self, mut peer: PeerAddr) -> Result<()> {
+        // SAFETY: one fi_addr_t from this AV.
+        check("fi_av_remove", unsafe { sys::rdram_fi_av_remove(self.av, &mut peer, 1, 0) } as i64)
+    }
+
+    /// Prepares to sleep on `wait_fd`: false when completions are already pending (or
+    /// the provider needs progress first), so the caller must poll instead.
+    pub fn try_wait(&self) -> bool {
+        if self.wait_fd < 0 {
+            return true;
+        }
+        let mut fids = [unsafe { &mut (*self.cq).fid as *mut sys::fid }];
+        // SAFETY: one CQ fid of this fabric.
+        unsafe { sys::rdram_fi_trywait(self.fabric, fids.as_mut_ptr(), 1) == 0 }
+    }
+
     /// Registers memory for local use (`desc`) and remote reads/writes (`key`).
     pub fn register(&self, buf: *const u8, len: usize) -> Result<MemoryRegion> {
         let access = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
         let mut mr = ptr::null_mut();
+        let key = self.next_key.get();
+        self.next_key.set(key + 1);
         // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
         unsafe {
-            check("fi_mr_reg", sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, 0, 0, &mut mr, ptr::null_mut()) as i64)?;
+            check("fi_mr_reg", sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut()) as i64)?;
             let remote_base = if self.mr_mode & sys::FI_MR_VIRT_ADDR != 0 { buf as u64 } else { 0 };
             Ok(MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr), remote_base })
         }

@@ -4,6 +4,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -32,3 +33,5 @@ void *rdram_fi_mr_desc(struct fid_mr *mr);
 uint64_t rdram_fi_mr_key(struct fid_mr *mr);
 int rdram_fi_mr_bind(struct fid_mr *mr, struct fid *bfid, uint64_t flags);
 int rdram_fi_mr_enable(struct fid_mr *mr);
+int rdram_fi_trywait(struct fid_fabric *fabric, struct fid **fids, int count);
+int rdram_fi_av_remove(struct fid_av *av, fi_addr_t *fi_addr, size_t count, uint64_t flags);

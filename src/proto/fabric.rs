@@ -1,0 +1,162 @@
+//! How the protocol travels over libfabric (tagged messages on RDM endpoints).
+//!
+//! Client → shard worker, tag = [`REQUEST`] | the client's slot at that worker:
+//!   RequestHeader (72 B) || inline key || payload, in one message of at most
+//!   [`REQUEST_MSG_MAX`] bytes. A longer request sends its payload by reference instead
+//!   (flag REMOTE_VALUE; the payload is then a [`RemoteValue`]) and the worker reads it
+//!   from the client's registered memory with one-sided reads, striped over the rails.
+//!   A client that vanishes mid-transfer fails those reads, so its reserved slot is freed.
+//! Client → shard worker, tag = [`HELLO`]: a [`Hello`] with the client's rail addresses;
+//!   the worker answers (as a reply to `hello_id`) with the client's slot in `generation`.
+//! Shard worker → client, tag = [`REPLY`] | request id:
+//!   ReplyHeader (40 B, `payload_len` set) || payload when 40 + payload fits
+//!   [`REPLY_MSG_MAX`]; else the header alone, then the payload as a [`DATA`] | request id
+//!   message striped over the rails — unless the client's GET declared a smaller buffer
+//!   (`ttl_or_limit` = capacity + 1), then no payload is sent: it stays on the server.
+//! Client → shard worker, tag = [`BYE`] | slot: the client is closing; the slot is freed.
+
+use crate::error::{Error, Result, Status};
+
+pub const REQUEST: u64 = 0;
+pub const HELLO: u64 = 1 << 62;
+pub const BYE: u64 = 1 << 61;
+pub const REPLY: u64 = 2 << 62;
+pub const DATA: u64 = 3 << 62;
+/// The worker's receives take every client → worker kind (top bit clear).
+pub const TO_WORKER_IGNORE: u64 = (1 << 63) - 1;
+pub const KIND_MASK: u64 = 3 << 62 | BYE;
+/// Request ids and slots live in the low bits.
+pub const ID_MASK: u64 = (1 << 61) - 1;
+
+pub const REQUEST_MSG_MAX: usize = 16 << 10;
+pub const REPLY_MSG_MAX: usize = 16 << 10;
+
+/// A payload left in the client's memory for the worker to read: its length and, per
+/// rail, the address and key of the client's registration on that rail's domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteValue {
+    pub len: u64,
+    pub rails: Vec<(u64, u64)>,
+}
+
+impl RemoteValue {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&(self.rails.len() as u64).to_le_bytes());
+        for (addr, key) in &self.rails {
+            out.extend_from_slice(&addr.to_le_bytes());
+            out.extend_from_slice(&key.to_le_bytes());
+        }
+    }
+
+    /// Parses a payload that ends with a RemoteValue; returns what precedes it (a long key)
+    /// and the value reference.
+    pub fn decode_tail(payload: &[u8], rails: usize) -> Result<(&[u8], RemoteValue)> {
+        let size = 16 + 16 * rails;
+        let bad = || Error::new(Status::Invalid, "malformed remote value reference");
+        let at = payload.len().checked_sub(size).ok_or_else(bad)?;
+        let (head, tail) = payload.split_at(at);
+        let word = |i: usize| u64::from_le_bytes(tail[i * 8..i * 8 + 8].try_into().unwrap());
+        if word(1) != rails as u64 {
+            return Err(Error::new(Status::Invalid, format!("remote value names {} rails, the server has {rails}", word(1))));
+        }
+        let refs = (0..rails).map(|r| (word(2 + 2 * r), word(3 + 2 * r))).collect();
+        Ok((head, RemoteValue { len: word(0), rails: refs }))
+    }
+}
+
+/// A client introducing itself to a shard worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub session: u64,
+    pub hello_id: u64,
+    /// The client's rail addresses (`fi_getname`), one per rail.
+    pub addresses: Vec<Vec<u8>>,
+}
+
+const HELLO_MAGIC: u32 = 0x4844_5246; // "FRDH"
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.hello_id.to_le_bytes());
+        out.extend_from_slice(&(self.addresses.len() as u32).to_le_bytes());
+        for a in &self.addresses {
+            out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+            out.extend_from_slice(a);
+        }
+        out
+    }
+
+    pub fn decode(mut buf: &[u8]) -> Result<Hello> {
+        let bad = || Error::new(Status::Invalid, "malformed fabric hello");
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let (a, b) = buf.split_at_checked(n).ok_or_else(bad)?;
+            buf = b;
+            Ok(a)
+        };
+        if u32::from_le_bytes(take(4)?.try_into().unwrap()) != HELLO_MAGIC {
+            return Err(bad());
+        }
+        let session = u64::from_le_bytes(take(8)?.try_into().unwrap());
+        let hello_id = u64::from_le_bytes(take(8)?.try_into().unwrap());
+        let n = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+        if n == 0 || n > 64 {
+            return Err(bad());
+        }
+        let mut addresses = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+            addresses.push(take(len)?.to_vec());
+        }
+        Ok(Hello { session, hello_id, addresses })
+    }
+}
+
+/// Rail addresses as the bootstrap carries them: hex per rail, comma-separated.
+pub fn encode_addresses(addrs: &[Vec<u8>]) -> String {
+    addrs.iter().map(|a| super::bootstrap::hex_encode(a)).collect::<Vec<_>>().join(",")
+}
+
+pub fn decode_addresses(s: &str) -> Result<Vec<Vec<u8>>> {
+    s.split(',').map(super::bootstrap::hex_decode).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_and_remote_value_round_trip_and_reject_garbage() {
+        let h = Hello { session: 9, hello_id: 3, addresses: vec![vec![1, 2, 3], vec![4; 40]] };
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        assert!(Hello::decode(&h.encode()[..20]).is_err());
+        assert!(Hello::decode(b"garbage garbage garbage garbage").is_err());
+
+        let v = RemoteValue { len: 1 << 30, rails: vec![(0x1000, 7), (0x2000, 8)] };
+        let mut payload = b"long key".to_vec();
+        v.encode(&mut payload);
+        let (key, back) = RemoteValue::decode_tail(&payload, 2).unwrap();
+        assert_eq!((key, back), (&b"long key"[..], v));
+        assert!(RemoteValue::decode_tail(&payload, 3).is_err(), "rail count must match");
+        assert!(RemoteValue::decode_tail(&payload[..10], 2).is_err());
+    }
+
+    #[test]
+    fn tag_kinds_are_distinct_and_worker_receives_only_client_kinds() {
+        for kind in [REQUEST, HELLO, BYE] {
+            assert_eq!(kind & !TO_WORKER_IGNORE, 0);
+        }
+        for kind in [REPLY, DATA] {
+            assert_ne!(kind & !TO_WORKER_IGNORE, 0);
+        }
+        let all = [REQUEST, HELLO, BYE, REPLY, DATA];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a & KIND_MASK, b & KIND_MASK);
+            }
+        }
+    }
+}

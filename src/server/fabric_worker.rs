@@ -1,0 +1,444 @@
+//! A shard worker over libfabric: one pinned thread that owns its rails (one RDM endpoint
+//! per NIC domain), the clients' addresses, and one shard. The wire format is in
+//! `proto::fabric`; what a request does is decided by [`Service`].
+//!
+//! Buffer ownership (who may touch which bytes when):
+//! - Request buffers are slices of one slab, each posted as a receive; the provider owns a
+//!   slice until its completion, after which the request is served and the slice posted
+//!   again.
+//! - A reply's header (and small payload) lives in a pooled [`ReplyBuf`], owned by the
+//!   provider from the send until its completion returns it to the pool.
+//! - A large get reply is sent straight from the arena, its extent pinned until every
+//!   stripe's send completed, so a concurrent delete or overwrite defers the free.
+//! - A large put is read from the client's memory into a reserved extent that is not yet
+//!   in the index; when every stripe's read completed it is committed, and when one failed
+//!   (the client vanished) the extent is released.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use super::service::{self, Answer, PendingPut, Request, Service};
+use crate::error::{Error, Result, Status};
+use crate::proto::fabric::{self as wire, Hello, RemoteValue};
+use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
+use crate::store::Shard;
+use crate::transport::fabric::ops::Finished;
+use crate::transport::fabric::rails::stripes;
+use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
+use crate::transport::{PollMode, Poller};
+
+/// How often an idle worker wakes to expire TTL'd keys (and to notice a stop).
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+const SWEEP_BATCH: usize = 256;
+/// Receives kept posted for requests: enough for many pipelining clients; more arriving
+/// at once wait in the provider's unexpected-message queue.
+const RECV_BUFS: usize = 256;
+
+/// A reply message: header, and the payload when it fits.
+struct ReplyBuf {
+    bytes: Vec<u8>,
+    /// Registration of `bytes` on rail 0, when the provider requires local registration.
+    mr: Option<Vec<MemoryRegion>>,
+}
+
+/// What an operation in flight is, to finish it when it completes.
+enum WorkerOp {
+    Recv { buf: usize },
+    Reply { msg: Box<ReplyBuf> },
+    /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
+    Data { pinned: Option<u64>, _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
+    /// A put value being read from the client into a reserved extent.
+    ReadPut { slot: u32, put: PendingPut },
+    /// Any other request whose payload had to be read from the client.
+    ReadPayload { slot: u32, header: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
+}
+
+pub struct FabricShardWorker {
+    /// First: dropped first, so no endpoint outlives the buffers it may write.
+    rails: Rails,
+    service: Service,
+    arena_mr: Vec<MemoryRegion>,
+    recv_mr: Vec<MemoryRegion>,
+    recv_slab: Vec<u8>,
+    reply_pool: Vec<Box<ReplyBuf>>,
+    /// Owned reply payload the service writes into (reused).
+    scratch: Vec<u8>,
+    /// Each client slot's address on every rail.
+    peers: Vec<Option<Vec<PeerAddr>>>,
+    free_slots: Vec<u32>,
+    ops: InFlight<WorkerOp>,
+    completions: Vec<Completion>,
+}
+
+pub struct WorkerInfo {
+    pub addresses: Vec<Vec<u8>>,
+    pub description: String,
+    pub backing: crate::store::Backing,
+    pub bytes: u64,
+}
+
+impl FabricShardWorker {
+    /// Builds the worker on the calling thread (the one that will run it).
+    pub fn new(index: usize, shards: usize, session: u64, shard: Shard, provider: &str, node: Option<&str>, rails: usize) -> Result<Box<Self>> {
+        let rails = Rails::open(provider, node, rails)?;
+        let arena_mr = rails.register(shard.arena().base(), shard.arena().len())?;
+        let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
+        let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len())?;
+        let mut w = Box::new(FabricShardWorker {
+            rails,
+            service: Service::new(index, shards, session, shard),
+            arena_mr,
+            recv_mr,
+            recv_slab,
+            reply_pool: Vec::new(),
+            scratch: Vec::new(),
+            peers: Vec::new(),
+            free_slots: Vec::new(),
+            ops: InFlight::default(),
+            completions: Vec::with_capacity(64),
+        });
+        for buf in 0..RECV_BUFS {
+            w.post_recv(buf)?;
+        }
+        Ok(w)
+    }
+
+    pub fn info(&self) -> Result<WorkerInfo> {
+        let arena = self.service.shard.arena();
+        Ok(WorkerInfo { addresses: self.rails.addresses()?, description: self.rails.describe(), backing: arena.backing(), bytes: arena.len() as u64 })
+    }
+
+    /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
+    pub fn run(mut self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
+        let mut poller = Poller::new(mode, spin);
+        let mut last_sweep = Instant::now();
+        let mut done = Vec::with_capacity(64);
+        while !stop.load(Ordering::Relaxed) {
+            done.clear();
+            std::mem::swap(&mut done, &mut self.completions);
+            let did_work = self.rails.poll(&mut done) > 0;
+            for c in done.drain(..) {
+                if let Some(f) = self.ops.complete(c) {
+                    self.finished(f);
+                }
+            }
+            std::mem::swap(&mut done, &mut self.completions);
+            if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
+                self.service.shard.expire_due(SWEEP_BATCH);
+                last_sweep = Instant::now();
+            }
+            if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
+                warn!("worker: {e}");
+            }
+        }
+    }
+
+    fn post_recv(&mut self, buf: usize) -> Result<()> {
+        let id = self.ops.start(WorkerOp::Recv { buf }, 1);
+        let ptr = self.recv_slab[buf * wire::REQUEST_MSG_MAX..].as_mut_ptr();
+        let ctx = self.ops.ctx(id, 0);
+        // SAFETY: the slice belongs to this receive alone until its completion; the slab
+        // and the context outlive it (both dropped after the rails are closed).
+        let posted = unsafe { self.rails.eps[0].recv(ptr, wire::REQUEST_MSG_MAX, self.recv_mr[0].desc, wire::REQUEST, wire::TO_WORKER_IGNORE, ctx) };
+        if let Err(e) = &posted {
+            self.ops.not_posted(id, 1, e.clone());
+        }
+        posted
+    }
+
+    fn finished(&mut self, f: Finished<WorkerOp>) {
+        match f.value {
+            WorkerOp::Recv { buf } => {
+                match f.result {
+                    Ok(()) => self.on_message(buf, f.len, f.tag),
+                    Err(e) => debug!("shard {}: receive failed: {e}", self.service.index),
+                }
+                if let Err(e) = self.post_recv(buf) {
+                    warn!("shard {}: cannot repost a request buffer: {e}", self.service.index);
+                }
+            }
+            WorkerOp::Reply { msg } => self.reply_pool.push(msg),
+            WorkerOp::Data { pinned, temp_mr, .. } => {
+                if let Some(extent) = pinned {
+                    self.service.shard.unpin(extent);
+                }
+                if let Some(mr) = temp_mr {
+                    self.rails.deregister(mr);
+                }
+            }
+            WorkerOp::ReadPut { slot, put } => {
+                if let Err(e) = &f.result {
+                    debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index);
+                }
+                self.scratch.clear();
+                let header = self.service.finish_put(put, f.result.is_ok(), &mut self.scratch);
+                self.reply(slot, Answer::Owned(header), None);
+            }
+            WorkerOp::ReadPayload { slot, header, buf, temp_mr } => {
+                if let Some(mr) = temp_mr {
+                    self.rails.deregister(mr);
+                }
+                let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
+                self.scratch.clear();
+                let answer = match f.result {
+                    Ok(()) => match self.service.admit(&header) {
+                        Ok(req) => self.service.serve(&Request { header: clear_remote(req.header), ..req }, &buf, &mut self.scratch),
+                        Err((_, e)) => Answer::Owned(service::error_reply(id, &e, &mut self.scratch)),
+                    },
+                    Err(e) => Answer::Owned(service::error_reply(id, &Error::new(Status::Transport, format!("reading the request payload failed: {e}")), &mut self.scratch)),
+                };
+                let capacity = RequestHeader::decode(&header).map(|(h, op)| capacity_of(op, h.ttl_or_limit)).unwrap_or(None);
+                self.reply(slot, answer, capacity);
+            }
+        }
+    }
+
+    /// A message arrived in request buffer `buf`.
+    fn on_message(&mut self, buf: usize, len: usize, tag: u64) {
+        let at = buf * wire::REQUEST_MSG_MAX;
+        let slot = (tag & wire::ID_MASK) as u32;
+        match tag & wire::KIND_MASK {
+            wire::HELLO => self.on_hello(at, len),
+            wire::BYE => self.forget(slot),
+            wire::REQUEST => self.on_request(at, len, slot),
+            other => debug!("shard {}: unexpected message kind {other:#x}", self.service.index),
+        }
+    }
+
+    fn on_hello(&mut self, at: usize, len: usize) {
+        let hello = match Hello::decode(&self.recv_slab[at..at + len]) {
+            Ok(h) => h,
+            Err(e) => return debug!("shard {}: {e}", self.service.index),
+        };
+        if !self.service.session_is(hello.session) || hello.addresses.len() != self.rails.eps.len() {
+            // Without a valid session we do not even learn the sender's address.
+            return debug!("shard {}: hello refused (bad session or rail count)", self.service.index);
+        }
+        let mut addrs = Vec::with_capacity(hello.addresses.len());
+        for (ep, a) in self.rails.eps.iter().zip(&hello.addresses) {
+            match ep.insert_peer(a) {
+                Ok(p) => addrs.push(p),
+                Err(e) => return warn!("shard {}: {e}", self.service.index),
+            }
+        }
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.peers.push(None);
+            (self.peers.len() - 1) as u32
+        });
+        self.peers[slot as usize] = Some(addrs);
+        let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
+        header.generation = slot as u64;
+        self.scratch.clear();
+        self.reply(slot, Answer::Owned(header), None);
+    }
+
+    fn forget(&mut self, slot: u32) {
+        if let Some(addrs) = self.peers.get_mut(slot as usize).and_then(Option::take) {
+            for (ep, a) in self.rails.eps.iter().zip(addrs) {
+                let _ = ep.remove_peer(a);
+            }
+            self.free_slots.push(slot);
+        }
+    }
+
+    fn on_request(&mut self, at: usize, len: usize, slot: u32) {
+        if self.peers.get(slot as usize).map_or(true, Option::is_none) {
+            return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
+        }
+        let msg = &self.recv_slab[at..at + len];
+        let mut out = std::mem::take(&mut self.scratch);
+        let (answer, capacity) = match self.service.admit_message(msg) {
+            Err((Some(id), e)) => (Answer::Owned(service::error_reply(id, &e, &mut out)), None),
+            Err((None, e)) => {
+                self.scratch = out;
+                return debug!("shard {}: unanswerable request: {e}", self.service.index);
+            }
+            Ok((req, payload)) if req.header.flags & flags::REMOTE_VALUE != 0 => {
+                let (header, inline, payload) = (req.header, req.inline.to_vec(), payload.to_vec());
+                self.scratch = out;
+                return self.read_remote(slot, header, &inline, &payload);
+            }
+            Ok((req, payload)) => {
+                let capacity = capacity_of(req.op, req.header.ttl_or_limit);
+                out.clear();
+                (self.service.serve(&req, payload, &mut out), capacity)
+            }
+        };
+        self.scratch = out;
+        self.reply(slot, answer, capacity);
+    }
+
+    /// A request whose payload stays in the client's memory: read it, striped over the rails.
+    fn read_remote(&mut self, slot: u32, h: RequestHeader, inline: &[u8], payload: &[u8]) {
+        let id = h.request_id;
+        let parsed = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| {
+            let (_, op) = RequestHeader::decode(&encode(&h)).map_err(|e| Error::new(e.status, e.message))?;
+            if !head.is_empty() {
+                return Err(Error::new(Status::Invalid, "a remote payload carries the whole payload"));
+            }
+            Ok((op, rv))
+        });
+        let (op, rv) = match parsed {
+            Ok(v) => v,
+            Err(e) => {
+                let header = service::error_reply(id, &e, &mut self.scratch);
+                return self.reply(slot, Answer::Owned(header), None);
+            }
+        };
+        let len = rv.len as usize;
+        let (dest, desc_of, op_value): (*mut u8, Vec<_>, WorkerOp) = if op == Op::Put {
+            let req = Request { header: h, op, inline };
+            match self.service.begin_put(&req, rv.len) {
+                Ok(put) => {
+                    let dest = self.service.put_destination(&put);
+                    (dest, self.arena_mr.iter().map(|m| m.desc).collect(), WorkerOp::ReadPut { slot, put })
+                }
+                Err(e) => {
+                    let header = service::error_reply(id, &e, &mut self.scratch);
+                    return self.reply(slot, Answer::Owned(header), None);
+                }
+            }
+        } else {
+            if len > 2 * crate::proto::MAX_KEY_LEN {
+                let header = service::error_reply(id, &Error::new(Status::Invalid, format!("{op:?} with a {len}-byte payload")), &mut self.scratch);
+                return self.reply(slot, Answer::Owned(header), None);
+            }
+            let mut buf = vec![0u8; len];
+            let temp_mr = self.local_registration(buf.as_ptr(), len);
+            let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
+            let mut header = vec![0u8; REQUEST_HEADER_LEN];
+            header.copy_from_slice(&encode(&h));
+            header.extend_from_slice(inline);
+            (buf.as_mut_ptr(), descs, WorkerOp::ReadPayload { slot, header, buf, temp_mr })
+        };
+        let parts: Vec<_> = stripes(len, self.rails.eps.len()).collect();
+        let op_id = self.ops.start(op_value, parts.len());
+        let peer = self.peers[slot as usize].clone().unwrap_or_default();
+        for (p, &(off, part_len)) in parts.iter().enumerate() {
+            let ctx = self.ops.ctx(op_id, p);
+            let (addr, key) = rv.rails[p];
+            // SAFETY: dest..dest+len is the reserved extent or the op's own buffer, both
+            // untouched by anyone else until the op finishes; ctx lives in `ops`.
+            let posted = unsafe { self.rails.eps[p].read(dest.add(off), part_len, desc_of[p], peer[p], addr + off as u64, key, ctx) };
+            if let Err(e) = posted {
+                if let Some(f) = self.ops.not_posted(op_id, parts.len() - p, e) {
+                    self.finished(f);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Registers an owned buffer when the provider requires local registration.
+    fn local_registration(&self, ptr: *const u8, len: usize) -> Option<Vec<MemoryRegion>> {
+        if !self.rails.needs_local_registration() || len == 0 {
+            return None;
+        }
+        self.rails.register(ptr, len).map_err(|e| warn!("{e}")).ok()
+    }
+
+    fn take_reply_buf(&mut self) -> Box<ReplyBuf> {
+        self.reply_pool.pop().unwrap_or_else(|| {
+            let bytes = Vec::with_capacity(wire::REPLY_MSG_MAX);
+            let mr = self.local_registration(bytes.as_ptr(), wire::REPLY_MSG_MAX);
+            Box::new(ReplyBuf { bytes, mr })
+        })
+    }
+
+    /// Sends an answer to a client slot: owned payload bytes are in `self.scratch`.
+    /// `capacity`: the most payload the client can take (a get into a caller's buffer).
+    fn reply(&mut self, slot: u32, answer: Answer, capacity: Option<u64>) {
+        let Some(peer) = self.peers.get(slot as usize).and_then(|p| p.clone()) else { return };
+        let (mut header, arena) = match answer {
+            Answer::Owned(h) => (h, None),
+            Answer::Arena { header, offset, len, extent } => (header, Some((offset, len, extent))),
+        };
+        let payload_len = arena.map_or(self.scratch.len() as u64, |a| a.1);
+        header.payload_len = payload_len;
+        let inline = REPLY_HEADER_LEN as u64 + payload_len <= wire::REPLY_MSG_MAX as u64;
+        let mut msg = self.take_reply_buf();
+        msg.bytes.clear();
+        msg.bytes.extend_from_slice(&header.encode());
+        if inline {
+            match arena {
+                Some((offset, len, _)) => msg.bytes.extend_from_slice(self.service.shard.arena().slice(offset, len)),
+                None => msg.bytes.extend_from_slice(&self.scratch),
+            }
+        }
+        let tag = wire::REPLY | (header.request_id & wire::ID_MASK);
+        let desc = msg.mr.as_ref().map_or(std::ptr::null_mut(), |m| m[0].desc);
+        let (ptr, len) = (msg.bytes.as_ptr(), msg.bytes.len());
+        let id = self.ops.start(WorkerOp::Reply { msg }, 1);
+        let ctx = self.ops.ctx(id, 0);
+        // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
+        if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer[0], tag, ctx) } {
+            debug!("shard {}: reply not sent: {e}", self.service.index);
+            if let Some(f) = self.ops.not_posted(id, 1, e) {
+                self.finished(f);
+            }
+            return;
+        }
+        if inline || capacity.is_some_and(|c| payload_len > c) {
+            return; // all sent, or withheld: the client's buffer is too small
+        }
+        let data_tag = wire::DATA | (header.request_id & wire::ID_MASK);
+        let (ptr, descs, value) = match arena {
+            Some((offset, len, extent)) => {
+                self.service.shard.pin(extent);
+                let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
+                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), _owned: Vec::new(), temp_mr: None })
+            }
+            None => {
+                let owned = std::mem::take(&mut self.scratch);
+                let temp_mr = self.local_registration(owned.as_ptr(), owned.len());
+                let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
+                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, _owned: owned, temp_mr })
+            }
+        };
+        let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
+        let id = self.ops.start(value, parts.len());
+        for (p, &(off, part_len)) in parts.iter().enumerate() {
+            let ctx = self.ops.ctx(id, p);
+            // SAFETY: pinned arena bytes or the op's owned Vec, unchanged until completion.
+            if let Err(e) = unsafe { self.rails.eps[p].send(ptr.add(off), part_len, descs[p], peer[p], data_tag, ctx) } {
+                debug!("shard {}: reply data not sent: {e}", self.service.index);
+                if let Some(f) = self.ops.not_posted(id, parts.len() - p, e) {
+                    self.finished(f);
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for FabricShardWorker {
+    fn drop(&mut self) {
+        // Registrations close before their domains (the rails, dropped next).
+        self.rails.deregister(std::mem::take(&mut self.arena_mr));
+        self.rails.deregister(std::mem::take(&mut self.recv_mr));
+        for buf in self.reply_pool.drain(..) {
+            if let Some(mr) = buf.mr {
+                self.rails.deregister(mr);
+            }
+        }
+    }
+}
+
+/// A get's declared reply capacity (`ttl_or_limit` = capacity + 1; 0 = any size).
+fn capacity_of(op: Op, ttl_or_limit: u64) -> Option<u64> {
+    (op == Op::Get && ttl_or_limit > 0).then(|| ttl_or_limit - 1)
+}
+
+fn clear_remote(mut h: RequestHeader) -> RequestHeader {
+    h.flags &= !flags::REMOTE_VALUE;
+    h
+}
+
+fn encode(h: &RequestHeader) -> [u8; REQUEST_HEADER_LEN] {
+    let mut out = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut out);
+    out
+}

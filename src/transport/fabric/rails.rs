@@ -1,0 +1,164 @@
+//! One libfabric endpoint per NIC domain ("rail"), owned by one thread. Requests and
+//! replies use rail 0; large values are striped across all rails, as on a multi-NIC EFA
+//! host. With fewer domains than rails, rails share a domain (how striping is tested on a
+//! one-NIC machine).
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use super::{Completion, Endpoint, MemoryRegion};
+use crate::error::{Error, Result, Status};
+use crate::transport::Transport;
+
+/// Transfers shorter than this go on one rail: striping only pays off for large values.
+pub const STRIPE_MIN: usize = 256 << 10;
+
+pub struct Rails {
+    pub eps: Vec<Endpoint>,
+    /// An epoll set over every rail's completion fd, or -1 when a provider has none.
+    epoll: RawFd,
+}
+
+impl Rails {
+    /// Opens `n` rails on `provider`. The transport needs one-sided reads (`FI_RMA`);
+    /// a provider without them is refused with a clear error.
+    pub fn open(provider: &str, node: Option<&str>, n: usize) -> Result<Rails> {
+        if n == 0 || n > 64 {
+            return Err(Error::new(Status::Invalid, "rails (domains) must be between 1 and 64"));
+        }
+        let mut eps = Vec::with_capacity(n);
+        for rail in 0..n {
+            let ep = Endpoint::open_rail(provider, node, rail)?;
+            if !ep.rma {
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!("libfabric provider '{}' offers no one-sided reads (FI_RMA), which remote_dram needs for large values", ep.provider),
+                ));
+            }
+            eps.push(ep);
+        }
+        let mut rails = Rails { eps, epoll: -1 };
+        if rails.eps.iter().all(|e| e.wait_fd >= 0) {
+            // SAFETY: plain epoll syscalls on fds the endpoints own for their lifetime.
+            unsafe {
+                let epoll = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+                if epoll >= 0 {
+                    for ep in &rails.eps {
+                        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
+                        libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, ep.wait_fd, &mut ev);
+                    }
+                    rails.epoll = epoll;
+                }
+            }
+        }
+        Ok(rails)
+    }
+
+    /// "provider tcp;ofi_rxm, fabric 127.0.0.1/32, domain lo" (+ the rail count).
+    pub fn describe(&self) -> String {
+        let first = self.eps[0].describe();
+        if self.eps.len() == 1 {
+            return first;
+        }
+        let domains: Vec<&str> = self.eps.iter().map(|e| e.domain_name.as_str()).collect();
+        format!("{first}, {} rails on domains {}", self.eps.len(), domains.join(","))
+    }
+
+    pub fn provider(&self) -> &str {
+        &self.eps[0].provider
+    }
+
+    pub fn addresses(&self) -> Result<Vec<Vec<u8>>> {
+        self.eps.iter().map(|e| e.address()).collect()
+    }
+
+    /// Registers `[ptr, ptr+len)` on every rail (each domain has its own keys).
+    pub fn register(&self, ptr: *const u8, len: usize) -> Result<Vec<MemoryRegion>> {
+        let mut regions = Vec::with_capacity(self.eps.len());
+        for ep in &self.eps {
+            match ep.register(ptr, len) {
+                Ok(r) => regions.push(r),
+                Err(e) => {
+                    self.deregister(regions);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(regions)
+    }
+
+    pub fn deregister(&self, regions: Vec<MemoryRegion>) {
+        for (ep, r) in self.eps.iter().zip(regions) {
+            if let Err(e) = ep.deregister(r) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+
+    /// Whether local buffers need a registration descriptor (`FI_MR_LOCAL`, as on EFA).
+    pub fn needs_local_registration(&self) -> bool {
+        self.eps[0].mr_mode & super::sys::FI_MR_LOCAL != 0
+    }
+
+    /// Reaps completions from every rail into `out`; returns how many.
+    pub fn poll(&self, out: &mut Vec<Completion>) -> usize {
+        self.eps.iter().map(|e| e.poll(out, 16)).sum()
+    }
+}
+
+/// Splits `len` bytes into one part per rail (4 KiB-aligned), or one part when short.
+pub fn stripes(len: usize, rails: usize) -> impl Iterator<Item = (usize, usize)> {
+    let parts = if rails <= 1 || len < STRIPE_MIN { 1 } else { rails };
+    let chunk = if parts == 1 { len } else { len.div_ceil(parts).next_multiple_of(4096) };
+    (0..parts).map(move |p| (p * chunk, len.saturating_sub(p * chunk).min(chunk))).filter(move |&(off, l)| l > 0 || (off == 0 && len == 0))
+}
+
+/// How long an idle loop naps when the provider has no fd to sleep on.
+pub const NAP: Duration = Duration::from_millis(1);
+
+impl Transport for Rails {
+    const NAME: &'static str = "fabric";
+    fn progress(&self) -> bool {
+        false // completions are reaped by `poll`; the owner handles them
+    }
+    fn arm(&self) -> Result<bool> {
+        Ok(self.eps.iter().all(|e| e.try_wait()))
+    }
+    fn event_fd(&self) -> RawFd {
+        self.epoll
+    }
+    fn address(&self) -> Result<Vec<u8>> {
+        self.eps[0].address()
+    }
+}
+
+impl Drop for Rails {
+    fn drop(&mut self) {
+        if self.epoll >= 0 {
+            // SAFETY: our own epoll fd, closed once.
+            unsafe { libc::close(self.epoll) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_cover_the_transfer_exactly_once() {
+        for (len, rails) in [(0, 1), (100, 4), (STRIPE_MIN - 1, 3), (STRIPE_MIN, 3), (64 << 20, 4), ((1 << 20) + 5, 3), (STRIPE_MIN, 64)] {
+            let parts: Vec<_> = stripes(len, rails).collect();
+            let mut at = 0;
+            for &(off, l) in &parts {
+                assert_eq!(off, at, "len {len} rails {rails}: {parts:?}");
+                at += l;
+            }
+            assert_eq!(at, len, "len {len} rails {rails}");
+            assert!(parts.len() <= rails.max(1));
+            if len >= STRIPE_MIN && rails > 1 {
+                assert!(parts.len() > 1, "large transfers use several rails");
+            }
+        }
+    }
+}
