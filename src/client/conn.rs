@@ -1,24 +1,16 @@
-//! The client's transport side: one UCX worker, one endpoint per (server, shard), and the
-//! table of requests in flight. Replies are matched to requests by id in the AM callback;
-//! large replies are received (rendezvous) straight into the request's reply buffer.
-//!
-//! Buffer ownership: a request's header bytes live in its pooled `Pending` box and its
-//! payload in the caller's slice, both untouched until the send completes; `wait` does not
-//! return before both the send and the reply have completed (or the endpoint was closed,
-//! which completes everything in flight with an error).
+//! A client connection: the bootstrap handshake with each server, key routing, request
+//! ids, and a [`Link`] that moves requests and replies over the transport the servers
+//! announced (UCX or libfabric). Callers see the same API whatever the transport.
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::net::{TcpStream, ToSocketAddrs};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr;
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
 
+use super::fabric_link::FabricLink;
+use super::ucx_link::UcxLink;
 use crate::error::{Error, Result, Status};
-use crate::proto::bootstrap::{hex_decode, read_line, write_line, Hello, Welcome, MAGIC};
+use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
 use crate::proto::{self, ReplyHeader, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
-use crate::transport::ucx::{self, sys, Started, Worker};
-use crate::transport::{PollMode, Poller};
+use crate::transport::PollMode;
 
 pub struct Reply {
     pub header: ReplyHeader,
@@ -31,7 +23,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
+    pub(super) fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
         Reply { header, len: payload.len(), payload, sink_too_small: false }
     }
 }
@@ -39,8 +31,8 @@ impl Reply {
 /// A caller's buffer that a successful reply's payload is received into directly.
 #[derive(Clone, Copy)]
 pub struct Sink {
-    ptr: *mut u8,
-    cap: usize,
+    pub(super) ptr: *mut u8,
+    pub(super) cap: usize,
 }
 
 impl Sink {
@@ -51,74 +43,40 @@ impl Sink {
     }
 }
 
-struct Pending {
-    state: *mut State,
-    server: usize,
-    msg: Vec<u8>,
-    sent: bool,
-    receiving: bool,
-    sink: Option<Sink>,
-    reply: Option<Result<Reply>>,
-}
-
-struct RecvTag {
-    state: *mut State,
-    id: u64,
-}
-
-struct EpTag {
-    state: *mut State,
-    server: usize,
-}
-
-/// Shared with UCX callbacks through a raw pointer; only touched on the client's thread.
-struct State {
-    worker: *const Worker,
-    pending: HashMap<u64, Box<Pending>>,
-    /// Set by an endpoint's error callback: the connection to that server is lost.
-    failed: Vec<Option<String>>,
-    /// Caller memory registered with UCX: (base, len, handle).
-    registered: Vec<(usize, usize, sys::ucp_mem_h)>,
-}
-
-impl State {
-    /// The registration covering `[ptr, ptr+len)`, or null (UCX then registers on the fly).
-    fn memh_for(&self, ptr: *const u8, len: usize) -> sys::ucp_mem_h {
-        let (p, end) = (ptr as usize, ptr as usize + len);
-        self.registered.iter().find(|(b, l, _)| *b <= p && end <= b + l).map_or(ptr::null_mut(), |r| r.2)
-    }
+/// What a transport does for a connection: one thread drives it, through `&mut self`.
+pub(super) trait Link {
+    /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and
+    /// `payload` must stay valid until `wait_for(id)` returns.
+    #[allow(clippy::too_many_arguments)]
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()>;
+    /// Waits for request `id` to complete; a server that does not answer in `timeout` is
+    /// declared gone (as is one whose connection failed).
+    fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply>;
+    /// # Safety
+    /// The memory must stay valid until deregistered (or the link is dropped).
+    unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
+    fn deregister(&mut self, base: *mut u8) -> Result<()>;
+    fn is_dead(&self, server: usize) -> bool;
 }
 
 pub struct ServerConn {
     pub node: String,
     pub node_seed: u64,
     session: u64,
-    eps: Vec<sys::ucp_ep_h>,
-    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses
-    _tags: Vec<Box<EpTag>>,
-    dead: Option<String>,
+    shards: usize,
 }
 
 impl ServerConn {
-    pub fn is_dead(&self) -> bool {
-        self.dead.is_some()
-    }
-
     pub fn shards(&self) -> usize {
-        self.eps.len()
+        self.shards
     }
 }
 
 pub struct Connection {
-    // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
-    state: Box<State>,
     pub servers: Vec<ServerConn>,
-    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
-    pool: Vec<Box<Pending>>,
+    link: Box<dyn Link>,
     next_id: u64,
-    poller: Poller,
     timeout: Duration,
-    worker: Box<Worker>,
 }
 
 #[derive(Clone, Debug)]
@@ -136,48 +94,34 @@ impl Connection {
         if addresses.is_empty() {
             return Err(Error::new(Status::Invalid, "no server address given"));
         }
-        let worker = Box::new(Worker::new()?);
-        let mut state =
-            Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; addresses.len()], registered: Vec::new() });
-        let state_ptr: *mut State = &mut *state;
-        // SAFETY: state is boxed and outlives the worker's callbacks (Connection::drop closes
-        // every endpoint and stops progressing before state and worker are freed).
-        unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
-        let mut conn = Connection {
-            state,
-            servers: Vec::new(),
-            pool: Vec::new(),
-            next_id: 1,
-            poller: Poller::new(opts.poll, opts.spin),
-            timeout: opts.timeout,
-            worker,
-        };
-        for (i, addr) in addresses.iter().enumerate() {
-            let welcome = handshake(addr, opts)?;
-            if conn.servers.iter().any(|s| s.node == welcome.node) {
+        let mut welcomes: Vec<Welcome> = Vec::new();
+        let mut local_ip = None;
+        for addr in addresses {
+            let (welcome, ip) = handshake(addr, opts)?;
+            if welcomes.iter().any(|w| w.node == welcome.node) {
                 return Err(Error::new(Status::Invalid, format!("server {} is listed twice", welcome.node)));
             }
-            let mut eps = Vec::new();
-            let mut tags = Vec::new();
-            for shard_addr in &welcome.shards {
-                let bytes = hex_decode(shard_addr)?;
-                let mut tag = Box::new(EpTag { state: state_ptr, server: i });
-                // SAFETY: tag is kept alive in ServerConn until the endpoint is closed.
-                let (ep, _detects_failure) =
-                    unsafe { conn.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
-                eps.push(ep);
-                tags.push(tag);
+            if let Some(first) = welcomes.first() {
+                if (&first.transport, &first.provider) != (&welcome.transport, &welcome.provider) {
+                    return Err(Error::new(
+                        Status::Transport,
+                        format!("servers use different transports ({} {} vs {} {})", first.transport, first.provider, welcome.transport, welcome.provider),
+                    ));
+                }
             }
-            conn.servers.push(ServerConn {
-                node_seed: xxhash_rust::xxh3::xxh3_64(welcome.node.as_bytes()),
-                node: welcome.node,
-                session: welcome.session,
-                eps,
-                _tags: tags,
-                dead: None,
-            });
+            local_ip.get_or_insert(ip);
+            welcomes.push(welcome);
         }
-        Ok(conn)
+        let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
+            "ucx" => Box::new(UcxLink::connect(&welcomes, opts)?),
+            "fabric" => Box::new(FabricLink::connect(&welcomes, local_ip, opts)?),
+            other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
+        };
+        let servers = welcomes
+            .into_iter()
+            .map(|w| ServerConn { node_seed: xxhash_rust::xxh3::xxh3_64(w.node.as_bytes()), shards: w.shards.len(), session: w.session, node: w.node })
+            .collect();
+        Ok(Connection { servers, link, next_id: 1, timeout: opts.timeout })
     }
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
@@ -186,17 +130,8 @@ impl Connection {
     }
 
     /// Like `submit`; a successful reply's payload goes straight into `sink`.
-    pub fn submit_into(
-        &mut self,
-        server: usize,
-        shard: usize,
-        mut h: RequestHeader,
-        header_tail: &[u8],
-        payload: &[u8],
-        sink: Option<Sink>,
-    ) -> Result<u64> {
-        let id = self.next_id;
-        h.request_id = id;
+    pub fn submit_into(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+        h.request_id = self.next_id;
         h.session = self.servers[server].session;
         let mut header = [0u8; REQUEST_HEADER_LEN];
         h.encode(&mut header);
@@ -205,53 +140,13 @@ impl Connection {
 
     /// Sends header bytes as given (after the id was written into them by `submit`, or
     /// verbatim for protocol tests) and registers the next request id as waiting.
-    pub fn submit_raw(
-        &mut self,
-        server: usize,
-        shard: usize,
-        header: &[u8],
-        header_tail: &[u8],
-        payload: &[u8],
-        sink: Option<Sink>,
-    ) -> Result<u64> {
-        let conn = &self.servers[server];
-        if let Some(why) = &conn.dead {
-            return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
+    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+        if shard >= self.servers[server].shards {
+            return Err(Error::new(Status::Invalid, format!("no shard {shard}")));
         }
         let id = self.next_id;
         self.next_id += 1;
-        let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
-        let mut p = self.pool.pop().unwrap_or_else(|| {
-            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, sink: None, reply: None })
-        });
-        p.state = &mut *self.state;
-        p.server = server;
-        p.sent = false;
-        p.receiving = false;
-        p.sink = sink;
-        p.reply = None;
-        p.msg.clear();
-        p.msg.extend_from_slice(header);
-        p.msg.extend_from_slice(header_tail);
-        let user = &mut *p as *mut Pending as *mut c_void;
-        // Only put payloads (values) may go by rendezvous; keys and range bounds always go
-        // eager, so the server gets them inside the callback.
-        let is_put = header.get(3) == Some(&(proto::Op::Put as u8));
-        let am_flags = sys::UCP_AM_SEND_FLAG_REPLY | if is_put { 0 } else { sys::UCP_AM_SEND_FLAG_EAGER };
-        // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
-        // the caller's buffer; both stay untouched until `sent` is set (see module docs).
-        let started = unsafe {
-            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, self.state.memh_for(payload.as_ptr(), payload.len()))
-        };
-        match started {
-            Ok(Started::Done) => p.sent = true,
-            Ok(Started::Pending) => {}
-            Err(e) => {
-                self.pool.push(p);
-                return Err(e);
-            }
-        }
-        self.state.pending.insert(id, p);
+        self.link.submit(id, server, shard, header, header_tail, payload, sink)?;
         Ok(id)
     }
 
@@ -260,21 +155,11 @@ impl Connection {
     /// # Safety
     /// The memory must stay valid until deregistered (or the connection is dropped).
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
-        if self.state.registered.iter().any(|r| r.0 == base as usize) {
-            return Err(Error::new(Status::Invalid, "region already registered"));
-        }
-        let memh = self.worker.mem_map(base, len)?;
-        self.state.registered.push((base as usize, len, memh));
-        Ok(())
+        self.link.register(base, len)
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
-        let i = self.state.registered.iter().position(|r| r.0 == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
-        let (_, _, memh) = self.state.registered.remove(i);
-        // SAFETY: memh came from mem_map on this worker and is unmapped once; no request
-        // is in flight between synchronous calls.
-        unsafe { self.worker.mem_unmap(memh) };
-        Ok(())
+        self.link.deregister(base)
     }
 
     pub fn session(&self, server: usize) -> u64 {
@@ -285,64 +170,17 @@ impl Connection {
         self.next_id
     }
 
+    pub fn is_dead(&self, server: usize) -> bool {
+        self.link.is_dead(server)
+    }
+
     /// Waits for the reply to request `id`.
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
-        self.wait_for(id, self.timeout)
+        self.link.wait_for(id, self.timeout)
     }
 
     pub fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let (done, server) = match self.state.pending.get(&id) {
-                Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
-                None => return Err(Error::new(Status::Internal, format!("unknown request {id}"))),
-            };
-            if done {
-                let mut p = self.state.pending.remove(&id).unwrap();
-                let reply = p.reply.take().unwrap();
-                self.pool.push(p);
-                return reply;
-            }
-            if let Some(why) = self.state.failed[server].clone() {
-                self.fail_server(server, Status::Unavailable, format!("connection lost: {why}"));
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let node = self.servers[server].node.clone();
-                self.fail_server(server, Status::Timeout, format!("no answer from {node} within {timeout:?}"));
-                continue;
-            }
-            let did = self.worker.progress() != 0;
-            self.poller.after_progress(&*self.worker, did, (deadline - now).min(Duration::from_millis(100)))?;
-        }
-    }
-
-    /// Closes a server's endpoints (completing what is in flight with errors) and fails
-    /// every request still waiting on it.
-    fn fail_server(&mut self, server: usize, status: Status, why: String) {
-        let conn = &mut self.servers[server];
-        if conn.dead.is_none() {
-            conn.dead = Some(why.clone());
-            for &ep in &conn.eps {
-                // SAFETY: each endpoint is closed once: `dead` is set just before.
-                unsafe { self.worker.close_ep(ep) };
-            }
-        }
-        for p in self.state.pending.values_mut().filter(|p| p.server == server) {
-            p.sent = true;
-            if p.receiving {
-                // Closing the endpoint should have completed the receive; if UCX still
-                // holds the buffer, leak it rather than free memory it may write.
-                if let Some(Ok(r)) = p.reply.take() {
-                    std::mem::forget(r.payload);
-                }
-                p.receiving = false;
-            }
-            if p.reply.is_none() {
-                p.reply = Some(Err(Error::new(status, why.clone())));
-            }
-        }
+        self.link.wait_for(id, timeout)
     }
 
     /// Picks the server for a key by rendezvous hashing over the servers' node names.
@@ -354,29 +192,13 @@ impl Connection {
                 .max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, self.servers[i].node_seed))
                 .unwrap()
         };
-        (server, proto::shard_of(key, self.servers[server].shards()))
+        (server, proto::shard_of(key, self.servers[server].shards))
     }
 }
 
-impl Drop for Connection {
-    fn drop(&mut self) {
-        for (_, _, memh) in std::mem::take(&mut self.state.registered) {
-            // SAFETY: registered on this worker, unmapped once.
-            unsafe { self.worker.mem_unmap(memh) };
-        }
-        for conn in &mut self.servers {
-            if conn.dead.is_none() {
-                conn.dead = Some("closed".into());
-                for &ep in &conn.eps {
-                    // SAFETY: each endpoint is closed once: `dead` is set just before.
-                    unsafe { self.worker.close_ep(ep) };
-                }
-            }
-        }
-    }
-}
-
-fn handshake(addr: &str, opts: &ConnectOptions) -> Result<Welcome> {
+/// The bootstrap handshake; also returns the local address that reaches the server (the
+/// interface IP-based libfabric providers should use).
+fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, IpAddr)> {
     let unavailable = |e: std::io::Error| Error::new(Status::Unavailable, format!("cannot reach server {addr}: {e}"));
     let sockaddr = addr
         .to_socket_addrs()
@@ -397,118 +219,8 @@ fn handshake(addr: &str, opts: &ConnectOptions) -> Result<Welcome> {
             format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server {addr} v{}", welcome.version),
         ));
     }
-    if welcome.transport != "ucx" {
-        return Err(Error::new(Status::Transport, format!("server {addr} uses transport {:?}, this client speaks ucx", welcome.transport)));
-    }
     if welcome.shards.is_empty() {
         return Err(Error::new(Status::Invalid, format!("server {addr} announced no shards")));
     }
-    Ok(welcome)
-}
-
-unsafe extern "C" fn on_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
-    // SAFETY: user_data is the boxed Pending of this send, alive until `wait` sees `sent`.
-    // A failed send also surfaces through the endpoint error callback, which fails the request.
-    (*(user_data as *mut Pending)).sent = true;
-    ucx::request_free(request);
-}
-
-unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
-    // SAFETY: arg is the EpTag registered with this endpoint, alive while the ep is open.
-    let tag = &*(arg as *const EpTag);
-    let state = &mut *tag.state;
-    if state.failed[tag.server].is_none() {
-        state.failed[tag.server] = Some(ucx::status_string(status));
-    }
-}
-
-unsafe extern "C" fn on_reply(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
-    // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
-    let state = &mut *(arg as *mut State);
-    let header = ucx::am_header(header, header_length);
-    let info = ucx::am_info(param);
-    catch_unwind(AssertUnwindSafe(|| {
-        let h = match ReplyHeader::decode(header) {
-            Ok(h) => h,
-            Err(_) => return sys::UCS_OK, // not ours to answer; drop it
-        };
-        let Some(p) = state.pending.get_mut(&h.request_id) else { return sys::UCS_OK };
-        if p.reply.is_some() {
-            return sys::UCS_OK;
-        }
-        let (dest, buf) = match p.sink {
-            Some(sink) if h.status() == Status::Ok => {
-                if length > sink.cap {
-                    // Too small: report the size needed; the value stays on the server.
-                    p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
-                    return sys::UCS_OK;
-                }
-                (sink.ptr, Vec::new())
-            }
-            _ if !info.rendezvous => {
-                let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
-                p.reply = Some(Ok(Reply::owned(h, payload)));
-                return sys::UCS_OK;
-            }
-            _ => {
-                let mut buf = Vec::<u8>::with_capacity(length);
-                (buf.as_mut_ptr(), buf)
-            }
-        };
-        p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
-        if !info.rendezvous {
-            if length > 0 {
-                // SAFETY: eager data holds `length` bytes; the sink holds at least as many.
-                ptr::copy_nonoverlapping(data as *const u8, dest, length);
-            }
-            return sys::UCS_OK;
-        }
-        p.receiving = true;
-        let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
-        // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
-        // neither read nor freed while `receiving` is set (fail_server closes the endpoint
-        // first, which completes this receive).
-        let memh = state.memh_for(dest, length);
-        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
-            Ok(Started::Pending) => {}
-            Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
-            Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
-        }
-        sys::UCS_OK
-    }))
-    .unwrap_or(sys::UCS_OK)
-}
-
-unsafe fn finish_recv(tag: RecvTag, status: sys::ucs_status_t, length: usize) {
-    let state = &mut *tag.state;
-    let Some(p) = state.pending.get_mut(&tag.id) else { return };
-    if !p.receiving {
-        return;
-    }
-    p.receiving = false;
-    if status == sys::UCS_OK {
-        if let Some(Ok(r)) = &mut p.reply {
-            if p.sink.is_none() {
-                // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
-                r.payload.set_len(length);
-            }
-            r.len = length;
-        }
-    } else {
-        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
-    }
-}
-
-unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
-    // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
-    finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);
-    ucx::request_free(request);
+    Ok((welcome, stream.local_addr()?.ip()))
 }

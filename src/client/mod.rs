@@ -3,6 +3,8 @@
 //! the key's shard: servers are chosen by rendezvous hashing, shards by key hash.
 
 mod conn;
+mod fabric_link;
+mod ucx_link;
 
 use std::time::Duration;
 
@@ -154,7 +156,7 @@ impl Client {
     /// True once the connection to any server was lost (the client does not reconnect:
     /// open a new one).
     pub fn lost_a_server(&self) -> bool {
-        self.conn.servers.iter().any(|s| s.is_dead())
+        (0..self.conn.servers.len()).any(|i| self.conn.is_dead(i))
     }
 
     /// Server nodes and their shard counts, in the order given at connect.

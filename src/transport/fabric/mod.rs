@@ -359,6 +359,13 @@ impl Endpoint {
         self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
     }
 
+    /// Cancels a posted receive; its completion then reports an error (or, when the
+    /// receive had already matched, its normal completion follows).
+    pub fn cancel(&self, ctx: *mut OpContext) {
+        // SAFETY: ctx is the context of an operation posted on this endpoint.
+        unsafe { sys::rdram_fi_cancel(&mut (*self.ep).fid, ctx.cast()) };
+    }
+
     /// FI_EAGAIN means the provider cannot take the operation until it makes progress
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
     /// too): drive our side and retry.

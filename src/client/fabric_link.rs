@@ -1,0 +1,519 @@
+//! The client's libfabric link: rails (one RDM endpoint per NIC domain), every shard
+//! worker's addresses in their address vectors, our slot at each worker (from the hello),
+//! and the requests in flight. The wire format is in `proto::fabric`.
+//!
+//! Buffer ownership: a request's message and reply buffer live in its pooled, boxed
+//! `Pending`; the reply receive is posted before the request is sent. A payload too large
+//! for one message stays in the caller's buffer (registered, for the worker's one-sided
+//! reads) until the reply arrives, which the worker sends only after its reads finished.
+//! A large reply payload is received straight into the caller's sink (or a Vec). When a
+//! server is given up on, receives still posted are cancelled before `wait` returns.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::conn::{ConnectOptions, Link, Reply, Sink};
+use crate::error::{Error, Result, Status};
+use crate::proto::bootstrap::Welcome;
+use crate::proto::fabric::{self as wire, Hello, RemoteValue};
+use crate::proto::{flags, Op, ReplyHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
+use crate::transport::fabric::ops::Finished;
+use crate::transport::fabric::rails::stripes;
+use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
+use crate::transport::Poller;
+
+/// Hello ids live apart from request ids (which count up from 1).
+const HELLO_ID_BASE: u64 = 1 << 60;
+/// How long giving up on a server waits for cancelled receives to be returned.
+const CANCEL_DRAIN: Duration = Duration::from_millis(200);
+
+struct Shard {
+    /// The worker's address on each rail, and our slot at the worker.
+    peers: Vec<PeerAddr>,
+    slot: u32,
+}
+
+struct Server {
+    node: String,
+    shards: Vec<Shard>,
+    dead: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+enum Step {
+    Send,
+    ReplyHeader,
+    ReplyData,
+}
+
+struct LinkOp {
+    request: u64,
+    step: Step,
+}
+
+struct Pending {
+    server: usize,
+    msg: Vec<u8>,
+    reply_buf: Vec<u8>,
+    /// Registrations of `msg` and `reply_buf` when the provider requires local ones.
+    own_mr: Option<(Vec<MemoryRegion>, Vec<MemoryRegion>)>,
+    /// A registration made just for this request (a remote payload or a sink).
+    temp_mr: Vec<Vec<MemoryRegion>>,
+    sink: Option<Sink>,
+    sent: bool,
+    header_op: Option<u32>,
+    data_op: Option<(u32, usize)>,
+    data_buf: Vec<u8>,
+    reply: Option<Result<Reply>>,
+}
+
+struct Region {
+    base: usize,
+    len: usize,
+    mrs: Vec<MemoryRegion>,
+}
+
+pub struct FabricLink {
+    servers: Vec<Server>,
+    pending: HashMap<u64, Box<Pending>>,
+    #[allow(clippy::vec_box)] // boxed: the provider holds their buffers' addresses
+    pool: Vec<Box<Pending>>,
+    ops: InFlight<LinkOp>,
+    registered: Vec<Region>,
+    completions: Vec<Completion>,
+    poller: Poller,
+    /// Last: closed after every registration above was released (see Drop).
+    rails: Rails,
+}
+
+impl FabricLink {
+    pub fn connect(welcomes: &[Welcome], local_ip: Option<IpAddr>, opts: &ConnectOptions) -> Result<FabricLink> {
+        let provider = &welcomes[0].provider;
+        let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
+        let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
+        let node = local_ip.filter(|_| ip_based).map(|ip| ip.to_string());
+        let rails = Rails::open(provider, node.as_deref(), first_shard.len())?;
+        let mut link = FabricLink {
+            servers: Vec::new(),
+            pending: HashMap::new(),
+            pool: Vec::new(),
+            ops: InFlight::default(),
+            registered: Vec::new(),
+            completions: Vec::with_capacity(64),
+            poller: Poller::new(opts.poll, opts.spin),
+            rails,
+        };
+        for w in welcomes {
+            let mut shards = Vec::new();
+            for addrs in &w.shards {
+                let addrs = crate::proto::fabric::decode_addresses(addrs)?;
+                if addrs.len() != link.rails.eps.len() {
+                    return Err(Error::new(Status::Transport, format!("server {} has {} rails per shard, expected {}", w.node, addrs.len(), link.rails.eps.len())));
+                }
+                let peers = link.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
+                shards.push(Shard { peers, slot: u32::MAX });
+            }
+            link.servers.push(Server { node: w.node.clone(), shards, dead: None });
+        }
+        link.hello(welcomes, opts.connect_timeout)?;
+        Ok(link)
+    }
+
+    /// Introduces us to every shard worker and learns our slot at each.
+    fn hello(&mut self, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
+        let addresses = self.rails.addresses()?;
+        let mut waiting = Vec::new();
+        for (s, w) in welcomes.iter().enumerate() {
+            for shard in 0..self.servers[s].shards.len() {
+                let id = HELLO_ID_BASE + waiting.len() as u64;
+                let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
+                let mut p = self.take_pending(s);
+                p.msg.extend_from_slice(&hello.encode());
+                self.post(id, p, shard, wire::HELLO)?;
+                waiting.push((id, s, shard));
+            }
+        }
+        for (id, s, shard) in waiting {
+            let reply = self.wait_for(id, timeout).map_err(|e| {
+                Error::new(Status::Unavailable, format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message))
+            })?;
+            if reply.header.status() != Status::Ok {
+                return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
+            }
+            self.servers[s].shards[shard].slot = reply.header.generation as u32;
+        }
+        Ok(())
+    }
+
+    fn take_pending(&mut self, server: usize) -> Box<Pending> {
+        let mut p = self.pool.pop().unwrap_or_else(|| {
+            let msg = Vec::with_capacity(wire::REQUEST_MSG_MAX);
+            let reply_buf = vec![0u8; wire::REPLY_MSG_MAX];
+            let own_mr = if self.rails.needs_local_registration() {
+                self.rails.register(msg.as_ptr(), wire::REQUEST_MSG_MAX).ok().zip(self.rails.register(reply_buf.as_ptr(), reply_buf.len()).ok())
+            } else {
+                None
+            };
+            Box::new(Pending {
+                server,
+                msg,
+                reply_buf,
+                own_mr,
+                temp_mr: Vec::new(),
+                sink: None,
+                sent: false,
+                header_op: None,
+                data_op: None,
+                data_buf: Vec::new(),
+                reply: None,
+            })
+        });
+        p.server = server;
+        p.msg.clear();
+        p.sink = None;
+        p.sent = false;
+        p.header_op = None;
+        p.data_op = None;
+        p.reply = None;
+        p
+    }
+
+    /// The registration covering `[ptr, ptr+len)` on every rail: a registered region,
+    /// or a new one kept in `temp` for the request's lifetime.
+    fn registration_for(&self, ptr: *const u8, len: usize, temp: &mut Vec<Vec<MemoryRegion>>) -> Result<Vec<(*mut std::ffi::c_void, u64, u64)>> {
+        let (p, end) = (ptr as usize, ptr as usize + len);
+        let describe = |mrs: &[MemoryRegion], base: usize| mrs.iter().map(|m| (m.desc, m.key, m.remote_base + (p - base) as u64)).collect();
+        if let Some(r) = self.registered.iter().find(|r| r.base <= p && end <= r.base + r.len) {
+            return Ok(describe(&r.mrs, r.base));
+        }
+        let mrs = self.rails.register(ptr, len.max(1))?;
+        let d = describe(&mrs, p);
+        temp.push(mrs);
+        Ok(d)
+    }
+
+    /// Posts the reply receive, then sends `p.msg` to a shard with `kind` in the tag.
+    fn post(&mut self, id: u64, mut p: Box<Pending>, shard: usize, kind: u64) -> Result<()> {
+        let server = p.server;
+        let target = &self.servers[server].shards[shard];
+        let (peer, slot) = (target.peers[0], target.slot);
+        let (msg_desc, reply_desc) = p.own_mr.as_ref().map_or((std::ptr::null_mut(), std::ptr::null_mut()), |(m, r)| (m[0].desc, r[0].desc));
+        let header_op = self.ops.start(LinkOp { request: id, step: Step::ReplyHeader }, 1);
+        let ctx = self.ops.ctx(header_op, 0);
+        // SAFETY: reply_buf lives in the boxed Pending, kept (or leaked, see fail_server)
+        // until this receive completes.
+        let posted = unsafe { self.rails.eps[0].recv(p.reply_buf.as_mut_ptr(), p.reply_buf.len(), reply_desc, wire::REPLY | (id & wire::ID_MASK), 0, ctx) };
+        if let Err(e) = posted {
+            self.ops.not_posted(header_op, 1, e.clone());
+            self.release(p);
+            return Err(e);
+        }
+        p.header_op = Some(header_op);
+        let send_op = self.ops.start(LinkOp { request: id, step: Step::Send }, 1);
+        let ctx = self.ops.ctx(send_op, 0);
+        let tag = kind | if kind == wire::HELLO { 0 } else { slot as u64 };
+        // SAFETY: msg lives in the boxed Pending until the send completes (`sent`).
+        let sent = unsafe { self.rails.eps[0].send(p.msg.as_ptr(), p.msg.len(), msg_desc, peer, tag, ctx) };
+        self.pending.insert(id, p);
+        if let Err(e) = sent {
+            self.ops.not_posted(send_op, 1, e.clone());
+            self.fail_server(server, Status::Unavailable, format!("sending to {} failed: {e}", self.servers[server].node));
+            let p = self.pending.remove(&id);
+            if let Some(p) = p {
+                self.release(p);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, mut p: Box<Pending>) {
+        for mrs in p.temp_mr.drain(..) {
+            self.rails.deregister(mrs);
+        }
+        if p.data_buf.capacity() > 0 {
+            p.data_buf = Vec::new();
+        }
+        self.pool.push(p);
+    }
+
+    fn progress(&mut self) -> bool {
+        let mut done = std::mem::take(&mut self.completions);
+        let any = self.rails.poll(&mut done) > 0;
+        for c in done.drain(..) {
+            if let Some(f) = self.ops.complete(c) {
+                self.finished(f);
+            }
+        }
+        self.completions = done;
+        any
+    }
+
+    fn finished(&mut self, f: Finished<LinkOp>) {
+        let id = f.value.request;
+        let Some(mut p) = self.pending.remove(&id) else { return };
+        match f.value.step {
+            Step::Send => {
+                p.sent = true;
+                if let Err(e) = f.result {
+                    let server = p.server;
+                    self.pending.insert(id, p);
+                    let why = format!("sending to {} failed: {e}", self.servers[server].node);
+                    return self.fail_server(server, Status::Unavailable, why);
+                }
+            }
+            Step::ReplyHeader => {
+                p.header_op = None;
+                match f.result {
+                    Ok(()) => self.on_reply_header(id, &mut p, f.len),
+                    Err(e) if p.reply.is_none() => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {e}")))),
+                    Err(_) => {}
+                }
+            }
+            Step::ReplyData => {
+                p.data_op = None;
+                if let Some(Ok(r)) = &mut p.reply {
+                    match f.result {
+                        Ok(()) => {
+                            if p.sink.is_none() {
+                                r.payload = std::mem::take(&mut p.data_buf);
+                            }
+                        }
+                        Err(e) => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply payload failed: {e}")))),
+                    }
+                }
+            }
+        }
+        self.pending.insert(id, p);
+    }
+
+    fn on_reply_header(&mut self, id: u64, p: &mut Pending, len: usize) {
+        let h = match ReplyHeader::decode(&p.reply_buf[..len.min(p.reply_buf.len())]) {
+            Ok(h) => h,
+            Err(e) => return p.reply = Some(Err(Error::new(Status::Transport, e))),
+        };
+        let payload_len = h.payload_len as usize;
+        let inline = REPLY_HEADER_LEN + payload_len <= wire::REPLY_MSG_MAX;
+        let sink = p.sink.filter(|_| h.status() == Status::Ok);
+        if let Some(s) = sink {
+            if payload_len > s.cap {
+                // Too small: report the size needed; the value stays on the server.
+                return p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: true }));
+            }
+        }
+        if inline {
+            let bytes = &p.reply_buf[REPLY_HEADER_LEN..len];
+            if bytes.len() != payload_len {
+                return p.reply = Some(Err(Error::new(Status::Transport, "reply shorter than its payload length")));
+            }
+            p.reply = Some(Ok(match sink {
+                Some(s) => {
+                    // SAFETY: the sink holds at least payload_len bytes (checked above).
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr, payload_len) };
+                    Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }
+                }
+                None => Reply::owned(h, bytes.to_vec()),
+            }));
+            return;
+        }
+        // The payload follows as its own message, striped over the rails.
+        let dest = match sink {
+            Some(s) => s.ptr,
+            None => {
+                p.data_buf = vec![0u8; payload_len];
+                p.data_buf.as_mut_ptr()
+            }
+        };
+        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }));
+        let descs: Vec<_> = if self.rails.needs_local_registration() {
+            match self.registration_for(dest, payload_len, &mut p.temp_mr) {
+                Ok(d) => d.into_iter().map(|d| d.0).collect(),
+                Err(e) => return p.reply = Some(Err(e)),
+            }
+        } else {
+            vec![std::ptr::null_mut(); self.rails.eps.len()]
+        };
+        let parts: Vec<_> = stripes(payload_len, self.rails.eps.len()).collect();
+        let op = self.ops.start(LinkOp { request: id, step: Step::ReplyData }, parts.len());
+        for (i, &(off, part_len)) in parts.iter().enumerate() {
+            let ctx = self.ops.ctx(op, i);
+            // SAFETY: dest is the caller's sink (valid until wait returns) or data_buf,
+            // which the Pending owns; neither is touched until the receive completes.
+            let posted = unsafe { self.rails.eps[i].recv(dest.add(off), part_len, descs[i], wire::DATA | (id & wire::ID_MASK), 0, ctx) };
+            if let Err(e) = posted {
+                p.reply = Some(Err(e.clone()));
+                if self.ops.not_posted(op, parts.len() - i, e).is_some() {
+                    return; // nothing of it in flight
+                }
+                break;
+            }
+        }
+        p.data_op = Some((op, parts.len()));
+    }
+
+    /// Gives up on a server: cancels our receives still posted for its requests, waits
+    /// briefly for the provider to hand their buffers back, and fails those requests.
+    fn fail_server(&mut self, server: usize, status: Status, why: String) {
+        if self.servers[server].dead.is_none() {
+            self.servers[server].dead = Some(why.clone());
+        }
+        let ids: Vec<u64> = self.pending.iter().filter(|(_, p)| p.server == server).map(|(id, _)| *id).collect();
+        for id in &ids {
+            let p = &self.pending[id];
+            if let Some(op) = p.header_op {
+                self.rails.eps[0].cancel(self.ops.ctx(op, 0));
+            }
+            if let Some((op, parts)) = p.data_op {
+                for part in 0..parts {
+                    self.rails.eps[part].cancel(self.ops.ctx(op, part));
+                }
+            }
+        }
+        let deadline = Instant::now() + CANCEL_DRAIN;
+        while Instant::now() < deadline && ids.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some())) {
+            self.progress();
+        }
+        for id in ids {
+            let Some(p) = self.pending.get_mut(&id) else { continue };
+            if p.header_op.is_some() || p.data_op.is_some() {
+                // The provider still holds these buffers: leak them rather than free
+                // memory it may write, and answer the caller from a fresh entry.
+                let stale = self.pending.remove(&id).unwrap();
+                std::mem::forget(stale);
+                let mut fresh = self.take_pending(server);
+                fresh.sent = true;
+                fresh.reply = Some(Err(Error::new(status, why.clone())));
+                self.pending.insert(id, fresh);
+                continue;
+            }
+            p.sent = true;
+            if !matches!(p.reply, Some(Ok(_))) || p.data_op.is_some() {
+                p.reply = Some(Err(Error::new(status, why.clone())));
+            }
+        }
+    }
+}
+
+impl Link for FabricLink {
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()> {
+        if let Some(why) = &self.servers[server].dead {
+            return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", self.servers[server].node)));
+        }
+        let mut p = self.take_pending(server);
+        p.sink = sink;
+        p.msg.extend_from_slice(header);
+        p.msg.extend_from_slice(header_tail);
+        if let (Some(s), Some(&op)) = (sink, header.get(3)) {
+            if op == Op::Get as u8 && p.msg.len() >= REQUEST_HEADER_LEN {
+                // Declare the sink's capacity: a larger value is not sent, only its size.
+                p.msg[56..64].copy_from_slice(&(s.cap as u64 + 1).to_le_bytes());
+            }
+        }
+        if p.msg.len() + payload.len() <= wire::REQUEST_MSG_MAX {
+            p.msg.extend_from_slice(payload);
+        } else {
+            // Too long for one message: the worker reads it from our memory.
+            let mut temp = std::mem::take(&mut p.temp_mr);
+            let regs = match self.registration_for(payload.as_ptr(), payload.len(), &mut temp) {
+                Ok(r) => r,
+                Err(e) => {
+                    p.temp_mr = temp;
+                    self.release(p);
+                    return Err(e);
+                }
+            };
+            p.temp_mr = temp;
+            if p.msg.len() >= 8 {
+                let flags_now = u32::from_le_bytes(p.msg[4..8].try_into().unwrap()) | flags::REMOTE_VALUE;
+                p.msg[4..8].copy_from_slice(&flags_now.to_le_bytes());
+            }
+            RemoteValue { len: payload.len() as u64, rails: regs.iter().map(|r| (r.2, r.1)).collect() }.encode(&mut p.msg);
+        }
+        self.post(id, p, shard, wire::REQUEST)
+    }
+
+    fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (done, server) = match self.pending.get(&id) {
+                Some(p) => (p.sent && p.reply.is_some() && p.header_op.is_none() && p.data_op.is_none(), p.server),
+                None => return Err(Error::new(Status::Internal, format!("unknown request {id}"))),
+            };
+            if done {
+                let mut p = self.pending.remove(&id).unwrap();
+                let reply = p.reply.take().unwrap();
+                self.release(p);
+                return reply;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let why = format!("no answer from {} within {timeout:?}", self.servers[server].node);
+                self.fail_server(server, Status::Timeout, why);
+                continue;
+            }
+            let did = self.progress();
+            self.poller.after_progress(&self.rails, did, (deadline - now).min(Duration::from_millis(100)))?;
+        }
+    }
+
+    unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
+        if self.registered.iter().any(|r| r.base == base as usize) {
+            return Err(Error::new(Status::Invalid, "region already registered"));
+        }
+        let mrs = self.rails.register(base, len)?;
+        self.registered.push(Region { base: base as usize, len, mrs });
+        Ok(())
+    }
+
+    fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        let i = self.registered.iter().position(|r| r.base == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
+        let r = self.registered.remove(i);
+        self.rails.deregister(r.mrs);
+        Ok(())
+    }
+
+    fn is_dead(&self, server: usize) -> bool {
+        self.servers[server].dead.is_some()
+    }
+}
+
+impl Drop for FabricLink {
+    fn drop(&mut self) {
+        // Say goodbye so workers free our slots; wait briefly for the sends to leave.
+        let mut byes = Vec::new();
+        for s in self.servers.iter().filter(|s| s.dead.is_none()) {
+            for shard in &s.shards {
+                let op = self.ops.start(LinkOp { request: 0, step: Step::Send }, 1);
+                let ctx = self.ops.ctx(op, 0);
+                // SAFETY: a zero-length send; ctx lives in `ops`, which outlives the rails' use here.
+                if unsafe { self.rails.eps[0].send(std::ptr::null(), 0, std::ptr::null_mut(), shard.peers[0], wire::BYE | shard.slot as u64, ctx) }.is_ok() {
+                    byes.push(op);
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let mut left = byes.len();
+        while left > 0 && Instant::now() < deadline {
+            let mut done = Vec::new();
+            self.rails.poll(&mut done);
+            for c in done {
+                if self.ops.complete(c).is_some_and(|f| f.value.request == 0) {
+                    left -= 1;
+                }
+            }
+        }
+        for r in std::mem::take(&mut self.registered) {
+            self.rails.deregister(r.mrs);
+        }
+        for p in self.pool.drain(..).chain(self.pending.drain().map(|(_, p)| p)) {
+            for mrs in p.temp_mr {
+                self.rails.deregister(mrs);
+            }
+            if let Some((m, r)) = p.own_mr {
+                self.rails.deregister(m);
+                self.rails.deregister(r);
+            }
+        }
+    }
+}

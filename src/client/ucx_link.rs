@@ -1,0 +1,349 @@
+//! The client's UCX link: one UCX worker, one endpoint per (server, shard), and the
+//! table of requests in flight. Replies are matched to requests by id in the AM callback;
+//! large replies are received (rendezvous) straight into the request's reply buffer.
+//!
+//! Buffer ownership: a request's header bytes live in its pooled `Pending` box and its
+//! payload in the caller's slice, both untouched until the send completes; `wait` does not
+//! return before both the send and the reply have completed (or the endpoint was closed,
+//! which completes everything in flight with an error).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use super::conn::{ConnectOptions, Link, Reply, Sink};
+use crate::error::{Error, Result, Status};
+use crate::proto::bootstrap::{hex_decode, Welcome};
+use crate::proto::{self, ReplyHeader};
+use crate::transport::ucx::{self, sys, Started, Worker};
+use crate::transport::Poller;
+
+struct Pending {
+    state: *mut State,
+    server: usize,
+    msg: Vec<u8>,
+    sent: bool,
+    receiving: bool,
+    sink: Option<Sink>,
+    reply: Option<Result<Reply>>,
+}
+
+struct RecvTag {
+    state: *mut State,
+    id: u64,
+}
+
+struct EpTag {
+    state: *mut State,
+    server: usize,
+}
+
+/// Shared with UCX callbacks through a raw pointer; only touched on the client's thread.
+struct State {
+    worker: *const Worker,
+    pending: HashMap<u64, Box<Pending>>,
+    /// Set by an endpoint's error callback: the connection to that server is lost.
+    failed: Vec<Option<String>>,
+    /// Caller memory registered with UCX: (base, len, handle).
+    registered: Vec<(usize, usize, sys::ucp_mem_h)>,
+}
+
+impl State {
+    /// The registration covering `[ptr, ptr+len)`, or null (UCX then registers on the fly).
+    fn memh_for(&self, ptr: *const u8, len: usize) -> sys::ucp_mem_h {
+        let (p, end) = (ptr as usize, ptr as usize + len);
+        self.registered.iter().find(|(b, l, _)| *b <= p && end <= b + l).map_or(ptr::null_mut(), |r| r.2)
+    }
+}
+
+struct ServerEps {
+    node: String,
+    eps: Vec<sys::ucp_ep_h>,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses
+    _tags: Vec<Box<EpTag>>,
+    dead: Option<String>,
+}
+
+pub struct UcxLink {
+    // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
+    state: Box<State>,
+    servers: Vec<ServerEps>,
+    #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
+    pool: Vec<Box<Pending>>,
+    poller: Poller,
+    worker: Box<Worker>,
+}
+
+impl UcxLink {
+    pub fn connect(welcomes: &[Welcome], poll: &ConnectOptions) -> Result<UcxLink> {
+        let worker = Box::new(Worker::new()?);
+        let mut state =
+            Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; welcomes.len()], registered: Vec::new() });
+        let state_ptr: *mut State = &mut *state;
+        // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
+        // endpoint and stops progressing before state and worker are freed).
+        unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
+        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), poller: Poller::new(poll.poll, poll.spin), worker };
+        for (i, welcome) in welcomes.iter().enumerate() {
+            let mut eps = Vec::new();
+            let mut tags = Vec::new();
+            for shard_addr in &welcome.shards {
+                let bytes = hex_decode(shard_addr)?;
+                let mut tag = Box::new(EpTag { state: state_ptr, server: i });
+                // SAFETY: tag is kept alive in ServerEps until the endpoint is closed.
+                let (ep, _detects_failure) =
+                    unsafe { link.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
+                eps.push(ep);
+                tags.push(tag);
+            }
+            link.servers.push(ServerEps { node: welcome.node.clone(), eps, _tags: tags, dead: None });
+        }
+        Ok(link)
+    }
+
+    /// Closes a server's endpoints (completing what is in flight with errors) and fails
+    /// every request still waiting on it.
+    fn fail_server(&mut self, server: usize, status: Status, why: String) {
+        let conn = &mut self.servers[server];
+        if conn.dead.is_none() {
+            conn.dead = Some(why.clone());
+            for &ep in &conn.eps {
+                // SAFETY: each endpoint is closed once: `dead` is set just before.
+                unsafe { self.worker.close_ep(ep) };
+            }
+        }
+        for p in self.state.pending.values_mut().filter(|p| p.server == server) {
+            p.sent = true;
+            if p.receiving {
+                // Closing the endpoint should have completed the receive; if UCX still
+                // holds the buffer, leak it rather than free memory it may write.
+                if let Some(Ok(r)) = p.reply.take() {
+                    std::mem::forget(r.payload);
+                }
+                p.receiving = false;
+            }
+            if p.reply.is_none() {
+                p.reply = Some(Err(Error::new(status, why.clone())));
+            }
+        }
+    }
+}
+
+impl Link for UcxLink {
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()> {
+        let conn = &self.servers[server];
+        if let Some(why) = &conn.dead {
+            return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
+        }
+        let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
+        let mut p = self.pool.pop().unwrap_or_else(|| {
+            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, sink: None, reply: None })
+        });
+        p.state = &mut *self.state;
+        p.server = server;
+        p.sent = false;
+        p.receiving = false;
+        p.sink = sink;
+        p.reply = None;
+        p.msg.clear();
+        p.msg.extend_from_slice(header);
+        p.msg.extend_from_slice(header_tail);
+        let user = &mut *p as *mut Pending as *mut c_void;
+        // Only put payloads (values) may go by rendezvous; keys and range bounds always go
+        // eager, so the server gets them inside the callback.
+        let is_put = header.get(3) == Some(&(proto::Op::Put as u8));
+        let am_flags = sys::UCP_AM_SEND_FLAG_REPLY | if is_put { 0 } else { sys::UCP_AM_SEND_FLAG_EAGER };
+        // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
+        // the caller's buffer; both stay untouched until `sent` is set (see module docs).
+        let started = unsafe {
+            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, self.state.memh_for(payload.as_ptr(), payload.len()))
+        };
+        match started {
+            Ok(Started::Done) => p.sent = true,
+            Ok(Started::Pending) => {}
+            Err(e) => {
+                self.pool.push(p);
+                return Err(e);
+            }
+        }
+        self.state.pending.insert(id, p);
+        Ok(())
+    }
+
+    unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
+        if self.state.registered.iter().any(|r| r.0 == base as usize) {
+            return Err(Error::new(Status::Invalid, "region already registered"));
+        }
+        let memh = self.worker.mem_map(base, len)?;
+        self.state.registered.push((base as usize, len, memh));
+        Ok(())
+    }
+
+    fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        let i = self.state.registered.iter().position(|r| r.0 == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
+        let (_, _, memh) = self.state.registered.remove(i);
+        // SAFETY: memh came from mem_map on this worker and is unmapped once; no request
+        // is in flight between synchronous calls.
+        unsafe { self.worker.mem_unmap(memh) };
+        Ok(())
+    }
+
+    fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (done, server) = match self.state.pending.get(&id) {
+                Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
+                None => return Err(Error::new(Status::Internal, format!("unknown request {id}"))),
+            };
+            if done {
+                let mut p = self.state.pending.remove(&id).unwrap();
+                let reply = p.reply.take().unwrap();
+                self.pool.push(p);
+                return reply;
+            }
+            if let Some(why) = self.state.failed[server].clone() {
+                self.fail_server(server, Status::Unavailable, format!("connection lost: {why}"));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let node = self.servers[server].node.clone();
+                self.fail_server(server, Status::Timeout, format!("no answer from {node} within {timeout:?}"));
+                continue;
+            }
+            let did = self.worker.progress() != 0;
+            self.poller.after_progress(&*self.worker, did, (deadline - now).min(Duration::from_millis(100)))?;
+        }
+    }
+
+    fn is_dead(&self, server: usize) -> bool {
+        self.servers[server].dead.is_some()
+    }
+}
+
+impl Drop for UcxLink {
+    fn drop(&mut self) {
+        for (_, _, memh) in std::mem::take(&mut self.state.registered) {
+            // SAFETY: registered on this worker, unmapped once.
+            unsafe { self.worker.mem_unmap(memh) };
+        }
+        for conn in &mut self.servers {
+            if conn.dead.is_none() {
+                conn.dead = Some("closed".into());
+                for &ep in &conn.eps {
+                    // SAFETY: each endpoint is closed once: `dead` is set just before.
+                    unsafe { self.worker.close_ep(ep) };
+                }
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn on_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
+    // SAFETY: user_data is the boxed Pending of this send, alive until `wait` sees `sent`.
+    // A failed send also surfaces through the endpoint error callback, which fails the request.
+    (*(user_data as *mut Pending)).sent = true;
+    ucx::request_free(request);
+}
+
+unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+    // SAFETY: arg is the EpTag registered with this endpoint, alive while the ep is open.
+    let tag = &*(arg as *const EpTag);
+    let state = &mut *tag.state;
+    if state.failed[tag.server].is_none() {
+        state.failed[tag.server] = Some(ucx::status_string(status));
+    }
+}
+
+unsafe extern "C" fn on_reply(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
+    // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
+    let state = &mut *(arg as *mut State);
+    let header = ucx::am_header(header, header_length);
+    let info = ucx::am_info(param);
+    catch_unwind(AssertUnwindSafe(|| {
+        let h = match ReplyHeader::decode(header) {
+            Ok(h) => h,
+            Err(_) => return sys::UCS_OK, // not ours to answer; drop it
+        };
+        let Some(p) = state.pending.get_mut(&h.request_id) else { return sys::UCS_OK };
+        if p.reply.is_some() {
+            return sys::UCS_OK;
+        }
+        let (dest, buf) = match p.sink {
+            Some(sink) if h.status() == Status::Ok => {
+                if length > sink.cap {
+                    // Too small: report the size needed; the value stays on the server.
+                    p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
+                    return sys::UCS_OK;
+                }
+                (sink.ptr, Vec::new())
+            }
+            _ if !info.rendezvous => {
+                let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
+                p.reply = Some(Ok(Reply::owned(h, payload)));
+                return sys::UCS_OK;
+            }
+            _ => {
+                let mut buf = Vec::<u8>::with_capacity(length);
+                (buf.as_mut_ptr(), buf)
+            }
+        };
+        p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
+        if !info.rendezvous {
+            if length > 0 {
+                // SAFETY: eager data holds `length` bytes; the sink holds at least as many.
+                ptr::copy_nonoverlapping(data as *const u8, dest, length);
+            }
+            return sys::UCS_OK;
+        }
+        p.receiving = true;
+        let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
+        // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
+        // neither read nor freed while `receiving` is set (fail_server closes the endpoint
+        // first, which completes this receive).
+        let memh = state.memh_for(dest, length);
+        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
+            Ok(Started::Pending) => {}
+            Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
+            Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
+        }
+        sys::UCS_OK
+    }))
+    .unwrap_or(sys::UCS_OK)
+}
+
+unsafe fn finish_recv(tag: RecvTag, status: sys::ucs_status_t, length: usize) {
+    let state = &mut *tag.state;
+    let Some(p) = state.pending.get_mut(&tag.id) else { return };
+    if !p.receiving {
+        return;
+    }
+    p.receiving = false;
+    if status == sys::UCS_OK {
+        if let Some(Ok(r)) = &mut p.reply {
+            if p.sink.is_none() {
+                // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
+                r.payload.set_len(length);
+            }
+            r.len = length;
+        }
+    } else {
+        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
+    }
+}
+
+unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
+    // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
+    finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);
+    ucx::request_free(request);
+}
