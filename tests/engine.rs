@@ -2,153 +2,17 @@
 //! clusters, limits and every error path.
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{pattern, rdram, wait_until, ServerProc, TCP};
-use rand::{rngs::SmallRng, Rng, SeedableRng};
-use remote_dram::client::{ByteRange, DeleteResult, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use common::{pattern, wait_until, ServerProc, TCP};
+use remote_dram::client::{KeyRange, PutOptions};
 use remote_dram::proto::{self, flags, Op, RequestHeader, REQUEST_HEADER_LEN};
-use remote_dram::{Client, ClientOptions, Status};
+use remote_dram::{Client, Status};
 
 fn setup() {
     common::init(TCP);
-}
-
-/// Thousands of random operations from several client threads, each compared exactly
-/// against a BTreeMap model of that thread's own key space.
-#[test]
-fn randomized_model() {
-    setup();
-    let server = ServerProc::start(&["--memory", "256MiB"]);
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let addr = server.addr.clone();
-            std::thread::spawn(move || model_thread(&addr, t, 1500))
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("model thread");
-    }
-    let stats = server.client().stats().unwrap();
-    assert!(stats["keys"].as_u64().unwrap() > 0);
-}
-
-fn model_thread(addr: &str, t: u64, ops: usize) {
-    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t);
-    let mut c = common::connect(addr);
-    let prefix = format!("m{t}/");
-    let mut model: BTreeMap<Vec<u8>, (Vec<u8>, u64)> = BTreeMap::new();
-    let key = |rng: &mut SmallRng| format!("{prefix}{:03}", rng.gen_range(0..60)).into_bytes();
-    for i in 0..ops {
-        let k = key(&mut rng);
-        let current = model.get(&k).cloned();
-        match rng.gen_range(0..100) {
-            0..=24 => {
-                let size = if rng.gen_bool(0.05) { rng.gen_range(10_000..200_000) } else { rng.gen_range(0..600) };
-                let v = pattern(rng.gen(), size);
-                let g = c.put(&k, &v).unwrap();
-                if let Some((_, old)) = &current {
-                    assert!(g > *old, "generation must grow");
-                }
-                model.insert(k, (v, g));
-            }
-            25..=34 => {
-                // Conditional put: right generation, wrong generation, or if-absent.
-                let (cond, expect_ok) = match (rng.gen_range(0..3), &current) {
-                    (0, Some((_, g))) => (WriteCondition::IfEqual(*g), true),
-                    (0, None) => (WriteCondition::IfEqual(12345), false),
-                    (1, Some((_, g))) => (WriteCondition::IfEqual(g + 1), false),
-                    (1, None) => (WriteCondition::IfAbsent, true),
-                    (_, cur) => (WriteCondition::IfAbsent, cur.is_none()),
-                };
-                let v = pattern(rng.gen(), rng.gen_range(0..300));
-                match c.put_with(&k, &v, &PutOptions { condition: cond, ttl: None }).unwrap() {
-                    WriteResult::Written { generation } => {
-                        assert!(expect_ok, "op {i}: {cond:?} should have failed");
-                        model.insert(k, (v, generation));
-                    }
-                    WriteResult::ConditionFailed => assert!(!expect_ok, "op {i}: {cond:?} should have held"),
-                }
-            }
-            35..=54 => {
-                let got = c.get(&k).unwrap().map(|v| (v.data, v.generation));
-                assert_eq!(got, current, "op {i}: get {}", String::from_utf8_lossy(&k));
-            }
-            55..=62 => {
-                // Conditional get: if_not_equal the current (unchanged) or another generation.
-                let probe = match &current {
-                    Some((_, g)) if rng.gen_bool(0.5) => *g,
-                    _ => 7,
-                };
-                let r = c.get_with(&k, &GetOptions { if_not_equal: Some(probe), ..Default::default() }).unwrap();
-                match (&current, r) {
-                    (None, GetResult::Missing) => {}
-                    (Some((_, g)), GetResult::Unchanged { generation }) => assert!(*g == probe && generation == *g),
-                    (Some((v, g)), GetResult::Value(got)) => assert!(*g != probe && got.data == *v),
-                    (cur, r) => panic!("op {i}: conditional get {r:?} with model {cur:?}"),
-                }
-            }
-            63..=72 => {
-                let start: i64 = rng.gen_range(-700..700);
-                let end: i64 = if rng.gen_bool(0.3) { -1 } else { rng.gen_range(0..700) };
-                let r = c.get_with(&k, &GetOptions { range: Some(ByteRange { start, end }), ..Default::default() });
-                match (&current, r) {
-                    (None, Ok(GetResult::Missing)) => {}
-                    (Some((v, _)), r) => {
-                        let n = v.len() as i64;
-                        let s = if start < 0 { start + n } else { start };
-                        let e = if end == -1 { n } else { end };
-                        if s < 0 || e > n || s > e {
-                            assert_eq!(r.unwrap_err().status, Status::OutOfRange, "op {i}");
-                        } else {
-                            let Ok(GetResult::Value(got)) = r else { panic!("op {i}: {r:?}") };
-                            assert_eq!(got.data, v[s as usize..e as usize]);
-                            assert_eq!(got.size, n as u64);
-                        }
-                    }
-                    (cur, r) => panic!("op {i}: range get {r:?} with model {cur:?}"),
-                }
-            }
-            73..=82 => {
-                if rng.gen_bool(0.5) {
-                    assert_eq!(c.delete(&k).unwrap(), current.is_some(), "op {i}");
-                    model.remove(&k);
-                } else {
-                    let (cond, ok) = match &current {
-                        Some((_, g)) if rng.gen_bool(0.5) => (WriteCondition::IfEqual(*g), true),
-                        Some((_, g)) => (WriteCondition::IfEqual(g + 1), false),
-                        None => (WriteCondition::IfEqual(99), false),
-                    };
-                    match c.delete_with(&k, cond).unwrap() {
-                        DeleteResult::Deleted { existed } => {
-                            assert!(ok && existed, "op {i}");
-                            model.remove(&k);
-                        }
-                        DeleteResult::ConditionFailed => assert!(!ok, "op {i}"),
-                    }
-                }
-            }
-            83..=86 => {
-                let (a, b) = (key(&mut rng), key(&mut rng));
-                let (min, max) = if a <= b { (a, b) } else { (b, a) };
-                let removed = c.delete_range(&KeyRange { min: min.clone(), max: Some(max.clone()) }).unwrap();
-                let doomed: Vec<_> = model.range(min..max).map(|(k, _)| k.clone()).collect();
-                assert_eq!(removed, doomed.len() as u64, "op {i}");
-                for k in doomed {
-                    model.remove(&k);
-                }
-            }
-            _ => {
-                let listed = c.list(&KeyRange::prefix(prefix.as_bytes())).unwrap();
-                let expected: Vec<_> = model.iter().map(|(k, (v, _))| (k.clone(), v.len() as u64)).collect();
-                let got: Vec<_> = listed.into_iter().map(|e| (e.key, e.size)).collect();
-                assert_eq!(got, expected, "op {i}: list");
-            }
-        }
-    }
 }
 
 /// Two server processes as one cluster: keys spread across both, all readable.
@@ -170,34 +34,6 @@ fn two_server_cluster() {
         assert_eq!(other.get(format!("c/{i}").as_bytes()).unwrap().unwrap().data, pattern(i, 100));
     }
     assert_eq!(other.list(&KeyRange::prefix(b"c/")).unwrap().len(), 200);
-}
-
-/// Store mode: a full arena answers "no space" and loses nothing already stored.
-#[test]
-fn store_mode_full_arena() {
-    setup();
-    let server = ServerProc::start(&["--memory", "4MiB", "--workers", "1"]);
-    let mut c = server.client();
-    let value = pattern(1, 512 << 10);
-    let mut stored = 0;
-    let err = loop {
-        match c.put(format!("f/{stored}").as_bytes(), &value) {
-            Ok(_) => stored += 1,
-            Err(e) => break e,
-        }
-        assert!(stored < 100, "arena never filled");
-    };
-    assert_eq!(err.status, Status::NoSpace, "{err}");
-    assert!(stored >= 6);
-    for i in 0..stored {
-        assert_eq!(c.get(format!("f/{i}").as_bytes()).unwrap().unwrap().data, value, "f/{i} intact");
-    }
-    // Too large for the shard at all.
-    let err = c.put(b"huge", &vec![0u8; 5 << 20]).unwrap_err();
-    assert_eq!(err.status, Status::ValueTooLarge, "{err}");
-    // Freeing space makes room again.
-    c.delete(b"f/0").unwrap();
-    c.put(b"again", &value).unwrap();
 }
 
 /// Cache mode: a full arena evicts the least recently used values.
@@ -317,32 +153,6 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     assert_eq!(err.status, Status::Timeout);
     let mut fresh = server.client();
     assert_eq!(fresh.get(b"keep").unwrap().unwrap().data, b"safe");
-}
-
-#[test]
-fn auth_token_required() {
-    setup();
-    let dir = std::env::temp_dir().join(format!("rdram-auth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, "s3cret\n").unwrap();
-    let server = ServerProc::start(&["--auth-token-file", token_file.to_str().unwrap()]);
-    let with = |token: Option<&str>| Client::connect(&server.addr, ClientOptions { auth_token: token.map(String::from), ..common::options() });
-    let err = with(None).err().expect("no token is refused");
-    assert_eq!(err.status, Status::AuthFailed);
-    assert!(err.message.contains("requires an auth token"), "{err}");
-    let err = with(Some("guess")).err().expect("wrong token is refused");
-    assert_eq!(err.status, Status::AuthFailed);
-    assert!(err.message.contains("wrong auth token"), "{err}");
-    let mut c = with(Some("s3cret")).unwrap();
-    c.put(b"a", b"b").unwrap();
-    // The command line takes the token from the environment.
-    let (code, _, stderr) = rdram(&["get", "--server", &server.addr, "a"], None);
-    assert_eq!(code, 1);
-    assert!(stderr.contains("authentication failed"), "{stderr}");
-    let out = std::process::Command::new(common::RDRAM).args(["get", "--server", &server.addr, "a"]).env("RDRAM_AUTH_TOKEN", "s3cret").output().unwrap();
-    assert_eq!(out.stdout, b"b");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A peer speaking another protocol version is refused at the handshake with a message.

@@ -25,7 +25,7 @@ use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
 use crate::store::Shard;
-use crate::transport::fabric::ops::Finished;
+use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::stripes;
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
 use crate::transport::{PollMode, Poller};
@@ -51,9 +51,38 @@ enum WorkerOp {
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
     Data { pinned: Option<u64>, _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
     /// A put value being read from the client into a reserved extent.
-    ReadPut { slot: u32, put: PendingPut },
+    ReadPut { slot: u32, put: PendingPut, plan: ReadPlan },
     /// Any other request whose payload had to be read from the client.
-    ReadPayload { slot: u32, header: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
+    ReadPayload { slot: u32, header: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
+}
+
+/// A one-sided read of a client's payload, in chunks dealt round-robin over the rails
+/// with a bounded window in flight: some providers (shm) copy inside the post, so
+/// chunking keeps the worker answering other clients during a 1 GiB put.
+struct ReadPlan {
+    dest: *mut u8,
+    descs: Vec<*mut std::ffi::c_void>,
+    peer: Vec<PeerAddr>,
+    /// The client's address and key on each rail.
+    remote: Vec<(u64, u64)>,
+    len: usize,
+    chunk: usize,
+    next: usize,
+    chunks: usize,
+    failed: bool,
+}
+
+/// Chunk of a one-sided read; chunks in flight per rail.
+const READ_CHUNK: usize = 4 << 20;
+const READ_WINDOW_PER_RAIL: usize = 2;
+
+impl ReadPlan {
+    fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize) -> ReadPlan {
+        let rails = peer.len();
+        let per_rail = if rails > 1 && len >= crate::transport::fabric::rails::STRIPE_MIN { len.div_ceil(rails).next_multiple_of(4096) } else { len };
+        let chunk = per_rail.clamp(1, READ_CHUNK);
+        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false }
+    }
 }
 
 pub struct FabricShardWorker {
@@ -121,8 +150,10 @@ impl FabricShardWorker {
             std::mem::swap(&mut done, &mut self.completions);
             let did_work = self.rails.poll(&mut done) > 0;
             for c in done.drain(..) {
-                if let Some(f) = self.ops.complete(c) {
-                    self.finished(f);
+                match self.ops.progress(c) {
+                    Progress::Finished(f) => self.finished(f),
+                    Progress::Part { id, failed } => self.pump_reads(id, failed),
+                    Progress::Nothing => {}
                 }
             }
             std::mem::swap(&mut done, &mut self.completions);
@@ -169,7 +200,7 @@ impl FabricShardWorker {
                     self.rails.deregister(mr);
                 }
             }
-            WorkerOp::ReadPut { slot, put } => {
+            WorkerOp::ReadPut { slot, put, .. } => {
                 if let Err(e) = &f.result {
                     debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index);
                 }
@@ -177,7 +208,7 @@ impl FabricShardWorker {
                 let header = self.service.finish_put(put, f.result.is_ok(), &mut self.scratch);
                 self.reply(slot, Answer::Owned(header), None);
             }
-            WorkerOp::ReadPayload { slot, header, buf, temp_mr } => {
+            WorkerOp::ReadPayload { slot, header, buf, temp_mr, .. } => {
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
                 }
@@ -289,12 +320,14 @@ impl FabricShardWorker {
             }
         };
         let len = rv.len as usize;
-        let (dest, desc_of, op_value): (*mut u8, Vec<_>, WorkerOp) = if op == Op::Put {
+        let peer = self.peers[slot as usize].clone().unwrap_or_default();
+        let op_value = if op == Op::Put {
             let req = Request { header: h, op, inline };
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
-                    (dest, self.arena_mr.iter().map(|m| m.desc).collect(), WorkerOp::ReadPut { slot, put })
+                    let plan = ReadPlan::new(dest, self.arena_mr.iter().map(|m| m.desc).collect(), peer, rv.rails, len);
+                    WorkerOp::ReadPut { slot, put, plan }
                 }
                 Err(e) => {
                     let header = service::error_reply(id, &e, &mut self.scratch);
@@ -309,25 +342,54 @@ impl FabricShardWorker {
             let mut buf = vec![0u8; len];
             let temp_mr = self.local_registration(buf.as_ptr(), len);
             let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
-            let mut header = vec![0u8; REQUEST_HEADER_LEN];
-            header.copy_from_slice(&encode(&h));
+            let mut header = encode(&h).to_vec();
             header.extend_from_slice(inline);
-            (buf.as_mut_ptr(), descs, WorkerOp::ReadPayload { slot, header, buf, temp_mr })
+            let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len);
+            WorkerOp::ReadPayload { slot, header, buf, temp_mr, plan }
         };
-        let parts: Vec<_> = stripes(len, self.rails.eps.len()).collect();
-        let op_id = self.ops.start(op_value, parts.len());
-        let peer = self.peers[slot as usize].clone().unwrap_or_default();
-        for (p, &(off, part_len)) in parts.iter().enumerate() {
-            let ctx = self.ops.ctx(op_id, p);
-            let (addr, key) = rv.rails[p];
-            // SAFETY: dest..dest+len is the reserved extent or the op's own buffer, both
-            // untouched by anyone else until the op finishes; ctx lives in `ops`.
-            let posted = unsafe { self.rails.eps[p].read(dest.add(off), part_len, desc_of[p], peer[p], addr + off as u64, key, ctx) };
-            if let Err(e) = posted {
-                if let Some(f) = self.ops.not_posted(op_id, parts.len() - p, e) {
-                    self.finished(f);
-                }
-                return;
+        let chunks = match &op_value {
+            WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => plan.chunks,
+            _ => unreachable!(),
+        };
+        let op_id = self.ops.start(op_value, chunks);
+        for _ in 0..READ_WINDOW_PER_RAIL * self.rails.eps.len() {
+            self.pump_reads(op_id, false);
+        }
+    }
+
+    /// Posts the next chunk of read `id`, if any remain (none after a failure: the op
+    /// then finishes when the chunks in flight are back).
+    fn pump_reads(&mut self, id: u32, failed: bool) {
+        let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) else { return };
+        plan.failed |= failed;
+        if plan.next == plan.chunks {
+            return;
+        }
+        if plan.failed {
+            let unposted = plan.chunks - plan.next;
+            plan.next = plan.chunks;
+            if let Some(f) = self.ops.not_posted(id, unposted, Error::new(Status::Transport, "read abandoned")) {
+                self.finished(f);
+            }
+            return;
+        }
+        let k = plan.next;
+        plan.next += 1;
+        let (off, rail) = (k * plan.chunk, k % plan.peer.len());
+        let part_len = plan.chunk.min(plan.len - off.min(plan.len));
+        let (addr, key) = plan.remote[rail];
+        // SAFETY: dest..dest+len is the reserved extent or the op's own buffer, untouched
+        // by anyone else until the op finishes; the context lives in `ops`.
+        let (dest, desc, peer) = unsafe { (plan.dest.add(off), plan.descs[rail], plan.peer[rail]) };
+        let ctx = self.ops.ctx(id, k);
+        let posted = unsafe { self.rails.eps[rail].read(dest, part_len, desc, peer, addr + off as u64, key, ctx) };
+        if let Err(e) = posted {
+            let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) else { return };
+            let unposted = plan.chunks - k;
+            plan.next = plan.chunks;
+            plan.failed = true;
+            if let Some(f) = self.ops.not_posted(id, unposted, e) {
+                self.finished(f);
             }
         }
     }

@@ -1,9 +1,10 @@
-//! Test harness: real `rdram serve` processes on ephemeral loopback ports, real UCX.
+//! Test harness: real `rdram serve` processes on ephemeral loopback ports, real UCX or
+//! libfabric.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use remote_dram::{Client, ClientOptions};
@@ -12,15 +13,27 @@ pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
 
 pub const TCP: &str = "tcp";
 pub const SHM: &str = "posix,sysv,cma,self";
+/// libfabric providers: "fabric:" + the provider name `rdram serve` gets.
+pub const FABRIC_TCP: &str = "fabric:tcp;ofi_rxm";
+pub const FABRIC_SHM: &str = "fabric:shm";
 
 static INIT: Once = Once::new();
+/// Extra `rdram serve` arguments selecting this binary's transport.
+static SERVE_ARGS: OnceLock<Vec<String>> = OnceLock::new();
 
-/// Fixes this test binary's UCX transports (before any UCX context exists) and keeps UCX on
-/// the loopback device. Child processes inherit the same settings.
-pub fn init(tls: &str) {
+/// Fixes this test binary's transport: a UCX transport list (set before any UCX context
+/// exists, UCX kept on the loopback device, inherited by child processes), or
+/// "fabric:PROVIDER" for servers on libfabric (clients follow what the server announces).
+pub fn init(transport: &str) {
     INIT.call_once(|| {
         std::env::set_var("UCX_NET_DEVICES", "lo");
-        std::env::set_var("UCX_TLS", tls);
+        match transport.strip_prefix("fabric:") {
+            Some(provider) => {
+                let args = ["--transport", "fabric", "--provider", provider];
+                SERVE_ARGS.set(args.iter().map(|a| a.to_string()).collect()).unwrap();
+            }
+            None => std::env::set_var("UCX_TLS", transport),
+        }
     });
 }
 
@@ -37,7 +50,8 @@ impl ServerProc {
 
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> ServerProc {
         let mut cmd = Command::new(RDRAM);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--memory", "64MiB", "--hugepages", "off"]).args(args);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--memory", "64MiB", "--hugepages", "off"]);
+        cmd.args(SERVE_ARGS.get().into_iter().flatten()).args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -1,10 +1,16 @@
-//! The transport suite: the same tests over every UCX transport. Each test binary that
-//! includes it fixes the transport with `common::init` first.
+//! The transport suite: the same engine tests over every transport (UCX tcp and shared
+//! memory, libfabric tcp;ofi_rxm and shm). Each test binary that includes it fixes the
+//! transport with `common::init` first.
+
+#![allow(dead_code)] // each binary runs the part of the suite its transport supports
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use crate::common::{self, pattern, rdram, wait_until, ServerProc};
-use remote_dram::client::{ByteRange, GetInto, GetOptions, GetResult};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use remote_dram::client::{ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::{Client, ClientOptions, Status};
 
 pub const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 64 << 20];
@@ -152,6 +158,236 @@ pub fn server_gone(tls: &str) {
     assert_eq!(err.status, Status::Unavailable, "{err}");
 }
 
+/// Thousands of random operations from several client threads, each compared exactly
+/// against a BTreeMap model of that thread's own key space.
+pub fn randomized_model(transport: &str) {
+    common::init(transport);
+    let server = ServerProc::start(&["--memory", "256MiB"]);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let addr = server.addr.clone();
+            std::thread::spawn(move || model_thread(&addr, t, 1500))
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("model thread");
+    }
+    let stats = server.client().stats().unwrap();
+    assert!(stats["keys"].as_u64().unwrap() > 0);
+}
+
+fn model_thread(addr: &str, t: u64, ops: usize) {
+    let mut rng = SmallRng::seed_from_u64(0xC0FFEE + t);
+    let mut c = common::connect(addr);
+    let prefix = format!("m{t}/");
+    let mut model: BTreeMap<Vec<u8>, (Vec<u8>, u64)> = BTreeMap::new();
+    let key = |rng: &mut SmallRng| format!("{prefix}{:03}", rng.gen_range(0..60)).into_bytes();
+    for i in 0..ops {
+        let k = key(&mut rng);
+        let current = model.get(&k).cloned();
+        match rng.gen_range(0..100) {
+            0..=24 => {
+                let size = if rng.gen_bool(0.05) { rng.gen_range(10_000..200_000) } else { rng.gen_range(0..600) };
+                let v = pattern(rng.gen(), size);
+                let g = c.put(&k, &v).unwrap();
+                if let Some((_, old)) = &current {
+                    assert!(g > *old, "generation must grow");
+                }
+                model.insert(k, (v, g));
+            }
+            25..=34 => {
+                // Conditional put: right generation, wrong generation, or if-absent.
+                let (cond, expect_ok) = match (rng.gen_range(0..3), &current) {
+                    (0, Some((_, g))) => (WriteCondition::IfEqual(*g), true),
+                    (0, None) => (WriteCondition::IfEqual(12345), false),
+                    (1, Some((_, g))) => (WriteCondition::IfEqual(g + 1), false),
+                    (1, None) => (WriteCondition::IfAbsent, true),
+                    (_, cur) => (WriteCondition::IfAbsent, cur.is_none()),
+                };
+                let v = pattern(rng.gen(), rng.gen_range(0..300));
+                match c.put_with(&k, &v, &PutOptions { condition: cond, ttl: None }).unwrap() {
+                    WriteResult::Written { generation } => {
+                        assert!(expect_ok, "op {i}: {cond:?} should have failed");
+                        model.insert(k, (v, generation));
+                    }
+                    WriteResult::ConditionFailed => assert!(!expect_ok, "op {i}: {cond:?} should have held"),
+                }
+            }
+            35..=54 => {
+                let got = c.get(&k).unwrap().map(|v| (v.data, v.generation));
+                assert_eq!(got, current, "op {i}: get {}", String::from_utf8_lossy(&k));
+            }
+            55..=62 => {
+                // Conditional get: if_not_equal the current (unchanged) or another generation.
+                let probe = match &current {
+                    Some((_, g)) if rng.gen_bool(0.5) => *g,
+                    _ => 7,
+                };
+                let r = c.get_with(&k, &GetOptions { if_not_equal: Some(probe), ..Default::default() }).unwrap();
+                match (&current, r) {
+                    (None, GetResult::Missing) => {}
+                    (Some((_, g)), GetResult::Unchanged { generation }) => assert!(*g == probe && generation == *g),
+                    (Some((v, g)), GetResult::Value(got)) => assert!(*g != probe && got.data == *v),
+                    (cur, r) => panic!("op {i}: conditional get {r:?} with model {cur:?}"),
+                }
+            }
+            63..=72 => {
+                let start: i64 = rng.gen_range(-700..700);
+                let end: i64 = if rng.gen_bool(0.3) { -1 } else { rng.gen_range(0..700) };
+                let r = c.get_with(&k, &GetOptions { range: Some(ByteRange { start, end }), ..Default::default() });
+                match (&current, r) {
+                    (None, Ok(GetResult::Missing)) => {}
+                    (Some((v, _)), r) => {
+                        let n = v.len() as i64;
+                        let s = if start < 0 { start + n } else { start };
+                        let e = if end == -1 { n } else { end };
+                        if s < 0 || e > n || s > e {
+                            assert_eq!(r.unwrap_err().status, Status::OutOfRange, "op {i}");
+                        } else {
+                            let Ok(GetResult::Value(got)) = r else { panic!("op {i}: {r:?}") };
+                            assert_eq!(got.data, v[s as usize..e as usize]);
+                            assert_eq!(got.size, n as u64);
+                        }
+                    }
+                    (cur, r) => panic!("op {i}: range get {r:?} with model {cur:?}"),
+                }
+            }
+            73..=82 => {
+                if rng.gen_bool(0.5) {
+                    assert_eq!(c.delete(&k).unwrap(), current.is_some(), "op {i}");
+                    model.remove(&k);
+                } else {
+                    let (cond, ok) = match &current {
+                        Some((_, g)) if rng.gen_bool(0.5) => (WriteCondition::IfEqual(*g), true),
+                        Some((_, g)) => (WriteCondition::IfEqual(g + 1), false),
+                        None => (WriteCondition::IfEqual(99), false),
+                    };
+                    match c.delete_with(&k, cond).unwrap() {
+                        DeleteResult::Deleted { existed } => {
+                            assert!(ok && existed, "op {i}");
+                            model.remove(&k);
+                        }
+                        DeleteResult::ConditionFailed => assert!(!ok, "op {i}"),
+                    }
+                }
+            }
+            83..=86 => {
+                let (a, b) = (key(&mut rng), key(&mut rng));
+                let (min, max) = if a <= b { (a, b) } else { (b, a) };
+                let removed = c.delete_range(&KeyRange { min: min.clone(), max: Some(max.clone()) }).unwrap();
+                let doomed: Vec<_> = model.range(min..max).map(|(k, _)| k.clone()).collect();
+                assert_eq!(removed, doomed.len() as u64, "op {i}");
+                for k in doomed {
+                    model.remove(&k);
+                }
+            }
+            _ => {
+                let listed = c.list(&KeyRange::prefix(prefix.as_bytes())).unwrap();
+                let expected: Vec<_> = model.iter().map(|(k, (v, _))| (k.clone(), v.len() as u64)).collect();
+                let got: Vec<_> = listed.into_iter().map(|e| (e.key, e.size)).collect();
+                assert_eq!(got, expected, "op {i}: list");
+            }
+        }
+    }
+}
+
+/// Store mode: a full arena answers "no space" and loses nothing already stored.
+pub fn store_mode_full_arena(transport: &str) {
+    common::init(transport);
+    let server = ServerProc::start(&["--memory", "4MiB", "--workers", "1"]);
+    let mut c = server.client();
+    let value = pattern(1, 512 << 10);
+    let mut stored = 0;
+    let err = loop {
+        match c.put(format!("f/{stored}").as_bytes(), &value) {
+            Ok(_) => stored += 1,
+            Err(e) => break e,
+        }
+        assert!(stored < 100, "arena never filled");
+    };
+    assert_eq!(err.status, Status::NoSpace, "{err}");
+    assert!(stored >= 6);
+    for i in 0..stored {
+        assert_eq!(c.get(format!("f/{i}").as_bytes()).unwrap().unwrap().data, value, "f/{i} intact");
+    }
+    // Too large for the shard at all.
+    let err = c.put(b"huge", &vec![0u8; 5 << 20]).unwrap_err();
+    assert_eq!(err.status, Status::ValueTooLarge, "{err}");
+    // Freeing space makes room again.
+    c.delete(b"f/0").unwrap();
+    c.put(b"again", &value).unwrap();
+}
+
+pub fn auth_token_required(transport: &str) {
+    common::init(transport);
+    let dir = std::env::temp_dir().join(format!("rdram-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let server = ServerProc::start(&["--auth-token-file", token_file.to_str().unwrap()]);
+    let with = |token: Option<&str>| Client::connect(&server.addr, ClientOptions { auth_token: token.map(String::from), ..common::options() });
+    let err = with(None).err().expect("no token is refused");
+    assert_eq!(err.status, Status::AuthFailed);
+    assert!(err.message.contains("requires an auth token"), "{err}");
+    let err = with(Some("guess")).err().expect("wrong token is refused");
+    assert_eq!(err.status, Status::AuthFailed);
+    assert!(err.message.contains("wrong auth token"), "{err}");
+    let mut c = with(Some("s3cret")).unwrap();
+    c.put(b"a", b"b").unwrap();
+    // The command line takes the token from the environment.
+    let (code, _, stderr) = rdram(&["get", "--server", &server.addr, "a"], None);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("authentication failed"), "{stderr}");
+    let out = std::process::Command::new(common::RDRAM).args(["get", "--server", &server.addr, "a"]).env("RDRAM_AUTH_TOKEN", "s3cret").output().unwrap();
+    assert_eq!(out.stdout, b"b");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Several rails per worker (as on a multi-NIC host; here they share one domain): large
+/// values are striped both ways, small ones use one rail, and every byte arrives intact,
+/// also into a caller's buffer and for byte ranges crossing stripe boundaries.
+pub fn striped_over_rails(transport: &str, rails: usize) {
+    common::init(transport);
+    let server = ServerProc::start(&["--memory", "512MiB", "--domains", &rails.to_string()]);
+    let mut c = server.client();
+    for (i, size) in [1usize, 300 << 10, (1 << 20) + 12_345, 64 << 20].into_iter().enumerate() {
+        let key = format!("striped/{size}");
+        let value = pattern(500 + i as u64, size);
+        c.put(key.as_bytes(), &value).unwrap();
+        assert!(c.get(key.as_bytes()).unwrap().unwrap().data == value, "{size} B over {rails} rails");
+        let mut buf = vec![0u8; size];
+        let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut buf).unwrap();
+        assert!(matches!(r, GetInto::Value { len, .. } if len == size));
+        assert!(buf == value, "{size} B into a caller's buffer");
+        if size > 1 {
+            let range = ByteRange { start: 7, end: size as i64 - 3 };
+            let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(range), ..Default::default() }).unwrap() else { panic!() };
+            assert!(v.data == value[7..size - 3], "range of {size} B");
+        }
+    }
+    // A second process reads what the first wrote.
+    let (code, out, err) = rdram(&["get", "--server", &server.addr, &format!("striped/{}", 64 << 20)], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out == pattern(503, 64 << 20));
+}
+
+/// The bench binary against a server on this transport: it runs and reports every size.
+pub fn bench_against_server(transport: &str) {
+    common::init(transport);
+    let server = ServerProc::start(&["--memory", "256MiB"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+        .args(["--server", &server.addr, "--poll", "adaptive", "--json", "--ops", "get,put", "--sizes", "8,1MiB", "--depth", "4", "--seconds", "0.3", "--warmup", "0.05"])
+        .arg("--out")
+        .arg(std::env::temp_dir().join(format!("rdram-bench-{}", std::process::id())))
+        .output()
+        .expect("run rdram-bench");
+    assert!(out.status.success(), "rdram-bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<String> = rows.iter().map(|r| format!("{}-{}", r["op"].as_str().unwrap(), r["size"])).collect();
+    assert_eq!(names, ["get-8", "get-1048576", "put-8", "put-1048576"]);
+    assert!(rows.iter().all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0), "{rows:?}");
+}
+
 #[macro_export]
 macro_rules! transport_suite {
     ($tls:expr) => {
@@ -170,6 +406,18 @@ macro_rules! transport_suite {
         #[test]
         fn server_gone() {
             suite::server_gone($tls)
+        }
+        #[test]
+        fn randomized_model() {
+            suite::randomized_model($tls)
+        }
+        #[test]
+        fn store_mode_full_arena() {
+            suite::store_mode_full_arena($tls)
+        }
+        #[test]
+        fn auth_token_required() {
+            suite::auth_token_required($tls)
         }
     };
 }

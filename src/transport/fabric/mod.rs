@@ -69,6 +69,10 @@ pub struct Endpoint {
     /// Next key to request when the provider does not choose keys (no FI_MR_PROV_KEY):
     /// keys must then be unique within the domain.
     next_key: std::cell::Cell<u64>,
+    /// Contexts of one-sided reads in flight, oldest first: libfabric 1.17's shm reports
+    /// a failed read without its context (fixed in 1.18, ofiwg/libfabric#8665); such an
+    /// error is the oldest read's, since shm completes reads in order.
+    reads: std::cell::RefCell<std::collections::VecDeque<usize>>,
 }
 
 /// A registered memory region: `desc` goes with local operations; `key` and
@@ -201,6 +205,7 @@ impl Endpoint {
             rma: false,
             wait_fd: -1,
             next_key: std::cell::Cell::new(1),
+            reads: Default::default(),
         };
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
@@ -356,7 +361,17 @@ impl Endpoint {
         if !self.rma {
             return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided reads", self.provider)));
         }
-        self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
+        self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))?;
+        self.reads.borrow_mut().push_back(ctx as usize);
+        Ok(())
+    }
+
+    /// Forgets a completed read's context (see `reads`).
+    fn read_done(&self, ctx: usize) {
+        let mut reads = self.reads.borrow_mut();
+        if let Some(i) = reads.iter().position(|&c| c == ctx) {
+            reads.remove(i);
+        }
     }
 
     /// Cancels a posted receive; its completion then reports an error (or, when the
@@ -388,6 +403,7 @@ impl Endpoint {
         let n = unsafe { sys::rdram_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), want) } as i64;
         if n > 0 {
             for e in &entries[..n as usize] {
+                self.read_done(e.op_context as usize);
                 // SAFETY: every op_context we post points at an OpContext.
                 let token = unsafe { (*(e.op_context as *const OpContext)).token };
                 out.push(Completion::Done { token, len: e.len, tag: e.tag });
@@ -401,9 +417,15 @@ impl Endpoint {
                 let mut text = [0 as std::os::raw::c_char; 256];
                 // SAFETY: fi_cq_strerror writes at most text.len() bytes and returns a C string.
                 let detail = cstr(unsafe { sys::rdram_fi_cq_strerror(self.cq, err.prov_errno, err.err_data, text.as_mut_ptr(), text.len()) });
-                // SAFETY: as above, op_context is one of ours.
-                let token = unsafe { (*(err.op_context as *const OpContext)).token };
                 let error = Error::new(Status::Transport, format!("libfabric operation failed: {detail} (errno {})", err.err));
+                let ctx = if err.op_context.is_null() { self.reads.borrow().front().copied() } else { Some(err.op_context as usize) };
+                let Some(ctx) = ctx else {
+                    tracing::warn!("{}: error for no operation of ours: {}", self.provider, error.message);
+                    return 0;
+                };
+                self.read_done(ctx);
+                // SAFETY: as above, the context is one of ours.
+                let token = unsafe { (*(ctx as *const OpContext)).token };
                 out.push(Completion::Failed { token, error });
                 return 1;
             }

@@ -26,6 +26,15 @@ struct Slot<T> {
     value: Option<T>,
 }
 
+/// What one completion did.
+pub enum Progress<T> {
+    /// Not one of ours (a stale or foreign completion).
+    Nothing,
+    /// A part of operation `id` completed (`failed`: with an error); others remain.
+    Part { id: u32, failed: bool },
+    Finished(Finished<T>),
+}
+
 pub struct InFlight<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
@@ -80,15 +89,24 @@ impl<T> InFlight<T> {
 
     /// Accounts one completion; returns the operation when that was its last part.
     pub fn complete(&mut self, c: Completion) -> Option<Finished<T>> {
+        match self.progress(c) {
+            Progress::Finished(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Accounts one completion and says what it did.
+    pub fn progress(&mut self, c: Completion) -> Progress<T> {
         let (token, outcome) = match c {
             Completion::Done { token, len, tag } => (token, Ok((len, tag))),
             Completion::Failed { token, error } => (token, Err(error)),
         };
         let id = (token >> PART_BITS) as u32;
-        let slot = self.slots.get_mut(id as usize)?;
+        let Some(slot) = self.slots.get_mut(id as usize) else { return Progress::Nothing };
         if slot.value.is_none() || slot.left == 0 {
-            return None;
+            return Progress::Nothing;
         }
+        let failed = outcome.is_err();
         match outcome {
             Ok((len, tag)) => {
                 slot.len += len;
@@ -99,7 +117,7 @@ impl<T> InFlight<T> {
             }
         }
         slot.left -= 1;
-        self.finish_if_done(id)
+        self.finish_if_done(id).map_or(Progress::Part { id, failed }, Progress::Finished)
     }
 
     fn finish_if_done(&mut self, id: u32) -> Option<Finished<T>> {
