@@ -12,6 +12,13 @@ int main(void) {
   cfg.hugepages = 7;
   CHECK_STATUS(rdram_server_start(&cfg, &s), RDRAM_INVALID_ARGUMENT);
   cfg.hugepages = 2;
+  cfg.transport = "pigeon";
+  CHECK_STATUS(rdram_server_start(&cfg, &s), RDRAM_INVALID_ARGUMENT);
+  cfg.transport = "fabric";
+  cfg.fabric_provider = "no-such-provider";
+  CHECK_STATUS(rdram_server_start(&cfg, &s), RDRAM_UNAVAILABLE);
+  cfg.transport = NULL;
+  cfg.fabric_provider = NULL;
   CHECK_STATUS(rdram_server_start(&cfg, &s), RDRAM_OK);
   CHECK(rdram_server_address(NULL) == NULL);
   printf("listening on %s\n", rdram_server_address(s));

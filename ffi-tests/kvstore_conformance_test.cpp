@@ -181,6 +181,31 @@ TEST(Spec, ServerModeHostsAServerAndIsItsClient) {
   EXPECT_EQ(read->value, "in-process server");
 }
 
+TEST(Spec, ServerModeOnLibfabric) {
+  // The embedded server on libfabric (tcp;ofi_rxm over loopback, two rails); a second
+  // driver learns the transport from the server and needs no setting of its own.
+  auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "64MiB"}, {"workers", 1},
+                          {"transport", "fabric"}, {"provider", "tcp;ofi_rxm"}, {"domains", 2}});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  std::string big(3 << 20, 'f');
+  ASSERT_TRUE((*r)->Write("fabric/big", big).get().ok());
+  auto other = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", (*r)->server_address()}});
+  ASSERT_TRUE(other.ok()) << other.status().message;
+  auto read = (*other)->Read("fabric/big").get();
+  ASSERT_TRUE(read.ok()) << read.status().message;
+  EXPECT_TRUE(read->value == big);
+  // A provider this host lacks is refused, naming what exists; so is an unknown transport.
+  auto missing = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"transport", "fabric"}, {"provider", "efa"}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code, StatusCode::kUnavailable) << missing.status().message;
+  EXPECT_NE(missing.status().message.find("shm"), std::string::npos) << missing.status().message;
+  auto pigeon = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"transport", "pigeon"}});
+  ASSERT_FALSE(pigeon.ok());
+  EXPECT_EQ(pigeon.status().code, StatusCode::kInvalidArgument) << pigeon.status().message;
+  auto client_side = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", (*r)->server_address()}, {"provider", "shm"}});
+  EXPECT_FALSE(client_side.ok()) << "transport settings belong to server mode";
+}
+
 TEST(Errors, ResourceExhaustedWhenFull) {
   auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "1MiB"}, {"workers", 1}});
   ASSERT_TRUE(r.ok()) << r.status().message;

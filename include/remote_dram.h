@@ -231,6 +231,18 @@ typedef struct rdram_server_config {
    */
   const uint32_t *cores;
   size_t cores_len;
+  /**
+   * "auto" (NULL: UCX, or libfabric when the efa provider exists), "ucx" or "fabric".
+   */
+  const char *transport;
+  /**
+   * libfabric provider with transport "fabric": "efa" (NULL), "tcp;ofi_rxm", "shm", ...
+   */
+  const char *fabric_provider;
+  /**
+   * libfabric endpoints per worker, one per NIC domain (0: 1).
+   */
+  uint32_t fabric_domains;
 } rdram_server_config;
 
 #ifdef __cplusplus

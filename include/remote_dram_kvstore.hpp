@@ -278,7 +278,7 @@ inline Result<std::shared_ptr<KvStore>> KvStore::Open(const nlohmann::json& spec
   auto bad = [](const std::string& m) { return Status{StatusCode::kInvalidArgument, m}; };
   if (!spec.is_object()) return bad("kvstore spec must be a JSON object");
   static const char* kMembers[] = {"driver", "remote_addr", "listen_addr", "path", "auth_token", "timeout_ms",
-                                   "io_threads", "memory", "workers", "cache_mode"};
+                                   "io_threads", "memory", "workers", "cache_mode", "transport", "provider", "domains"};
   for (auto it = spec.begin(); it != spec.end(); ++it) {
     bool known = false;
     for (const char* m : kMembers) known |= it.key() == m;
@@ -303,7 +303,7 @@ inline Result<std::shared_ptr<KvStore>> KvStore::Open(const nlohmann::json& spec
     }
   }
   if (!server_mode) {
-    for (const char* m : {"memory", "workers", "cache_mode"})
+    for (const char* m : {"memory", "workers", "cache_mode", "transport", "provider", "domains"})
       if (spec.contains(m)) return bad(std::string("\"") + m + "\" is only valid with \"listen_addr\"");
   }
   if (spec.contains("path")) {
@@ -344,6 +344,23 @@ inline Result<std::shared_ptr<KvStore>> KvStore::Open(const nlohmann::json& spec
     if (spec.contains("cache_mode")) {
       if (!spec["cache_mode"].is_boolean()) return bad("\"cache_mode\" must be true or false");
       cfg.cache_mode = spec["cache_mode"].get<bool>();
+    }
+    // Clients need no transport setting: they follow what the server announces.
+    std::string transport, provider;
+    if (spec.contains("transport")) {
+      if (!spec["transport"].is_string()) return bad("\"transport\" must be \"auto\", \"ucx\" or \"fabric\"");
+      transport = spec["transport"].get<std::string>();
+      cfg.transport = transport.c_str();
+    }
+    if (spec.contains("provider")) {
+      if (!spec["provider"].is_string()) return bad("\"provider\" must be a libfabric provider name");
+      provider = spec["provider"].get<std::string>();
+      cfg.fabric_provider = provider.c_str();
+    }
+    if (spec.contains("domains")) {
+      if (!internal::PositiveInt(spec["domains"]) || spec["domains"].get<uint32_t>() > 64)
+        return bad("\"domains\" must be an integer from 1 to 64");
+      cfg.fabric_domains = spec["domains"].get<uint32_t>();
     }
     rdram_status s = rdram_server_start(&cfg, &store->server_);
     if (s != RDRAM_OK) return StatusFromC(s, "starting the embedded server");

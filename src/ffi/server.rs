@@ -1,5 +1,6 @@
 //! C ABI: a server hosted inside the calling process (the TensorStore driver plan's
-//! "server mode"). Clients, in this process or others, reach it over UCX like any server.
+//! "server mode"). Clients, in this process or others, reach it over UCX or libfabric like
+//! any server.
 
 use std::ffi::{c_char, CString};
 
@@ -7,7 +8,7 @@ use super::client::rdram_poll_mode;
 use super::{c_str, guard, null_arg, rdram_status};
 use crate::error::{Error, Status};
 use crate::store::{HugePages, Mode};
-use crate::{Server, ServerConfig};
+use crate::{Server, ServerConfig, TransportChoice};
 
 /// A running embedded server. Created by `rdram_server_start`, stopped and freed by
 /// `rdram_server_stop`. The handle may be used from any thread, but not freed while
@@ -37,6 +38,12 @@ pub struct rdram_server_config {
     /// Cores to pin workers to (NULL: cores 0.. of this machine). Borrowed for the call.
     pub cores: *const u32,
     pub cores_len: usize,
+    /// "auto" (NULL: UCX, or libfabric when the efa provider exists), "ucx" or "fabric".
+    pub transport: *const c_char,
+    /// libfabric provider with transport "fabric": "efa" (NULL), "tcp;ofi_rxm", "shm", ...
+    pub fabric_provider: *const c_char,
+    /// libfabric endpoints per worker, one per NIC domain (0: 1).
+    pub fabric_domains: u32,
 }
 
 /// Starts a server in this process. `config` may be NULL (defaults). On success `*out`
@@ -72,6 +79,9 @@ pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, 
             if !c.cores.is_null() {
                 cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
             }
+            let transport = if c.transport.is_null() { "auto" } else { c_str(c.transport, "config.transport")? };
+            let provider = if c.fabric_provider.is_null() { None } else { Some(c_str(c.fabric_provider, "config.fabric_provider")?) };
+            cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
         }
         let inner = Server::start(cfg)?;
         let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;

@@ -49,6 +49,17 @@ pub enum TransportChoice {
 }
 
 impl TransportChoice {
+    /// From names as configuration gives them: "auto", "ucx" or "fabric" (then with a
+    /// provider, default "efa", and a rail count, default 1).
+    pub fn parse(transport: &str, provider: Option<&str>, domains: usize) -> Result<TransportChoice> {
+        match transport {
+            "auto" | "" => Ok(TransportChoice::Auto),
+            "ucx" => Ok(TransportChoice::Ucx),
+            "fabric" => Ok(TransportChoice::Fabric { provider: provider.unwrap_or("efa").to_string(), rails: domains.max(1) }),
+            other => Err(Error::new(Status::Invalid, format!("unknown transport {other:?}: use auto, ucx or fabric"))),
+        }
+    }
+
     /// Resolves `Auto`: EFA hosts get libfabric on efa, everything else UCX.
     pub fn resolve(self) -> TransportChoice {
         match self {
