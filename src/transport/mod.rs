@@ -59,11 +59,13 @@ pub struct Poller {
     mode: PollMode,
     spin: Duration,
     idle_since: Option<Instant>,
+    /// Naps taken in a row (transports without an fd to sleep on).
+    naps: u32,
 }
 
 impl Poller {
     pub fn new(mode: PollMode, spin: Duration) -> Self {
-        Poller { mode, spin, idle_since: None }
+        Poller { mode, spin, idle_since: None, naps: 0 }
     }
 
     /// Call after each progress pass. Sleeps at most `max_sleep` once the spin budget is
@@ -71,6 +73,7 @@ impl Poller {
     pub fn after_progress<T: Transport>(&mut self, t: &T, did_work: bool, max_sleep: Duration) -> Result<()> {
         if did_work || self.mode == PollMode::Busy {
             self.idle_since = None;
+            self.naps = 0;
             std::hint::spin_loop();
             return Ok(());
         }
@@ -79,10 +82,17 @@ impl Poller {
             std::hint::spin_loop();
             return Ok(());
         }
+        let fd = t.event_fd();
+        if fd < 0 {
+            // No fd to sleep on (libfabric's shm): nap, 1 ms then longer (up to 4 ms)
+            // while idle, without spinning again in between.
+            let nap = fabric::rails::NAP * (1 << self.naps.min(2));
+            self.naps += 1;
+            std::thread::sleep(nap.min(max_sleep));
+            return Ok(());
+        }
         if t.arm()? {
-            // Without an fd to sleep on (some libfabric providers), nap briefly instead.
-            let fd = t.event_fd();
-            wait_readable(fd, if fd < 0 { max_sleep.min(fabric::rails::NAP) } else { max_sleep });
+            wait_readable(fd, max_sleep);
         }
         self.idle_since = None;
         Ok(())
