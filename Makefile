@@ -35,9 +35,11 @@ bench: deps
 	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	bench/compare
 
-# Unmodified TensorStore (PyPI, in target/venv-tensorstore) through `rdram gateway`.
+# Unmodified TensorStore (PyPI, in target/venv-tensorstore) through `rdram gateway`, in
+# front of a server on UCX, then of one on libfabric.
 test-gateway: build
 	tests/gateway/run.sh target/release/rdram
+	tests/gateway/run.sh target/release/rdram --transport fabric --provider "tcp;ofi_rxm"
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Unmodified TensorStore from PyPI against `rdram gateway`, every actor its own process:
 # an `rdram serve` server, the gateway, then writer, reader and kvstore-checker processes.
-# Usage: tests/gateway/run.sh [path/to/rdram]
+# Usage: tests/gateway/run.sh [path/to/rdram] [extra `rdram serve` arguments, e.g. the
+#        transport: --transport fabric --provider "tcp;ofi_rxm"]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 RDRAM=${1:-$root/target/release/rdram}
+shift || true
 VENV=${RDRAM_TS_VENV:-$root/target/venv-tensorstore}
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 
@@ -41,7 +43,8 @@ start() {
   printf -v "${name}_addr" %s "$(sed -n 's/^listening on //p' "$work/$name.log")"
 }
 
-start server "$RDRAM" serve --listen 127.0.0.1:0 --workers 2 --memory 256MiB --hugepages off
+start server "$RDRAM" serve --listen 127.0.0.1:0 --workers 2 --memory 256MiB --hugepages off "$@"
+head -1 "$work/server.log"
 start gateway "$RDRAM" gateway --listen 127.0.0.1:0 --server "$server_addr" --engine-clients 4 --timeout-ms 5000
 gateway=$gateway_addr
 echo "== server $server_addr, gateway $gateway"
