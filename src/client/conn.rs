@@ -2,7 +2,7 @@
 //! ids, and a [`Link`] that moves requests and replies over the transport the servers
 //! announced (UCX or libfabric). Callers see the same API whatever the transport.
 
-use std::net::{IpAddr, TcpStream, ToSocketAddrs};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::fabric_link::FabricLink;
@@ -95,9 +95,12 @@ impl Connection {
             return Err(Error::new(Status::Invalid, "no server address given"));
         }
         let mut welcomes: Vec<Welcome> = Vec::new();
+        let mut bootstraps = Vec::new();
         let mut local_ip = None;
         for addr in addresses {
-            let (welcome, ip) = handshake(addr, opts)?;
+            let (welcome, stream) = handshake(addr, opts)?;
+            let ip = stream.local_addr()?.ip();
+            bootstraps.push(stream);
             if welcomes.iter().any(|w| w.node == welcome.node) {
                 return Err(Error::new(Status::Invalid, format!("server {} is listed twice", welcome.node)));
             }
@@ -114,7 +117,7 @@ impl Connection {
         }
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
             "ucx" => Box::new(UcxLink::connect(&welcomes, opts)?),
-            "fabric" => Box::new(FabricLink::connect(&welcomes, local_ip, opts)?),
+            "fabric" => Box::new(FabricLink::connect(&welcomes, bootstraps, local_ip, opts)?),
             other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
         };
         let servers = welcomes
@@ -196,9 +199,10 @@ impl Connection {
     }
 }
 
-/// The bootstrap handshake; also returns the local address that reaches the server (the
-/// interface IP-based libfabric providers should use).
-fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, IpAddr)> {
+/// The bootstrap handshake. Also returns the connection: its local address is the
+/// interface IP-based libfabric providers should use, and the server keeps it open for as
+/// long as it lives.
+fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, TcpStream)> {
     let unavailable = |e: std::io::Error| Error::new(Status::Unavailable, format!("cannot reach server {addr}: {e}"));
     let sockaddr = addr
         .to_socket_addrs()
@@ -222,5 +226,5 @@ fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, IpAddr)> {
     if welcome.shards.is_empty() {
         return Err(Error::new(Status::Invalid, format!("server {addr} announced no shards")));
     }
-    Ok((welcome, stream.local_addr()?.ip()))
+    Ok((welcome, stream))
 }

@@ -1,7 +1,13 @@
 //! The bootstrap listener: answers each client's TCP handshake (version, auth token) with
 //! the shards' transport addresses and the session credential. Off the data path.
+//!
+//! After the handshake the connection is kept open until the client closes it: a client
+//! whose transport cannot see a peer die (libfabric RDM) watches it, so a server process
+//! that goes away is noticed at once instead of at the next timeout.
 
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -28,6 +34,12 @@ pub struct Shared {
 
 pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
     let shared = Arc::new(shared);
+    let (keep_tx, keep_rx) = crossbeam_channel::unbounded();
+    let stop = shared.stop.clone();
+    std::thread::Builder::new()
+        .name("rdram-keeper".into())
+        .spawn(move || keep_open(keep_rx, stop))
+        .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
     std::thread::Builder::new()
         .name("rdram-bootstrap".into())
         .spawn(move || {
@@ -36,11 +48,12 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let shared = shared.clone();
+                let (shared, keep) = (shared.clone(), keep_tx.clone());
                 // One short-lived thread per handshake, so a slow client cannot stall others.
                 let _ = std::thread::Builder::new().name("rdram-handshake".into()).spawn(move || {
-                    if let Err(e) = handshake(stream, &shared) {
-                        debug!("handshake failed: {e}");
+                    match handshake(stream, &shared) {
+                        Ok(stream) => drop(keep.send(stream)),
+                        Err(e) => debug!("handshake failed: {e}"),
                     }
                 });
             }
@@ -48,7 +61,30 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
         .map_err(|e| Error::new(Status::Internal, e.to_string()))
 }
 
-fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<()> {
+/// Holds welcomed clients' connections until each client closes its end (or the server
+/// stops, which closes them all).
+fn keep_open(incoming: crossbeam_channel::Receiver<TcpStream>, stop: Arc<AtomicBool>) {
+    let mut kept: Vec<TcpStream> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        kept.extend(incoming.try_iter());
+        let mut fds: Vec<libc::pollfd> = kept.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: `fds` holds one valid pollfd per kept stream.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+        if n <= 0 {
+            continue;
+        }
+        let mut buf = [0u8; 256];
+        let mut i = 0;
+        kept.retain_mut(|s| {
+            let ready = fds[i].revents != 0;
+            i += 1;
+            // Readable means closed (read returns 0) or stray bytes, which are dropped.
+            !ready || matches!(s.read(&mut buf), Ok(n) if n > 0)
+        });
+    }
+}
+
+fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<TcpStream> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let hello: Hello = match read_line(&stream, HANDSHAKE_TIMEOUT) {
@@ -62,21 +98,22 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<()> {
         info!("refused {:?}: {msg}", stream.peer_addr().ok());
         write_line(stream, &Welcome::refusal(status, msg))
     };
+    let refused = |status: Status, msg: &str| Error::new(status, format!("refused: {msg}"));
     if hello.magic != MAGIC {
-        return refuse(&mut stream, Status::VersionMismatch, "not a remote_dram client".into());
+        refuse(&mut stream, Status::VersionMismatch, "not a remote_dram client".into())?;
+        return Err(refused(Status::VersionMismatch, "not a remote_dram client"));
     }
     if hello.version != PROTOCOL_VERSION {
-        return refuse(
-            &mut stream,
-            Status::VersionMismatch,
-            format!("protocol version mismatch: server speaks v{PROTOCOL_VERSION}, client v{}", hello.version),
-        );
+        let msg = format!("protocol version mismatch: server speaks v{PROTOCOL_VERSION}, client v{}", hello.version);
+        refuse(&mut stream, Status::VersionMismatch, msg.clone())?;
+        return Err(refused(Status::VersionMismatch, &msg));
     }
     if let Some(expected) = &shared.token {
         let given = hello.token.as_deref().unwrap_or("");
         if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
             let why = if hello.token.is_none() { "this server requires an auth token" } else { "wrong auth token" };
-            return refuse(&mut stream, Status::AuthFailed, why.into());
+            refuse(&mut stream, Status::AuthFailed, why.into())?;
+            return Err(refused(Status::AuthFailed, why));
         }
     }
     write_line(
@@ -91,7 +128,8 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<()> {
             session: shared.session,
             shards: shared.shards.clone(),
         },
-    )
+    )?;
+    Ok(stream)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
