@@ -35,9 +35,11 @@ const CANCEL_DRAIN: Duration = Duration::from_millis(200);
 const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
 struct Shard {
-    /// The worker's address on each rail, and our slot at the worker.
+    /// The worker's address on each rail, our slot at the worker and the credential our
+    /// requests carry there (in the header's session field).
     peers: Vec<PeerAddr>,
     slot: u32,
+    credential: u64,
 }
 
 struct Server {
@@ -123,7 +125,7 @@ impl FabricLink {
                     return Err(Error::new(Status::Transport, format!("server {} has {} rails per shard, expected {}", w.node, addrs.len(), link.rails.eps.len())));
                 }
                 let peers = link.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
-                shards.push(Shard { peers, slot: u32::MAX });
+                shards.push(Shard { peers, slot: u32::MAX, credential: 0 });
             }
             link.servers.push(Server { node: w.node.clone(), shards, dead: None, bootstrap });
         }
@@ -152,7 +154,9 @@ impl FabricLink {
             if reply.header.status() != Status::Ok {
                 return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
             }
-            self.servers[s].shards[shard].slot = reply.header.generation as u32;
+            let target = &mut self.servers[s].shards[shard];
+            target.slot = reply.header.generation as u32;
+            target.credential = reply.header.value_size;
         }
         Ok(())
     }
@@ -434,6 +438,10 @@ impl Link for FabricLink {
         p.sink = sink;
         p.msg.extend_from_slice(header);
         p.msg.extend_from_slice(header_tail);
+        if p.msg.len() >= 24 {
+            let credential = self.servers[server].shards.get(shard).map_or(0, |s| s.credential);
+            p.msg[16..24].copy_from_slice(&credential.to_le_bytes());
+        }
         if let (Some(s), Some(&op)) = (sink, header.get(3)) {
             if op == Op::Get as u8 && p.msg.len() >= REQUEST_HEADER_LEN {
                 // Declare the sink's capacity: a larger value is not sent, only its size.
@@ -514,28 +522,16 @@ impl Link for FabricLink {
 
 impl Drop for FabricLink {
     fn drop(&mut self) {
-        // Say goodbye so workers free our slots; wait briefly for the sends to leave.
-        let mut byes = Vec::new();
+        // Say goodbye so workers free our slots (the credential proves it is us), then
+        // progress briefly so the messages leave before the endpoints close.
         for s in self.servers.iter().filter(|s| s.dead.is_none()) {
             for shard in &s.shards {
-                let op = self.ops.start(LinkOp { request: 0, step: Step::Send }, 1);
-                let ctx = self.ops.ctx(op, 0);
-                // SAFETY: a zero-length send; ctx lives in `ops`, which outlives the rails' use here.
-                if unsafe { self.rails.eps[0].send(std::ptr::null(), 0, std::ptr::null_mut(), shard.peers[0], wire::BYE | shard.slot as u64, ctx) }.is_ok() {
-                    byes.push(op);
-                }
+                let _ = self.rails.eps[0].inject(&shard.credential.to_le_bytes(), shard.peers[0], wire::BYE | shard.slot as u64);
             }
         }
-        let deadline = Instant::now() + Duration::from_millis(100);
-        let mut left = byes.len();
-        while left > 0 && Instant::now() < deadline {
-            let mut done = Vec::new();
-            self.rails.poll(&mut done);
-            for c in done {
-                if self.ops.complete(c).is_some_and(|f| f.value.request == 0) {
-                    left -= 1;
-                }
-            }
+        let flush_until = Instant::now() + Duration::from_millis(5);
+        while Instant::now() < flush_until {
+            self.progress();
         }
         for r in std::mem::take(&mut self.registered) {
             self.rails.deregister(r.mrs);

@@ -7,13 +7,16 @@
 //!   from the client's registered memory with one-sided reads, striped over the rails.
 //!   A client that vanishes mid-transfer fails those reads, so its reserved slot is freed.
 //! Client → shard worker, tag = [`HELLO`]: a [`Hello`] with the client's rail addresses;
-//!   the worker answers (as a reply to `hello_id`) with the client's slot in `generation`.
+//!   the worker answers (as a reply to `hello_id`) with the client's slot in `generation`
+//!   and a random credential in `value_size`. Requests carry the credential in the
+//!   header's session field; one naming a slot without its credential is dropped.
 //! Shard worker → client, tag = [`REPLY`] | request id:
 //!   ReplyHeader (40 B, `payload_len` set) || payload when 40 + payload fits
 //!   [`REPLY_MSG_MAX`]; else the header alone, then the payload as a [`DATA`] | request id
 //!   message striped over the rails — unless the client's GET declared a smaller buffer
 //!   (`ttl_or_limit` = capacity + 1), then no payload is sent: it stays on the server.
-//! Client → shard worker, tag = [`BYE`] | slot: the client is closing; the slot is freed.
+//! Client → shard worker, tag = [`BYE`] | slot, body = the credential (8 bytes LE): the
+//!   client is closing; the slot is freed.
 
 use crate::error::{Error, Result, Status};
 

@@ -85,6 +85,14 @@ impl ReadPlan {
     }
 }
 
+/// A client that said hello: where it is on each rail, and the credential its requests
+/// must carry (so a client cannot act as another by naming its slot).
+#[derive(Clone)]
+struct Peer {
+    addrs: Vec<PeerAddr>,
+    credential: u64,
+}
+
 pub struct FabricShardWorker {
     /// First: dropped first, so no endpoint outlives the buffers it may write.
     rails: Rails,
@@ -95,8 +103,8 @@ pub struct FabricShardWorker {
     reply_pool: Vec<Box<ReplyBuf>>,
     /// Owned reply payload the service writes into (reused).
     scratch: Vec<u8>,
-    /// Each client slot's address on every rail.
-    peers: Vec<Option<Vec<PeerAddr>>>,
+    /// Each client slot's address on every rail and credential.
+    peers: Vec<Option<Peer>>,
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
     completions: Vec<Completion>,
@@ -214,8 +222,9 @@ impl FabricShardWorker {
                 }
                 let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
                 self.scratch.clear();
+                let credential = self.credential(slot).unwrap_or(0);
                 let answer = match f.result {
-                    Ok(()) => match self.service.admit(&header) {
+                    Ok(()) => match self.service.admit_as(&header, credential) {
                         Ok(req) => self.service.serve(&Request { header: clear_remote(req.header), ..req }, &buf, &mut self.scratch),
                         Err((_, e)) => Answer::Owned(service::error_reply(id, &e, &mut self.scratch)),
                     },
@@ -233,7 +242,12 @@ impl FabricShardWorker {
         let slot = (tag & wire::ID_MASK) as u32;
         match tag & wire::KIND_MASK {
             wire::HELLO => self.on_hello(at, len),
-            wire::BYE => self.forget(slot),
+            wire::BYE => {
+                let given = self.recv_slab.get(at..at + 8).filter(|_| len == 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+                if given.is_some() && given == self.credential(slot) {
+                    self.forget(slot);
+                }
+            }
             wire::REQUEST => self.on_request(at, len, slot),
             other => debug!("shard {}: unexpected message kind {other:#x}", self.service.index),
         }
@@ -259,16 +273,26 @@ impl FabricShardWorker {
             self.peers.push(None);
             (self.peers.len() - 1) as u32
         });
-        self.peers[slot as usize] = Some(addrs);
+        let mut random = [0u8; 8];
+        if let Err(e) = getrandom::getrandom(&mut random) {
+            return warn!("shard {}: no randomness for a credential: {e}", self.service.index);
+        }
+        let credential = u64::from_le_bytes(random) | 1;
+        self.peers[slot as usize] = Some(Peer { addrs, credential });
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
+        header.value_size = credential;
         self.scratch.clear();
         self.reply(slot, Answer::Owned(header), None);
     }
 
+    fn credential(&self, slot: u32) -> Option<u64> {
+        self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| p.credential)
+    }
+
     fn forget(&mut self, slot: u32) {
-        if let Some(addrs) = self.peers.get_mut(slot as usize).and_then(Option::take) {
-            for (ep, a) in self.rails.eps.iter().zip(addrs) {
+        if let Some(peer) = self.peers.get_mut(slot as usize).and_then(Option::take) {
+            for (ep, a) in self.rails.eps.iter().zip(peer.addrs) {
                 let _ = ep.remove_peer(a);
             }
             self.free_slots.push(slot);
@@ -276,12 +300,16 @@ impl FabricShardWorker {
     }
 
     fn on_request(&mut self, at: usize, len: usize, slot: u32) {
-        if self.peers.get(slot as usize).map_or(true, Option::is_none) {
+        let Some(credential) = self.credential(slot) else {
             return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
-        }
+        };
         let msg = &self.recv_slab[at..at + len];
+        if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
+            // Not from that slot's client: answering would send to someone else.
+            return debug!("shard {}: request naming slot {slot} without its credential", self.service.index);
+        }
         let mut out = std::mem::take(&mut self.scratch);
-        let (answer, capacity) = match self.service.admit_message(msg) {
+        let (answer, capacity) = match self.service.admit_message(msg, credential) {
             Err((Some(id), e)) => (Answer::Owned(service::error_reply(id, &e, &mut out)), None),
             Err((None, e)) => {
                 self.scratch = out;
@@ -320,7 +348,7 @@ impl FabricShardWorker {
             }
         };
         let len = rv.len as usize;
-        let peer = self.peers[slot as usize].clone().unwrap_or_default();
+        let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let op_value = if op == Op::Put {
             let req = Request { header: h, op, inline };
             match self.service.begin_put(&req, rv.len) {
@@ -413,7 +441,7 @@ impl FabricShardWorker {
     /// Sends an answer to a client slot: owned payload bytes are in `self.scratch`.
     /// `capacity`: the most payload the client can take (a get into a caller's buffer).
     fn reply(&mut self, slot: u32, answer: Answer, capacity: Option<u64>) {
-        let Some(peer) = self.peers.get(slot as usize).and_then(|p| p.clone()) else { return };
+        let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| p.addrs[0]) else { return };
         let (mut header, arena) = match answer {
             Answer::Owned(h) => (h, None),
             Answer::Arena { header, offset, len, extent } => (header, Some((offset, len, extent))),
@@ -436,7 +464,7 @@ impl FabricShardWorker {
         let id = self.ops.start(WorkerOp::Reply { msg }, 1);
         let ctx = self.ops.ctx(id, 0);
         // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
-        if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer[0], tag, ctx) } {
+        if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
             debug!("shard {}: reply not sent: {e}", self.service.index);
             if let Some(f) = self.ops.not_posted(id, 1, e) {
                 self.finished(f);
@@ -447,6 +475,7 @@ impl FabricShardWorker {
             return; // all sent, or withheld: the client's buffer is too small
         }
         let data_tag = wire::DATA | (header.request_id & wire::ID_MASK);
+        let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let (ptr, descs, value) = match arena {
             Some((offset, len, extent)) => {
                 self.service.shard.pin(extent);

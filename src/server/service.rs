@@ -55,9 +55,15 @@ impl Service {
     /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
     /// header). On failure, the request id to answer (when readable) and why.
     pub fn admit<'a>(&self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
+        self.admit_as(header, self.session)
+    }
+
+    /// Like `admit`, with the credential the request must carry (libfabric: the one the
+    /// client's slot got at its hello).
+    pub fn admit_as<'a>(&self, header: &'a [u8], session: u64) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
         let (h, op) = RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))?;
         let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
-        if h.session != self.session {
+        if h.session != session {
             return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
         }
         let inline = &header[REQUEST_HEADER_LEN..];
@@ -70,13 +76,13 @@ impl Service {
 
     /// Like [`Service::admit`] for a transport that sends one message: header, inline key
     /// and payload back to back. Returns the request and its payload.
-    pub fn admit_message<'a>(&self, msg: &'a [u8]) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
+    pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
         let split = match RequestHeader::decode(msg) {
             Ok((h, op)) => (REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()),
             Err(e) => return Err((e.request_id, Error::new(e.status, e.message))),
         };
         let (header, payload) = msg.split_at(split);
-        Ok((self.admit(header)?, payload))
+        Ok((self.admit_as(header, session)?, payload))
     }
 
     /// Serves a request whose payload is all here. Owned reply bytes go to `out`.

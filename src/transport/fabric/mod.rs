@@ -341,6 +341,13 @@ impl Endpoint {
         self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
     }
 
+    /// Sends a small tagged message (up to the provider's inject size) that needs neither
+    /// registration nor a completion: the buffer is free again when this returns.
+    pub fn inject(&self, buf: &[u8], peer: PeerAddr, tag: u64) -> Result<()> {
+        // SAFETY: libfabric copies the bytes before returning.
+        self.retry_on_eagain("fi_tinject", || unsafe { sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag) })
+    }
+
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
     /// peer.
     ///
