@@ -1,10 +1,13 @@
 //! Transports: how bytes move between a client and a shard worker.
 //!
-//! [`Transport`] is what the engine's loops need from a network progress engine owned by
-//! one thread (a UCX worker today; a libfabric endpoint with its completion queue next):
-//! progress it, arm it and sleep on its fd, wake it from another thread, and publish its
-//! address for the out-of-band bootstrap. Message movement (active messages, rendezvous
-//! receives into arena slots) is specific to each transport's worker module.
+//! [`Transport`] is what the engine's idle loops need from a network progress engine owned
+//! by one thread (a UCX worker, or libfabric rails with their completion queues): arm it
+//! and sleep on its fd. How
+//! messages move differs too much to share one interface (UCX: active messages with
+//! rendezvous received in callbacks; libfabric: tagged messages into posted buffers and
+//! one-sided reads), so what is shared sits one level up: the server's `Service` decides
+//! what a request does for both `ucx_worker` and `fabric_worker`, and the client's
+//! `Connection` drives either link through its `Link` trait.
 
 pub mod fabric;
 pub mod ucx;
@@ -14,30 +17,20 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 
+/// What an idle loop needs from its thread's progress engine to sleep until traffic.
 pub trait Transport {
-    /// Name announced in the bootstrap handshake.
-    const NAME: &'static str;
-    /// Runs completion callbacks; returns true if anything happened.
-    fn progress(&self) -> bool;
     /// Prepares the event fd for sleeping; false when events are already pending.
     fn arm(&self) -> Result<bool>;
+    /// The fd to sleep on, or -1 when there is none (then the poller naps).
     fn event_fd(&self) -> RawFd;
-    fn address(&self) -> Result<Vec<u8>>;
 }
 
 impl Transport for ucx::Worker {
-    const NAME: &'static str = "ucx";
-    fn progress(&self) -> bool {
-        ucx::Worker::progress(self) != 0
-    }
     fn arm(&self) -> Result<bool> {
         ucx::Worker::arm(self)
     }
     fn event_fd(&self) -> RawFd {
         ucx::Worker::event_fd(self)
-    }
-    fn address(&self) -> Result<Vec<u8>> {
-        ucx::Worker::address(self)
     }
 }
 

@@ -117,18 +117,11 @@ pub fn stripes(len: usize, rails: usize) -> impl Iterator<Item = (usize, usize)>
 pub const NAP: Duration = Duration::from_millis(1);
 
 impl Transport for Rails {
-    const NAME: &'static str = "fabric";
-    fn progress(&self) -> bool {
-        false // completions are reaped by `poll`; the owner handles them
-    }
     fn arm(&self) -> Result<bool> {
         Ok(self.eps.iter().all(|e| e.try_wait()))
     }
     fn event_fd(&self) -> RawFd {
         self.epoll
-    }
-    fn address(&self) -> Result<Vec<u8>> {
-        self.eps[0].address()
     }
 }
 
