@@ -16,6 +16,8 @@ pub const SHM: &str = "posix,sysv,cma,self";
 /// libfabric providers: "fabric:" + the provider name `rdram serve` gets.
 pub const FABRIC_TCP: &str = "fabric:tcp;ofi_rxm";
 pub const FABRIC_SHM: &str = "fabric:shm";
+/// tcp;ofi_rxm with EFA's registration discipline (FI_MR_LOCAL) forced on.
+pub const FABRIC_TCP_REGISTER_LOCAL: &str = "fabric:tcp;ofi_rxm+register-local";
 
 static INIT: Once = Once::new();
 /// Extra `rdram serve` arguments selecting this binary's transport.
@@ -29,6 +31,14 @@ pub fn init(transport: &str) {
         std::env::set_var("UCX_NET_DEVICES", "lo");
         match transport.strip_prefix("fabric:") {
             Some(provider) => {
+                // "+register-local": every local buffer registered, as EFA (FI_MR_LOCAL) needs.
+                let provider = match provider.strip_suffix("+register-local") {
+                    Some(p) => {
+                        std::env::set_var("RDRAM_FABRIC_REGISTER_LOCAL", "1");
+                        p
+                    }
+                    None => provider,
+                };
                 let args = ["--transport", "fabric", "--provider", provider];
                 SERVE_ARGS.set(args.iter().map(|a| a.to_string()).collect()).unwrap();
             }

@@ -15,6 +15,10 @@ pub const STRIPE_MIN: usize = 256 << 10;
 
 pub struct Rails {
     pub eps: Vec<Endpoint>,
+    /// Every local buffer is registered and its descriptor passed: required under
+    /// `FI_MR_LOCAL` (EFA), or forced with RDRAM_FABRIC_REGISTER_LOCAL=1 so that this
+    /// path is tested on providers that do not need it.
+    register_local: bool,
     /// An epoll set over every rail's completion fd, or -1 when a provider has none.
     epoll: RawFd,
 }
@@ -37,7 +41,9 @@ impl Rails {
             }
             eps.push(ep);
         }
-        let mut rails = Rails { eps, epoll: -1 };
+        let forced = std::env::var("RDRAM_FABRIC_REGISTER_LOCAL").is_ok_and(|v| v == "1");
+        let register_local = forced || eps[0].mr_mode & super::sys::FI_MR_LOCAL != 0;
+        let mut rails = Rails { eps, register_local, epoll: -1 };
         if rails.eps.iter().all(|e| e.wait_fd >= 0) {
             // SAFETY: plain epoll syscalls on fds the endpoints own for their lifetime.
             unsafe {
@@ -97,7 +103,7 @@ impl Rails {
 
     /// Whether local buffers need a registration descriptor (`FI_MR_LOCAL`, as on EFA).
     pub fn needs_local_registration(&self) -> bool {
-        self.eps[0].mr_mode & super::sys::FI_MR_LOCAL != 0
+        self.register_local
     }
 
     /// Reaps completions from every rail into `out`; returns how many.
