@@ -140,7 +140,7 @@ impl FabricLink {
         for (s, w) in welcomes.iter().enumerate() {
             for shard in 0..self.servers[s].shards.len() {
                 let id = HELLO_ID_BASE + waiting.len() as u64;
-                let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
+                let hello = Hello { session: w.session, hello_id: id, client_id: w.client_id, addresses: addresses.clone() };
                 let mut p = self.take_pending(s);
                 p.msg.extend_from_slice(&hello.encode());
                 self.post(id, p, shard, wire::HELLO)?;

@@ -41,6 +41,10 @@ pub struct Welcome {
     pub node: String,
     #[serde(default)]
     pub session: u64,
+    /// This bootstrap connection's number: a libfabric client names it in its hellos, and
+    /// when the connection closes (the client exited or died) the workers free its slots.
+    #[serde(default)]
+    pub client_id: u64,
     /// Each shard worker's transport address, in shard order: hex (UCX), or hex per
     /// rail joined by commas (libfabric).
     #[serde(default)]
@@ -57,6 +61,7 @@ impl Welcome {
             provider: String::new(),
             node: String::new(),
             session: 0,
+            client_id: 0,
             shards: Vec::new(),
         }
     }

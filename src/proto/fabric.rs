@@ -73,6 +73,8 @@ impl RemoteValue {
 pub struct Hello {
     pub session: u64,
     pub hello_id: u64,
+    /// The client's bootstrap connection (see `Welcome::client_id`).
+    pub client_id: u64,
     /// The client's rail addresses (`fi_getname`), one per rail.
     pub addresses: Vec<Vec<u8>>,
 }
@@ -85,6 +87,7 @@ impl Hello {
         out.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         out.extend_from_slice(&self.session.to_le_bytes());
         out.extend_from_slice(&self.hello_id.to_le_bytes());
+        out.extend_from_slice(&self.client_id.to_le_bytes());
         out.extend_from_slice(&(self.addresses.len() as u32).to_le_bytes());
         for a in &self.addresses {
             out.extend_from_slice(&(a.len() as u32).to_le_bytes());
@@ -105,6 +108,7 @@ impl Hello {
         }
         let session = u64::from_le_bytes(take(8)?.try_into().unwrap());
         let hello_id = u64::from_le_bytes(take(8)?.try_into().unwrap());
+        let client_id = u64::from_le_bytes(take(8)?.try_into().unwrap());
         let n = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
         if n == 0 || n > 64 {
             return Err(bad());
@@ -114,7 +118,7 @@ impl Hello {
             let len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
             addresses.push(take(len)?.to_vec());
         }
-        Ok(Hello { session, hello_id, addresses })
+        Ok(Hello { session, hello_id, client_id, addresses })
     }
 }
 
@@ -133,7 +137,7 @@ mod tests {
 
     #[test]
     fn hello_and_remote_value_round_trip_and_reject_garbage() {
-        let h = Hello { session: 9, hello_id: 3, addresses: vec![vec![1, 2, 3], vec![4; 40]] };
+        let h = Hello { session: 9, hello_id: 3, client_id: 5, addresses: vec![vec![1, 2, 3], vec![4; 40]] };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         assert!(Hello::decode(&h.encode()[..20]).is_err());
         assert!(Hello::decode(b"garbage garbage garbage garbage").is_err());

@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -30,15 +30,19 @@ pub struct Shared {
     pub shards: Vec<String>,
     pub token: Option<String>,
     pub stop: Arc<AtomicBool>,
+    /// Told the number of each client whose bootstrap connection closed (one per
+    /// libfabric worker, which then frees that client's slot).
+    pub departures: Vec<crossbeam_channel::Sender<u64>>,
+    pub next_client: AtomicU64,
 }
 
 pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
     let shared = Arc::new(shared);
     let (keep_tx, keep_rx) = crossbeam_channel::unbounded();
-    let stop = shared.stop.clone();
+    let keeper = shared.clone();
     std::thread::Builder::new()
         .name("rdram-keeper".into())
-        .spawn(move || keep_open(keep_rx, stop))
+        .spawn(move || keep_open(keep_rx, &keeper))
         .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
     std::thread::Builder::new()
         .name("rdram-bootstrap".into())
@@ -52,7 +56,7 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                 // One short-lived thread per handshake, so a slow client cannot stall others.
                 let _ = std::thread::Builder::new().name("rdram-handshake".into()).spawn(move || {
                     match handshake(stream, &shared) {
-                        Ok(stream) => drop(keep.send(stream)),
+                        Ok(kept) => drop(keep.send(kept)),
                         Err(e) => debug!("handshake failed: {e}"),
                     }
                 });
@@ -63,11 +67,11 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
 
 /// Holds welcomed clients' connections until each client closes its end (or the server
 /// stops, which closes them all).
-fn keep_open(incoming: crossbeam_channel::Receiver<TcpStream>, stop: Arc<AtomicBool>) {
-    let mut kept: Vec<TcpStream> = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
+fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &Shared) {
+    let mut kept: Vec<(TcpStream, u64)> = Vec::new();
+    while !shared.stop.load(Ordering::SeqCst) {
         kept.extend(incoming.try_iter());
-        let mut fds: Vec<libc::pollfd> = kept.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        let mut fds: Vec<libc::pollfd> = kept.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: `fds` holds one valid pollfd per kept stream.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
         if n <= 0 {
@@ -75,16 +79,22 @@ fn keep_open(incoming: crossbeam_channel::Receiver<TcpStream>, stop: Arc<AtomicB
         }
         let mut buf = [0u8; 256];
         let mut i = 0;
-        kept.retain_mut(|s| {
+        kept.retain_mut(|(s, client)| {
             let ready = fds[i].revents != 0;
             i += 1;
             // Readable means closed (read returns 0) or stray bytes, which are dropped.
-            !ready || matches!(s.read(&mut buf), Ok(n) if n > 0)
+            let open = !ready || matches!(s.read(&mut buf), Ok(n) if n > 0);
+            if !open {
+                for tx in &shared.departures {
+                    let _ = tx.send(*client);
+                }
+            }
+            open
         });
     }
 }
 
-fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<TcpStream> {
+fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let hello: Hello = match read_line(&stream, HANDSHAKE_TIMEOUT) {
@@ -116,6 +126,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<TcpStream> {
             return Err(refused(Status::AuthFailed, why));
         }
     }
+    let client_id = shared.next_client.fetch_add(1, Ordering::Relaxed);
     write_line(
         &mut stream,
         &Welcome {
@@ -126,10 +137,11 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<TcpStream> {
             provider: shared.provider.clone(),
             node: shared.node.clone(),
             session: shared.session,
+            client_id,
             shards: shared.shards.clone(),
         },
     )?;
-    Ok(stream)
+    Ok((stream, client_id))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -91,6 +91,8 @@ impl ReadPlan {
 struct Peer {
     addrs: Vec<PeerAddr>,
     credential: u64,
+    /// Its bootstrap connection: when that closes, the slot is freed.
+    client_id: u64,
 }
 
 pub struct FabricShardWorker {
@@ -108,6 +110,8 @@ pub struct FabricShardWorker {
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
     completions: Vec<Completion>,
+    /// Clients whose bootstrap connection closed (exited, or died without a goodbye).
+    departed: crossbeam_channel::Receiver<u64>,
 }
 
 pub struct WorkerInfo {
@@ -119,7 +123,17 @@ pub struct WorkerInfo {
 
 impl FabricShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    pub fn new(index: usize, shards: usize, session: u64, shard: Shard, provider: &str, node: Option<&str>, rails: usize) -> Result<Box<Self>> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: usize,
+        shards: usize,
+        session: u64,
+        shard: Shard,
+        provider: &str,
+        node: Option<&str>,
+        rails: usize,
+        departed: crossbeam_channel::Receiver<u64>,
+    ) -> Result<Box<Self>> {
         let rails = Rails::open(provider, node, rails)?;
         let arena_mr = rails.register(shard.arena().base(), shard.arena().len())?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
@@ -136,7 +150,9 @@ impl FabricShardWorker {
             free_slots: Vec::new(),
             ops: InFlight::default(),
             completions: Vec::with_capacity(64),
+            departed,
         });
+        w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
             w.post_recv(buf)?;
         }
@@ -167,6 +183,9 @@ impl FabricShardWorker {
             std::mem::swap(&mut done, &mut self.completions);
             if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 self.service.shard.expire_due(SWEEP_BATCH);
+                while let Ok(client) = self.departed.try_recv() {
+                    self.forget_client(client);
+                }
                 last_sweep = Instant::now();
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
@@ -278,7 +297,8 @@ impl FabricShardWorker {
             return warn!("shard {}: no randomness for a credential: {e}", self.service.index);
         }
         let credential = u64::from_le_bytes(random) | 1;
-        self.peers[slot as usize] = Some(Peer { addrs, credential });
+        self.peers[slot as usize] = Some(Peer { addrs, credential, client_id: hello.client_id });
+        *self.service.clients.get_or_insert(0) += 1;
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
         header.value_size = credential;
@@ -296,6 +316,15 @@ impl FabricShardWorker {
                 let _ = ep.remove_peer(a);
             }
             self.free_slots.push(slot);
+            self.service.clients = self.service.clients.map(|n| n - 1);
+        }
+    }
+
+    /// Frees the slots of a client whose bootstrap connection closed.
+    fn forget_client(&mut self, client: u64) {
+        let slots: Vec<u32> = (0..self.peers.len() as u32).filter(|&s| self.peers[s as usize].as_ref().is_some_and(|p| p.client_id == client)).collect();
+        for slot in slots {
+            self.forget(slot);
         }
     }
 

@@ -177,6 +177,7 @@ impl Server {
         let transport = cfg.transport.clone().resolve();
         let node = fabric_node(match &transport { TransportChoice::Fabric { provider, .. } => provider, _ => "" }, &local_addr);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
+        let mut departures = Vec::new();
         for index in 0..cfg.workers {
             let core = match (cfg.cores.get(index % cfg.cores.len().max(1)), machine_cores.len()) {
                 (Some(&c), _) => Some(core_affinity::CoreId { id: c }),
@@ -185,6 +186,10 @@ impl Server {
             };
             cores.push(core.map(|c| c.id));
             let (tx, stop, cfg, transport, node) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), node.clone());
+            let (departed_tx, departed) = crossbeam_channel::unbounded();
+            if matches!(transport, TransportChoice::Fabric { .. }) {
+                departures.push(departed_tx);
+            }
             let handle = std::thread::Builder::new()
                 .name(format!("rdram-shard-{index}"))
                 .spawn(move || {
@@ -197,7 +202,7 @@ impl Server {
                     };
                     match transport {
                         TransportChoice::Fabric { provider, rails } => {
-                            let built = fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, node.as_deref(), rails)
+                            let built = fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, node.as_deref(), rails, departed)
                                 .and_then(|w| w.info().map(|info| (w, info)));
                             match built {
                                 Ok((w, info)) => {
@@ -291,6 +296,8 @@ impl Server {
             shards: addresses,
             token: cfg.auth_token.clone(),
             stop: server.stop.clone(),
+            departures,
+            next_client: 1.into(),
         };
         server.bootstrap = Some(bootstrap::spawn(listener, welcome)?);
         debug!("{}", server.info.banner());

@@ -40,12 +40,15 @@ pub struct Service {
     shards: usize,
     session: u64,
     pub shard: Shard,
+    /// Clients known to this worker by name (libfabric slots), reported in stats; None
+    /// where the transport does not track them (UCX).
+    pub clients: Option<usize>,
     list_scratch: Vec<(Vec<u8>, u64)>,
 }
 
 impl Service {
     pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Service {
-        Service { index, shards, session, shard, list_scratch: Vec::new() }
+        Service { index, shards, session, shard, clients: None, list_scratch: Vec::new() }
     }
 
     pub fn session_is(&self, session: u64) -> bool {
@@ -239,6 +242,9 @@ impl Service {
     fn stats(&mut self, h: &RequestHeader, out: &mut Vec<u8>) -> Result<ReplyHeader> {
         let mut stats = serde_json::to_value(self.shard.stats()).unwrap_or_default();
         stats["shard"] = self.index.into();
+        if let Some(n) = self.clients {
+            stats["clients"] = n.into();
+        }
         serde_json::to_writer(&mut *out, &stats).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         Ok(ReplyHeader::new(h.request_id, Status::Ok))
     }

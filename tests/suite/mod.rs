@@ -371,6 +371,32 @@ pub fn striped_over_rails(transport: &str, rails: usize) {
     assert!(out == pattern(503, 64 << 20));
 }
 
+/// libfabric workers know their clients by slot: a client that exits says goodbye and
+/// one that is killed is noticed by its closed bootstrap connection; both free the slot.
+pub fn departed_clients_free_their_slots(transport: &str) {
+    common::init(transport);
+    let server = ServerProc::start(&["--workers", "1", "--memory", "256MiB"]);
+    let mut observer = server.client();
+    let clients = |c: &mut Client| c.stats().unwrap()["servers"][0]["shards"][0]["clients"].as_u64().expect("clients in stats");
+    assert_eq!(clients(&mut observer), 1, "the observer itself");
+    let (code, _, err) = rdram(&["put", "--server", &server.addr, "k", "v"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(wait_until(Duration::from_secs(5), || clients(&mut observer) == 1), "a client that exited keeps its slot");
+    // A client killed while connected: the bench, running for a minute.
+    let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+        .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "8", "--seconds", "60", "--warmup", "0"])
+        .arg("--out")
+        .arg(std::env::temp_dir().join(format!("rdram-departed-{}", std::process::id())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || clients(&mut observer) == 2), "the bench connected");
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    assert!(wait_until(Duration::from_secs(5), || clients(&mut observer) == 1), "a killed client keeps its slot");
+}
+
 /// The bench binary against a server on this transport: it runs and reports every size.
 pub fn bench_against_server(transport: &str) {
     common::init(transport);
