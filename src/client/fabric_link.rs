@@ -309,7 +309,9 @@ impl FabricLink {
             Err(e) => return p.reply = Some(Err(Error::new(Status::Transport, e))),
         };
         let payload_len = h.payload_len as usize;
-        let inline = REPLY_HEADER_LEN + payload_len <= wire::REPLY_MSG_MAX;
+        // The worker sends the payload after the header in one message, or (longer than
+        // one message takes on this provider) as its own message: the length says which.
+        let inline = len > REPLY_HEADER_LEN || payload_len == 0;
         let sink = p.sink.filter(|_| h.status() == Status::Ok);
         if let Some(s) = sink {
             if payload_len > s.cap {

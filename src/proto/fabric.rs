@@ -12,7 +12,8 @@
 //!   header's session field; one naming a slot without its credential is dropped.
 //! Shard worker → client, tag = [`REPLY`] | request id:
 //!   ReplyHeader (40 B, `payload_len` set) || payload when 40 + payload fits
-//!   [`REPLY_MSG_MAX`]; else the header alone, then the payload as a [`DATA`] | request id
+//!   [`REPLY_MSG_MAX`] (shm: its 4 KiB inline size); else the header alone (the receiver
+//!   tells by the length), then the payload as a [`DATA`] | request id
 //!   message striped over the rails — unless the client's GET declared a smaller buffer
 //!   (`ttl_or_limit` = capacity + 1), then no payload is sent: it stays on the server.
 //! Client → shard worker, tag = [`BYE`] | slot, body = the credential (8 bytes LE): the

@@ -477,7 +477,7 @@ impl FabricShardWorker {
         };
         let payload_len = arena.map_or(self.scratch.len() as u64, |a| a.1);
         header.payload_len = payload_len;
-        let inline = REPLY_HEADER_LEN as u64 + payload_len <= wire::REPLY_MSG_MAX as u64;
+        let inline = REPLY_HEADER_LEN as u64 + payload_len <= self.rails.one_message_max(wire::REPLY_MSG_MAX) as u64;
         let mut msg = self.take_reply_buf();
         msg.bytes.clear();
         msg.bytes.extend_from_slice(&header.encode());

@@ -63,6 +63,8 @@ pub struct Endpoint {
     pub mr_mode: u32,
     /// Whether the provider offered one-sided reads (`FI_RMA`) for large values.
     pub rma: bool,
+    /// The provider's inject size: messages up to it are copied inline.
+    pub inject_size: usize,
     /// The completion queue's file descriptor for sleeping, or -1 when the provider has
     /// no FD wait object (then idle loops sleep in short, bounded naps).
     pub wait_fd: RawFd,
@@ -203,6 +205,7 @@ impl Endpoint {
             domain_name: String::new(),
             mr_mode: 0,
             rma: false,
+            inject_size: 0,
             wait_fd: -1,
             next_key: std::cell::Cell::new(1),
             reads: Default::default(),
@@ -236,6 +239,7 @@ impl Endpoint {
             ep.fabric_name = cstr((*info.fabric_attr).name);
             ep.domain_name = cstr((*info.domain_attr).name);
             ep.mr_mode = (*info.domain_attr).mr_mode as u32;
+            ep.inject_size = (*info.tx_attr).inject_size;
 
             check("fi_fabric", sys::rdram_fi_fabric(info.fabric_attr, &mut ep.fabric, ptr::null_mut()) as i64)?;
             let chosen = info as *const sys::fi_info as *mut sys::fi_info;

@@ -106,6 +106,18 @@ impl Rails {
         self.register_local
     }
 
+    /// The largest reply (header and payload) worth sending as one message. shm copies
+    /// messages up to its inject size (4 KiB) through its inline queue and moves longer
+    /// ones by a slower protocol, so there a 4 KiB value goes as header + payload, two
+    /// inline messages; other providers send up to `max` in one eager message.
+    pub fn one_message_max(&self, max: usize) -> usize {
+        if self.eps[0].provider == "shm" && self.eps[0].inject_size > 0 {
+            self.eps[0].inject_size.min(max)
+        } else {
+            max
+        }
+    }
+
     /// Reaps completions from every rail into `out`; returns how many.
     pub fn poll(&self, out: &mut Vec<Completion>) -> usize {
         self.eps.iter().map(|e| e.poll(out, 16)).sum()
