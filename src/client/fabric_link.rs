@@ -85,6 +85,9 @@ struct Region {
 }
 
 pub struct FabricLink {
+    /// First: after Drop released every registration, the endpoints close before the
+    /// buffers below are freed, so nothing in flight can outlive its memory.
+    rails: Rails,
     servers: Vec<Server>,
     pending: HashMap<u64, Box<Pending>>,
     #[allow(clippy::vec_box)] // boxed: the provider holds their buffers' addresses
@@ -94,8 +97,6 @@ pub struct FabricLink {
     completions: Vec<Completion>,
     poller: Poller,
     last_liveness_check: Instant,
-    /// Last: closed after every registration above was released (see Drop).
-    rails: Rails,
 }
 
 impl FabricLink {
@@ -412,9 +413,10 @@ impl FabricLink {
         }
         for id in ids {
             let Some(p) = self.pending.get_mut(&id) else { continue };
-            if p.header_op.is_some() || p.data_op.is_some() {
-                // The provider still holds these buffers: leak them rather than free
-                // memory it may write, and answer the caller from a fresh entry.
+            if p.header_op.is_some() || p.data_op.is_some() || !p.sent {
+                // The provider still holds these buffers (a receive not returned, or a
+                // send to a dead peer not completed): leak them rather than reuse memory
+                // it may touch, and answer the caller from a fresh entry.
                 let stale = self.pending.remove(&id).unwrap();
                 std::mem::forget(stale);
                 let mut fresh = self.take_pending(server);
@@ -423,8 +425,7 @@ impl FabricLink {
                 self.pending.insert(id, fresh);
                 continue;
             }
-            p.sent = true;
-            if !matches!(p.reply, Some(Ok(_))) || p.data_op.is_some() {
+            if !matches!(p.reply, Some(Ok(_))) {
                 p.reply = Some(Err(Error::new(status, why.clone())));
             }
         }
