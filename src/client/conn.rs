@@ -3,7 +3,7 @@
 //! announced (UCX or libfabric). Callers see the same API whatever the transport.
 
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::fabric_link::FabricLink;
 use super::ucx_link::UcxLink;
@@ -57,6 +57,49 @@ pub(super) trait Link {
     unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
     fn deregister(&mut self, base: *mut u8) -> Result<()>;
     fn is_dead(&self, server: usize) -> bool;
+}
+
+/// How often a waiting client checks that its servers' bootstrap connections are open.
+const LIVENESS_CHECK: Duration = Duration::from_millis(10);
+
+/// The servers' bootstrap connections, which each server holds open while it runs: one
+/// that closes means that server process is gone. Transports that cannot see a peer die
+/// (libfabric RDM, UCX over shared memory) learn it here instead of at a timeout.
+pub(super) struct Liveness {
+    streams: Vec<TcpStream>,
+    gone: Vec<bool>,
+    newly_gone: Vec<usize>,
+    last_check: Instant,
+}
+
+impl Liveness {
+    pub fn new(streams: Vec<TcpStream>) -> Result<Liveness> {
+        for s in &streams {
+            s.set_nonblocking(true)?;
+        }
+        Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now() })
+    }
+
+    /// A server whose connection closed, each reported once; checks at most every
+    /// [`LIVENESS_CHECK`], so it is cheap to call on every turn of a wait loop.
+    pub fn next_gone(&mut self, now: Instant) -> Option<usize> {
+        if self.newly_gone.is_empty() && now - self.last_check >= LIVENESS_CHECK {
+            self.last_check = now;
+            let mut byte = [0u8; 1];
+            for (i, s) in self.streams.iter().enumerate() {
+                let closed = match s.peek(&mut byte) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                };
+                if closed && !self.gone[i] {
+                    self.gone[i] = true;
+                    self.newly_gone.push(i);
+                }
+            }
+        }
+        self.newly_gone.pop()
+    }
 }
 
 pub struct ServerConn {
@@ -115,9 +158,10 @@ impl Connection {
             local_ip.get_or_insert(ip);
             welcomes.push(welcome);
         }
+        let liveness = Liveness::new(bootstraps)?;
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
-            "ucx" => Box::new(UcxLink::connect(&welcomes, opts)?),
-            "fabric" => Box::new(FabricLink::connect(&welcomes, bootstraps, local_ip, opts)?),
+            "ucx" => Box::new(UcxLink::connect(&welcomes, liveness, opts)?),
+            "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts)?),
             other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
         };
         let servers = welcomes

@@ -10,14 +10,13 @@
 //! server is given up on, receives still posted are cancelled before `wait` returns.
 //!
 //! RDM endpoints do not report a peer that died, so while waiting the link watches each
-//! server's bootstrap connection, which the server holds open: when it closes, the
-//! server process is gone.
+//! server's bootstrap connection ([`Liveness`]).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, TcpStream};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Link, Reply, Sink};
+use super::conn::{ConnectOptions, Link, Liveness, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -31,8 +30,6 @@ use crate::transport::Poller;
 const HELLO_ID_BASE: u64 = 1 << 60;
 /// How long giving up on a server waits for cancelled receives to be returned.
 const CANCEL_DRAIN: Duration = Duration::from_millis(200);
-/// How often a waiting client checks that its servers' bootstrap connections are open.
-const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
 struct Shard {
     /// The worker's address on each rail, our slot at the worker and the credential our
@@ -46,8 +43,6 @@ struct Server {
     node: String,
     shards: Vec<Shard>,
     dead: Option<String>,
-    /// The bootstrap connection (non-blocking), open for as long as the server runs.
-    bootstrap: TcpStream,
 }
 
 #[derive(Clone, Copy)]
@@ -96,11 +91,11 @@ pub struct FabricLink {
     registered: Vec<Region>,
     completions: Vec<Completion>,
     poller: Poller,
-    last_liveness_check: Instant,
+    liveness: Liveness,
 }
 
 impl FabricLink {
-    pub fn connect(welcomes: &[Welcome], bootstraps: Vec<TcpStream>, local_ip: Option<IpAddr>, opts: &ConnectOptions) -> Result<FabricLink> {
+    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ConnectOptions) -> Result<FabricLink> {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
         let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
@@ -114,11 +109,10 @@ impl FabricLink {
             registered: Vec::new(),
             completions: Vec::with_capacity(64),
             poller: Poller::new(opts.poll, opts.spin),
-            last_liveness_check: Instant::now(),
+            liveness,
             rails,
         };
-        for (w, bootstrap) in welcomes.iter().zip(bootstraps) {
-            bootstrap.set_nonblocking(true)?;
+        for w in welcomes {
             let mut shards = Vec::new();
             for addrs in &w.shards {
                 let addrs = crate::proto::fabric::decode_addresses(addrs)?;
@@ -128,7 +122,7 @@ impl FabricLink {
                 let peers = link.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
                 shards.push(Shard { peers, slot: u32::MAX, credential: 0 });
             }
-            link.servers.push(Server { node: w.node.clone(), shards, dead: None, bootstrap });
+            link.servers.push(Server { node: w.node.clone(), shards, dead: None });
         }
         link.hello(welcomes, opts.connect_timeout)?;
         Ok(link)
@@ -370,25 +364,6 @@ impl FabricLink {
         p.data_op = Some((op, parts.len()));
     }
 
-    /// Declares dead every server whose bootstrap connection closed.
-    fn check_liveness(&mut self) {
-        self.last_liveness_check = Instant::now();
-        let mut byte = [0u8; 1];
-        for i in 0..self.servers.len() {
-            let s = &self.servers[i];
-            let closed = s.dead.is_none()
-                && match s.bootstrap.peek(&mut byte) {
-                    Ok(0) => true,
-                    Ok(_) => false,
-                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-                };
-            if closed {
-                let why = format!("server {} went away (its connection closed)", s.node);
-                self.fail_server(i, Status::Unavailable, why);
-            }
-        }
-    }
-
     /// Gives up on a server: cancels our receives still posted for its requests, waits
     /// briefly for the provider to hand their buffers back, and fails those requests.
     fn fail_server(&mut self, server: usize, status: Status, why: String) {
@@ -493,8 +468,9 @@ impl Link for FabricLink {
                 self.fail_server(server, Status::Timeout, why);
                 continue;
             }
-            if now - self.last_liveness_check >= LIVENESS_CHECK {
-                self.check_liveness();
+            if let Some(gone) = self.liveness.next_gone(now) {
+                let why = format!("server {} went away (its connection closed)", self.servers[gone].node);
+                self.fail_server(gone, Status::Unavailable, why);
                 continue;
             }
             let did = self.progress();

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Link, Reply, Sink};
+use super::conn::{ConnectOptions, Link, Liveness, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
@@ -73,11 +73,12 @@ pub struct UcxLink {
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     pool: Vec<Box<Pending>>,
     poller: Poller,
+    liveness: Liveness,
     worker: Box<Worker>,
 }
 
 impl UcxLink {
-    pub fn connect(welcomes: &[Welcome], poll: &ConnectOptions) -> Result<UcxLink> {
+    pub fn connect(welcomes: &[Welcome], liveness: Liveness, poll: &ConnectOptions) -> Result<UcxLink> {
         let worker = Box::new(Worker::new()?);
         let mut state =
             Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; welcomes.len()], registered: Vec::new() });
@@ -85,7 +86,7 @@ impl UcxLink {
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
-        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), poller: Poller::new(poll.poll, poll.spin), worker };
+        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), poller: Poller::new(poll.poll, poll.spin), liveness, worker };
         for (i, welcome) in welcomes.iter().enumerate() {
             let mut eps = Vec::new();
             let mut tags = Vec::new();
@@ -211,6 +212,11 @@ impl Link for UcxLink {
             if now >= deadline {
                 let node = self.servers[server].node.clone();
                 self.fail_server(server, Status::Timeout, format!("no answer from {node} within {timeout:?}"));
+                continue;
+            }
+            if let Some(gone) = self.liveness.next_gone(now) {
+                let why = format!("server {} went away (its connection closed)", self.servers[gone].node);
+                self.fail_server(gone, Status::Unavailable, why);
                 continue;
             }
             let did = self.worker.progress() != 0;
