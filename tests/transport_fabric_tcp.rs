@@ -1,19 +1,10 @@
 //! The transport suite with servers on libfabric's `tcp;ofi_rxm` provider (loopback),
-//! plus striping over several rails and the bench against a libfabric server.
+//! plus departed clients, striping over several rails, the bench against a libfabric
+//! server, and a missing provider.
 mod common;
 mod suite;
 
-transport_suite!(common::FABRIC_TCP);
-
-#[test]
-fn departed_clients_free_their_slots() {
-    suite::departed_clients_free_their_slots(common::FABRIC_TCP)
-}
-
-#[test]
-fn striped_over_three_rails() {
-    suite::striped_over_rails(common::FABRIC_TCP, 3)
-}
+fabric_suite!(common::FABRIC_TCP);
 
 #[test]
 fn bench_against_a_fabric_server() {

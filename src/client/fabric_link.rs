@@ -98,9 +98,7 @@ impl FabricLink {
     pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ConnectOptions) -> Result<FabricLink> {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
-        let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
-        let node = local_ip.filter(|_| ip_based).map(|ip| ip.to_string());
-        let rails = Rails::open(provider, node.as_deref(), first_shard.len())?;
+        let rails = Rails::open(provider, local_ip, first_shard.len())?;
         let mut link = FabricLink {
             servers: Vec::new(),
             pending: HashMap::new(),
@@ -262,21 +260,27 @@ impl FabricLink {
 
     fn finished(&mut self, f: Finished<LinkOp>) {
         let id = f.value.request;
-        let Some(mut p) = self.pending.remove(&id) else { return };
+        let Some(p) = self.pending.get_mut(&id) else { return };
         match f.value.step {
             Step::Send => {
                 p.sent = true;
                 if let Err(e) = f.result {
                     let server = p.server;
-                    self.pending.insert(id, p);
                     let why = format!("sending to {} failed: {e}", self.servers[server].node);
-                    return self.fail_server(server, Status::Unavailable, why);
+                    self.fail_server(server, Status::Unavailable, why);
                 }
             }
             Step::ReplyHeader => {
                 p.header_op = None;
                 match f.result {
-                    Ok(()) => self.on_reply_header(id, &mut p, f.len),
+                    Ok(()) => {
+                        if let Some(payload_len) = accept_reply(p, f.len) {
+                            // Taken out while receiving posts through `self`.
+                            let mut p = self.pending.remove(&id).unwrap();
+                            self.receive_payload(id, &mut p, payload_len);
+                            self.pending.insert(id, p);
+                        }
+                    }
                     Err(e) if p.reply.is_none() => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {e}")))),
                     Err(_) => {}
                 }
@@ -295,41 +299,12 @@ impl FabricLink {
                 }
             }
         }
-        self.pending.insert(id, p);
     }
 
-    fn on_reply_header(&mut self, id: u64, p: &mut Pending, len: usize) {
-        let h = match ReplyHeader::decode(&p.reply_buf[..len.min(p.reply_buf.len())]) {
-            Ok(h) => h,
-            Err(e) => return p.reply = Some(Err(Error::new(Status::Transport, e))),
-        };
-        let payload_len = h.payload_len as usize;
-        // The worker sends the payload after the header in one message, or (longer than
-        // one message takes on this provider) as its own message: the length says which.
-        let inline = len > REPLY_HEADER_LEN || payload_len == 0;
-        let sink = p.sink.filter(|_| h.status() == Status::Ok);
-        if let Some(s) = sink {
-            if payload_len > s.cap {
-                // Too small: report the size needed; the value stays on the server.
-                return p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: true }));
-            }
-        }
-        if inline {
-            let bytes = &p.reply_buf[REPLY_HEADER_LEN..len];
-            if bytes.len() != payload_len {
-                return p.reply = Some(Err(Error::new(Status::Transport, "reply shorter than its payload length")));
-            }
-            p.reply = Some(Ok(match sink {
-                Some(s) => {
-                    // SAFETY: the sink holds at least payload_len bytes (checked above).
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr, payload_len) };
-                    Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }
-                }
-                None => Reply::owned(h, bytes.to_vec()),
-            }));
-            return;
-        }
-        // The payload follows as its own message, striped over the rails.
+    /// Receives a reply's payload sent as its own message, striped over the rails,
+    /// straight into the sink (or a Vec).
+    fn receive_payload(&mut self, id: u64, p: &mut Pending, payload_len: usize) {
+        let sink = p.sink.filter(|_| matches!(&p.reply, Some(Ok(r)) if r.header.status() == Status::Ok));
         let dest = match sink {
             Some(s) => s.ptr,
             None => {
@@ -337,7 +312,6 @@ impl FabricLink {
                 p.data_buf.as_mut_ptr()
             }
         };
-        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }));
         let descs: Vec<_> = if self.rails.needs_local_registration() {
             match self.registration_for(dest, payload_len, &mut p.temp_mr) {
                 Ok(d) => d.into_iter().map(|d| d.0).collect(),
@@ -405,6 +379,42 @@ impl FabricLink {
             }
         }
     }
+}
+
+/// Takes a reply header (and inline payload) that arrived in `p.reply_buf`. Returns the
+/// payload length when the payload follows as its own message.
+fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
+    let h = match ReplyHeader::decode(&p.reply_buf[..len.min(p.reply_buf.len())]) {
+        Ok(h) => h,
+        Err(e) => {
+            p.reply = Some(Err(Error::new(Status::Transport, e)));
+            return None;
+        }
+    };
+    let payload_len = h.payload_len as usize;
+    let sink = p.sink.filter(|_| h.status() == Status::Ok);
+    if sink.is_some_and(|s| payload_len > s.cap) {
+        // Too small: report the size needed; the value stays on the server.
+        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: true }));
+        return None;
+    }
+    // The worker sends the payload after the header in one message, or (longer than one
+    // message takes on this provider) as its own message: the length says which.
+    if len == REPLY_HEADER_LEN && payload_len > 0 {
+        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }));
+        return Some(payload_len);
+    }
+    let bytes = &p.reply_buf[REPLY_HEADER_LEN.min(len)..len];
+    p.reply = Some(if bytes.len() != payload_len {
+        Err(Error::new(Status::Transport, "reply shorter than its payload length"))
+    } else if let Some(s) = sink {
+        // SAFETY: the sink holds at least payload_len bytes (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr, payload_len) };
+        Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false })
+    } else {
+        Ok(Reply::owned(h, bytes.to_vec()))
+    });
+    None
 }
 
 impl Link for FabricLink {
@@ -501,17 +511,8 @@ impl Link for FabricLink {
 
 impl Drop for FabricLink {
     fn drop(&mut self) {
-        // Say goodbye so workers free our slots (the credential proves it is us), then
-        // progress briefly so the messages leave before the endpoints close.
-        for s in self.servers.iter().filter(|s| s.dead.is_none()) {
-            for shard in &s.shards {
-                let _ = self.rails.eps[0].inject(&shard.credential.to_le_bytes(), shard.peers[0], wire::BYE | shard.slot as u64);
-            }
-        }
-        let flush_until = Instant::now() + Duration::from_millis(5);
-        while Instant::now() < flush_until {
-            self.progress();
-        }
+        // Registrations close before their domains (the rails, dropped next). Our slots
+        // at the workers are freed when the bootstrap connections (in `liveness`) close.
         for r in std::mem::take(&mut self.registered) {
             self.rails.deregister(r.mrs);
         }

@@ -16,21 +16,18 @@
 //!   tells by the length), then the payload as a [`DATA`] | request id
 //!   message striped over the rails — unless the client's GET declared a smaller buffer
 //!   (`ttl_or_limit` = capacity + 1), then no payload is sent: it stays on the server.
-//! Client → shard worker, tag = [`BYE`] | slot, body = the credential (8 bytes LE): the
-//!   client is closing; the slot is freed.
 
 use crate::error::{Error, Result, Status};
 
 pub const REQUEST: u64 = 0;
 pub const HELLO: u64 = 1 << 62;
-pub const BYE: u64 = 1 << 61;
 pub const REPLY: u64 = 2 << 62;
 pub const DATA: u64 = 3 << 62;
 /// The worker's receives take every client → worker kind (top bit clear).
 pub const TO_WORKER_IGNORE: u64 = (1 << 63) - 1;
-pub const KIND_MASK: u64 = 3 << 62 | BYE;
+pub const KIND_MASK: u64 = 3 << 62;
 /// Request ids and slots live in the low bits.
-pub const ID_MASK: u64 = (1 << 61) - 1;
+pub const ID_MASK: u64 = (1 << 62) - 1;
 
 pub const REQUEST_MSG_MAX: usize = 16 << 10;
 pub const REPLY_MSG_MAX: usize = 16 << 10;
@@ -154,13 +151,13 @@ mod tests {
 
     #[test]
     fn tag_kinds_are_distinct_and_worker_receives_only_client_kinds() {
-        for kind in [REQUEST, HELLO, BYE] {
+        for kind in [REQUEST, HELLO] {
             assert_eq!(kind & !TO_WORKER_IGNORE, 0);
         }
         for kind in [REPLY, DATA] {
             assert_ne!(kind & !TO_WORKER_IGNORE, 0);
         }
-        let all = [REQUEST, HELLO, BYE, REPLY, DATA];
+        let all = [REQUEST, HELLO, REPLY, DATA];
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
                 assert_ne!(a & KIND_MASK, b & KIND_MASK);

@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::service::{self, Answer, PendingPut, Request, Service};
+use super::WorkerInfo;
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
-use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
+use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
 use crate::transport::fabric::ops::{Finished, Progress};
-use crate::transport::fabric::rails::stripes;
+use crate::transport::fabric::rails::{stripe_len, stripes};
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
 use crate::transport::{PollMode, Poller};
 
@@ -52,8 +53,9 @@ enum WorkerOp {
     Data { pinned: Option<u64>, _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
     /// A put value being read from the client into a reserved extent.
     ReadPut { slot: u32, put: PendingPut, plan: ReadPlan },
-    /// Any other request whose payload had to be read from the client.
-    ReadPayload { slot: u32, header: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
+    /// Any other request whose payload had to be read from the client (admitted on
+    /// arrival; served when the payload is here).
+    ReadPayload { slot: u32, header: RequestHeader, op: Op, inline: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
 }
 
 /// A one-sided read of a client's payload, in chunks dealt round-robin over the rails
@@ -78,16 +80,13 @@ const READ_WINDOW_PER_RAIL: usize = 2;
 
 impl ReadPlan {
     fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize) -> ReadPlan {
-        let rails = peer.len();
-        let per_rail = if rails > 1 && len >= crate::transport::fabric::rails::STRIPE_MIN { len.div_ceil(rails).next_multiple_of(4096) } else { len };
-        let chunk = per_rail.clamp(1, READ_CHUNK);
+        let chunk = stripe_len(len, peer.len()).clamp(1, READ_CHUNK);
         ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false }
     }
 }
 
 /// A client that said hello: where it is on each rail, and the credential its requests
 /// must carry (so a client cannot act as another by naming its slot).
-#[derive(Clone)]
 struct Peer {
     addrs: Vec<PeerAddr>,
     credential: u64,
@@ -109,16 +108,8 @@ pub struct FabricShardWorker {
     peers: Vec<Option<Peer>>,
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
-    completions: Vec<Completion>,
-    /// Clients whose bootstrap connection closed (exited, or died without a goodbye).
+    /// Clients whose bootstrap connection closed (they exited, closed, or died).
     departed: crossbeam_channel::Receiver<u64>,
-}
-
-pub struct WorkerInfo {
-    pub addresses: Vec<Vec<u8>>,
-    pub description: String,
-    pub backing: crate::store::Backing,
-    pub bytes: u64,
 }
 
 impl FabricShardWorker {
@@ -130,11 +121,11 @@ impl FabricShardWorker {
         session: u64,
         shard: Shard,
         provider: &str,
-        node: Option<&str>,
+        listen: std::net::IpAddr,
         rails: usize,
         departed: crossbeam_channel::Receiver<u64>,
     ) -> Result<Box<Self>> {
-        let rails = Rails::open(provider, node, rails)?;
+        let rails = Rails::open(provider, Some(listen), rails)?;
         let arena_mr = rails.register(shard.arena().base(), shard.arena().len())?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len())?;
@@ -149,7 +140,6 @@ impl FabricShardWorker {
             peers: Vec::new(),
             free_slots: Vec::new(),
             ops: InFlight::default(),
-            completions: Vec::with_capacity(64),
             departed,
         });
         w.service.clients = Some(0);
@@ -161,17 +151,16 @@ impl FabricShardWorker {
 
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
-        Ok(WorkerInfo { addresses: self.rails.addresses()?, description: self.rails.describe(), backing: arena.backing(), bytes: arena.len() as u64 })
+        let address = wire::encode_addresses(&self.rails.addresses()?);
+        Ok(WorkerInfo { address, transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64 })
     }
 
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
     pub fn run(mut self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
         let mut poller = Poller::new(mode, spin);
         let mut last_sweep = Instant::now();
-        let mut done = Vec::with_capacity(64);
+        let mut done: Vec<Completion> = Vec::with_capacity(64);
         while !stop.load(Ordering::Relaxed) {
-            done.clear();
-            std::mem::swap(&mut done, &mut self.completions);
             let did_work = self.rails.poll(&mut done) > 0;
             for c in done.drain(..) {
                 match self.ops.progress(c) {
@@ -180,12 +169,9 @@ impl FabricShardWorker {
                     Progress::Nothing => {}
                 }
             }
-            std::mem::swap(&mut done, &mut self.completions);
             if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 self.service.shard.expire_due(SWEEP_BATCH);
-                while let Ok(client) = self.departed.try_recv() {
-                    self.forget_client(client);
-                }
+                self.forget_departed();
                 last_sweep = Instant::now();
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
@@ -235,22 +221,19 @@ impl FabricShardWorker {
                 let header = self.service.finish_put(put, f.result.is_ok(), &mut self.scratch);
                 self.reply(slot, Answer::Owned(header), None);
             }
-            WorkerOp::ReadPayload { slot, header, buf, temp_mr, .. } => {
+            WorkerOp::ReadPayload { slot, header, op, inline, buf, temp_mr, .. } => {
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
                 }
-                let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
                 self.scratch.clear();
-                let credential = self.credential(slot).unwrap_or(0);
                 let answer = match f.result {
-                    Ok(()) => match self.service.admit_as(&header, credential) {
-                        Ok(req) => self.service.serve(&Request { header: clear_remote(req.header), ..req }, &buf, &mut self.scratch),
-                        Err((_, e)) => Answer::Owned(service::error_reply(id, &e, &mut self.scratch)),
-                    },
-                    Err(e) => Answer::Owned(service::error_reply(id, &Error::new(Status::Transport, format!("reading the request payload failed: {e}")), &mut self.scratch)),
+                    Ok(()) => self.service.serve(&Request { header: clear_remote(header), op, inline: &inline }, &buf, &mut self.scratch),
+                    Err(e) => {
+                        let e = Error::new(Status::Transport, format!("reading the request payload failed: {e}"));
+                        Answer::Owned(service::error_reply(header.request_id, &e, &mut self.scratch))
+                    }
                 };
-                let capacity = RequestHeader::decode(&header).map(|(h, op)| capacity_of(op, h.ttl_or_limit)).unwrap_or(None);
-                self.reply(slot, answer, capacity);
+                self.reply(slot, answer, capacity_of(op, header.ttl_or_limit));
             }
         }
     }
@@ -261,12 +244,6 @@ impl FabricShardWorker {
         let slot = (tag & wire::ID_MASK) as u32;
         match tag & wire::KIND_MASK {
             wire::HELLO => self.on_hello(at, len),
-            wire::BYE => {
-                let given = self.recv_slab.get(at..at + 8).filter(|_| len == 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
-                if given.is_some() && given == self.credential(slot) {
-                    self.forget(slot);
-                }
-            }
             wire::REQUEST => self.on_request(at, len, slot),
             other => debug!("shard {}: unexpected message kind {other:#x}", self.service.index),
         }
@@ -281,6 +258,7 @@ impl FabricShardWorker {
             // Without a valid session we do not even learn the sender's address.
             return debug!("shard {}: hello refused (bad session or rail count)", self.service.index);
         }
+        self.forget_departed();
         let mut addrs = Vec::with_capacity(hello.addresses.len());
         for (ep, a) in self.rails.eps.iter().zip(&hello.addresses) {
             match ep.insert_peer(a) {
@@ -320,11 +298,15 @@ impl FabricShardWorker {
         }
     }
 
-    /// Frees the slots of a client whose bootstrap connection closed.
-    fn forget_client(&mut self, client: u64) {
-        let slots: Vec<u32> = (0..self.peers.len() as u32).filter(|&s| self.peers[s as usize].as_ref().is_some_and(|p| p.client_id == client)).collect();
-        for slot in slots {
-            self.forget(slot);
+    /// Frees the slots of clients whose bootstrap connection closed. Runs when idle and
+    /// before each hello, so the slot table never grows past the clients alive.
+    fn forget_departed(&mut self) {
+        while let Ok(client) = self.departed.try_recv() {
+            for slot in 0..self.peers.len() as u32 {
+                if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
+                    self.forget(slot);
+                }
+            }
         }
     }
 
@@ -345,9 +327,18 @@ impl FabricShardWorker {
                 return debug!("shard {}: unanswerable request: {e}", self.service.index);
             }
             Ok((req, payload)) if req.header.flags & flags::REMOTE_VALUE != 0 => {
-                let (header, inline, payload) = (req.header, req.inline.to_vec(), payload.to_vec());
-                self.scratch = out;
-                return self.read_remote(slot, header, &inline, &payload);
+                let remote = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| match head.is_empty() {
+                    true => Ok(rv),
+                    false => Err(Error::new(Status::Invalid, "a remote payload carries the whole payload")),
+                });
+                match remote {
+                    Ok(rv) => {
+                        let (header, op, inline) = (req.header, req.op, req.inline.to_vec());
+                        self.scratch = out;
+                        return self.read_remote(slot, header, op, inline, rv);
+                    }
+                    Err(e) => (Answer::Owned(service::error_reply(req.header.request_id, &e, &mut out)), None),
+                }
             }
             Ok((req, payload)) => {
                 let capacity = capacity_of(req.op, req.header.ttl_or_limit);
@@ -360,26 +351,12 @@ impl FabricShardWorker {
     }
 
     /// A request whose payload stays in the client's memory: read it, striped over the rails.
-    fn read_remote(&mut self, slot: u32, h: RequestHeader, inline: &[u8], payload: &[u8]) {
+    fn read_remote(&mut self, slot: u32, h: RequestHeader, op: Op, inline: Vec<u8>, rv: RemoteValue) {
         let id = h.request_id;
-        let parsed = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| {
-            let (_, op) = RequestHeader::decode(&encode(&h)).map_err(|e| Error::new(e.status, e.message))?;
-            if !head.is_empty() {
-                return Err(Error::new(Status::Invalid, "a remote payload carries the whole payload"));
-            }
-            Ok((op, rv))
-        });
-        let (op, rv) = match parsed {
-            Ok(v) => v,
-            Err(e) => {
-                let header = service::error_reply(id, &e, &mut self.scratch);
-                return self.reply(slot, Answer::Owned(header), None);
-            }
-        };
         let len = rv.len as usize;
         let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let op_value = if op == Op::Put {
-            let req = Request { header: h, op, inline };
+            let req = Request { header: h, op, inline: &inline };
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
@@ -399,10 +376,8 @@ impl FabricShardWorker {
             let mut buf = vec![0u8; len];
             let temp_mr = self.local_registration(buf.as_ptr(), len);
             let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
-            let mut header = encode(&h).to_vec();
-            header.extend_from_slice(inline);
             let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len);
-            WorkerOp::ReadPayload { slot, header, buf, temp_mr, plan }
+            WorkerOp::ReadPayload { slot, header: h, op, inline, buf, temp_mr, plan }
         };
         let chunks = match &op_value {
             WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => plan.chunks,
@@ -555,10 +530,4 @@ fn capacity_of(op: Op, ttl_or_limit: u64) -> Option<u64> {
 fn clear_remote(mut h: RequestHeader) -> RequestHeader {
     h.flags &= !flags::REMOTE_VALUE;
     h
-}
-
-fn encode(h: &RequestHeader) -> [u8; REQUEST_HEADER_LEN] {
-    let mut out = [0u8; REQUEST_HEADER_LEN];
-    h.encode(&mut out);
-    out
 }

@@ -72,13 +72,6 @@ impl TransportChoice {
     }
 }
 
-/// The local interface address IP-based providers bind to (the listen host), so that
-/// loopback servers keep their traffic on `lo`; NIC-based providers pick their own.
-fn fabric_node(provider: &str, listen: &SocketAddr) -> Option<String> {
-    let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
-    (ip_based && !listen.ip().is_unspecified()).then(|| listen.ip().to_string())
-}
-
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -130,14 +123,20 @@ impl ServerInfo {
     }
 }
 
+/// What a shard worker says about itself, whatever its transport.
+pub(super) struct WorkerInfo {
+    /// Its transport address(es) as the bootstrap hands them out.
+    pub address: String,
+    /// "ucx", or "fabric (provider …, fabric …, domain …)".
+    pub transport: String,
+    pub backing: Backing,
+    pub bytes: u64,
+}
+
 /// What a worker thread reports once it is up.
 struct Ready {
     index: usize,
-    /// The worker's transport address(es) as the bootstrap hands them out.
-    address: String,
-    transport: String,
-    backing: Backing,
-    bytes: u64,
+    info: WorkerInfo,
     waker: Option<ucx::Waker>,
 }
 
@@ -175,7 +174,6 @@ impl Server {
         let mut cores = Vec::new();
         let mut bytes = 0;
         let transport = cfg.transport.clone().resolve();
-        let node = fabric_node(match &transport { TransportChoice::Fabric { provider, .. } => provider, _ => "" }, &local_addr);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         let mut departures = Vec::new();
         for index in 0..cfg.workers {
@@ -185,7 +183,7 @@ impl Server {
                 (None, n) => Some(machine_cores[index % n]),
             };
             cores.push(core.map(|c| c.id));
-            let (tx, stop, cfg, transport, node) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), node.clone());
+            let (tx, stop, cfg, transport) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone());
             let (departed_tx, departed) = crossbeam_channel::unbounded();
             if matches!(transport, TransportChoice::Fabric { .. }) {
                 departures.push(departed_tx);
@@ -200,44 +198,21 @@ impl Server {
                         Ok(s) => s,
                         Err(e) => return drop(tx.send(Err(e))),
                     };
-                    match transport {
+                    // Built on this thread, which then runs it.
+                    let built = match transport {
                         TransportChoice::Fabric { provider, rails } => {
-                            let built = fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, node.as_deref(), rails, departed)
-                                .and_then(|w| w.info().map(|info| (w, info)));
-                            match built {
-                                Ok((w, info)) => {
-                                    let ready = Ready {
-                                        index,
-                                        address: crate::proto::fabric::encode_addresses(&info.addresses),
-                                        transport: format!("fabric ({})", info.description),
-                                        backing: info.backing,
-                                        bytes: info.bytes,
-                                        waker: None,
-                                    };
-                                    let _ = tx.send(Ok(ready));
-                                    w.run(cfg.poll, cfg.spin, stop);
-                                }
-                                Err(e) => drop(tx.send(Err(e))),
-                            }
+                            fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, local_addr.ip(), rails, departed)
+                                .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
-                        _ => {
-                            let built = ucx_worker::ShardWorker::new(index, cfg.workers, session, shard).and_then(|w| w.info().map(|info| (w, info)));
-                            match built {
-                                Ok((w, info)) => {
-                                    let ready = Ready {
-                                        index,
-                                        address: crate::proto::bootstrap::hex_encode(&info.address),
-                                        transport: "ucx".into(),
-                                        backing: info.backing,
-                                        bytes: info.bytes,
-                                        waker: Some(w.waker()),
-                                    };
-                                    let _ = tx.send(Ok(ready));
-                                    w.run(cfg.poll, cfg.spin, stop);
-                                }
-                                Err(e) => drop(tx.send(Err(e))),
-                            }
+                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, session, shard)
+                            .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
+                    };
+                    match built {
+                        Ok((info, waker, run)) => {
+                            let _ = tx.send(Ok(Ready { index, info, waker }));
+                            run();
                         }
+                        Err(e) => drop(tx.send(Err(e))),
                     }
                 })
                 .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
@@ -253,11 +228,11 @@ impl Server {
             }
         }
         ready.sort_by_key(|r| r.index);
-        let transport_name = ready.first().map_or_else(String::new, |r| r.transport.clone());
+        let transport_name = ready.first().map_or_else(String::new, |r| r.info.transport.clone());
         for r in ready {
-            addresses.push(r.address);
-            backing.push(r.backing);
-            bytes = r.bytes;
+            addresses.push(r.info.address);
+            backing.push(r.info.backing);
+            bytes = r.info.bytes;
             wakers.extend(r.waker);
         }
         let mut server = Server {

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::service::{self, Answer, PendingPut, Service};
+use super::WorkerInfo;
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
@@ -53,12 +54,6 @@ pub struct ShardWorker {
     reply_pool: Vec<Box<ReplyMsg>>,
 }
 
-pub struct WorkerInfo {
-    pub address: Vec<u8>,
-    pub backing: crate::store::Backing,
-    pub bytes: u64,
-}
-
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
     pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Result<Box<ShardWorker>> {
@@ -79,7 +74,9 @@ impl ShardWorker {
     }
 
     pub fn info(&self) -> Result<WorkerInfo> {
-        Ok(WorkerInfo { address: self.worker.address()?, backing: self.service.shard.arena().backing(), bytes: self.service.shard.arena().len() as u64 })
+        let arena = self.service.shard.arena();
+        let address = crate::proto::bootstrap::hex_encode(&self.worker.address()?);
+        Ok(WorkerInfo { address, transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64 })
     }
 
     pub fn waker(&self) -> ucx::Waker {

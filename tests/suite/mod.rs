@@ -373,8 +373,8 @@ pub fn striped_over_rails(transport: &str, rails: usize) {
     assert!(out == pattern(503, 64 << 20));
 }
 
-/// libfabric workers know their clients by slot: a client that exits says goodbye and
-/// one that is killed is noticed by its closed bootstrap connection; both free the slot.
+/// libfabric workers know their clients by slot: a client that exits and one that is
+/// killed both close their bootstrap connection, which frees the slot.
 pub fn departed_clients_free_their_slots(transport: &str) {
     common::init(transport);
     let server = ServerProc::start(&["--workers", "1", "--memory", "256MiB"]);
@@ -446,6 +446,23 @@ macro_rules! transport_suite {
         #[test]
         fn auth_token_required() {
             suite::auth_token_required($tls)
+        }
+    };
+}
+
+/// The transport suite plus what libfabric adds: slots of departed clients, and striping
+/// over 3 rails.
+#[macro_export]
+macro_rules! fabric_suite {
+    ($t:expr) => {
+        transport_suite!($t);
+        #[test]
+        fn departed_clients_free_their_slots() {
+            suite::departed_clients_free_their_slots($t)
+        }
+        #[test]
+        fn striped_over_three_rails() {
+            suite::striped_over_rails($t, 3)
         }
     };
 }

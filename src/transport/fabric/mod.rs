@@ -301,7 +301,7 @@ impl Endpoint {
         Ok(peer)
     }
 
-    /// Forgets a peer (a client that said goodbye).
+    /// Forgets a peer (a client that went away).
     pub fn remove_peer(&self, mut peer: PeerAddr) -> Result<()> {
         // SAFETY: one fi_addr_t from this AV.
         check("fi_av_remove", unsafe { sys::rdram_fi_av_remove(self.av, &mut peer, 1, 0) } as i64)
@@ -343,13 +343,6 @@ impl Endpoint {
     /// `buf..buf+len` and `ctx` must stay valid and unmoved until `ctx`'s completion.
     pub unsafe fn send(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, tag: u64, ctx: *mut OpContext) -> Result<()> {
         self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
-    }
-
-    /// Sends a small tagged message (up to the provider's inject size) that needs neither
-    /// registration nor a completion: the buffer is free again when this returns.
-    pub fn inject(&self, buf: &[u8], peer: PeerAddr, tag: u64) -> Result<()> {
-        // SAFETY: libfabric copies the bytes before returning.
-        self.retry_on_eagain("fi_tinject", || unsafe { sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag) })
     }
 
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any

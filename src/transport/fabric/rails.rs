@@ -3,6 +3,7 @@
 //! host. With fewer domains than rails, rails share a domain (how striping is tested on a
 //! one-NIC machine).
 
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -24,12 +25,17 @@ pub struct Rails {
 }
 
 impl Rails {
-    /// Opens `n` rails on `provider`. The transport needs one-sided reads (`FI_RMA`);
-    /// a provider without them is refused with a clear error.
-    pub fn open(provider: &str, node: Option<&str>, n: usize) -> Result<Rails> {
+    /// Opens `n` rails on `provider`. IP-based providers bind to `local` (the listen
+    /// address, or the address that reaches the server), so loopback traffic stays on
+    /// `lo`; NIC-based ones (efa, shm) pick their own. The transport needs one-sided
+    /// reads (`FI_RMA`); a provider without them is refused with a clear error.
+    pub fn open(provider: &str, local: Option<IpAddr>, n: usize) -> Result<Rails> {
         if n == 0 || n > 64 {
             return Err(Error::new(Status::Invalid, "rails (domains) must be between 1 and 64"));
         }
+        let ip_based = ["tcp", "sockets", "udp", "verbs"].iter().any(|p| provider.contains(p));
+        let node = local.filter(|ip| ip_based && !ip.is_unspecified()).map(|ip| ip.to_string());
+        let node = node.as_deref();
         let mut eps = Vec::with_capacity(n);
         for rail in 0..n {
             let ep = Endpoint::open_rail(provider, node, rail)?;
@@ -124,10 +130,19 @@ impl Rails {
     }
 }
 
-/// Splits `len` bytes into one part per rail (4 KiB-aligned), or one part when short.
+/// Each rail's share of a `len`-byte transfer (4 KiB-aligned), or all of it when short.
+pub fn stripe_len(len: usize, rails: usize) -> usize {
+    if rails <= 1 || len < STRIPE_MIN {
+        len
+    } else {
+        len.div_ceil(rails).next_multiple_of(4096)
+    }
+}
+
+/// Splits `len` bytes into one part per rail, or one part when short.
 pub fn stripes(len: usize, rails: usize) -> impl Iterator<Item = (usize, usize)> {
-    let parts = if rails <= 1 || len < STRIPE_MIN { 1 } else { rails };
-    let chunk = if parts == 1 { len } else { len.div_ceil(parts).next_multiple_of(4096) };
+    let chunk = stripe_len(len, rails);
+    let parts = if chunk == len { 1 } else { rails };
     (0..parts).map(move |p| (p * chunk, len.saturating_sub(p * chunk).min(chunk))).filter(move |&(off, l)| l > 0 || (off == 0 && len == 0))
 }
 

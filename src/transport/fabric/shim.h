@@ -36,4 +36,3 @@ int rdram_fi_mr_enable(struct fid_mr *mr);
 int rdram_fi_trywait(struct fid_fabric *fabric, struct fid **fids, int count);
 int rdram_fi_av_remove(struct fid_av *av, fi_addr_t *fi_addr, size_t count, uint64_t flags);
 ssize_t rdram_fi_cancel(struct fid *fid, void *context);
-ssize_t rdram_fi_tinject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag);
