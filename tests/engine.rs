@@ -164,7 +164,7 @@ fn bootstrap_version_mismatch() {
     s.write_all(b"{\"magic\":\"remote_dram\",\"version\":99}\n").unwrap();
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("protocol version mismatch: server speaks v1, client v99"), "{line}");
+    assert!(line.contains("protocol version mismatch: server speaks v2, client v99"), "{line}");
     let mut s = TcpStream::connect(&server.addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut line = String::new();

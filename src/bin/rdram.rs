@@ -41,7 +41,7 @@ enum Command {
         /// Only write if the key does not exist.
         #[arg(long, conflicts_with = "if_equal")]
         if_absent: bool,
-        /// Expire the value after this many milliseconds.
+        /// Expire the value after this many milliseconds (at least 1; leave out for none).
         #[arg(long)]
         ttl_ms: Option<u64>,
     },
@@ -135,6 +135,9 @@ struct ServeArgs {
     /// across them (wraps around when the host has fewer domains).
     #[arg(long, default_value_t = 1)]
     domains: usize,
+    /// Clients connected at once; more are refused with "server at capacity".
+    #[arg(long, default_value_t = remote_dram::server::DEFAULT_MAX_CLIENTS)]
+    max_clients: usize,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -186,14 +189,16 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
         Command::Serve(args) => serve(args),
         Command::Gateway(args) => gateway(args),
         Command::Put { conn, key, value, file, if_equal, if_absent, ttl_ms } => {
+            if ttl_ms == Some(0) {
+                return Err(Error::new(Status::Invalid, "--ttl-ms 0 is not a ttl: leave it out for a value that never expires"));
+            }
             let data = match (value, file) {
                 (Some(v), _) => v.into_bytes(),
-                (None, Some(path)) => std::fs::read(&path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?,
-                (None, None) => {
-                    let mut buf = Vec::new();
-                    std::io::stdin().read_to_end(&mut buf)?;
-                    buf
+                (None, Some(path)) => {
+                    let f = std::fs::File::open(&path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
+                    read_value(f, &path.display().to_string())?
                 }
+                (None, None) => read_value(std::io::stdin().lock(), "stdin")?,
             };
             let condition = match (if_equal, if_absent) {
                 (Some(g), _) => WriteCondition::IfEqual(g),
@@ -267,18 +272,60 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
     }
 }
 
-fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
-    let auth_token = match (&args.auth_token_file, std::env::var("RDRAM_AUTH_TOKEN").ok()) {
-        (Some(path), _) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
-            let token = text.lines().next().unwrap_or("").trim().to_string();
-            if token.is_empty() {
-                return Err(Error::new(Status::Invalid, format!("{} holds no token", path.display())));
-            }
-            Some(token)
-        }
-        (None, env) => env.filter(|t| !t.is_empty()),
+/// The token clients must present: the first line of `--auth-token-file`, else
+/// `RDRAM_AUTH_TOKEN`, else none (an open server). An empty token is an error, never "none".
+fn server_token(file: Option<&std::path::Path>) -> Result<Option<String>, Error> {
+    let Some(path) = file else {
+        return match std::env::var("RDRAM_AUTH_TOKEN") {
+            Ok(t) if t.is_empty() => Err(Error::new(Status::Invalid, "RDRAM_AUTH_TOKEN is set but empty: set a token, or unset it for an open server")),
+            Ok(t) => Ok(Some(t)),
+            Err(_) => Ok(None),
+        };
     };
+    let text = std::fs::read_to_string(path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(Error::new(Status::Invalid, format!("{} holds no token", path.display())));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.permissions().mode() & 0o077 != 0 {
+            eprintln!("rdram: warning: token file {} is readable by group or others (mode {:o}); chmod 600 it", path.display(), meta.permissions().mode() & 0o777);
+        }
+    }
+    Ok(Some(token))
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread started after, and returns
+/// the set to `sigwait` on. Libraries that install their own handlers (Debian's
+/// libfabric pulls in PSM's libinfinipath, whose handlers call `exit(1)`) never see them.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: plain libc calls on a local, initialised sigset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Reads a value, stopping one byte past the largest value a server takes (so an endless
+/// source such as /dev/zero fails at once instead of filling memory).
+fn read_value(source: impl Read, name: &str) -> Result<Vec<u8>, Error> {
+    let limit = remote_dram::proto::MAX_VALUE_LEN;
+    let mut buf = Vec::new();
+    source.take(limit + 1).read_to_end(&mut buf).map_err(|e| Error::new(Status::Io, format!("{name}: {e}")))?;
+    if buf.len() as u64 > limit {
+        return Err(Error::new(Status::ValueTooLarge, format!("{name} is larger than the largest value ({} GiB)", limit >> 30)));
+    }
+    Ok(buf)
+}
+
+fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
+    let stop_signals = block_stop_signals();
+    let auth_token = server_token(args.auth_token_file.as_deref())?;
     let cfg = ServerConfig {
         listen: args.listen,
         workers: args.workers,
@@ -294,17 +341,19 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
             TransportArg::Ucx => TransportChoice::Ucx,
             TransportArg::Fabric => TransportChoice::Fabric { provider: args.provider, rails: args.domains },
         },
+        max_clients: args.max_clients,
     };
-    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
-    let mut signals = signals.map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+    let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
     let server = Server::start(cfg)?;
     println!("{}", server.info().banner());
-    println!("auth: {}", if std::env::var("RDRAM_AUTH_TOKEN").is_ok() || args.auth_token_file.is_some() { "token required" } else { "none" });
+    println!("auth: {auth}");
     std::io::stdout().flush()?;
-    if let Some(sig) = signals.forever().next() {
-        eprintln!("rdram: signal {sig}, shutting down");
-    }
+    let mut sig: libc::c_int = 0;
+    // SAFETY: waits on the set blocked above; writes the signal number into `sig`.
+    while unsafe { libc::sigwait(&stop_signals, &mut sig) } != 0 {}
+    eprintln!("rdram: signal {sig}, shutting down");
     server.stop();
+    eprintln!("rdram: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -23,7 +23,7 @@ use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
 use crate::transport::fabric::ops::Finished;
 use crate::transport::fabric::rails::stripes;
-use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
+use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
 use crate::transport::Poller;
 
 /// Hello ids live apart from request ids (which count up from 1).
@@ -133,7 +133,7 @@ impl FabricLink {
         for (s, w) in welcomes.iter().enumerate() {
             for shard in 0..self.servers[s].shards.len() {
                 let id = HELLO_ID_BASE + waiting.len() as u64;
-                let hello = Hello { session: w.session, hello_id: id, client_id: w.client_id, addresses: addresses.clone() };
+                let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
                 let mut p = self.take_pending(s);
                 p.msg.extend_from_slice(&hello.encode());
                 self.post(id, p, shard, wire::HELLO)?;
@@ -159,7 +159,8 @@ impl FabricLink {
             let msg = Vec::with_capacity(wire::REQUEST_MSG_MAX);
             let reply_buf = vec![0u8; wire::REPLY_MSG_MAX];
             let own_mr = if self.rails.needs_local_registration() {
-                self.rails.register(msg.as_ptr(), wire::REQUEST_MSG_MAX).ok().zip(self.rails.register(reply_buf.as_ptr(), reply_buf.len()).ok())
+                let local = |ptr, len| self.rails.register(ptr, len, RemoteAccess::None).ok();
+                local(msg.as_ptr(), wire::REQUEST_MSG_MAX).zip(local(reply_buf.as_ptr(), reply_buf.len()))
             } else {
                 None
             };
@@ -187,15 +188,19 @@ impl FabricLink {
         p
     }
 
-    /// The registration covering `[ptr, ptr+len)` on every rail: a registered region,
-    /// or a new one kept in `temp` for the request's lifetime.
-    fn registration_for(&self, ptr: *const u8, len: usize, temp: &mut Vec<Vec<MemoryRegion>>) -> Result<Vec<(*mut std::ffi::c_void, u64, u64)>> {
+    /// The registration covering `[ptr, ptr+len)` on every rail, kept in `temp` for the
+    /// request's lifetime. For local use a caller-registered region serves; memory a
+    /// worker will read (`RemoteAccess::Read`) always gets a registration of its own, so
+    /// it is readable only while its request is in flight, and only that range.
+    fn registration_for(&self, ptr: *const u8, len: usize, remote: RemoteAccess, temp: &mut Vec<Vec<MemoryRegion>>) -> Result<Vec<(*mut std::ffi::c_void, u64, u64)>> {
         let (p, end) = (ptr as usize, ptr as usize + len);
         let describe = |mrs: &[MemoryRegion], base: usize| mrs.iter().map(|m| (m.desc, m.key, m.remote_base + (p - base) as u64)).collect();
-        if let Some(r) = self.registered.iter().find(|r| r.base <= p && end <= r.base + r.len) {
-            return Ok(describe(&r.mrs, r.base));
+        if remote == RemoteAccess::None {
+            if let Some(r) = self.registered.iter().find(|r| r.base <= p && end <= r.base + r.len) {
+                return Ok(describe(&r.mrs, r.base));
+            }
         }
-        let mrs = self.rails.register(ptr, len.max(1))?;
+        let mrs = self.rails.register(ptr, len.max(1), remote)?;
         let d = describe(&mrs, p);
         temp.push(mrs);
         Ok(d)
@@ -313,7 +318,7 @@ impl FabricLink {
             }
         };
         let descs: Vec<_> = if self.rails.needs_local_registration() {
-            match self.registration_for(dest, payload_len, &mut p.temp_mr) {
+            match self.registration_for(dest, payload_len, RemoteAccess::None, &mut p.temp_mr) {
                 Ok(d) => d.into_iter().map(|d| d.0).collect(),
                 Err(e) => return p.reply = Some(Err(e)),
             }
@@ -441,7 +446,7 @@ impl Link for FabricLink {
         } else {
             // Too long for one message: the worker reads it from our memory.
             let mut temp = std::mem::take(&mut p.temp_mr);
-            let regs = match self.registration_for(payload.as_ptr(), payload.len(), &mut temp) {
+            let regs = match self.registration_for(payload.as_ptr(), payload.len(), RemoteAccess::Read, &mut temp) {
                 Ok(r) => r,
                 Err(e) => {
                     p.temp_mr = temp;
@@ -492,7 +497,9 @@ impl Link for FabricLink {
         if self.registered.iter().any(|r| r.base == base as usize) {
             return Err(Error::new(Status::Invalid, "region already registered"));
         }
-        let mrs = self.rails.register(base, len)?;
+        // Local descriptors only: a put from this region still gets a short-lived
+        // readable registration of its own (see registration_for).
+        let mrs = self.rails.register(base, len, RemoteAccess::None)?;
         self.registered.push(Region { base: base as usize, len, mrs });
         Ok(())
     }

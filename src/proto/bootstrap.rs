@@ -3,12 +3,12 @@
 //! The client sends a [`Hello`] (protocol version, auth token); the server answers with a
 //! [`Welcome`]: its transport, its shard count and, per shard, the transport address of the
 //! shard's worker (a UCX worker address today, a libfabric `fi_getname` address next), plus
-//! the session credential every data-path request must carry.
+//! the client's own session credential, which every data-path request must carry.
 
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result, Status};
 
@@ -39,12 +39,10 @@ pub struct Welcome {
     /// The server's canonical address; clusters hash keys over these.
     #[serde(default)]
     pub node: String,
+    /// This client's own secret, issued after the token check: every data-path request
+    /// (and a libfabric hello) carries it; it is revoked when this connection closes.
     #[serde(default)]
     pub session: u64,
-    /// This bootstrap connection's number: a libfabric client names it in its hellos, and
-    /// when the connection closes (the client exited or died) the workers free its slots.
-    #[serde(default)]
-    pub client_id: u64,
     /// Each shard worker's transport address, in shard order: hex (UCX), or hex per
     /// rail joined by commas (libfabric).
     #[serde(default)]
@@ -61,7 +59,6 @@ impl Welcome {
             provider: String::new(),
             node: String::new(),
             session: 0,
-            client_id: 0,
             shards: Vec::new(),
         }
     }
@@ -75,12 +72,38 @@ pub fn write_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> Result<()> {
 }
 
 pub fn read_line<T: for<'de> Deserialize<'de>>(stream: &TcpStream, timeout: Duration) -> Result<T> {
-    stream.set_read_timeout(Some(timeout))?;
+    read_line_until(stream, Instant::now() + timeout)
+}
+
+/// Reads one line that must be complete by `deadline` (a peer trickling one byte at a
+/// time cannot stretch it).
+pub fn read_line_until<T: for<'de> Deserialize<'de>>(mut stream: &TcpStream, deadline: Instant) -> Result<T> {
     let mut line = Vec::new();
-    let mut reader = BufReader::new(stream).take(MAX_LINE as u64);
-    let n = reader.read_until(b'\n', &mut line)?;
-    if n == 0 {
-        return Err(Error::new(Status::Unavailable, "peer closed the bootstrap connection"));
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(Status::Timeout, "bootstrap line not complete in time"));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Err(Error::new(Status::Unavailable, "peer closed the bootstrap connection"));
+        }
+        // Exactly one line: the peer sends nothing after it until we answer.
+        if let Some(end) = chunk[..n].iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&chunk[..end]);
+            break;
+        }
+        line.extend_from_slice(&chunk[..n]);
+        if line.len() > MAX_LINE {
+            return Err(Error::new(Status::Invalid, "bootstrap line too long"));
+        }
     }
     serde_json::from_slice(&line).map_err(|e| {
         Error::new(Status::VersionMismatch, format!("peer does not speak the remote_dram bootstrap protocol: {e}"))
@@ -101,4 +124,3 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>> {
         .collect()
 }
 
-use std::io::Read as _;

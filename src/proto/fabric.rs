@@ -6,8 +6,10 @@
 //!   (flag REMOTE_VALUE; the payload is then a [`RemoteValue`]) and the worker reads it
 //!   from the client's registered memory with one-sided reads, striped over the rails.
 //!   A client that vanishes mid-transfer fails those reads, so its reserved slot is freed.
-//! Client → shard worker, tag = [`HELLO`]: a [`Hello`] with the client's rail addresses;
-//!   the worker answers (as a reply to `hello_id`) with the client's slot in `generation`
+//! Client → shard worker, tag = [`HELLO`]: a [`Hello`] with the session the bootstrap
+//!   issued to this client (after its token check) and the client's rail addresses; a
+//!   hello without a live session is dropped unanswered. The worker binds the slot to
+//!   that client's bootstrap connection (freed when it closes) and answers (as a reply to `hello_id`) with the client's slot in `generation`
 //!   and a random credential in `value_size`. Requests carry the credential in the
 //!   header's session field; one naming a slot without its credential is dropped.
 //! Shard worker → client, tag = [`REPLY`] | request id:
@@ -71,8 +73,6 @@ impl RemoteValue {
 pub struct Hello {
     pub session: u64,
     pub hello_id: u64,
-    /// The client's bootstrap connection (see `Welcome::client_id`).
-    pub client_id: u64,
     /// The client's rail addresses (`fi_getname`), one per rail.
     pub addresses: Vec<Vec<u8>>,
 }
@@ -85,7 +85,6 @@ impl Hello {
         out.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         out.extend_from_slice(&self.session.to_le_bytes());
         out.extend_from_slice(&self.hello_id.to_le_bytes());
-        out.extend_from_slice(&self.client_id.to_le_bytes());
         out.extend_from_slice(&(self.addresses.len() as u32).to_le_bytes());
         for a in &self.addresses {
             out.extend_from_slice(&(a.len() as u32).to_le_bytes());
@@ -106,7 +105,6 @@ impl Hello {
         }
         let session = u64::from_le_bytes(take(8)?.try_into().unwrap());
         let hello_id = u64::from_le_bytes(take(8)?.try_into().unwrap());
-        let client_id = u64::from_le_bytes(take(8)?.try_into().unwrap());
         let n = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
         if n == 0 || n > 64 {
             return Err(bad());
@@ -116,7 +114,7 @@ impl Hello {
             let len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
             addresses.push(take(len)?.to_vec());
         }
-        Ok(Hello { session, hello_id, client_id, addresses })
+        Ok(Hello { session, hello_id, addresses })
     }
 }
 
@@ -135,7 +133,7 @@ mod tests {
 
     #[test]
     fn hello_and_remote_value_round_trip_and_reject_garbage() {
-        let h = Hello { session: 9, hello_id: 3, client_id: 5, addresses: vec![vec![1, 2, 3], vec![4; 40]] };
+        let h = Hello { session: 9, hello_id: 3, addresses: vec![vec![1, 2, 3], vec![4; 40]] };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         assert!(Hello::decode(&h.encode()[..20]).is_err());
         assert!(Hello::decode(b"garbage garbage garbage garbage").is_err());

@@ -18,7 +18,7 @@ pub mod fabric;
 
 use crate::error::Status;
 
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 pub const MAGIC: u16 = 0x5244; // "RD"
 
 pub const AM_REQUEST: u16 = 11;

@@ -1,39 +1,62 @@
 //! The bootstrap listener: answers each client's TCP handshake (version, auth token) with
-//! the shards' transport addresses and the session credential. Off the data path.
+//! the shards' transport addresses and a session credential of that client's own. Off the
+//! data path.
 //!
 //! After the handshake the connection is kept open until the client closes it: a client
 //! whose transport cannot see a peer die (libfabric RDM) watches it, so a server process
-//! that goes away is noticed at once instead of at the next timeout.
+//! that goes away is noticed at once instead of at the next timeout; and when it closes
+//! (the client closed, exited or was killed) the workers revoke the client's session and
+//! free what it held.
+//!
+//! Bounds: at most [`MAX_HANDSHAKES`] handshakes at once, each finished within
+//! [`HANDSHAKE_TIMEOUT`] in all (not per byte), and at most `max_clients` welcomed
+//! clients; beyond either a client is told "server at capacity".
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
+use super::service::Membership;
 use crate::error::{Error, Result, Status};
-use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
+use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC};
 use crate::proto::PROTOCOL_VERSION;
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The whole handshake (the client's line in, ours out) must fit in this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in progress at once (one short-lived thread each).
+pub const MAX_HANDSHAKES: usize = 64;
+/// How long the accept loop pauses when the process is out of fds (EMFILE).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 pub struct Shared {
     pub node: String,
     pub transport: &'static str,
     pub provider: String,
-    pub session: u64,
     /// Each shard worker's address(es), encoded for the Welcome.
     pub shards: Vec<String>,
     pub token: Option<String>,
     pub stop: Arc<AtomicBool>,
-    /// Told the number of each client whose bootstrap connection closed (one per
-    /// libfabric worker, which then frees that client's slot).
-    pub departures: Vec<crossbeam_channel::Sender<u64>>,
+    /// Every worker hears of each client's session and departure.
+    pub members: Vec<crossbeam_channel::Sender<Membership>>,
     pub next_client: AtomicU64,
+    pub max_clients: usize,
+    /// Welcomed clients whose connection is still open.
+    pub clients: AtomicUsize,
+    pub handshakes: AtomicUsize,
+}
+
+impl Shared {
+    fn tell_workers(&self, m: Membership) {
+        for tx in &self.members {
+            let _ = tx.send(m);
+        }
+    }
 }
 
 pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
@@ -51,15 +74,36 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                 if shared.stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let Ok(stream) = stream else { continue };
+                let mut stream = match stream {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of fds (or memory): spinning on accept would not free any.
+                        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) {
+                            warn!("bootstrap: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
+                            std::thread::sleep(ACCEPT_BACKOFF);
+                        }
+                        continue;
+                    }
+                };
+                if shared.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
+                    shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = write_line(&mut stream, &Welcome::refusal(Status::Unavailable, "server at capacity: too many handshakes in progress".into()));
+                    continue;
+                }
                 let (shared, keep) = (shared.clone(), keep_tx.clone());
                 // One short-lived thread per handshake, so a slow client cannot stall others.
-                let _ = std::thread::Builder::new().name("rdram-handshake".into()).spawn(move || {
-                    match handshake(stream, &shared) {
+                let spawned = std::thread::Builder::new().name("rdram-handshake".into()).spawn(move || {
+                    let result = handshake(stream, &shared);
+                    shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    match result {
                         Ok(kept) => drop(keep.send(kept)),
                         Err(e) => debug!("handshake failed: {e}"),
                     }
                 });
+                if spawned.is_err() {
+                    warn!("bootstrap: cannot start a handshake thread");
+                }
             }
         })
         .map_err(|e| Error::new(Status::Internal, e.to_string()))
@@ -85,19 +129,23 @@ fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &S
             // Readable means closed (read returns 0) or stray bytes, which are dropped.
             let open = !ready || matches!(s.read(&mut buf), Ok(n) if n > 0);
             if !open {
-                for tx in &shared.departures {
-                    let _ = tx.send(*client);
-                }
+                shared.tell_workers(Membership::Left { client: *client });
+                shared.clients.fetch_sub(1, Ordering::SeqCst);
             }
             open
         });
+    }
+    // Stopping: every client's session ends with the server.
+    for (_, client) in kept {
+        shared.tell_workers(Membership::Left { client });
     }
 }
 
 fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)> {
     stream.set_nodelay(true)?;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let hello: Hello = match read_line(&stream, HANDSHAKE_TIMEOUT) {
+    let hello: Hello = match read_line_until(&stream, deadline) {
         Ok(h) => h,
         Err(e) => {
             let _ = write_line(&mut stream, &Welcome::refusal(e.status, e.message.clone()));
@@ -126,8 +174,23 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
             return Err(refused(Status::AuthFailed, why));
         }
     }
+    if shared.clients.fetch_add(1, Ordering::SeqCst) >= shared.max_clients {
+        shared.clients.fetch_sub(1, Ordering::SeqCst);
+        let msg = format!("server at capacity: {} clients connected (--max-clients)", shared.max_clients);
+        refuse(&mut stream, Status::Unavailable, msg.clone())?;
+        return Err(refused(Status::Unavailable, &msg));
+    }
     let client_id = shared.next_client.fetch_add(1, Ordering::Relaxed);
-    write_line(
+    let session = match random_session() {
+        Ok(s) => s,
+        Err(e) => {
+            shared.clients.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
+    // The workers learn the session before the client does, so its first request finds it.
+    shared.tell_workers(Membership::Joined { client: client_id, session });
+    let welcomed = write_line(
         &mut stream,
         &Welcome {
             magic: MAGIC.into(),
@@ -136,14 +199,44 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
             transport: shared.transport.into(),
             provider: shared.provider.clone(),
             node: shared.node.clone(),
-            session: shared.session,
-            client_id,
+            session,
             shards: shared.shards.clone(),
         },
-    )?;
+    );
+    if let Err(e) = welcomed {
+        shared.tell_workers(Membership::Left { client: client_id });
+        shared.clients.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
+    }
     Ok((stream, client_id))
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// A client's secret: 64 random bits, never 0 (0 means "none").
+fn random_session() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a session: {e}")))?;
+    Ok(u64::from_le_bytes(bytes).max(1))
+}
+
+/// Compares without an early exit, so the time taken tells nothing about where the
+/// first difference is, nor about the expected length.
+pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = (given.len() ^ expected.len()) as u64;
+    for (i, &e) in expected.iter().enumerate() {
+        diff |= (e ^ given.get(i).copied().unwrap_or(!e)) as u64;
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn token_comparison_needs_the_same_bytes_and_length() {
+        use super::constant_time_eq as eq;
+        assert!(eq(b"secret", b"secret"));
+        assert!(!eq(b"secre", b"secret"));
+        assert!(!eq(b"secretX", b"secret"));
+        assert!(!eq(b"", b"secret"));
+        assert!(!eq(b"secreT", b"secret"));
+    }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::service::{self, Answer, PendingPut, Request, Service};
+use super::service::{self, Answer, Membership, PendingPut, Request, Service};
 use super::WorkerInfo;
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -28,7 +28,7 @@ use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
 use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::{stripe_len, stripes};
-use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails};
+use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
 use crate::transport::{PollMode, Poller};
 
 /// How often an idle worker wakes to expire TTL'd keys (and to notice a stop).
@@ -108,8 +108,6 @@ pub struct FabricShardWorker {
     peers: Vec<Option<Peer>>,
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
-    /// Clients whose bootstrap connection closed (they exited, closed, or died).
-    departed: crossbeam_channel::Receiver<u64>,
 }
 
 impl FabricShardWorker {
@@ -118,20 +116,21 @@ impl FabricShardWorker {
     pub fn new(
         index: usize,
         shards: usize,
-        session: u64,
+        membership: crossbeam_channel::Receiver<Membership>,
         shard: Shard,
         provider: &str,
         listen: std::net::IpAddr,
         rails: usize,
-        departed: crossbeam_channel::Receiver<u64>,
     ) -> Result<Box<Self>> {
         let rails = Rails::open(provider, Some(listen), rails)?;
-        let arena_mr = rails.register(shard.arena().base(), shard.arena().len())?;
+        // No remote access to anything of ours: replies are sends, and put values are
+        // read by us from the client. A peer that guesses keys finds nothing to read.
+        let arena_mr = rails.register(shard.arena().base(), shard.arena().len(), RemoteAccess::None)?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
-        let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len())?;
+        let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
         let mut w = Box::new(FabricShardWorker {
             rails,
-            service: Service::new(index, shards, session, shard),
+            service: Service::new(index, shards, membership, shard),
             arena_mr,
             recv_mr,
             recv_slab,
@@ -140,7 +139,6 @@ impl FabricShardWorker {
             peers: Vec::new(),
             free_slots: Vec::new(),
             ops: InFlight::default(),
-            departed,
         });
         w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
@@ -254,11 +252,18 @@ impl FabricShardWorker {
             Ok(h) => h,
             Err(e) => return debug!("shard {}: {e}", self.service.index),
         };
-        if !self.service.session_is(hello.session) || hello.addresses.len() != self.rails.eps.len() {
+        // Only a session the bootstrap issued (after the token check) to a client still
+        // connected gets a slot, bound to that client: it dies with its connection.
+        let client_id = match self.service.client_of(hello.session) {
+            Some(c) if hello.addresses.len() == self.rails.eps.len() => c,
             // Without a valid session we do not even learn the sender's address.
-            return debug!("shard {}: hello refused (bad session or rail count)", self.service.index);
-        }
+            _ => return debug!("shard {}: hello refused (bad session or rail count)", self.service.index),
+        };
         self.forget_departed();
+        // One slot per client: a repeated hello replaces the earlier one.
+        if let Some(old) = self.peers.iter().position(|p| p.as_ref().is_some_and(|p| p.client_id == client_id)) {
+            self.forget(old as u32);
+        }
         let mut addrs = Vec::with_capacity(hello.addresses.len());
         for (ep, a) in self.rails.eps.iter().zip(&hello.addresses) {
             match ep.insert_peer(a) {
@@ -275,7 +280,7 @@ impl FabricShardWorker {
             return warn!("shard {}: no randomness for a credential: {e}", self.service.index);
         }
         let credential = u64::from_le_bytes(random) | 1;
-        self.peers[slot as usize] = Some(Peer { addrs, credential, client_id: hello.client_id });
+        self.peers[slot as usize] = Some(Peer { addrs, credential, client_id });
         *self.service.clients.get_or_insert(0) += 1;
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
@@ -301,7 +306,7 @@ impl FabricShardWorker {
     /// Frees the slots of clients whose bootstrap connection closed. Runs when idle and
     /// before each hello, so the slot table never grows past the clients alive.
     fn forget_departed(&mut self) {
-        while let Ok(client) = self.departed.try_recv() {
+        for client in self.service.take_departed() {
             for slot in 0..self.peers.len() as u32 {
                 if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
                     self.forget(slot);
@@ -431,7 +436,7 @@ impl FabricShardWorker {
         if !self.rails.needs_local_registration() || len == 0 {
             return None;
         }
-        self.rails.register(ptr, len).map_err(|e| warn!("{e}")).ok()
+        self.rails.register(ptr, len, RemoteAccess::None).map_err(|e| warn!("{e}")).ok()
     }
 
     fn take_reply_buf(&mut self) -> Box<ReplyBuf> {

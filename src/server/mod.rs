@@ -35,7 +35,12 @@ pub struct ServerConfig {
     pub mode: Mode,
     pub auth_token: Option<String>,
     pub transport: TransportChoice,
+    /// Clients connected at once; more are refused with "server at capacity".
+    pub max_clients: usize,
 }
+
+/// Default for [`ServerConfig::max_clients`].
+pub const DEFAULT_MAX_CLIENTS: usize = 1024;
 
 /// Which network stack the workers use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +90,7 @@ impl Default for ServerConfig {
             mode: Mode::Store,
             auth_token: None,
             transport: TransportChoice::Auto,
+            max_clients: DEFAULT_MAX_CLIENTS,
         }
     }
 }
@@ -159,11 +165,18 @@ impl Server {
         if per_shard < 1 << 16 {
             return Err(Error::new(Status::Invalid, "memory per shard must be at least 64 KiB"));
         }
-        let listener = TcpListener::bind(&cfg.listen).map_err(|e| Error::new(Status::Io, format!("bind {}: {e}", cfg.listen)))?;
-        let local_addr = listener.local_addr()?;
-        let mut session_bytes = [0u8; 8];
-        getrandom::getrandom(&mut session_bytes).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-        let session = u64::from_le_bytes(session_bytes) | 1;
+        if cfg.max_clients == 0 {
+            return Err(Error::new(Status::Invalid, "max_clients must be at least 1"));
+        }
+        if cfg.auth_token.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::new(Status::Invalid, "the auth token is empty: give a non-empty token, or none for an open server"));
+        }
+        // Resolved now, bound only once the workers are up: a client that connects while
+        // the server is still starting is refused at once instead of waiting unanswered.
+        let listen_addr = std::net::ToSocketAddrs::to_socket_addrs(&cfg.listen)
+            .map_err(|e| Error::new(Status::Invalid, format!("listen address {}: {e}", cfg.listen)))?
+            .next()
+            .ok_or_else(|| Error::new(Status::Invalid, format!("listen address {} resolves to nothing", cfg.listen)))?;
 
         let stop = Arc::new(AtomicBool::new(false));
         let machine_cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -175,7 +188,7 @@ impl Server {
         let mut bytes = 0;
         let transport = cfg.transport.clone().resolve();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
-        let mut departures = Vec::new();
+        let mut members = Vec::new();
         for index in 0..cfg.workers {
             let core = match (cfg.cores.get(index % cfg.cores.len().max(1)), machine_cores.len()) {
                 (Some(&c), _) => Some(core_affinity::CoreId { id: c }),
@@ -184,10 +197,8 @@ impl Server {
             };
             cores.push(core.map(|c| c.id));
             let (tx, stop, cfg, transport) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone());
-            let (departed_tx, departed) = crossbeam_channel::unbounded();
-            if matches!(transport, TransportChoice::Fabric { .. }) {
-                departures.push(departed_tx);
-            }
+            let (member_tx, membership) = crossbeam_channel::unbounded();
+            members.push(member_tx);
             let handle = std::thread::Builder::new()
                 .name(format!("rdram-shard-{index}"))
                 .spawn(move || {
@@ -201,10 +212,10 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => {
-                            fabric_worker::FabricShardWorker::new(index, cfg.workers, session, shard, &provider, local_addr.ip(), rails, departed)
+                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails)
                                 .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
-                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, session, shard)
+                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard)
                             .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
                     };
                     match built {
@@ -235,6 +246,8 @@ impl Server {
             bytes = r.info.bytes;
             wakers.extend(r.waker);
         }
+        let bound = TcpListener::bind(listen_addr).map_err(|e| Error::new(Status::Io, format!("bind {}: {e}", cfg.listen)));
+        let local_addr = bound.as_ref().ok().and_then(|l| l.local_addr().ok()).unwrap_or(listen_addr);
         let mut server = Server {
             info: ServerInfo {
                 protocol_version: PROTOCOL_VERSION,
@@ -253,10 +266,13 @@ impl Server {
             bootstrap: None,
             local_addr,
         };
-        if let Some(e) = failure {
-            server.shutdown();
-            return Err(e);
-        }
+        let listener = match (failure, bound) {
+            (None, Ok(l)) => l,
+            (Some(e), _) | (None, Err(e)) => {
+                server.shutdown();
+                return Err(e);
+            }
+        };
         let welcome = bootstrap::Shared {
             node: local_addr.to_string(),
             transport: match &transport {
@@ -267,12 +283,14 @@ impl Server {
                 TransportChoice::Fabric { provider, .. } => provider.clone(),
                 _ => String::new(),
             },
-            session,
             shards: addresses,
             token: cfg.auth_token.clone(),
             stop: server.stop.clone(),
-            departures,
+            members,
             next_client: 1.into(),
+            max_clients: cfg.max_clients,
+            clients: 0.into(),
+            handshakes: 0.into(),
         };
         server.bootstrap = Some(bootstrap::spawn(listener, welcome)?);
         debug!("{}", server.info.banner());
@@ -301,7 +319,8 @@ impl Server {
             let _ = h.join();
         }
         if let Some(b) = self.bootstrap.take() {
-            // Unblock accept() with a connection of our own.
+            // Unblock accept() with a connection of our own (local_addr is set whenever
+            // the bootstrap runs).
             let _ = std::net::TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
             let _ = b.join();
         }

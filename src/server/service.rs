@@ -2,6 +2,8 @@
 //! apply it to the shard, and say what to send back. The transport workers
 //! (`ucx_worker.rs`, `fabric_worker.rs`) only move bytes and call in here.
 
+use std::collections::HashMap;
+
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
 use crate::store::alloc::Extent;
@@ -35,10 +37,23 @@ pub struct PendingPut {
     pub value_len: u64,
 }
 
+/// What the bootstrap tells every worker about clients: each welcomed client's secret
+/// session (issued after the token check), and its departure (its bootstrap connection
+/// closed), which revokes the session.
+#[derive(Clone, Copy, Debug)]
+pub enum Membership {
+    Joined { client: u64, session: u64 },
+    Left { client: u64 },
+}
+
 pub struct Service {
     pub index: usize,
     shards: usize,
-    session: u64,
+    /// Live clients' sessions -> client number; a request must carry one of them.
+    sessions: HashMap<u64, u64>,
+    membership: crossbeam_channel::Receiver<Membership>,
+    /// Clients that left since the transport worker last asked (`take_departed`).
+    departed: Vec<u64>,
     pub shard: Shard,
     /// Clients known to this worker by name (libfabric slots), reported in stats; None
     /// where the transport does not track them (UCX).
@@ -47,18 +62,48 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Service {
-        Service { index, shards, session, shard, clients: None, list_scratch: Vec::new() }
+    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Service {
+        Service { index, shards, sessions: HashMap::new(), membership, departed: Vec::new(), shard, clients: None, list_scratch: Vec::new() }
     }
 
-    pub fn session_is(&self, session: u64) -> bool {
-        session == self.session
+    /// Applies what the bootstrap said about clients since the last call.
+    pub fn sync_membership(&mut self) {
+        while let Ok(m) = self.membership.try_recv() {
+            match m {
+                Membership::Joined { client, session } => drop(self.sessions.insert(session, client)),
+                Membership::Left { client } => {
+                    self.sessions.retain(|_, c| *c != client);
+                    self.departed.push(client);
+                }
+            }
+        }
+    }
+
+    /// The client a session belongs to, if that client is still connected. A session
+    /// the worker has not heard of yet may have been issued a moment ago: look again.
+    pub fn client_of(&mut self, session: u64) -> Option<u64> {
+        // One atomic load when nothing changed; a departure queued here revokes at once.
+        if !self.membership.is_empty() {
+            self.sync_membership();
+        }
+        self.sessions.get(&session).copied()
+    }
+
+    /// Clients that left since the last call (their slots and transfers can go).
+    pub fn take_departed(&mut self) -> Vec<u64> {
+        self.sync_membership();
+        std::mem::take(&mut self.departed)
     }
 
     /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
-    /// header). On failure, the request id to answer (when readable) and why.
-    pub fn admit<'a>(&self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
-        self.admit_as(header, self.session)
+    /// header), carrying the session of a connected client. On failure, the request id
+    /// to answer (when readable) and why.
+    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
+        let session = match RequestHeader::decode(header) {
+            Ok((h, _)) if self.client_of(h.session).is_some() => h.session,
+            _ => 0,
+        };
+        self.admit_as(header, session)
     }
 
     /// Like `admit`, with the credential the request must carry (libfabric: the one the
@@ -66,7 +111,7 @@ impl Service {
     pub fn admit_as<'a>(&self, header: &'a [u8], session: u64) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
         let (h, op) = RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))?;
         let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
-        if h.session != session {
+        if session == 0 || h.session != session {
             return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
         }
         let inline = &header[REQUEST_HEADER_LEN..];

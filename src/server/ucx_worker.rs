@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::service::{self, Answer, PendingPut, Service};
+use super::service::{self, Answer, Membership, PendingPut, Service};
 use super::WorkerInfo;
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
@@ -56,12 +56,12 @@ pub struct ShardWorker {
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    pub fn new(index: usize, shards: usize, session: u64, shard: Shard) -> Result<Box<ShardWorker>> {
+    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Result<Box<ShardWorker>> {
         let worker = Worker::new()?;
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
         let mut w = Box::new(ShardWorker {
-            service: Service::new(index, shards, session, shard),
+            service: Service::new(index, shards, membership, shard),
             worker,
             memh,
             reply_pool: Vec::new(),

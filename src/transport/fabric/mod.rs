@@ -68,13 +68,27 @@ pub struct Endpoint {
     /// The completion queue's file descriptor for sleeping, or -1 when the provider has
     /// no FD wait object (then idle loops sleep in short, bounded naps).
     pub wait_fd: RawFd,
-    /// Next key to request when the provider does not choose keys (no FI_MR_PROV_KEY):
-    /// keys must then be unique within the domain.
-    next_key: std::cell::Cell<u64>,
+    /// Bits in a requested key (`mr_key_size`), for keys we choose (no FI_MR_PROV_KEY).
+    key_bits: u32,
     /// Contexts of one-sided reads in flight, oldest first: libfabric 1.17's shm reports
     /// a failed read without its context (fixed in 1.18, ofiwg/libfabric#8665); such an
     /// error is the oldest read's, since shm completes reads in order.
     reads: std::cell::RefCell<std::collections::VecDeque<usize>>,
+}
+
+/// What peers may do to a registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAccess {
+    None,
+    Read,
+}
+
+/// A random memory key of `bits` bits, never 0.
+fn random_key(bits: u32) -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a memory key: {e}")))?;
+    let key = u64::from_le_bytes(bytes);
+    Ok(if bits >= 64 { key } else { key & ((1u64 << bits) - 1) }.max(1))
 }
 
 /// A registered memory region: `desc` goes with local operations; `key` and
@@ -207,14 +221,14 @@ impl Endpoint {
             rma: false,
             inject_size: 0,
             wait_fd: -1,
-            next_key: std::cell::Cell::new(1),
+            key_bits: 64,
             reads: Default::default(),
         };
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
         unsafe {
             // One-sided reads where the provider offers them, plain messaging otherwise.
-            let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ) as u64;
+            let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ) as u64;
             let mut rc = -(sys::FI_ENODATA as i32);
             for extra in [rma_caps, 0] {
                 rc = get_info(Some(&prov), node_c.as_deref(), extra, &mut ep.info);
@@ -240,6 +254,7 @@ impl Endpoint {
             ep.domain_name = cstr((*info.domain_attr).name);
             ep.mr_mode = (*info.domain_attr).mr_mode as u32;
             ep.inject_size = (*info.tx_attr).inject_size;
+            ep.key_bits = ((*info.domain_attr).mr_key_size.clamp(1, 8) * 8) as u32;
 
             check("fi_fabric", sys::rdram_fi_fabric(info.fabric_attr, &mut ep.fabric, ptr::null_mut()) as i64)?;
             let chosen = info as *const sys::fi_info as *mut sys::fi_info;
@@ -318,18 +333,30 @@ impl Endpoint {
         unsafe { sys::rdram_fi_trywait(self.fabric, fids.as_mut_ptr(), 1) == 0 }
     }
 
-    /// Registers memory for local use (`desc`) and remote reads/writes (`key`).
-    pub fn register(&self, buf: *const u8, len: usize) -> Result<MemoryRegion> {
-        let access = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
-        let mut mr = ptr::null_mut();
-        let key = self.next_key.get();
-        self.next_key.set(key + 1);
-        // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
-        unsafe {
-            check("fi_mr_reg", sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut()) as i64)?;
-            let remote_base = if self.mr_mode & sys::FI_MR_VIRT_ADDR != 0 { buf as u64 } else { 0 };
-            Ok(MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr), remote_base })
+    /// Registers memory for this endpoint's own sends, receives and reads into it
+    /// (`desc`), and, with `RemoteAccess::Read`, for peers' one-sided reads of it (`key`).
+    /// Nothing is ever remotely writable. Keys we choose are random, so a peer cannot
+    /// guess one; providers that choose their own (FI_MR_PROV_KEY, as EFA) do so.
+    pub fn register(&self, buf: *const u8, len: usize, remote: RemoteAccess) -> Result<MemoryRegion> {
+        let mut access = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE) as u64;
+        if remote == RemoteAccess::Read {
+            access |= sys::FI_REMOTE_READ as u64;
         }
+        let mut mr = ptr::null_mut();
+        let mut rc = 0;
+        // A random key may collide with one in use (-FI_ENOKEY): draw again.
+        for _ in 0..4 {
+            let key = random_key(self.key_bits)?;
+            // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
+            rc = unsafe { sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut()) } as i64;
+            if rc != -(sys::FI_ENOKEY as i64) {
+                break;
+            }
+        }
+        check("fi_mr_reg", rc)?;
+        let remote_base = if self.mr_mode & sys::FI_MR_VIRT_ADDR != 0 { buf as u64 } else { 0 };
+        // SAFETY: mr was just registered successfully.
+        Ok(unsafe { MemoryRegion { mr, desc: sys::rdram_fi_mr_desc(mr), key: sys::rdram_fi_mr_key(mr), remote_base } })
     }
 
     pub fn deregister(&self, region: MemoryRegion) -> Result<()> {
@@ -368,6 +395,19 @@ impl Endpoint {
         self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))?;
         self.reads.borrow_mut().push_back(ctx as usize);
         Ok(())
+    }
+
+    /// One-sided write of `buf` to the peer's region `key` at `remote_addr`. The engine
+    /// never writes remotely (no registration of ours allows it); the security tests use
+    /// this to check exactly that.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::read`].
+    pub unsafe fn write(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
+        if !self.rma {
+            return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided writes", self.provider)));
+        }
+        self.retry_on_eagain("fi_write", || sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
     }
 
     /// Forgets a completed read's context (see `reads`).
@@ -526,7 +566,7 @@ mod tests {
         let target = std::thread::spawn(move || {
             let b = Endpoint::open(provider, node).unwrap();
             let region: Vec<u8> = message(9, LEN);
-            let mr = b.register(region.as_ptr(), LEN).unwrap();
+            let mr = b.register(region.as_ptr(), LEN, RemoteAccess::Read).unwrap();
             tx.send((b.address().unwrap(), mr.remote_base, mr.key, b.rma)).unwrap();
             // Progress until the reader is done (tcp;ofi_rxm serves reads in progress).
             let mut sink = Vec::new();
@@ -540,7 +580,7 @@ mod tests {
         let a = Endpoint::open(provider, node).unwrap();
         let peer = a.insert_peer(&addr).unwrap();
         let mut local = vec![0u8; LEN / 2];
-        let mr = a.register(local.as_ptr(), local.len()).unwrap();
+        let mr = a.register(local.as_ptr(), local.len(), RemoteAccess::None).unwrap();
         let mut ctx = OpContext { token: 7, ..Default::default() };
         // SAFETY: `local`, its region and `ctx` outlive the completion awaited below.
         unsafe { a.read(local.as_mut_ptr(), LEN / 2, mr.desc, peer, base + (LEN / 4) as u64, key, &mut ctx).unwrap() };

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use super::{Completion, Endpoint, MemoryRegion};
+use super::{Completion, Endpoint, MemoryRegion, RemoteAccess};
 use crate::error::{Error, Result, Status};
 use crate::transport::Transport;
 
@@ -85,10 +85,10 @@ impl Rails {
     }
 
     /// Registers `[ptr, ptr+len)` on every rail (each domain has its own keys).
-    pub fn register(&self, ptr: *const u8, len: usize) -> Result<Vec<MemoryRegion>> {
+    pub fn register(&self, ptr: *const u8, len: usize, remote: RemoteAccess) -> Result<Vec<MemoryRegion>> {
         let mut regions = Vec::with_capacity(self.eps.len());
         for ep in &self.eps {
-            match ep.register(ptr, len) {
+            match ep.register(ptr, len, remote) {
                 Ok(r) => regions.push(r),
                 Err(e) => {
                     self.deregister(regions);

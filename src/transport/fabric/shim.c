@@ -15,6 +15,7 @@ int rdram_fi_control(struct fid *fid, int command, void *arg) { return fi_contro
 ssize_t rdram_fi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag, void *context) { return fi_tsend(ep, buf, len, desc, dest, tag, context); }
 ssize_t rdram_fi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag, uint64_t ignore, void *context) { return fi_trecv(ep, buf, len, desc, src, tag, ignore, context); }
 ssize_t rdram_fi_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr, uint64_t key, void *context) { return fi_read(ep, buf, len, desc, src, addr, key, context); }
+ssize_t rdram_fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr, uint64_t key, void *context) { return fi_write(ep, buf, len, desc, dest, addr, key, context); }
 ssize_t rdram_fi_cq_read(struct fid_cq *cq, void *buf, size_t count) { return fi_cq_read(cq, buf, count); }
 ssize_t rdram_fi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags) { return fi_cq_readerr(cq, buf, flags); }
 const char *rdram_fi_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len) { return fi_cq_strerror(cq, prov_errno, err_data, buf, len); }

@@ -1,0 +1,324 @@
+//! The attacker's view: real `rdram serve` processes on loopback, probed by a client that
+//! has no token, guesses memory keys, forges hellos, replays another client's session,
+//! trickles its handshake, or floods the bootstrap port. Everything must fail cleanly
+//! while the server keeps serving its real clients.
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{pattern, rdram, ServerProc};
+use remote_dram::client::KeyRange;
+use remote_dram::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
+use remote_dram::proto::fabric::{self as wire, decode_addresses};
+use remote_dram::proto::{Op, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
+use remote_dram::transport::fabric::{Completion, Endpoint, OpContext, RemoteAccess};
+use remote_dram::{Client, ClientOptions, Status};
+
+const FABRIC_TCP: [&str; 4] = ["--transport", "fabric", "--provider", "tcp;ofi_rxm"];
+
+fn token_file(token: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("rdram-token-{}-{}", std::process::id(), token.len()));
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn with_token(token: &str) -> ClientOptions {
+    ClientOptions { auth_token: Some(token.into()), timeout: Duration::from_secs(20), ..Default::default() }
+}
+
+/// The bootstrap exchange by hand: what any program that reaches the port can do.
+fn bootstrap(addr: &str, token: Option<&str>) -> (Welcome, TcpStream) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write_line(&mut s, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: token.map(str::to_string) }).unwrap();
+    let w: Welcome = read_line(&s, Duration::from_secs(5)).unwrap();
+    (w, s)
+}
+
+/// Start addresses of the server process's large read-write anonymous mappings: where
+/// its arenas (and everything else big) live. An attacker on the host can read these.
+fn large_mappings(pid: u32, min: u64) -> Vec<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+            (perms.starts_with("rw") && b - a >= min).then_some(a)
+        })
+        .collect()
+}
+
+/// Waits for the completion of the single operation in flight on `ep`: true when it
+/// succeeded. No completion within the time counts as a failure of the attack.
+fn outcome(ep: &Endpoint) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut out = Vec::new();
+    while Instant::now() < deadline {
+        if ep.poll(&mut out, 1) > 0 {
+            return matches!(out[0], Completion::Done { .. });
+        }
+    }
+    false
+}
+
+/// 13.1: with keys 1..64, at offset 0 and at the start of every large mapping of the
+/// server process, one-sided reads and writes of the server's memory all fail, and the
+/// stored value (and its generation) is unchanged afterwards.
+#[test]
+fn fabric_server_memory_is_neither_readable_nor_writable_remotely() {
+    common::init(common::TCP);
+    let token = "s3cret-token";
+    let file = token_file(token);
+    let mut args = FABRIC_TCP.to_vec();
+    args.extend(["--auth-token-file", file.to_str().unwrap(), "--workers", "1"]);
+    let server = ServerProc::start(&args);
+    let mut c = Client::connect(&server.addr, with_token(token)).unwrap();
+    let secret = vec![0x5au8; 4096];
+    let generation = c.put(b"victim", &secret).unwrap();
+
+    // The attacker knows the worker's address (ss shows its port); the refused bootstrap
+    // tells it nothing, so take the address from a welcome as a stand-in for ss.
+    let (refused, _s) = bootstrap(&server.addr, None);
+    assert!(refused.error.is_some() && refused.shards.is_empty(), "no token, no addresses");
+    let (w, _s) = bootstrap(&server.addr, Some(token));
+    let worker = decode_addresses(&w.shards[0]).unwrap().remove(0);
+
+    let ep = Endpoint::open("tcp;ofi_rxm", Some("127.0.0.1")).unwrap();
+    assert!(ep.rma, "tcp;ofi_rxm offers one-sided operations");
+    let peer = ep.insert_peer(&worker).unwrap();
+    let mut local = vec![0u8; 4096];
+    let mr = ep.register(local.as_ptr(), local.len(), RemoteAccess::None).unwrap();
+    let mut targets = vec![0u64];
+    targets.extend(large_mappings(server.child.id(), 16 << 20));
+    assert!(targets.len() > 1, "the server's arena mapping is visible in /proc");
+    let mut tried = 0;
+    for key in 1..=64u64 {
+        for &addr in &targets {
+            let mut ctx = OpContext::default();
+            // SAFETY: `local` and `ctx` outlive the operation: `outcome` waits for it.
+            if unsafe { ep.read(local.as_mut_ptr(), 64, mr.desc, peer, addr + 5, key, &mut ctx) }.is_ok() {
+                assert!(!outcome(&ep), "fi_read with key {key} at {addr:#x} succeeded");
+            }
+            let mut ctx = OpContext::default();
+            // SAFETY: as above.
+            if unsafe { ep.write(local.as_ptr(), 64, mr.desc, peer, addr + 5, key, &mut ctx) }.is_ok() {
+                assert!(!outcome(&ep), "fi_write with key {key} at {addr:#x} succeeded");
+            }
+            tried += 2;
+        }
+    }
+    assert!(tried >= 128);
+    ep.deregister(mr).unwrap();
+    drop(ep);
+    match c.get(b"victim").unwrap() {
+        Some(v) => assert!(v.data == secret && v.generation == generation, "stored value changed"),
+        other => panic!("victim gone: {other:?}"),
+    }
+}
+
+/// Sends a forged fabric hello to the worker and reports whether any reply came back.
+fn forged_hello(ep: &Endpoint, peer: u64, session: u64) -> bool {
+    let hello = wire::Hello { session, hello_id: 77, addresses: vec![ep.address().unwrap()] };
+    let msg = hello.encode();
+    let mut reply = vec![0u8; wire::REPLY_MSG_MAX];
+    let (mut rctx, mut sctx) = (OpContext::default(), OpContext::default());
+    (rctx.token, sctx.token) = (1, 2);
+    // SAFETY: buffers and contexts outlive the operations: we wait (and cancel) below.
+    unsafe {
+        ep.recv(reply.as_mut_ptr(), reply.len(), std::ptr::null_mut(), wire::REPLY | 77, 0, &mut rctx).unwrap();
+        ep.send(msg.as_ptr(), msg.len(), std::ptr::null_mut(), peer, wire::HELLO, &mut sctx).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_millis(150);
+    let mut out = Vec::new();
+    let mut answered = false;
+    while Instant::now() < deadline {
+        ep.poll(&mut out, 4);
+        if out.iter().any(|c| matches!(c, Completion::Done { token: 1, .. })) {
+            answered = true;
+            break;
+        }
+    }
+    if !answered {
+        ep.cancel(&mut rctx);
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until && !out.iter().any(|c| matches!(c, Completion::Failed { token: 1, .. } | Completion::Done { token: 1, .. })) {
+            ep.poll(&mut out, 4);
+        }
+    }
+    answered
+}
+
+fn clients_of(c: &mut Client) -> u64 {
+    let stats = c.stats().unwrap();
+    stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["clients"].as_u64().unwrap()).sum()
+}
+
+/// 13.2: a hello gets a slot only with a session the bootstrap issued after the token
+/// check, to a client still connected; forged, guessed or revoked sessions get nothing.
+#[test]
+fn fabric_hellos_need_a_live_session_from_the_bootstrap() {
+    common::init(common::TCP);
+    let token = "hello-token";
+    let file = token_file(token);
+    let mut args = FABRIC_TCP.to_vec();
+    args.extend(["--auth-token-file", file.to_str().unwrap(), "--workers", "1"]);
+    let server = ServerProc::start(&args);
+    let mut c = Client::connect(&server.addr, with_token(token)).unwrap();
+    assert_eq!(clients_of(&mut c), 1);
+
+    let (w, live) = bootstrap(&server.addr, Some(token));
+    let ep = Endpoint::open("tcp;ofi_rxm", Some("127.0.0.1")).unwrap();
+    let peer = ep.insert_peer(&decode_addresses(&w.shards[0]).unwrap()[0]).unwrap();
+    for guess in 1..=40u64 {
+        assert!(!forged_hello(&ep, peer, guess.wrapping_mul(0x9E37_79B9_7F4A_7C15)), "a guessed session got a slot");
+    }
+    assert_eq!(clients_of(&mut c), 1, "forged hellos took slots");
+    // The real session works once; repeating it does not grow the slot table.
+    assert!(forged_hello(&ep, peer, w.session), "the issued session is accepted");
+    assert!(forged_hello(&ep, peer, w.session));
+    assert_eq!(clients_of(&mut c), 2, "one slot per bootstrap connection");
+    drop(live);
+    assert!(common::wait_until(Duration::from_secs(5), || clients_of(&mut c) == 1), "slot freed with its connection");
+    assert!(!forged_hello(&ep, peer, w.session), "a revoked session still gets a slot");
+    assert_eq!(clients_of(&mut c), 1);
+}
+
+/// 13.3: over UCX each client has its own session; a request with another client's
+/// session works only while that client is connected, then is refused as unauthenticated.
+#[test]
+fn ucx_sessions_are_per_client_and_revoked_on_disconnect() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1"]);
+    let a = server.client();
+    let mut b = server.client();
+    let (session_a, _) = a.raw_session();
+    let (session_b, _) = b.raw_session();
+    assert_ne!(session_a, session_b, "sessions are per client");
+    let stats_with = |c: &mut Client, session: u64| {
+        let mut h = RequestHeader::new(Op::Stats, c.raw_session().1, session);
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.request_id = c.raw_session().1;
+        h.encode(&mut buf);
+        c.raw_request(0, &buf, &[], Duration::from_secs(10)).unwrap().0
+    };
+    assert_eq!(stats_with(&mut b, session_b), Status::Ok);
+    assert_eq!(stats_with(&mut b, session_a), Status::Ok, "a's session is valid while a is connected");
+    drop(a);
+    assert!(
+        common::wait_until(Duration::from_secs(5), || stats_with(&mut b, session_a) == Status::AuthFailed),
+        "a's session still accepted after a disconnected"
+    );
+    assert_eq!(stats_with(&mut b, 12345), Status::AuthFailed, "an invented session is refused");
+    assert_eq!(stats_with(&mut b, session_b), Status::Ok, "b keeps working");
+}
+
+/// 13.6: an empty token refuses to start (never "token required" while serving anyone);
+/// a token file readable by others is warned about.
+#[test]
+fn empty_tokens_refuse_to_start_and_loose_token_files_warn() {
+    common::init(common::TCP);
+    let out = std::process::Command::new(common::RDRAM)
+        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off"])
+        .env("RDRAM_AUTH_TOKEN", "")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an empty RDRAM_AUTH_TOKEN must not start an open server");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+
+    let empty = std::env::temp_dir().join(format!("rdram-empty-token-{}", std::process::id()));
+    std::fs::write(&empty, "\n").unwrap();
+    let out = std::process::Command::new(common::RDRAM)
+        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--auth-token-file", empty.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an empty token file must not start the server");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no token"));
+
+    use std::os::unix::fs::PermissionsExt;
+    let loose = token_file("loose-token");
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = std::process::Command::new(common::RDRAM);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--workers", "1"])
+        .args(["--auth-token-file", loose.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut chunk = [0u8; 512];
+    while !seen.contains("readable by group or others") && Instant::now() < deadline {
+        match stderr.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.push_str(&String::from_utf8_lossy(&chunk[..n])),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("readable by group or others"), "no warning: {seen}");
+}
+
+/// 13.5: a client that trickles its handshake is cut off at the deadline, connections
+/// beyond --max-clients are told the server is at capacity, and a departed client's
+/// place is given to the next one.
+#[test]
+fn bootstrap_has_a_deadline_and_a_client_limit() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1", "--max-clients", "2"]);
+    // One byte every 500 ms: the whole handshake must end within its 5 s deadline.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    let started = Instant::now();
+    let line = br#"{"magic":"remote_dram","version":2,"token":null}"#;
+    let mut closed_after = None;
+    for b in line.iter() {
+        if slow.write_all(&[*b]).is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let mut probe = [0u8; 256];
+        slow.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        if let Ok(n) = slow.read(&mut probe) {
+            let text = String::from_utf8_lossy(&probe[..n]).into_owned();
+            assert!(n == 0 || text.contains("error"), "a trickled handshake was answered: {text}");
+            closed_after = Some(started.elapsed());
+            break;
+        }
+    }
+    let took = closed_after.expect("a trickling client was never cut off");
+    assert!(took < Duration::from_secs(9), "handshake deadline not enforced ({took:?})");
+
+    let a = server.client();
+    let b = server.client();
+    let err = Client::connect(&server.addr, common::options()).err().expect("a third client was admitted past --max-clients 2");
+    assert_eq!(err.status, Status::Unavailable);
+    assert!(err.message.contains("at capacity"), "{}", err.message);
+    drop(a);
+    assert!(common::wait_until(Duration::from_secs(5), || Client::connect(&server.addr, common::options()).is_ok()));
+    drop(b);
+}
+
+/// 13.9: `rdram put --file /dev/zero` stops at the value limit instead of reading
+/// forever, and `--ttl-ms 0` is refused rather than meaning "expire at once".
+#[test]
+fn cli_bounds_its_input_and_refuses_a_zero_ttl() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1"]);
+    let (code, _, err) = rdram(&["put", "--server", &server.addr, "zero", "--file", "/dev/zero"], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("larger than") && err.contains("1 GiB"), "{err}");
+    let (code, _, err) = rdram(&["put", "--server", &server.addr, "k", "v", "--ttl-ms", "0"], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("ttl"), "{err}");
+    let (code, _, _) = rdram(&["put", "--server", &server.addr, "k", "v", "--ttl-ms", "60000"], None);
+    assert_eq!(code, 0);
+    let mut c = server.client();
+    assert_eq!(c.list(&KeyRange::prefix(b"")).unwrap().len(), 1, "only the valid put landed");
+    let _ = pattern(0, 0);
+}
