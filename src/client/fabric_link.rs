@@ -20,7 +20,7 @@ use super::conn::{ConnectOptions, Link, Liveness, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
-use crate::proto::{flags, Op, ReplyHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
+use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN, REQUEST_HEADER_LEN};
 use crate::transport::fabric::ops::Finished;
 use crate::transport::fabric::rails::stripes;
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
@@ -59,6 +59,9 @@ struct LinkOp {
 
 struct Pending {
     server: usize,
+    shard: usize,
+    /// Its payload stays in the caller's memory, registered for the worker to read.
+    remote_payload: bool,
     msg: Vec<u8>,
     reply_buf: Vec<u8>,
     /// Registrations of `msg` and `reply_buf` when the provider requires local ones.
@@ -166,6 +169,8 @@ impl FabricLink {
             };
             Box::new(Pending {
                 server,
+                shard: 0,
+                remote_payload: false,
                 msg,
                 reply_buf,
                 own_mr,
@@ -179,6 +184,7 @@ impl FabricLink {
             })
         });
         p.server = server;
+        p.remote_payload = false;
         p.msg.clear();
         p.sink = None;
         p.sent = false;
@@ -209,6 +215,7 @@ impl FabricLink {
     /// Posts the reply receive, then sends `p.msg` to a shard with `kind` in the tag.
     fn post(&mut self, id: u64, mut p: Box<Pending>, shard: usize, kind: u64) -> Result<()> {
         let server = p.server;
+        p.shard = shard;
         let target = &self.servers[server].shards[shard];
         let (peer, slot) = (target.peers[0], target.slot);
         let (msg_desc, reply_desc) = p.own_mr.as_ref().map_or((std::ptr::null_mut(), std::ptr::null_mut()), |(m, r)| (m[0].desc, r[0].desc));
@@ -350,8 +357,24 @@ impl FabricLink {
             self.servers[server].dead = Some(why.clone());
         }
         let ids: Vec<u64> = self.pending.iter().filter(|(_, p)| p.server == server).map(|(id, _)| *id).collect();
-        for id in &ids {
-            let p = &self.pending[id];
+        self.cancel_receives(&ids);
+        for id in ids {
+            if let Some(fresh) = self.retire(id) {
+                self.pending.insert(id, fresh);
+            }
+            if let Some(p) = self.pending.get_mut(&id) {
+                if !matches!(p.reply, Some(Ok(_))) {
+                    p.reply = Some(Err(Error::new(status, why.clone())));
+                }
+            }
+        }
+    }
+
+    /// Cancels the receives still posted for requests `ids` and waits briefly for the
+    /// provider to hand their buffers back.
+    fn cancel_receives(&mut self, ids: &[u64]) {
+        for id in ids {
+            let Some(p) = self.pending.get(id) else { continue };
             if let Some(op) = p.header_op {
                 self.rails.eps[0].cancel(self.ops.ctx(op, 0));
             }
@@ -365,26 +388,100 @@ impl FabricLink {
         while Instant::now() < deadline && ids.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some())) {
             self.progress();
         }
-        for id in ids {
-            let Some(p) = self.pending.get_mut(&id) else { continue };
-            if p.header_op.is_some() || p.data_op.is_some() || !p.sent {
-                // The provider still holds these buffers (a receive not returned, or a
-                // send to a dead peer not completed): leak them rather than reuse memory
-                // it may touch, and answer the caller from a fresh entry.
-                let stale = self.pending.remove(&id).unwrap();
-                std::mem::forget(stale);
-                let mut fresh = self.take_pending(server);
-                fresh.sent = true;
-                fresh.reply = Some(Err(Error::new(status, why.clone())));
-                self.pending.insert(id, fresh);
-                continue;
+    }
+
+    /// When the provider still holds request `id`'s buffers (a receive not returned, or a
+    /// send to a dead peer not completed), takes it out: its registrations are closed (the
+    /// caller's memory must not stay readable once the call returns), its own buffers are
+    /// leaked rather than reused, and a receive into the caller's buffer that could not be
+    /// cancelled closes the endpoints, so nothing can write there any more. Returns a
+    /// fresh entry to answer the caller from; None when nothing was held.
+    fn retire(&mut self, id: u64) -> Option<Box<Pending>> {
+        let p = self.pending.get(&id)?;
+        if p.header_op.is_none() && p.data_op.is_none() && p.sent {
+            return None;
+        }
+        let mut stale = self.pending.remove(&id).unwrap();
+        for mrs in stale.temp_mr.drain(..) {
+            self.rails.deregister(mrs);
+        }
+        if stale.data_op.is_some() && stale.sink.is_some() {
+            tracing::warn!("a reply into the caller's buffer could not be cancelled: closing the fabric endpoints");
+            for ep in &mut self.rails.eps {
+                ep.close();
             }
-            if !matches!(p.reply, Some(Ok(_))) {
-                p.reply = Some(Err(Error::new(status, why.clone())));
+            for s in &mut self.servers {
+                s.dead.get_or_insert_with(|| "endpoints closed".into());
+            }
+        }
+        let server = stale.server;
+        std::mem::forget(stale);
+        let mut fresh = self.take_pending(server);
+        fresh.sent = true;
+        Some(fresh)
+    }
+
+    /// Drops request `id`, which nobody waits for any more.
+    fn forget_request(&mut self, id: u64) {
+        self.cancel_receives(&[id]);
+        if self.retire(id).map(|fresh| self.pool.push(fresh)).is_none() {
+            if let Some(p) = self.pending.remove(&id) {
+                self.release(p);
             }
         }
     }
 }
+
+/// Ids of the link's own abort requests (below the hello ids).
+const ABORT_ID_BASE: u64 = 1 << 59;
+
+impl FabricLink {
+    /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
+    /// reads or writes the caller's memory again. A payload the worker may still be
+    /// reading is aborted: the worker answers once its reads are back, and discards the
+    /// value; then its registration is closed. A reply receive into the caller's buffer is
+    /// cancelled. What the server does not confirm within [`ABORT_GRACE`] is cut off:
+    /// the server is given up on and the registration closed regardless.
+    fn give_up(&mut self, id: u64, err: Error) -> Error {
+        let Some(p) = self.pending.get(&id) else { return err };
+        let (server, shard) = (p.server, p.shard);
+        // A payload the worker may still read, or a reply payload it still sends from a
+        // pinned extent (which it releases on the abort).
+        let in_flight = (p.remote_payload && p.reply.is_none()) || p.data_op.is_some();
+        if in_flight && self.servers[server].dead.is_none() {
+            let credential = u64::from_le_bytes(p.msg[16..24].try_into().unwrap());
+            let abort_id = ABORT_ID_BASE + id;
+            let mut h = RequestHeader::new(Op::Abort, abort_id, credential);
+            h.ttl_or_limit = id;
+            let mut header = [0u8; REQUEST_HEADER_LEN];
+            h.encode(&mut header);
+            let mut a = self.take_pending(server);
+            a.msg.extend_from_slice(&header);
+            let confirmed = self.post(abort_id, a, shard, wire::REQUEST).is_ok() && {
+                let deadline = Instant::now() + ABORT_GRACE;
+                let settled = |l: &Self| [id, abort_id].iter().any(|i| l.pending.get(i).is_some_and(|p| p.reply.is_some()));
+                while !settled(self) && Instant::now() < deadline && self.servers[server].dead.is_none() {
+                    if !self.progress() {
+                        std::thread::yield_now();
+                    }
+                }
+                settled(self)
+            };
+            self.forget_request(abort_id);
+            if !confirmed {
+                let why = format!("{} did not confirm the abort of a timed-out request; given up", self.servers[server].node);
+                self.fail_server(server, Status::Timeout, why);
+            }
+        }
+        // Its receives (maybe into the caller's buffer) are cancelled, its registration closed.
+        self.forget_request(id);
+        err
+    }
+}
+
+/// How long a given-up call waits for the server to confirm that it no longer touches
+/// the caller's memory.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// Takes a reply header (and inline payload) that arrived in `p.reply_buf`. Returns the
 /// payload length when the payload follows as its own message.
@@ -455,6 +552,7 @@ impl Link for FabricLink {
                 }
             };
             p.temp_mr = temp;
+            p.remote_payload = true;
             if p.msg.len() >= 8 {
                 let flags_now = u32::from_le_bytes(p.msg[4..8].try_into().unwrap()) | flags::REMOTE_VALUE;
                 p.msg[4..8].copy_from_slice(&flags_now.to_le_bytes());
@@ -480,8 +578,7 @@ impl Link for FabricLink {
             let now = Instant::now();
             if now >= deadline {
                 let why = format!("no answer from {} within {timeout:?}", self.servers[server].node);
-                self.fail_server(server, Status::Timeout, why);
-                continue;
+                return Err(self.give_up(id, Error::new(Status::Timeout, why)));
             }
             if let Some(gone) = self.liveness.next_gone(now) {
                 let why = format!("server {} went away (its connection closed)", self.servers[gone].node);

@@ -23,7 +23,10 @@ use crate::transport::Poller;
 struct Pending {
     state: *mut State,
     server: usize,
+    ep: sys::ucp_ep_h,
     msg: Vec<u8>,
+    /// A put: until `sent`, the server may still be pulling its value from caller memory.
+    is_put: bool,
     sent: bool,
     receiving: bool,
     sink: Option<Sink>,
@@ -72,6 +75,10 @@ pub struct UcxLink {
     servers: Vec<ServerEps>,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     pool: Vec<Box<Pending>>,
+    /// Given-up requests whose send UCX has not completed yet: reused once it has.
+    #[allow(clippy::vec_box)]
+    zombies: Vec<Box<Pending>>,
+    next_abort: u64,
     poller: Poller,
     liveness: Liveness,
     worker: Box<Worker>,
@@ -86,7 +93,7 @@ impl UcxLink {
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
-        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), poller: Poller::new(poll.poll, poll.spin), liveness, worker };
+        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), zombies: Vec::new(), next_abort: ABORT_ID_BASE, poller: Poller::new(poll.poll, poll.spin), liveness, worker };
         for (i, welcome) in welcomes.iter().enumerate() {
             let mut eps = Vec::new();
             let mut tags = Vec::new();
@@ -132,6 +139,93 @@ impl UcxLink {
     }
 }
 
+/// Ids of the link's own abort requests, apart from the connection's request ids.
+const ABORT_ID_BASE: u64 = 1 << 61;
+/// How long a given-up call waits for the server to confirm that it no longer touches
+/// the caller's memory, before closing the connection to make sure of it.
+pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+impl UcxLink {
+    /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
+    /// reads or writes the caller's memory again: a put the server may still be pulling is
+    /// aborted (the server answers once its receive has ended, and discards the value); a
+    /// reply still arriving into the caller's buffer is let finish. Whatever the server
+    /// does not confirm within [`ABORT_GRACE`] is cut off by closing its endpoints.
+    fn give_up(&mut self, id: u64, err: Error) -> Error {
+        let Some(p) = self.state.pending.get(&id) else { return err };
+        let server = p.server;
+        if p.is_put && !p.sent && self.servers[server].dead.is_none() {
+            let mut header = [0u8; proto::REQUEST_HEADER_LEN];
+            let session = u64::from_le_bytes(p.msg[16..24].try_into().unwrap());
+            let abort_id = self.next_abort;
+            self.next_abort += 1;
+            let mut h = proto::RequestHeader::new(proto::Op::Abort, abort_id, session);
+            h.ttl_or_limit = id;
+            h.encode(&mut header);
+            let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
+            let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], None).is_ok()
+                && self.progress_until(ABORT_GRACE, |st| {
+                    st.pending.get(&id).is_some_and(|p| p.sent) || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
+                });
+            self.forget_request(abort_id);
+            if !confirmed {
+                let why = format!("{} did not confirm the abort of a timed-out put; connection closed", self.servers[server].node);
+                self.fail_server(server, Status::Timeout, why);
+            }
+        }
+        let receiving_into_caller = |st: &State| st.pending.get(&id).is_some_and(|p| p.receiving && p.sink.is_some());
+        if receiving_into_caller(&self.state) && !self.progress_until(ABORT_GRACE, |st| !receiving_into_caller(st)) {
+            let why = format!("a reply from {} into the caller's buffer did not end; connection closed", self.servers[server].node);
+            self.fail_server(server, Status::Timeout, why);
+        }
+        self.forget_request(id);
+        err
+    }
+
+    /// Progresses until `done` holds or `limit` passes; true when it held.
+    fn progress_until(&mut self, limit: Duration, done: impl Fn(&State) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while !done(&self.state) {
+            if Instant::now() >= deadline || self.state.failed.iter().any(Option::is_some) {
+                return done(&self.state);
+            }
+            if self.worker.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
+    /// Drops a request nobody waits for; a reply arriving later is ignored. Its box is
+    /// reused only once UCX has completed its send (and no receive writes into it).
+    fn forget_request(&mut self, id: u64) {
+        if let Some(mut p) = self.state.pending.remove(&id) {
+            p.reply = None;
+            if p.receiving {
+                // fail_server closed the endpoint, which completes the receive; if UCX
+                // still holds the buffer, leak it rather than free memory it may write.
+                std::mem::forget(p);
+            } else if p.sent {
+                self.pool.push(p);
+            } else {
+                self.zombies.push(p);
+            }
+        }
+    }
+
+    fn reclaim_zombies(&mut self) {
+        let mut i = 0;
+        while i < self.zombies.len() {
+            if self.zombies[i].sent {
+                let p = self.zombies.swap_remove(i);
+                self.pool.push(p);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 impl Link for UcxLink {
     fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()> {
         let conn = &self.servers[server];
@@ -139,11 +233,24 @@ impl Link for UcxLink {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
         }
         let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
+        self.reclaim_zombies();
         let mut p = self.pool.pop().unwrap_or_else(|| {
-            Box::new(Pending { state: ptr::null_mut(), server: 0, msg: Vec::new(), sent: false, receiving: false, sink: None, reply: None })
+            Box::new(Pending {
+                state: ptr::null_mut(),
+                server: 0,
+                ep: ptr::null_mut(),
+                msg: Vec::new(),
+                is_put: false,
+                sent: false,
+                receiving: false,
+                sink: None,
+                reply: None,
+            })
         });
         p.state = &mut *self.state;
         p.server = server;
+        p.ep = ep;
+        p.is_put = header.get(3) == Some(&(proto::Op::Put as u8)) && !payload.is_empty();
         p.sent = false;
         p.receiving = false;
         p.sink = sink;
@@ -211,8 +318,7 @@ impl Link for UcxLink {
             let now = Instant::now();
             if now >= deadline {
                 let node = self.servers[server].node.clone();
-                self.fail_server(server, Status::Timeout, format!("no answer from {node} within {timeout:?}"));
-                continue;
+                return Err(self.give_up(id, Error::new(Status::Timeout, format!("no answer from {node} within {timeout:?}"))));
             }
             if let Some(gone) = self.liveness.next_gone(now) {
                 let why = format!("server {} went away (its connection closed)", self.servers[gone].node);

@@ -7,6 +7,11 @@
 //!   payload = value                                  (put, key inline)
 //!           = key || value                           (put, FLAG_KEY_IN_PAYLOAD)
 //!           = range_min || range_max                 (list, delete-range; lengths in the header)
+//! Abort (op [`Op::Abort`], `ttl_or_limit` = the id of an earlier request of the same
+//!   client): "I gave up on that request". The worker stops reading its payload from the
+//!   client's memory, discards it (never publishes it), and answers the abort only once
+//!   nothing of that request can touch the client's memory any more; a client whose
+//!   call timed out waits for that answer before its call returns.
 //! Reply (AM id [`AM_REPLY`], shard worker → client):
 //!   header  = ReplyHeader (40 B)
 //!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text.
@@ -59,6 +64,7 @@ pub enum Op {
     DeleteRange = 4,
     List = 5,
     Stats = 6,
+    Abort = 7,
 }
 
 impl Op {
@@ -70,6 +76,7 @@ impl Op {
             4 => Op::DeleteRange,
             5 => Op::List,
             6 => Op::Stats,
+            7 => Op::Abort,
             _ => return None,
         })
     }
@@ -89,7 +96,8 @@ pub struct RequestHeader {
     /// Byte range for get: start (negative = suffix) and end (-1 = to the end).
     pub range_start: i64,
     pub range_end: i64,
-    /// TTL in milliseconds for put; entry limit for list.
+    /// TTL in milliseconds for put; entry limit for list; for a get over libfabric, the
+    /// caller's buffer size + 1; for abort, the request given up on.
     pub ttl_or_limit: u64,
     /// Key length (or range_min length for range ops).
     pub key_len: u32,
@@ -187,6 +195,11 @@ impl RequestHeader {
                 }
             }
             Op::Stats => {}
+            Op::Abort => {
+                if key_len != 0 || h.aux_len != 0 || h.ttl_or_limit == 0 {
+                    return fail(Status::Invalid, "abort names one earlier request and carries no key".into());
+                }
+            }
         }
         if h.flags & flags::IF_EQUAL != 0 && h.flags & flags::IF_ABSENT != 0 {
             return fail(Status::Invalid, "if_equal and if_absent are exclusive".into());

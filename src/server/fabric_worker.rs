@@ -14,6 +14,7 @@
 //!   in the index; when every stripe's read completed it is committed, and when one failed
 //!   (the client vanished) the extent is released.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,12 +51,22 @@ enum WorkerOp {
     Recv { buf: usize },
     Reply { msg: Box<ReplyBuf> },
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
-    Data { pinned: Option<u64>, _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
+    /// `key`: its entry in `sends` while it pins an extent.
+    Data { pinned: Option<u64>, key: (u32, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
     /// A put value being read from the client into a reserved extent.
-    ReadPut { slot: u32, put: PendingPut, plan: ReadPlan },
+    ReadPut { to: Client, put: PendingPut, plan: ReadPlan },
     /// Any other request whose payload had to be read from the client (admitted on
     /// arrival; served when the payload is here).
-    ReadPayload { slot: u32, header: RequestHeader, op: Op, inline: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
+    ReadPayload { to: Client, header: RequestHeader, op: Op, inline: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
+}
+
+/// Who an answer goes to: a slot, and the client (bootstrap connection) that held it
+/// when the request came. A slot freed and handed to another client meanwhile does not
+/// get the first one's late answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Client {
+    slot: u32,
+    id: u64,
 }
 
 /// A one-sided read of a client's payload, in chunks dealt round-robin over the rails
@@ -72,6 +83,9 @@ struct ReadPlan {
     next: usize,
     chunks: usize,
     failed: bool,
+    /// The client gave up on the request: answer this abort once the reads in flight
+    /// are back (none is posted after it).
+    abort: Option<u64>,
 }
 
 /// Chunk of a one-sided read; chunks in flight per rail.
@@ -81,7 +95,7 @@ const READ_WINDOW_PER_RAIL: usize = 2;
 impl ReadPlan {
     fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize) -> ReadPlan {
         let chunk = stripe_len(len, peer.len()).clamp(1, READ_CHUNK);
-        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false }
+        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false, abort: None }
     }
 }
 
@@ -108,6 +122,10 @@ pub struct FabricShardWorker {
     peers: Vec<Option<Peer>>,
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
+    /// Reads of client memory in flight, by (slot, request id): what an abort names.
+    reads: HashMap<(u32, u64), u32>,
+    /// Reply payloads being sent from pinned extents, by (slot, request id).
+    sends: HashMap<(u32, u64), u32>,
 }
 
 impl FabricShardWorker {
@@ -139,6 +157,8 @@ impl FabricShardWorker {
             peers: Vec::new(),
             free_slots: Vec::new(),
             ops: InFlight::default(),
+            reads: HashMap::new(),
+            sends: HashMap::new(),
         });
         w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
@@ -203,35 +223,44 @@ impl FabricShardWorker {
                 }
             }
             WorkerOp::Reply { msg } => self.reply_pool.push(msg),
-            WorkerOp::Data { pinned, temp_mr, .. } => {
+            WorkerOp::Data { pinned, key, temp_mr, .. } => {
                 if let Some(extent) = pinned {
+                    self.sends.remove(&key);
                     self.service.shard.unpin(extent);
                 }
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
                 }
             }
-            WorkerOp::ReadPut { slot, put, .. } => {
+            WorkerOp::ReadPut { to, put, plan } => {
+                self.reads.remove(&(to.slot, put.header.request_id));
                 if let Err(e) = &f.result {
                     debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index);
                 }
+                // Published only if every byte arrived while its client still wanted it:
+                // not after an abort, nor once the client's slot is gone.
+                let wanted = plan.abort.is_none() && self.holds(to);
                 self.scratch.clear();
-                let header = self.service.finish_put(put, f.result.is_ok(), &mut self.scratch);
-                self.reply(slot, Answer::Owned(header), None);
+                let header = self.service.finish_put(put, f.result.is_ok() && wanted, &mut self.scratch);
+                self.reply(to, Answer::Owned(header), None);
+                self.confirm_abort(to, plan.abort);
             }
-            WorkerOp::ReadPayload { slot, header, op, inline, buf, temp_mr, .. } => {
+            WorkerOp::ReadPayload { to, header, op, inline, buf, temp_mr, plan } => {
+                self.reads.remove(&(to.slot, header.request_id));
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
                 }
                 self.scratch.clear();
                 let answer = match f.result {
-                    Ok(()) => self.service.serve(&Request { header: clear_remote(header), op, inline: &inline }, &buf, &mut self.scratch),
+                    Ok(()) if plan.abort.is_none() => self.service.serve(&Request { header: clear_remote(header), op, inline: &inline }, &buf, &mut self.scratch),
+                    Ok(()) => Answer::Owned(service::error_reply(header.request_id, &Error::new(Status::Timeout, "abandoned by the client"), &mut self.scratch)),
                     Err(e) => {
                         let e = Error::new(Status::Transport, format!("reading the request payload failed: {e}"));
                         Answer::Owned(service::error_reply(header.request_id, &e, &mut self.scratch))
                     }
                 };
-                self.reply(slot, answer, capacity_of(op, header.ttl_or_limit));
+                self.reply(to, answer, capacity_of(op, header.ttl_or_limit));
+                self.confirm_abort(to, plan.abort);
             }
         }
     }
@@ -286,14 +315,60 @@ impl FabricShardWorker {
         header.generation = slot as u64;
         header.value_size = credential;
         self.scratch.clear();
-        self.reply(slot, Answer::Owned(header), None);
+        self.reply(Client { slot, id: client_id }, Answer::Owned(header), None);
     }
 
-    fn credential(&self, slot: u32) -> Option<u64> {
-        self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| p.credential)
+    /// The slot's credential and the client holding it.
+    fn holder(&self, slot: u32) -> Option<(u64, u64)> {
+        self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| (p.credential, p.client_id))
+    }
+
+    /// Whether `to`'s client still holds its slot.
+    fn holds(&self, to: Client) -> bool {
+        self.holder(to.slot).is_some_and(|(_, id)| id == to.id)
+    }
+
+    /// Answers an abort, now that nothing of the request it names reads client memory.
+    fn confirm_abort(&mut self, to: Client, abort: Option<u64>) {
+        if let Some(id) = abort {
+            debug!("shard {}: request abandoned by its client; discarded", self.service.index);
+            self.scratch.clear();
+            self.reply(to, Answer::Owned(ReplyHeader::new(id, Status::Ok)), None);
+        }
+    }
+
+    /// A reply payload its client will never receive (it gave up on the request, or left):
+    /// the send may stay posted for good (shm never fails it), so its extent is unpinned
+    /// now. Only that client could still match the send, and it cancelled its receive.
+    fn orphan_send(&mut self, slot: u32, request: u64) {
+        let Some(op) = self.sends.remove(&(slot, request)) else { return };
+        if let Some(WorkerOp::Data { pinned, .. }) = self.ops.value_mut(op) {
+            if let Some(extent) = pinned.take() {
+                self.service.shard.unpin(extent);
+            }
+        }
+    }
+
+    /// The client gave up on request `target`: stop reading its payload; the abort is
+    /// answered when the reads in flight are back (at once if none are).
+    fn abort(&mut self, to: Client, abort_id: u64, target: u64) {
+        self.orphan_send(to.slot, target);
+        if let Some(&op) = self.reads.get(&(to.slot, target)) {
+            if let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(op) {
+                plan.abort = Some(abort_id);
+                plan.failed = true;
+                return;
+            }
+        }
+        self.scratch.clear();
+        self.reply(to, Answer::Owned(ReplyHeader::new(abort_id, Status::Ok)), None);
     }
 
     fn forget(&mut self, slot: u32) {
+        let orphans: Vec<u64> = self.sends.keys().filter(|k| k.0 == slot).map(|k| k.1).collect();
+        for request in orphans {
+            self.orphan_send(slot, request);
+        }
         if let Some(peer) = self.peers.get_mut(slot as usize).and_then(Option::take) {
             for (ep, a) in self.rails.eps.iter().zip(peer.addrs) {
                 let _ = ep.remove_peer(a);
@@ -316,9 +391,10 @@ impl FabricShardWorker {
     }
 
     fn on_request(&mut self, at: usize, len: usize, slot: u32) {
-        let Some(credential) = self.credential(slot) else {
+        let Some((credential, client_id)) = self.holder(slot) else {
             return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
         };
+        let to = Client { slot, id: client_id };
         let msg = &self.recv_slab[at..at + len];
         if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
             // Not from that slot's client: answering would send to someone else.
@@ -331,6 +407,11 @@ impl FabricShardWorker {
                 self.scratch = out;
                 return debug!("shard {}: unanswerable request: {e}", self.service.index);
             }
+            Ok((req, _)) if req.op == Op::Abort => {
+                let (id, target) = (req.header.request_id, req.header.ttl_or_limit);
+                self.scratch = out;
+                return self.abort(to, id, target);
+            }
             Ok((req, payload)) if req.header.flags & flags::REMOTE_VALUE != 0 => {
                 let remote = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| match head.is_empty() {
                     true => Ok(rv),
@@ -340,7 +421,7 @@ impl FabricShardWorker {
                     Ok(rv) => {
                         let (header, op, inline) = (req.header, req.op, req.inline.to_vec());
                         self.scratch = out;
-                        return self.read_remote(slot, header, op, inline, rv);
+                        return self.read_remote(to, header, op, inline, rv);
                     }
                     Err(e) => (Answer::Owned(service::error_reply(req.header.request_id, &e, &mut out)), None),
                 }
@@ -352,43 +433,44 @@ impl FabricShardWorker {
             }
         };
         self.scratch = out;
-        self.reply(slot, answer, capacity);
+        self.reply(to, answer, capacity);
     }
 
     /// A request whose payload stays in the client's memory: read it, striped over the rails.
-    fn read_remote(&mut self, slot: u32, h: RequestHeader, op: Op, inline: Vec<u8>, rv: RemoteValue) {
+    fn read_remote(&mut self, to: Client, h: RequestHeader, op: Op, inline: Vec<u8>, rv: RemoteValue) {
         let id = h.request_id;
         let len = rv.len as usize;
-        let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
+        let peer = self.peers[to.slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let op_value = if op == Op::Put {
             let req = Request { header: h, op, inline: &inline };
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
                     let plan = ReadPlan::new(dest, self.arena_mr.iter().map(|m| m.desc).collect(), peer, rv.rails, len);
-                    WorkerOp::ReadPut { slot, put, plan }
+                    WorkerOp::ReadPut { to, put, plan }
                 }
                 Err(e) => {
                     let header = service::error_reply(id, &e, &mut self.scratch);
-                    return self.reply(slot, Answer::Owned(header), None);
+                    return self.reply(to, Answer::Owned(header), None);
                 }
             }
         } else {
             if len > 2 * crate::proto::MAX_KEY_LEN {
                 let header = service::error_reply(id, &Error::new(Status::Invalid, format!("{op:?} with a {len}-byte payload")), &mut self.scratch);
-                return self.reply(slot, Answer::Owned(header), None);
+                return self.reply(to, Answer::Owned(header), None);
             }
             let mut buf = vec![0u8; len];
             let temp_mr = self.local_registration(buf.as_ptr(), len);
             let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
             let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len);
-            WorkerOp::ReadPayload { slot, header: h, op, inline, buf, temp_mr, plan }
+            WorkerOp::ReadPayload { to, header: h, op, inline, buf, temp_mr, plan }
         };
         let chunks = match &op_value {
             WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => plan.chunks,
             _ => unreachable!(),
         };
         let op_id = self.ops.start(op_value, chunks);
+        self.reads.insert((to.slot, id), op_id);
         for _ in 0..READ_WINDOW_PER_RAIL * self.rails.eps.len() {
             self.pump_reads(op_id, false);
         }
@@ -447,10 +529,14 @@ impl FabricShardWorker {
         })
     }
 
-    /// Sends an answer to a client slot: owned payload bytes are in `self.scratch`.
-    /// `capacity`: the most payload the client can take (a get into a caller's buffer).
-    fn reply(&mut self, slot: u32, answer: Answer, capacity: Option<u64>) {
-        let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| p.addrs[0]) else { return };
+    /// Sends an answer to a client (if it still holds its slot): owned payload bytes are
+    /// in `self.scratch`. `capacity`: the most payload the client can take (a get into a
+    /// caller's buffer).
+    fn reply(&mut self, to: Client, answer: Answer, capacity: Option<u64>) {
+        let slot = to.slot;
+        let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0]) else {
+            return;
+        };
         let (mut header, arena) = match answer {
             Answer::Owned(h) => (h, None),
             Answer::Arena { header, offset, len, extent } => (header, Some((offset, len, extent))),
@@ -489,17 +575,21 @@ impl FabricShardWorker {
             Some((offset, len, extent)) => {
                 self.service.shard.pin(extent);
                 let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
-                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), _owned: Vec::new(), temp_mr: None })
+                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (slot, header.request_id), _owned: Vec::new(), temp_mr: None })
             }
             None => {
                 let owned = std::mem::take(&mut self.scratch);
                 let temp_mr = self.local_registration(owned.as_ptr(), owned.len());
                 let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
-                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, _owned: owned, temp_mr })
+                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (slot, header.request_id), _owned: owned, temp_mr })
             }
         };
         let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
+        let pins = matches!(value, WorkerOp::Data { pinned: Some(_), .. });
         let id = self.ops.start(value, parts.len());
+        if pins {
+            self.sends.insert((slot, header.request_id), id);
+        }
         for (p, &(off, part_len)) in parts.iter().enumerate() {
             let ctx = self.ops.ctx(id, p);
             // SAFETY: pinned arena bytes or the op's owned Vec, unchanged until completion.

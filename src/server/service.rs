@@ -146,6 +146,9 @@ impl Service {
             Op::Delete => self.delete(h, req.inline, payload),
             Op::DeleteRange | Op::List => self.range_op(h, req.op, payload, out),
             Op::Stats => self.stats(h, out),
+            // The transport found nothing of that request in flight: it finished (and was
+            // answered) or failed already, so the client's memory is out of reach.
+            Op::Abort => Ok(ReplyHeader::new(h.request_id, Status::Ok)),
         };
         Answer::Owned(result.unwrap_or_else(|e| error_reply(h.request_id, &e, out)))
     }

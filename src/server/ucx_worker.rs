@@ -11,6 +11,7 @@
 //!   completion it is committed (condition re-checked) or released, also when the client
 //!   vanished mid-transfer (the callback then carries an error status).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -44,6 +45,9 @@ struct PutInFlight {
     worker: *mut ShardWorker,
     reply_ep: sys::ucp_ep_h,
     put: PendingPut,
+    /// Set when the client gave up on this put: the abort request to answer once the
+    /// rendezvous receive (which reads the client's memory) has ended.
+    abort: Option<u64>,
 }
 
 pub struct ShardWorker {
@@ -52,6 +56,9 @@ pub struct ShardWorker {
     memh: sys::ucp_mem_h,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
+    /// Rendezvous puts being received, by (client session, request id): what an abort
+    /// names. The boxes are owned by their UCX receive until its callback.
+    puts: HashMap<(u64, u64), *mut PutInFlight>,
 }
 
 impl ShardWorker {
@@ -65,6 +72,7 @@ impl ShardWorker {
             worker,
             memh,
             reply_pool: Vec::new(),
+            puts: HashMap::new(),
         });
         let arg = &mut *w as *mut ShardWorker as *mut c_void;
         // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
@@ -189,6 +197,19 @@ impl ShardWorker {
                 return sys::UCS_OK;
             }
         };
+        if req.op == proto::Op::Abort {
+            let target = (req.header.session, req.header.ttl_or_limit);
+            match self.puts.get(&target) {
+                // SAFETY: the box stays valid until its receive's callback removes it from `puts`.
+                Some(&p) => unsafe { (*p).abort = Some(req.header.request_id) },
+                None => {
+                    let mut m = self.take_reply();
+                    let answer = self.service.serve(&req, &[], &mut m.payload);
+                    self.answer(ep, answer, m);
+                }
+            }
+            return sys::UCS_OK;
+        }
         if info.rendezvous {
             // Only puts carry large payloads; returning UCS_OK without receiving drops the
             // descriptor and releases the sender.
@@ -210,12 +231,13 @@ impl ShardWorker {
     fn receive_put(&mut self, ep: sys::ucp_ep_h, put: PendingPut, desc: *mut c_void) {
         let dest = self.service.put_destination(&put);
         let length = put.arriving as usize;
-        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, put }));
+        let key = (put.header.session, put.header.request_id);
+        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, put, abort: None }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
         let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, self.memh) };
         match started {
-            Ok(Started::Pending) => {}
+            Ok(Started::Pending) => drop(self.puts.insert(key, pending)),
             // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
             Ok(Started::Done) => self.finish_put(unsafe { *Box::from_raw(pending) }, sys::UCS_OK),
             Err(e) => {
@@ -226,12 +248,21 @@ impl ShardWorker {
     }
 
     fn finish_put(&mut self, p: PutInFlight, status: sys::ucs_status_t) {
+        self.puts.remove(&(p.put.header.session, p.put.header.request_id));
         if status != sys::UCS_OK {
             debug!("shard {}: rendezvous put failed ({}); slot freed", self.service.index, ucx::status_string(status));
         }
+        // Published only if every byte arrived while the client still wanted it: not
+        // after it gave up (abort) or went away (its session revoked).
+        let wanted = p.abort.is_none() && self.service.client_of(p.put.header.session).is_some();
         let mut m = self.take_reply();
-        let header = self.service.finish_put(p.put, status == sys::UCS_OK, &mut m.payload);
+        let header = self.service.finish_put(p.put, status == sys::UCS_OK && wanted, &mut m.payload);
         self.send_reply(p.reply_ep, header, m, None);
+        if let Some(abort) = p.abort {
+            debug!("shard {}: put abandoned by its client; discarded", self.service.index);
+            let m = self.take_reply();
+            self.send_reply(p.reply_ep, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
+        }
     }
 }
 

@@ -416,9 +416,62 @@ pub fn bench_against_server(transport: &str) {
     assert!(rows.iter().all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0), "{rows:?}");
 }
 
+/// Issue 12.1: once a call returns, whatever it returned, nothing touches the caller's
+/// buffer. A put of 256 MiB that times out after 1 ms: the caller then overwrites its
+/// buffer with 0xEE, and the key afterwards holds either nothing or exactly the bytes the
+/// buffer held during the call. A get into a caller's buffer that times out: the buffer,
+/// overwritten after the return, is never written again. The handle keeps working.
+pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
+    common::init(transport);
+    const LEN: usize = 256 << 20;
+    let server = ServerProc::start(&["--workers", "1", "--memory", "1GiB"]);
+    let hasty = ClientOptions { timeout: Duration::from_millis(1), ..common::options() };
+    let mut checker = server.client();
+    let original = pattern(12, LEN);
+    for round in 0..3 {
+        let key = format!("abandoned/{round}");
+        let mut buf = original.clone();
+        let mut c = Client::connect(&server.addr, hasty.clone()).unwrap();
+        let outcome = c.put(key.as_bytes(), &buf);
+        buf.fill(0xEE);
+        // Give a server that would still pull from `buf` the time to do it.
+        std::thread::sleep(Duration::from_millis(1500));
+        match checker.get(key.as_bytes()).unwrap() {
+            None => assert!(outcome.is_err(), "an acknowledged put is missing"),
+            Some(v) => assert!(v.data == original, "round {round}: the stored value has bytes written after the call returned"),
+        }
+        if let Err(e) = &outcome {
+            assert_eq!(e.status, Status::Timeout, "{e}");
+        }
+        drop(buf);
+        // Gets: a reply still arriving must not land in the caller's buffer afterwards.
+        checker.put(b"big", &original).unwrap();
+        let mut out = vec![0u8; LEN];
+        let got = c.get_into(b"big", &GetOptions::default(), &mut out);
+        out.fill(0x11);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(out.iter().all(|&b| b == 0x11), "round {round}: the buffer was written after get_into returned ({got:?})");
+    }
+    // The server kept serving, and held nothing back for the abandoned transfers.
+    assert!(checker.delete(b"big").is_ok());
+    for round in 0..3 {
+        let _ = checker.delete(format!("abandoned/{round}").as_bytes());
+    }
+    let stats = checker.stats().unwrap();
+    let used: u64 = stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["used_bytes"].as_u64().unwrap_or(0)).sum();
+    assert!(wait_until(Duration::from_secs(5), || {
+        let stats = checker.stats().unwrap();
+        stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["used_bytes"].as_u64().unwrap_or(0)).sum::<u64>() == 0
+    }), "extents still held after every key was deleted (used {used}): {stats}");
+}
+
 #[macro_export]
 macro_rules! transport_suite {
     ($tls:expr) => {
+        #[test]
+        fn timed_out_calls_leave_caller_memory_alone() {
+            suite::timed_out_calls_leave_caller_memory_alone($tls)
+        }
         #[test]
         fn writer_then_reader_processes() {
             suite::writer_then_reader_processes($tls)

@@ -429,6 +429,9 @@ impl Endpoint {
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
     /// too): drive our side and retry.
     fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
+        if self.ep.is_null() {
+            return Err(Error::new(Status::Unavailable, format!("{what}: endpoint closed")));
+        }
         loop {
             let rc = post() as i64;
             if rc != -(sys::FI_EAGAIN as i64) {
@@ -475,6 +478,23 @@ impl Endpoint {
             }
         }
         0
+    }
+}
+
+impl Endpoint {
+    /// Closes the endpoint itself (not its domain or queues), so that nothing posted on it
+    /// can move data any more: the last resort when a receive into memory we must give
+    /// back cannot be cancelled. The endpoint is unusable afterwards.
+    pub fn close(&mut self) {
+        if !self.ep.is_null() {
+            // SAFETY: the endpoint was opened by `open` and is closed once (then nulled).
+            unsafe { sys::rdram_fi_close(self.ep.cast::<sys::fid>()) };
+            self.ep = ptr::null_mut();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.ep.is_null()
     }
 }
 
