@@ -129,7 +129,7 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     h.version = 9;
     let (status, msg) = send(&mut c, h, b"keep", &[]);
     assert_eq!(status, Status::VersionMismatch);
-    assert!(msg.contains("server speaks v1, request is v9"), "{msg}");
+    assert!(msg.contains("server speaks v2, request is v9"), "{msg}");
     // Unknown op, unknown flags, key length not matching the bytes sent, bad session.
     let mut h = header(&c, Op::Get, 4);
     h.op = 77;

@@ -130,11 +130,26 @@ pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
+///
+/// When a server is lost (it died, restarted, or left a call unconfirmed), the calls in
+/// flight to it fail with `Unavailable`, and the next call connects again (a new
+/// bootstrap with every server, the caller's registrations redone), trying at most once
+/// per backoff step: [`RECONNECT_BACKOFF_MIN`] doubling up to [`RECONNECT_BACKOFF_MAX`].
 pub struct Client {
     conn: Connection,
+    addresses: Vec<String>,
+    opts: ConnectOptions,
+    /// Caller memory registered through [`Client::register`], redone on a new connection.
+    regions: Vec<(usize, usize)>,
+    /// No reconnect before this; the step after a failed attempt.
+    reconnect_at: std::time::Instant,
+    backoff: Duration,
 }
 
-// SAFETY: the UCX worker is in single-thread mode, which allows use from any one thread at a
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+// SAFETY: the UCX worker is in serialized mode, which allows use from any one thread at a
 // time; `&mut self` on every operation (and no Sync) guarantees exactly that, and the raw
 // pointers inside only point at memory the client owns.
 unsafe impl Send for Client {}
@@ -150,13 +165,46 @@ impl Client {
             timeout: opts.timeout,
             connect_timeout: opts.connect_timeout,
         };
-        Ok(Client { conn: Connection::connect(&list, &copts)? })
+        let conn = Connection::connect(&list, &copts)?;
+        Ok(Client { conn, addresses: list, opts: copts, regions: Vec::new(), reconnect_at: std::time::Instant::now(), backoff: RECONNECT_BACKOFF_MIN })
     }
 
-    /// True once the connection to any server was lost (the client does not reconnect:
-    /// open a new one).
+    /// True while the connection to any server is lost (the next call reconnects).
     pub fn lost_a_server(&self) -> bool {
         (0..self.conn.servers.len()).any(|i| self.conn.is_dead(i))
+    }
+
+    /// The connection, made anew first when a server was lost (see [`Client`]).
+    fn live(&mut self) -> Result<&mut Connection> {
+        if !self.lost_a_server() {
+            return Ok(&mut self.conn);
+        }
+        let now = std::time::Instant::now();
+        if now < self.reconnect_at {
+            let wait = self.reconnect_at - now;
+            return Err(Error::new(Status::Unavailable, format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(","))));
+        }
+        let fresh = Connection::connect(&self.addresses, &self.opts).and_then(|mut c| {
+            for &(base, len) in &self.regions {
+                // SAFETY: the caller keeps registered memory valid until it deregisters
+                // (the contract of `register`), which also removes it from `regions`.
+                unsafe { c.register(base as *mut u8, len)? };
+            }
+            Ok(c)
+        });
+        match fresh {
+            Ok(c) => {
+                self.conn = c;
+                self.backoff = RECONNECT_BACKOFF_MIN;
+                Ok(&mut self.conn)
+            }
+            Err(e) => {
+                self.reconnect_at = now + self.backoff;
+                self.backoff = (self.backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                let status = if matches!(e.status, Status::AuthFailed | Status::VersionMismatch | Status::Invalid) { e.status } else { Status::Unavailable };
+                Err(Error::new(status, format!("reconnecting failed: {}", e.message)))
+            }
+        }
     }
 
     /// Server nodes and their shard counts, in the order given at connect.
@@ -288,10 +336,13 @@ impl Client {
     /// # Safety
     /// The memory must stay valid until [`Client::deregister`] or the client is dropped.
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
-        self.conn.register(base, len)
+        self.conn.register(base, len)?;
+        self.regions.push((base as usize, len));
+        Ok(())
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        self.regions.retain(|r| r.0 != base as usize);
         self.conn.deregister(base)
     }
 
@@ -314,8 +365,9 @@ impl Client {
         }
         let mut h = RequestHeader::new(op, 0, 0);
         h.key_len = key.len() as u32;
-        let (server, shard) = self.conn.route(key);
-        self.conn.submit_into(server, shard, h, key, payload, sink)
+        let conn = self.live()?;
+        let (server, shard) = conn.route(key);
+        conn.submit_into(server, shard, h, key, payload, sink)
     }
 
     /// Deletes a key; `true` if it existed.
@@ -372,6 +424,7 @@ impl Client {
 
     /// Per-server, per-shard statistics and totals, as JSON.
     pub fn stats(&mut self) -> Result<serde_json::Value> {
+        self.live()?;
         let mut servers = Vec::new();
         let (mut keys, mut used, mut capacity) = (0u64, 0u64, 0u64);
         for server in 0..self.conn.servers.len() {
@@ -409,7 +462,9 @@ impl Client {
         (self.conn.session(0), self.conn.next_request_id())
     }
 
-    fn all_shards(&self) -> Vec<(usize, usize)> {
+    fn all_shards(&mut self) -> Vec<(usize, usize)> {
+        // A lost connection is made anew here; if that fails, the first call says why.
+        let _ = self.live();
         let mut v = Vec::new();
         for (i, s) in self.conn.servers.iter().enumerate() {
             v.extend((0..s.shards()).map(|shard| (i, shard)));
@@ -424,6 +479,7 @@ impl Client {
     }
 
     fn call_key_into(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], sink: Option<Sink>) -> Result<Reply> {
+        self.live()?;
         let (server, shard) = self.conn.route(key);
         h.key_len = key.len() as u32;
         let id = if key.len() <= INLINE_KEY_MAX {

@@ -35,6 +35,8 @@ use crate::transport::{PollMode, Poller};
 /// How often an idle worker wakes to expire TTL'd keys (and to notice a stop).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 const SWEEP_BATCH: usize = 256;
+/// How long a stopping worker lets transfers in flight finish.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// Receives kept posted for requests: enough for many pipelining clients; more arriving
 /// at once wait in the provider's unexpected-message queue.
 const RECV_BUFS: usize = 256;
@@ -194,6 +196,20 @@ impl FabricShardWorker {
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
                 warn!("worker: {e}");
+            }
+        }
+        // Shutdown: let reads of client memory and replies from pinned extents end
+        // (bounded) before the registrations, the endpoints and then the arena go (Drop).
+        let deadline = Instant::now() + SHUTDOWN_DRAIN;
+        while (!self.reads.is_empty() || !self.sends.is_empty()) && Instant::now() < deadline {
+            self.rails.poll(&mut done);
+            for c in done.drain(..) {
+                match self.ops.progress(c) {
+                    Progress::Finished(f) => self.finished(f),
+                    // No new chunk is read once stopping: the put fails and its extent is freed.
+                    Progress::Part { id, .. } => self.pump_reads(id, true),
+                    Progress::Nothing => {}
+                }
             }
         }
     }

@@ -310,19 +310,22 @@ impl Server {
         self.shutdown();
     }
 
+    /// Stops in order: no new clients (the bootstrap listener ends, and with it every
+    /// client's session), then the workers (each lets its transfers in flight finish,
+    /// destroys its endpoints and transport, then frees its arena).
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for w in &self.wakers {
-            w.wake();
-        }
-        for h in self.workers.drain(..) {
-            let _ = h.join();
-        }
         if let Some(b) = self.bootstrap.take() {
             // Unblock accept() with a connection of our own (local_addr is set whenever
             // the bootstrap runs).
             let _ = std::net::TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
             let _ = b.join();
+        }
+        for w in &self.wakers {
+            w.wake();
+        }
+        for h in self.workers.drain(..) {
+            let _ = h.join();
         }
     }
 }

@@ -32,6 +32,8 @@ use crate::transport::{PollMode, Poller};
 /// How often an idle worker wakes to expire TTL'd keys.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 const SWEEP_BATCH: usize = 256;
+/// How long a stopping worker lets transfers in flight finish.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 struct ReplyMsg {
     worker: *mut ShardWorker,
@@ -51,9 +53,12 @@ struct PutInFlight {
 }
 
 pub struct ShardWorker {
-    service: Service,
+    /// Before `service`: the UCX worker is destroyed before the arena it moves bytes of.
     worker: Worker,
+    service: Service,
     memh: sys::ucp_mem_h,
+    /// Replies whose send UCX has not completed yet.
+    replies_in_flight: usize,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
     /// Rendezvous puts being received, by (client session, request id): what an abort
@@ -71,6 +76,7 @@ impl ShardWorker {
             service: Service::new(index, shards, membership, shard),
             worker,
             memh,
+            replies_in_flight: 0,
             reply_pool: Vec::new(),
             puts: HashMap::new(),
         });
@@ -109,9 +115,20 @@ impl ShardWorker {
                 warn!("worker: {e}");
             }
         }
+        // Shutdown: let the transfers in flight end (bounded), so that the UCX worker is
+        // destroyed with nothing of ours in flight, then the arena is freed (field order).
+        let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
+        // SAFETY: as in the loop above.
+        while unsafe { !(*this).puts.is_empty() || (*this).replies_in_flight > 0 } && std::time::Instant::now() < deadline {
+            unsafe { (*this).worker.progress() };
+        }
         // SAFETY: reclaim the box leaked above; no callback can run after this point
         // because nothing progresses the worker any more.
-        drop(unsafe { Box::from_raw(this) });
+        let w = unsafe { Box::from_raw(this) };
+        if !w.puts.is_empty() || w.replies_in_flight > 0 {
+            warn!("shard {}: stopping with {} puts and {} replies still in flight", w.service.index, w.puts.len(), w.replies_in_flight);
+        }
+        drop(w);
     }
 
     fn take_reply(&mut self) -> Box<ReplyMsg> {
@@ -156,6 +173,7 @@ impl ShardWorker {
         // the send finished (or failed) inside the call, else in on_reply_sent.
         match started {
             Ok(Started::Pending) => {
+                self.replies_in_flight += 1;
                 if let Some((_, _, extent)) = arena {
                     self.service.shard.pin(extent);
                     unsafe { (*raw).pinned = Some(extent) };
@@ -297,6 +315,7 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
     // SAFETY: user_data is the ReplyMsg box leaked in send_reply for this pending send.
     let m = Box::from_raw(user_data as *mut ReplyMsg);
     let w = &mut *m.worker;
+    w.replies_in_flight -= 1;
     w.finish_reply(m);
     ucx::request_free(request);
 }

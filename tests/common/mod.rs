@@ -104,19 +104,37 @@ impl ServerProc {
     }
 }
 
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        // SIGTERM first: a clean shutdown is part of what we test.
+impl ServerProc {
+    /// SIGTERM, then the exit status: a clean shutdown (stop accepting, let transfers end,
+    /// close endpoints, free memory) exits 0 within a few seconds.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
         unsafe { libc_kill(self.child.id() as i32, 15) };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        // A clean shutdown is part of what every test checks (unless the test killed the
+        // server itself, or is already failing).
+        let killed = matches!(self.child.try_wait(), Ok(Some(_)));
+        let status = self.stop();
+        if !killed && !std::thread::panicking() {
+            let status = status.expect("the server did not stop within 10 s of SIGTERM");
+            assert!(status.success(), "the server exited with {status} after SIGTERM");
+        }
     }
 }
 

@@ -228,7 +228,7 @@ impl Endpoint {
         // error, Drop closes what was opened (in reverse order) and frees the info.
         unsafe {
             // One-sided reads where the provider offers them, plain messaging otherwise.
-            let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ) as u64;
+            let rma_caps = (sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ) as u64;
             let mut rc = -(sys::FI_ENODATA as i32);
             for extra in [rma_caps, 0] {
                 rc = get_info(Some(&prov), node_c.as_deref(), extra, &mut ep.info);
@@ -526,6 +526,15 @@ mod tests {
 
     const SIZES: [usize; 3] = [8, 4096, 3 << 20];
 
+    /// One test at a time: libfabric 1.17 crashes now and then (in shm's progress, on a
+    /// spinlock) when one process drives shm and tcp;ofi_rxm endpoints from two threads at
+    /// once. Servers and clients use one provider per process; only these tests mix them.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn message(round: usize, size: usize) -> Vec<u8> {
         (0..size).map(|i| (i * 7 + round) as u8).collect()
     }
@@ -544,6 +553,7 @@ mod tests {
     /// Two endpoints on one provider, each driven by its own thread as in a server and a
     /// client: tagged messages of 8 B to 3 MiB arrive intact with their tags.
     fn tagged_messages(provider: &'static str, node: Option<&'static str>) {
+        let _one = serial();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let receiver = std::thread::spawn(move || {
             let b = Endpoint::open(provider, node).unwrap_or_else(|e| panic!("{provider}: {e}"));
@@ -580,6 +590,7 @@ mod tests {
     /// One-sided read of a registered 2 MiB region owned by another thread's endpoint,
     /// addressed per the provider's FI_MR_VIRT_ADDR mode, local buffer registered too.
     fn one_sided_read(provider: &'static str, node: Option<&'static str>) {
+        let _one = serial();
         const LEN: usize = 2 << 20;
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -636,8 +647,9 @@ mod tests {
 
     #[test]
     fn a_missing_provider_is_named_with_the_alternatives() {
-        let err = Endpoint::open("efa", None).err().expect("no EFA on this machine");
+        // A name no host has: on an EFA host "efa" would open.
+        let err = Endpoint::open("no_such_provider", None).err().expect("no such provider");
         assert_eq!(err.status, Status::Unavailable);
-        assert!(err.message.contains("'efa'") && err.message.contains("shm"), "{}", err.message);
+        assert!(err.message.contains("'no_such_provider'") && err.message.contains("shm"), "{}", err.message);
     }
 }

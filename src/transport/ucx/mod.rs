@@ -73,7 +73,9 @@ pub struct Worker {
 unsafe impl Send for Worker {}
 
 impl Worker {
-    /// A context and a worker in single-thread mode with active messages, RMA and wakeup.
+    /// A context and a worker with active messages, RMA and wakeup, in serialized mode: used
+    /// by one thread at a time, which need not be the thread that created it (a client
+    /// handle may move between threads; single-thread mode would forbid that).
     pub fn new() -> Result<Worker> {
         let params = ucp_params_t {
             field_mask: (UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
@@ -87,7 +89,7 @@ impl Worker {
         check(unsafe { ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, ptr::null(), &mut context) }, "ucp_init")?;
         let wparams = ucp_worker_params_t {
             field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-            thread_mode: UCS_THREAD_MODE_SINGLE,
+            thread_mode: UCS_THREAD_MODE_SERIALIZED,
             ..Default::default()
         };
         let mut worker: ucp_worker_h = ptr::null_mut();
