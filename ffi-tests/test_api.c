@@ -48,7 +48,17 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdram_put(c, KEY("authed"), (const uint8_t *)"yes", 3, NULL), RDRAM_OK);
   rdram_client_close(c);
   rdram_client_close(NULL);
+  /* Misuse of a closed handle is an error, never a crash. */
+  rdram_client_close(c);
+  CHECK_STATUS(rdram_put(c, KEY("authed"), (const uint8_t *)"no", 2, NULL), RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "not an open client handle") != NULL);
+  CHECK_STATUS(rdram_put((rdram_client *)(uintptr_t)0xdeadbeef, KEY("k"), (const uint8_t *)"v", 1, NULL), RDRAM_INVALID_ARGUMENT);
+  /* Integers from C are validated, not trusted as enums. */
+  rdram_client_options bad = {0};
+  bad.poll_mode = 7;
   c = NULL;
+  CHECK_STATUS(rdram_client_connect(addr, &bad, &c), RDRAM_INVALID_ARGUMENT);
+  CHECK(c == NULL && strstr(rdram_last_error_message(), "poll_mode") != NULL);
   CHECK_STATUS(rdram_client_connect(addr, NULL, &c), RDRAM_OK);
 
   /* put / get, NULL checks, too-small buffer, missing key. */
@@ -162,6 +172,20 @@ int main(int argc, char **argv) {
     }
   }
   CHECK(gets[N].status == RDRAM_MISSING);
+  /* One bad item fails alone; every item gets a status. */
+  puts[1].key = NULL;
+  for (int i = 0; i < 3; i++) puts[i].status = RDRAM_INTERNAL;
+  CHECK_STATUS(rdram_mput(c, puts, 3), RDRAM_NULL_ARGUMENT);
+  CHECK(puts[0].status == RDRAM_OK && puts[1].status == RDRAM_NULL_ARGUMENT && puts[2].status == RDRAM_OK);
+  puts[1].key = (const uint8_t *)keys[1];
+  gets[2].key = NULL;
+  for (int i = 0; i < 3; i++) gets[i].status = RDRAM_INTERNAL;
+  CHECK_STATUS(rdram_mget(c, gets, 3), RDRAM_NULL_ARGUMENT);
+  CHECK(gets[0].status == RDRAM_OK && gets[1].status == RDRAM_OK && gets[2].status == RDRAM_NULL_ARGUMENT);
+  gets[2].key = (const uint8_t *)keys[2];
+  puts[0].status = RDRAM_OK;
+  CHECK_STATUS(rdram_mput((rdram_client *)(uintptr_t)0xdeadbeef, puts, 2), RDRAM_INVALID_ARGUMENT);
+  CHECK(puts[0].status == RDRAM_INVALID_ARGUMENT && puts[1].status == RDRAM_INVALID_ARGUMENT);
 
   /* Registered memory for zero-copy transfers. */
   size_t reg_len = 4 << 20;

@@ -12,6 +12,17 @@
 /** Largest value, in bytes (also bounded by a shard's memory). */
 #define RDRAM_MAX_VALUE_LEN 1073741824
 
+/*
+ * Buffer ownership. A call owns the buffers it is given until it returns, and not one
+ * instant longer: after any return (OK, error or RDRAM_TIMEOUT) neither the library nor
+ * any server reads or writes them again, so the caller may reuse or free them at once.
+ * A put that timed out has an unknown outcome: the key holds the old value, or exactly
+ * the bytes the buffer held during the call (never bytes written after it returned).
+ * A get that failed leaves the buffer's contents unspecified, but nothing writes into it
+ * after the return. After an error a handle stays usable: if a server was lost, the next
+ * call connects again (a dead server reports RDRAM_UNAVAILABLE, never a timeout).
+ */
+
 
 /**
  * Polling mode of the client's (or embedded server's) transport.
@@ -104,7 +115,10 @@ typedef struct rdram_client_options {
    * NUL-terminated auth token, or NULL for none. Borrowed for the call only.
    */
   const char *auth_token;
-  rdram_poll_mode poll_mode;
+  /**
+   * An `rdram_poll_mode` value (others are refused).
+   */
+  int32_t poll_mode;
   /**
    * Upper bound on one operation in milliseconds; 0 = 30000.
    */
@@ -124,9 +138,9 @@ typedef struct rdram_put_options {
    */
   uint64_t if_equal;
   /**
-   * Only write if the key does not exist.
+   * 1: only write if the key does not exist (0 or 1).
    */
-  bool if_absent;
+  uint8_t if_absent;
   /**
    * Expire the value after this many milliseconds (0 = never).
    */
@@ -146,9 +160,9 @@ typedef struct rdram_get_options {
    */
   uint64_t if_equal;
   /**
-   * Read only bytes [range_start, range_end) of the value.
+   * 1: read only bytes [range_start, range_end) of the value (0 or 1).
    */
-  bool has_range;
+  uint8_t has_range;
   /**
    * Negative: counted from the end (a suffix).
    */
@@ -217,11 +231,14 @@ typedef struct rdram_server_config {
    * 0: auto (hugetlb, else THP, else 4 KiB), 1: hugetlb only, 2: 4 KiB pages only.
    */
   int32_t hugepages;
-  rdram_poll_mode poll_mode;
+  /**
+   * An `rdram_poll_mode` value (others are refused).
+   */
+  int32_t poll_mode;
   /**
    * 0: store ("no space" when full), 1: cache (evict least-recently-used values).
    */
-  bool cache_mode;
+  uint8_t cache_mode;
   /**
    * Token clients must present (NULL: none). Copied.
    */
@@ -262,7 +279,7 @@ const char *rdram_strerror(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 1)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 2)". Static; never NULL.
  */
 const char *rdram_version(void);
 
@@ -277,7 +294,8 @@ rdram_status rdram_client_connect(const char *addresses,
                                   struct rdram_client **out);
 
 /**
- * Closes a client and frees it. NULL is allowed (no-op). The handle must not be used after.
+ * Closes a client and frees it. NULL, or a handle closed already, is a no-op. Calls
+ * with a closed handle return RDRAM_INVALID_ARGUMENT.
  */
 void rdram_client_close(struct rdram_client *client);
 

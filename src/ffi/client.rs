@@ -1,6 +1,9 @@
 //! C ABI: the client handle and its operations.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{bytes, c_str, guard, null_arg, rdram_status};
@@ -29,12 +32,21 @@ pub enum rdram_poll_mode {
     RDRAM_POLL_BUSY = 1,
 }
 
-impl From<rdram_poll_mode> for PollMode {
-    fn from(m: rdram_poll_mode) -> Self {
-        match m {
-            rdram_poll_mode::RDRAM_POLL_ADAPTIVE => PollMode::Adaptive,
-            rdram_poll_mode::RDRAM_POLL_BUSY => PollMode::Busy,
-        }
+/// A poll mode as C passes it (an `rdram_poll_mode` value in an int32_t), validated.
+pub(super) fn poll_mode(v: i32, what: &str) -> Result<PollMode, Error> {
+    match v {
+        x if x == rdram_poll_mode::RDRAM_POLL_ADAPTIVE as i32 => Ok(PollMode::Adaptive),
+        x if x == rdram_poll_mode::RDRAM_POLL_BUSY as i32 => Ok(PollMode::Busy),
+        other => Err(Error::new(Status::Invalid, format!("{what} = {other} is not an rdram_poll_mode"))),
+    }
+}
+
+/// A flag as C passes it (0 or 1 in a uint8_t), validated.
+pub(super) fn flag(v: u8, what: &str) -> Result<bool, Error> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(Error::new(Status::Invalid, format!("{what} = {other}: use 0 or 1"))),
     }
 }
 
@@ -43,7 +55,8 @@ impl From<rdram_poll_mode> for PollMode {
 pub struct rdram_client_options {
     /// NUL-terminated auth token, or NULL for none. Borrowed for the call only.
     pub auth_token: *const c_char,
-    pub poll_mode: rdram_poll_mode,
+    /// An `rdram_poll_mode` value (others are refused).
+    pub poll_mode: i32,
     /// Upper bound on one operation in milliseconds; 0 = 30000.
     pub timeout_ms: u32,
     /// Upper bound on connecting in milliseconds; 0 = 5000.
@@ -55,8 +68,8 @@ pub struct rdram_client_options {
 pub struct rdram_put_options {
     /// Only write if the current generation equals this (0 = no such condition).
     pub if_equal: u64,
-    /// Only write if the key does not exist.
-    pub if_absent: bool,
+    /// 1: only write if the key does not exist (0 or 1).
+    pub if_absent: u8,
     /// Expire the value after this many milliseconds (0 = never).
     pub ttl_ms: u64,
 }
@@ -68,8 +81,8 @@ pub struct rdram_get_options {
     pub if_not_equal: u64,
     /// Answer RDRAM_UNCHANGED if the generation differs from this (0 = none).
     pub if_equal: u64,
-    /// Read only bytes [range_start, range_end) of the value.
-    pub has_range: bool,
+    /// 1: read only bytes [range_start, range_end) of the value (0 or 1).
+    pub has_range: u8,
     /// Negative: counted from the end (a suffix).
     pub range_start: i64,
     /// -1: to the end of the value.
@@ -106,8 +119,25 @@ pub struct rdram_get_item {
 /// Return 0 to continue, nonzero to stop listing.
 pub type rdram_list_callback = Option<unsafe extern "C" fn(userdata: *mut c_void, key: *const u8, key_len: usize, value_size: u64) -> i32>;
 
+/// Open clients by handle. What C holds is a serial number, never an address, so a
+/// closed, stale or invented handle is refused (RDRAM_INVALID_ARGUMENT) instead of
+/// dereferenced: closing twice or using a closed client cannot crash the process.
+static CLIENTS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+fn clients() -> std::sync::MutexGuard<'static, Option<HashMap<usize, usize>>> {
+    CLIENTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
-    c.as_mut().map(|c| &mut c.inner).ok_or_else(|| null_arg("client"))
+    if c.is_null() {
+        return Err(null_arg("client"));
+    }
+    let ptr = clients().as_ref().and_then(|m| m.get(&(c as usize)).copied());
+    let ptr = ptr.ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
+    // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
+    // `rdram_client_close` removed it, and a handle is used by one thread at a time.
+    Ok(&mut (*(ptr as *mut rdram_client)).inner)
 }
 
 unsafe fn write<T>(out: *mut T, v: T) {
@@ -132,7 +162,7 @@ pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options:
             if !o.auth_token.is_null() {
                 opts.auth_token = Some(c_str(o.auth_token, "options.auth_token")?.to_string());
             }
-            opts.poll = o.poll_mode.into();
+            opts.poll = poll_mode(o.poll_mode, "options.poll_mode")?;
             if o.timeout_ms > 0 {
                 opts.timeout = Duration::from_millis(o.timeout_ms as u64);
             }
@@ -141,16 +171,23 @@ pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options:
             }
         }
         let inner = Client::connect(addresses, opts)?;
-        out.write(Box::into_raw(Box::new(rdram_client { inner })));
+        let ptr = Box::into_raw(Box::new(rdram_client { inner })) as usize;
+        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        clients().get_or_insert_with(HashMap::new).insert(id, ptr);
+        out.write(id as *mut rdram_client);
         Ok(RDRAM_OK)
     })
 }
 
-/// Closes a client and frees it. NULL is allowed (no-op). The handle must not be used after.
+/// Closes a client and frees it. NULL, or a handle closed already, is a no-op. Calls
+/// with a closed handle return RDRAM_INVALID_ARGUMENT.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
-    if !client.is_null() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(client))));
+    let ptr = clients().as_mut().and_then(|m| m.remove(&(client as usize)));
+    if let Some(ptr) = ptr {
+        // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
+        // removed from the table, so it is freed exactly once.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(ptr as *mut rdram_client))));
     }
 }
 
@@ -187,7 +224,7 @@ pub unsafe extern "C" fn rdram_put_cond(
         let value = bytes(value, value_len, "value")?;
         let mut opts = PutOptions::default();
         if let Some(o) = options.as_ref() {
-            opts.condition = match (o.if_equal, o.if_absent) {
+            opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
                 (0, false) => WriteCondition::None,
                 (0, true) => WriteCondition::IfAbsent,
                 (g, false) => WriteCondition::IfEqual(g),
@@ -237,7 +274,7 @@ pub unsafe extern "C" fn rdram_get_range(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: true, range_start: start, range_end: end };
+    let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: 1, range_start: start, range_end: end };
     rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
 }
 
@@ -261,7 +298,7 @@ pub unsafe extern "C" fn rdram_get_cond(
         if buf.is_null() && buf_len > 0 {
             return Err(null_arg("buf"));
         }
-        let opts = get_options(options);
+        let opts = get_options(options)?;
         let mut empty = [0u8; 0];
         let sink: &mut [u8] = if buf_len == 0 { &mut empty } else { std::slice::from_raw_parts_mut(buf, buf_len) };
         match c.get_into(key, &opts, sink)? {
@@ -440,13 +477,26 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
     guard(|| {
-        let c = handle(client)?;
         let items = items_mut(items, n)?;
+        // Every item gets a status on every path: an item with a bad argument its own
+        // error, and the rest are sent.
+        let c = match handle(client) {
+            Ok(c) => c,
+            Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
+        };
         let mut args = Vec::with_capacity(n);
+        let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
         for it in items.iter() {
-            args.push((bytes(it.key, it.key_len, "item.key")?, bytes(it.value, it.value_len, "item.value")?));
+            match key_arg(it.key, it.key_len).and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?))) {
+                Ok(a) => {
+                    args.push(a);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
         }
-        let results = c.put_many(&args, BATCH_DEPTH);
+        let mut sent = c.put_many(&args, BATCH_DEPTH).into_iter();
+        let results = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
         Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
     })
 }
@@ -458,18 +508,28 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
     guard(|| {
-        let c = handle(client)?;
         let items = items_mut(items, n)?;
+        let c = match handle(client) {
+            Ok(c) => c,
+            Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
+        };
         let mut keys = Vec::with_capacity(n);
         let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
+        let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
         for it in items.iter() {
-            keys.push(bytes(it.key, it.key_len, "item.key")?);
-            if it.buf.is_null() && it.buf_len > 0 {
-                return Err(null_arg("item.buf"));
+            let key = key_arg(it.key, it.key_len);
+            match key {
+                Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
+                Ok(k) => {
+                    keys.push(k);
+                    bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
             }
-            bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
         }
-        let results = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH);
+        let mut sent = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH).into_iter();
+        let results: Vec<_> = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
         let mut first_error = RDRAM_OK;
         for (it, r) in items.iter_mut().zip(results) {
             it.status = match r {
@@ -543,15 +603,15 @@ unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usi
     Ok(KeyRange { min: bytes(min, min_len, "min")?.to_vec(), max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) } })
 }
 
-unsafe fn get_options(options: *const rdram_get_options) -> GetOptions {
-    match options.as_ref() {
+unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, Error> {
+    Ok(match options.as_ref() {
         None => GetOptions::default(),
         Some(o) => GetOptions {
             if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
             if_equal: (o.if_equal != 0).then_some(o.if_equal),
-            range: o.has_range.then_some(ByteRange { start: o.range_start, end: o.range_end }),
+            range: flag(o.has_range, "options.has_range")?.then_some(ByteRange { start: o.range_start, end: o.range_end }),
         },
-    }
+    })
 }
 
 unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
@@ -562,6 +622,15 @@ unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error
         return Err(null_arg("items"));
     }
     Ok(std::slice::from_raw_parts_mut(items, n))
+}
+
+/// Gives every item the same error (the call itself could not run).
+fn fail_all<T>(items: &mut [T], e: &Error, status: impl Fn(&mut T, rdram_status)) -> rdram_status {
+    super::set_last_error(&e.to_string());
+    for it in items.iter_mut() {
+        status(it, e.status.into());
+    }
+    e.status.into()
 }
 
 fn fill<T>(items: &mut [T], results: Vec<crate::Result<u64>>, ok: impl Fn(&mut T, u64), status: impl Fn(&mut T, rdram_status)) -> rdram_status {

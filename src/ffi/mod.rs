@@ -153,8 +153,18 @@ pub extern "C" fn rdram_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The library version, e.g. "0.1.0 (protocol 1)". Static; never NULL.
+/// The library version, e.g. "0.1.0 (protocol 2)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn rdram_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), " (protocol 1)\0").as_ptr() as *const c_char
+    concat!(env!("CARGO_PKG_VERSION"), " (protocol 2)\0").as_ptr() as *const c_char
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_names_the_protocol_spoken() {
+        // SAFETY: rdram_version returns a static NUL-terminated string.
+        let v = unsafe { std::ffi::CStr::from_ptr(super::rdram_version()) }.to_str().unwrap();
+        assert!(v.ends_with(&format!("(protocol {})", crate::proto::PROTOCOL_VERSION)), "{v}");
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, CString};
 
-use super::client::rdram_poll_mode;
+use super::client::{flag, poll_mode};
 use super::{c_str, guard, null_arg, rdram_status};
 use crate::error::{Error, Status};
 use crate::store::{HugePages, Mode};
@@ -30,9 +30,10 @@ pub struct rdram_server_config {
     pub memory_bytes: u64,
     /// 0: auto (hugetlb, else THP, else 4 KiB), 1: hugetlb only, 2: 4 KiB pages only.
     pub hugepages: i32,
-    pub poll_mode: rdram_poll_mode,
+    /// An `rdram_poll_mode` value (others are refused).
+    pub poll_mode: i32,
     /// 0: store ("no space" when full), 1: cache (evict least-recently-used values).
-    pub cache_mode: bool,
+    pub cache_mode: u8,
     /// Token clients must present (NULL: none). Copied.
     pub auth_token: *const c_char,
     /// Cores to pin workers to (NULL: cores 0.. of this machine). Borrowed for the call.
@@ -71,8 +72,8 @@ pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, 
                 2 => HugePages::Off,
                 v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
             };
-            cfg.poll = c.poll_mode.into();
-            cfg.mode = if c.cache_mode { Mode::Cache } else { Mode::Store };
+            cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
+            cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
             if !c.auth_token.is_null() {
                 cfg.auth_token = Some(c_str(c.auth_token, "config.auth_token")?.to_string());
             }
