@@ -394,8 +394,14 @@ impl Client {
     pub fn delete_range(&mut self, range: &KeyRange) -> Result<u64> {
         let mut removed = 0;
         for (server, shard) in self.all_shards() {
-            let reply = self.call_range(server, shard, Op::DeleteRange, &range.min, range.max.as_deref(), 0)?;
-            removed += reply.header.value_size;
+            // Each request removes a bounded batch; repeat while the shard says more remain.
+            loop {
+                let reply = self.call_range(server, shard, Op::DeleteRange, &range.min, range.max.as_deref(), 0)?;
+                removed += reply.header.value_size;
+                if reply.header.more == 0 {
+                    break;
+                }
+            }
         }
         Ok(removed)
     }

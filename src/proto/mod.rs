@@ -35,6 +35,12 @@ pub const MAX_VALUE_LEN: u64 = 1 << 30;
 pub const INLINE_KEY_MAX: usize = 1024;
 /// Entries per list reply; the client asks again from the last key for more.
 pub const LIST_BATCH: u32 = 16 * 1024;
+/// Key bytes per list reply (at least one key): a reply the server builds and holds
+/// until sent stays small whatever the keys' lengths.
+pub const LIST_REPLY_MAX_KEY_BYTES: usize = 1 << 20;
+/// Keys one delete-range request removes; the client repeats it while `more` is set, so
+/// the worker never spends unbounded time on one request.
+pub const DELETE_RANGE_BATCH: usize = 4096;
 
 pub const REQUEST_HEADER_LEN: usize = 72;
 pub const REPLY_HEADER_LEN: usize = 40;

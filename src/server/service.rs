@@ -271,13 +271,15 @@ impl Service {
         let min = &payload[..min_len];
         let max = (h.flags & flags::MAX_UNBOUNDED == 0).then(|| &payload[min_len..]);
         if op == Op::DeleteRange {
-            let n = self.shard.delete_range(min, max);
-            return Ok(ok_reply(h.request_id, 0, n));
+            let (n, more) = self.shard.delete_range(min, max, proto::DELETE_RANGE_BATCH);
+            let mut reply = ok_reply(h.request_id, 0, n);
+            reply.more = more as u32;
+            return Ok(reply);
         }
         let limit = (h.ttl_or_limit as usize).clamp(1, proto::LIST_BATCH as usize);
         let mut entries = std::mem::take(&mut self.list_scratch);
         entries.clear();
-        let more = self.shard.list(min, max, limit, &mut entries);
+        let more = self.shard.list(min, max, limit, proto::LIST_REPLY_MAX_KEY_BYTES, &mut entries);
         for (k, size) in &entries {
             proto::encode_list_entry(out, k, *size);
         }

@@ -279,26 +279,33 @@ impl Shard {
         Ok(existed)
     }
 
-    pub fn delete_range(&mut self, min: &[u8], max: Option<&[u8]>) -> u64 {
-        let keys: Vec<Vec<u8>> = self.index.range(min, max).map(|(k, _)| k.to_vec()).collect();
+    /// Deletes up to `limit` keys in `[min, max)` (a bounded slice of work for the worker
+    /// thread); returns how many, and whether more remain.
+    pub fn delete_range(&mut self, min: &[u8], max: Option<&[u8]>, limit: usize) -> (u64, bool) {
+        let mut keys: Vec<Vec<u8>> = self.index.range(min, max).take(limit + 1).map(|(k, _)| k.to_vec()).collect();
+        let more = keys.len() > limit;
+        keys.truncate(limit);
         for k in &keys {
             self.remove_key(k);
         }
         self.counters.deletes += keys.len() as u64;
-        keys.len() as u64
+        (keys.len() as u64, more)
     }
 
-    /// Up to `limit` live keys in `[min, max)` with value sizes; `true` if more remain.
-    pub fn list(&mut self, min: &[u8], max: Option<&[u8]>, limit: usize, out: &mut Vec<(Vec<u8>, u64)>) -> bool {
+    /// Live keys in `[min, max)` with value sizes, up to `limit` of them and `max_bytes` of
+    /// key bytes (at least one); `true` if more remain.
+    pub fn list(&mut self, min: &[u8], max: Option<&[u8]>, limit: usize, max_bytes: usize, out: &mut Vec<(Vec<u8>, u64)>) -> bool {
         let now = self.now();
+        let mut bytes = 0;
         for (k, slot) in self.index.range(min, max) {
             let e = self.index.entry(slot);
             if e.expires_at != 0 && e.expires_at <= now {
                 continue;
             }
-            if out.len() == limit {
+            if out.len() == limit || (!out.is_empty() && bytes + k.len() > max_bytes) {
                 return true;
             }
+            bytes += k.len();
             out.push((k.to_vec(), e.value_len));
         }
         false
@@ -376,6 +383,29 @@ mod tests {
             GetOutcome::Value { offset, len, .. } => Some(s.arena().slice(offset, len).to_vec()),
             _ => None,
         }
+    }
+
+    #[test]
+    fn list_and_delete_range_work_in_bounded_slices() {
+        let mut s = Shard::new(8 << 20, HugePages::Off, Mode::Store).unwrap();
+        for i in 0..20u8 {
+            put(&mut s, &[b'k', i].repeat(32 << 10)[..64 << 10], b"v", Condition::default(), 0).unwrap();
+        }
+        let mut out = Vec::new();
+        // 64 KiB keys, 200 KiB of key bytes per reply: three keys, and more remain.
+        assert!(s.list(b"", None, 1000, 200 << 10, &mut out));
+        assert_eq!(out.len(), 3);
+        out.clear();
+        // A bound smaller than one key still returns one (progress is always made).
+        assert!(s.list(b"", None, 1000, 1, &mut out));
+        assert_eq!(out.len(), 1);
+        out.clear();
+        assert!(!s.list(b"", None, 1000, usize::MAX, &mut out));
+        assert_eq!(out.len(), 20);
+        assert_eq!(s.delete_range(b"", None, 8), (8, true));
+        assert_eq!(s.delete_range(b"", None, 8), (8, true));
+        assert_eq!(s.delete_range(b"", None, 8), (4, false));
+        assert_eq!(s.stats().keys, 0);
     }
 
     #[test]
