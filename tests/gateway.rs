@@ -152,3 +152,71 @@ async fn many_concurrent_requests_over_several_connections() {
     assert_eq!(keys.len(), 128);
     assert!(keys.iter().all(|k| !k.starts_with(b"c")), "prefix stripped");
 }
+
+/// Issue 13.7: unfinished write streams buffer at most --max-buffered bytes across all
+/// connections (beyond: RESOURCE_EXHAUSTED, which TensorStore retries), and the budget
+/// comes back when a stream ends or is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_writes_are_bounded_globally() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
+    let part = |key: &str| pb::WriteRequest { key: key.as_bytes().to_vec().into(), value_part: vec![7u8; 3 << 20].into(), ..Default::default() };
+    // Three streams of 3 MiB each that never finish: 9 MiB > 8 MiB.
+    let mut senders = Vec::new();
+    let mut calls = Vec::new();
+    for i in 0..3 {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(part(&format!("open/{i}"))).await.unwrap();
+        let mut c = connect(&gateway).await;
+        calls.push(tokio::spawn(async move { c.write(tokio_stream::wrappers::ReceiverStream::new(rx)).await }));
+        senders.push(tx);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let third = tokio::time::timeout(std::time::Duration::from_secs(10), calls.pop().unwrap()).await.expect("the third write was not refused").unwrap();
+    assert_eq!(third.unwrap_err().code(), Code::ResourceExhausted);
+    // Dropping the open streams gives their budget back.
+    drop(senders);
+    for call in calls {
+        let _ = call.await;
+    }
+    let mut c = connect(&gateway).await;
+    let ok = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            if write(&mut c, b"after", &vec![1u8; 6 << 20], &[]).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "the buffer budget did not come back");
+}
+
+/// Issue 13.7: with a gateway token, calls without it are refused; with it they work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_token_is_required_when_set() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "64MiB"]);
+    let path = std::env::temp_dir().join(format!("rdram-gw-token-{}", std::process::id()));
+    std::fs::write(&path, "gw-secret\n").unwrap();
+    let gateway = ServerProc::gateway(&server.addr, &["--gateway-token-file", path.to_str().unwrap()]);
+    let mut c = connect(&gateway).await;
+    let err = write(&mut c, b"k", b"v", &[]).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let channel = Channel::from_shared(format!("http://{}", gateway.addr)).unwrap().connect().await.unwrap();
+    let token: tonic::metadata::MetadataValue<_> = "Bearer gw-secret".parse().unwrap();
+    let mut authed = KvStoreServiceClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", token.clone());
+        Ok(r)
+    });
+    let part = pb::WriteRequest { key: "k".into(), value_part: "v".into(), ..Default::default() };
+    authed.write(tokio_stream::iter(vec![part])).await.expect("an authorized write");
+    let wrong: tonic::metadata::MetadataValue<_> = "Bearer nope".parse().unwrap();
+    let mut bad = KvStoreServiceClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", wrong.clone());
+        Ok(r)
+    });
+    let part = pb::WriteRequest { key: "k".into(), value_part: "v".into(), ..Default::default() };
+    assert_eq!(bad.write(tokio_stream::iter(vec![part])).await.unwrap_err().code(), Code::Unauthenticated);
+}

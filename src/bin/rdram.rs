@@ -99,6 +99,14 @@ struct GatewayArgs {
     /// Largest value a Write may stream (it is buffered whole before it is stored).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_value: u64,
+    /// Bytes of unfinished Write streams buffered at once, across all connections;
+    /// beyond it Writes get RESOURCE_EXHAUSTED.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    max_buffered: u64,
+    /// File whose first line is a token every gRPC call must carry as
+    /// `authorization: Bearer <token>` metadata (or env RDRAM_GATEWAY_TOKEN).
+    #[arg(long, env = "RDRAM_GATEWAY_TOKEN_FILE")]
+    gateway_token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -282,6 +290,11 @@ fn server_token(file: Option<&std::path::Path>) -> Result<Option<String>, Error>
             Err(_) => Ok(None),
         };
     };
+    Ok(Some(read_token_file(path)?))
+}
+
+/// A token file's first line; an empty one is an error, a loose mode a warning.
+fn read_token_file(path: &std::path::Path) -> Result<String, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
     if token.is_empty() {
@@ -293,7 +306,7 @@ fn server_token(file: Option<&std::path::Path>) -> Result<Option<String>, Error>
             eprintln!("rdram: warning: token file {} is readable by group or others (mode {:o}); chmod 600 it", path.display(), meta.permissions().mode() & 0o777);
         }
     }
-    Ok(Some(token))
+    Ok(token)
 }
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread started after, and returns
@@ -358,16 +371,30 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
 }
 
 fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
+    let stop_signals = block_stop_signals();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: waits on the set blocked above; writes the signal number into `sig`.
+        while unsafe { libc::sigwait(&stop_signals, &mut sig) } != 0 {}
+        eprintln!("rdram: signal {sig}, shutting down");
+        let _ = stop_tx.send(());
+    });
     let config = remote_dram::gateway::GatewayConfig {
         listen: args.listen,
         servers: args.conn.server.clone(),
         client: args.conn.options(),
         engine_clients: args.engine_clients,
         max_value: usize::try_from(args.max_value.min(remote_dram::proto::MAX_VALUE_LEN)).unwrap_or(usize::MAX),
+        max_buffered: usize::try_from(args.max_buffered).unwrap_or(usize::MAX),
+        token: match args.gateway_token_file.as_deref() {
+            Some(path) => Some(read_token_file(path)?),
+            None => std::env::var("RDRAM_GATEWAY_TOKEN").ok(),
+        },
     };
     remote_dram::gateway::run(config, |addr| {
         println!("gateway for {} (tsgrpc_kvstore)\nlistening on {addr}", args.conn.server);
         let _ = std::io::stdout().flush();
-    })?;
+    }, stop_rx)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -31,38 +31,75 @@ pub struct GatewayConfig {
     pub engine_clients: usize,
     /// Largest value a Write may stream; larger ones get INVALID_ARGUMENT.
     pub max_value: usize,
+    /// Bytes of unfinished Write streams buffered at once, across all connections.
+    pub max_buffered: usize,
+    /// When set, every call must carry `authorization: Bearer <token>` metadata.
+    pub token: Option<String>,
 }
 
-/// Serves until SIGINT/SIGTERM. Calls `ready` with the bound address once listening.
-pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+/// Checks the optional bearer token of each call (constant-time compare).
+#[derive(Clone)]
+struct TokenCheck(Option<Arc<String>>);
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        let Some(expected) = &self.0 else { return Ok(request) };
+        let given = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(t) if crate::server::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(request),
+            Some(_) => Err(tonic::Status::unauthenticated("wrong gateway token")),
+            None => Err(tonic::Status::unauthenticated("this gateway requires 'authorization: Bearer <token>' metadata")),
+        }
+    }
+}
+
+/// Requests in flight on one gRPC connection.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Default for [`GatewayConfig::max_buffered`].
+pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
+
+/// Serves until `stop` fires (or its sender is dropped). Calls `ready` with the bound
+/// address once listening.
+pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
     let engine = Arc::new(EnginePool::connect(&config.servers, &config.client, config.engine_clients)?);
     let io = |e: std::io::Error| Error::new(Status::Io, e.to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
+    if !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            "the gateway listens on {}, beyond loopback: anyone who reaches it reads and writes the servers' data{}",
+            config.listen,
+            if config.token.is_some() { " (with the gateway token)" } else { " WITHOUT any token" }
+        );
+    }
+    if config.token.as_deref().is_some_and(str::is_empty) {
+        return Err(Error::new(Status::Invalid, "the gateway token is empty"));
+    }
+    let permits = (config.max_buffered / service::BUFFER_PERMIT).clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    let buffered = Arc::new(tokio::sync::Semaphore::new(permits));
+    let check = TokenCheck(config.token.clone().map(Arc::new));
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(io)?;
         ready(listener.local_addr().map_err(io)?);
-        let service = service::Gateway { engine, max_value: config.max_value };
+        let service = service::Gateway { engine, max_value: config.max_value, buffered };
         let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
+            let _ = stop.await;
             tracing::info!("gateway shutting down");
         };
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             // TensorStore pings every 5 min; answer them, and drop dead peers.
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
-            .max_concurrent_streams(Some(256))
+            // Streams in flight per connection.
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             // Chunks are MiBs: HTTP/2's default 64 KiB windows would stall every stream on
             // window updates; size them to the traffic instead.
             .http2_adaptive_window(Some(true))
-            .add_service(
+            .add_service(tonic::service::interceptor::InterceptedService::new(
                 pb::kv_store_service_server::KvStoreServiceServer::new(service)
                     .max_decoding_message_size(8 << 20)
                     .max_encoding_message_size(usize::MAX),
-            )
+                check,
+            ))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))

@@ -27,7 +27,13 @@ pub struct Gateway {
     pub engine: Arc<EnginePool>,
     /// Largest value a Write may stream (bytes buffered per request).
     pub max_value: usize,
+    /// Bytes of unfinished Write streams buffered across all connections, in KiB permits:
+    /// beyond it a Write is refused with RESOURCE_EXHAUSTED (which TensorStore retries).
+    pub buffered: Arc<tokio::sync::Semaphore>,
 }
+
+/// The unit of `Gateway::buffered`'s permits.
+pub const BUFFER_PERMIT: usize = 1024;
 
 /// The engine client checks keys too; a Write checks first so that a bad key is refused
 /// before its value is buffered.
@@ -131,6 +137,8 @@ impl KvStoreService for Gateway {
         let mut parts: Vec<Bytes> = Vec::new();
         let mut total = 0usize;
         let mut next = Some(first.value_part);
+        // Held until the value is stored: what this stream has buffered.
+        let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
         while let Some(part) = next {
             total += part.len();
             if total > self.max_value {
@@ -138,6 +146,16 @@ impl KvStoreService for Gateway {
                     "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
                     self.max_value
                 )));
+            }
+            let want = total.div_ceil(BUFFER_PERMIT) as u32 - held.as_ref().map_or(0, |p| p.num_permits() as u32);
+            if want > 0 {
+                let more = self.buffered.clone().try_acquire_many_owned(want).map_err(|_| {
+                    GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes is full (rdram gateway --max-buffered); retry")
+                })?;
+                match held.as_mut() {
+                    Some(h) => h.merge(more),
+                    None => held = Some(more),
+                }
             }
             parts.push(part);
             next = stream.message().await?.map(|m| m.value_part);

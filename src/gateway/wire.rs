@@ -82,7 +82,10 @@ pub fn status_of(e: &Error) -> tonic::Status {
         Status::NoSpace => Code::ResourceExhausted,
         Status::AuthFailed => Code::PermissionDenied,
         Status::VersionMismatch => Code::FailedPrecondition,
-        Status::Unavailable | Status::Transport | Status::Io | Status::WrongShard => Code::Unavailable,
+        Status::Unavailable | Status::Transport | Status::Io => Code::Unavailable,
+        // A key routed to a shard that does not own it will not route differently on a
+        // retry (the layouts disagree): a permanent error, not one to retry for minutes.
+        Status::WrongShard => Code::FailedPrecondition,
         Status::Timeout => Code::DeadlineExceeded,
         _ => Code::Internal,
     };
@@ -130,5 +133,6 @@ mod tests {
         assert_eq!(code(Status::KeyTooLarge), Code::InvalidArgument);
         assert_eq!(code(Status::AuthFailed), Code::PermissionDenied);
         assert_eq!(code(Status::Unavailable), Code::Unavailable);
+        assert_eq!(code(Status::WrongShard), Code::FailedPrecondition);
     }
 }

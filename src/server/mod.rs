@@ -2,6 +2,7 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
+pub use bootstrap::constant_time_eq;
 mod fabric_worker;
 mod service;
 mod ucx_worker;
