@@ -10,6 +10,8 @@
 pub mod client;
 pub mod error;
 pub mod ffi;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod gateway;
 pub mod proto;
 pub mod server;

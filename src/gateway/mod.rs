@@ -5,8 +5,8 @@
 //! made by a pool of engine clients (one per thread) so that many are in flight at once.
 
 mod pool;
-mod service;
-mod wire;
+pub(crate) mod service;
+pub(crate) mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -46,7 +46,7 @@ fn check_key(key: &[u8]) -> Result<(), GrpcStatus> {
 
 /// A write or delete condition; `None` when it can never hold (a generation we never
 /// minted), so the caller answers "condition failed" without touching the store.
-fn write_condition(bytes: &[u8]) -> Option<WriteCondition> {
+pub(crate) fn write_condition(bytes: &[u8]) -> Option<WriteCondition> {
     match Generation::parse(bytes) {
         Generation::Unknown => Some(WriteCondition::None),
         Generation::NoValue => Some(WriteCondition::IfAbsent),
@@ -56,8 +56,33 @@ fn write_condition(bytes: &[u8]) -> Option<WriteCondition> {
 }
 
 /// `[min, max)`; an empty max is unbounded.
-fn key_range(r: pb::KeyRange) -> KeyRange {
+pub(crate) fn key_range(r: pb::KeyRange) -> KeyRange {
     KeyRange { min: r.inclusive_min.to_vec(), max: (!r.exclusive_max.is_empty()).then(|| r.exclusive_max.to_vec()) }
+}
+
+/// A Read's engine options, and whether its if-equal can never hold (then only the key's
+/// existence and generation are fetched).
+pub(crate) fn read_options(r: &pb::ReadRequest) -> (GetOptions, bool) {
+    let range = r.byte_range.map(|b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
+    let mut opts = GetOptions { range, ..Default::default() };
+    match Generation::parse(&r.generation_if_not_equal) {
+        Generation::Engine(g) => opts.if_not_equal = Some(g),
+        // A present key's generation always differs from these.
+        Generation::Unknown | Generation::NoValue | Generation::Foreign => {}
+    }
+    let never_equal = match Generation::parse(&r.generation_if_equal) {
+        Generation::Engine(g) => {
+            opts.if_equal = Some(g);
+            false
+        }
+        Generation::Unknown => false,
+        // No present key matches: only its existence and generation are needed.
+        Generation::NoValue | Generation::Foreign => true,
+    };
+    if never_equal {
+        opts.range = Some(ByteRange { start: 0, end: 0 });
+    }
+    (opts, never_equal)
 }
 
 fn read_response(state: State, g: Generation, bound: Option<&pb::Timestamp>, part: Bytes) -> pb::ReadResponse {
@@ -76,26 +101,8 @@ impl KvStoreService for Gateway {
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
         let r = request.into_inner();
+        let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;
-        let range = r.byte_range.map(|b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
-        let mut opts = GetOptions { range, ..Default::default() };
-        match Generation::parse(&r.generation_if_not_equal) {
-            Generation::Engine(g) => opts.if_not_equal = Some(g),
-            // A present key's generation always differs from these.
-            Generation::Unknown | Generation::NoValue | Generation::Foreign => {}
-        }
-        let never_equal = match Generation::parse(&r.generation_if_equal) {
-            Generation::Engine(g) => {
-                opts.if_equal = Some(g);
-                false
-            }
-            Generation::Unknown => false,
-            // No present key matches: only its existence and generation are needed.
-            Generation::NoValue | Generation::Foreign => true,
-        };
-        if never_equal {
-            opts.range = Some(ByteRange { start: 0, end: 0 });
-        }
         let key = r.key;
         let result = if key.is_empty() {
             GetResult::Missing // the engine stores no empty key

@@ -115,12 +115,12 @@ pub fn hex_encode(bytes: &[u8]) -> String {
 }
 
 pub fn hex_decode(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    // Byte-wise: a peer's text may hold anything, multi-byte characters included.
+    let digit = |b: u8| (b as char).to_digit(16).ok_or_else(|| Error::new(Status::Invalid, "bad hex address"));
+    let bytes = s.as_bytes();
+    if bytes.len() % 2 != 0 {
         return Err(Error::new(Status::Invalid, "odd-length hex address"));
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| Error::new(Status::Invalid, "bad hex address")))
-        .collect()
+    bytes.chunks(2).map(|p| Ok((digit(p[0])? << 4 | digit(p[1])?) as u8)).collect()
 }
 

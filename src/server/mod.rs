@@ -4,7 +4,7 @@
 mod bootstrap;
 pub use bootstrap::constant_time_eq;
 mod fabric_worker;
-mod service;
+pub(crate) mod service;
 mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};

@@ -1,0 +1,104 @@
+//! Entry points for the fuzz targets (`fuzz/`, run by `make fuzz` with cargo-fuzz) and
+//! for their smoke test in `cargo test` (`tests/fuzz_smoke.rs`). Each takes arbitrary
+//! bytes from a peer and must never panic, hang or allocate without bound; what decodes
+//! must encode back to the same thing.
+
+use std::cell::RefCell;
+
+use crate::gateway::pb;
+use crate::proto::bootstrap::{hex_decode, Hello, Welcome};
+use crate::proto::fabric::{self, RemoteValue};
+use crate::proto::{decode_list_entries, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
+use crate::server::service::{Membership, Service};
+use crate::store::{HugePages, Mode, Shard};
+
+/// The 72-byte request header (and reply header, list entries) decoders.
+pub fn request_header(data: &[u8]) {
+    if let Ok((h, op)) = RequestHeader::decode(data) {
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut buf);
+        assert_eq!(RequestHeader::decode(&buf).map_err(|e| e.message).unwrap(), (h, op));
+    }
+    if let Ok(h) = ReplyHeader::decode(data) {
+        assert_eq!(ReplyHeader::decode(&h.encode()).unwrap(), h);
+    }
+    let _ = decode_list_entries(data);
+}
+
+/// The bootstrap's JSON lines (both directions) and the hex addresses they carry.
+pub fn bootstrap_line(data: &[u8]) {
+    let _ = serde_json::from_slice::<Hello>(data);
+    if let Ok(w) = serde_json::from_slice::<Welcome>(data) {
+        for s in &w.shards {
+            let _ = fabric::decode_addresses(s);
+        }
+    }
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = hex_decode(s);
+    }
+}
+
+/// A libfabric hello and the remote-value reference a large request ends with.
+pub fn fabric_hello(data: &[u8]) {
+    if let Ok(h) = fabric::Hello::decode(data) {
+        assert_eq!(fabric::Hello::decode(&h.encode()).unwrap(), h);
+    }
+    for rails in 1..=4 {
+        if let Ok((head, v)) = RemoteValue::decode_tail(data, rails) {
+            let mut again = head.to_vec();
+            v.encode(&mut again);
+            assert_eq!(again, data);
+        }
+    }
+}
+
+/// The gateway's gRPC requests, decoded as tonic does and converted to engine requests.
+pub fn gateway_request(data: &[u8]) {
+    use crate::gateway::{service, wire};
+    use prost::Message;
+    if let Ok(r) = pb::ReadRequest::decode(data) {
+        let _ = service::read_options(&r);
+        let _ = wire::reply_timestamp(r.staleness_bound.as_ref());
+    }
+    if let Ok(r) = pb::WriteRequest::decode(data) {
+        let _ = service::write_condition(&r.generation_if_equal);
+    }
+    if let Ok(r) = pb::DeleteRequest::decode(data) {
+        let _ = r.range.map(service::key_range);
+        let _ = service::write_condition(&r.generation_if_equal);
+    }
+    if let Ok(r) = pb::ListRequest::decode(data) {
+        let _ = r.range.map(service::key_range);
+    }
+}
+
+/// A whole request (header, key, payload as one libfabric message) served by a real
+/// shard: what a hostile client can make a worker do.
+pub fn shard_request(data: &[u8]) {
+    const SESSION: u64 = 0x5e55_1011;
+    thread_local! {
+        static SERVICE: RefCell<Option<Service>> = const { RefCell::new(None) };
+    }
+    SERVICE.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let service = cell.get_or_insert_with(|| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            tx.send(Membership::Joined { client: 1, session: SESSION }).unwrap();
+            let shard = Shard::new(4 << 20, HugePages::Off, Mode::Cache).expect("a 4 MiB shard");
+            let mut s = Service::new(0, 1, rx, shard);
+            s.sync_membership();
+            s
+        });
+        // Most inputs get the right session so that they reach the store.
+        let mut msg = data.to_vec();
+        if msg.len() >= 24 && msg[0] & 1 == 0 {
+            msg[16..24].copy_from_slice(&SESSION.to_le_bytes());
+        }
+        let mut out = Vec::new();
+        let admitted = service.admit_message(&msg, SESSION).map(|(req, payload)| (req.header, req.op, req.inline.to_vec(), payload.to_vec()));
+        if let Ok((header, op, inline, payload)) = admitted {
+            let req = crate::server::service::Request { header, op, inline: &inline };
+            let _ = service.serve(&req, &payload, &mut out);
+        }
+    });
+}
