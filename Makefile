@@ -9,7 +9,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))
 export UCX_NET_DEVICES ?= lo
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway header install clean bench
+.PHONY: deps build demo test test-rust test-ffi test-gateway header install clean bench soak fuzz
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -34,6 +34,25 @@ test-rust: deps
 bench: deps
 	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	bench/compare
+
+# The kill soak (not in CI): writers and readers SIGKILLed every ~2 s against a real
+# server, SOAK_SECS per transport (default 600; the three together take 30 minutes).
+SOAK_SECS ?= 600
+SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm
+soak: deps
+	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
+
+# libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
+# starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).
+FUZZ_RUNS ?= 10000000
+FUZZ_TARGETS := request_header bootstrap_line fabric_hello gateway_request shard_request
+fuzz: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
+	@rustup toolchain list | grep -q nightly || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		mkdir -p corpus-work/$$t && \
+		cargo +nightly fuzz run -O $$t corpus-work/$$t corpus/$$t -- -runs=$(FUZZ_RUNS) -rss_limit_mb=4096 -print_final_stats=1 || exit 1; \
+	done
 
 # Unmodified TensorStore (PyPI, in target/venv-tensorstore) through `rdram gateway`, in
 # front of a server on UCX, then of one on libfabric.

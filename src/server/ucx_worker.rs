@@ -41,6 +41,8 @@ struct ReplyMsg {
     payload: Vec<u8>,
     /// Arena extent the payload is sent from, if any (pinned while in flight).
     pinned: Option<u64>,
+    /// The client it goes to (0: not known), so its departure can release the extent.
+    client: u64,
 }
 
 struct PutInFlight {
@@ -64,6 +66,8 @@ pub struct ShardWorker {
     /// Rendezvous puts being received, by (client session, request id): what an abort
     /// names. The boxes are owned by their UCX receive until its callback.
     puts: HashMap<(u64, u64), *mut PutInFlight>,
+    /// Replies sent from a pinned extent and not yet completed, by box address -> client.
+    sending: HashMap<usize, u64>,
 }
 
 impl ShardWorker {
@@ -79,6 +83,7 @@ impl ShardWorker {
             replies_in_flight: 0,
             reply_pool: Vec::new(),
             puts: HashMap::new(),
+            sending: HashMap::new(),
         });
         let arg = &mut *w as *mut ShardWorker as *mut c_void;
         // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
@@ -108,6 +113,7 @@ impl ShardWorker {
             let did_work = unsafe { (*this).worker.progress() } != 0;
             if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 unsafe { (*this).service.shard.expire_due(SWEEP_BATCH) };
+                unsafe { (*this).forget_departed() };
                 last_sweep = std::time::Instant::now();
             }
             let worker = unsafe { &(*this).worker };
@@ -134,10 +140,11 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None })
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0 })
         });
         m.payload.clear();
         m.pinned = None;
+        m.client = 0;
         m
     }
 
@@ -176,7 +183,11 @@ impl ShardWorker {
                 self.replies_in_flight += 1;
                 if let Some((_, _, extent)) = arena {
                     self.service.shard.pin(extent);
-                    unsafe { (*raw).pinned = Some(extent) };
+                    // SAFETY: raw is the live box leaked above, owned by the pending send.
+                    unsafe {
+                        (*raw).pinned = Some(extent);
+                        self.sending.insert(raw as usize, (*raw).client);
+                    }
                 }
             }
             Ok(Started::Done) => self.finish_reply(unsafe { Box::from_raw(raw) }),
@@ -241,9 +252,27 @@ impl ShardWorker {
         // valid for the duration of this callback.
         let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
         let mut m = self.take_reply();
+        m.client = self.service.client_of(req.header.session).unwrap_or(0);
         let answer = self.service.serve(&req, payload, &mut m.payload);
         self.answer(ep, answer, m);
         sys::UCS_OK
+    }
+
+    /// Releases what departed clients held. A reply being sent to one from a pinned
+    /// extent may never complete (over shared memory the client itself pulls the bytes,
+    /// and it is gone): its extent is unpinned now; the send's box stays UCX's.
+    fn forget_departed(&mut self) {
+        for client in self.service.take_departed() {
+            let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
+            for m in orphans {
+                self.sending.remove(&m);
+                // SAFETY: boxes in `sending` are alive until their send's callback, which
+                // removes them from `sending` first.
+                if let Some(extent) = unsafe { (*(m as *mut ReplyMsg)).pinned.take() } {
+                    self.service.shard.unpin(extent);
+                }
+            }
+        }
     }
 
     fn receive_put(&mut self, ep: sys::ucp_ep_h, put: PendingPut, desc: *mut c_void) {
@@ -316,6 +345,7 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
     let m = Box::from_raw(user_data as *mut ReplyMsg);
     let w = &mut *m.worker;
     w.replies_in_flight -= 1;
+    w.sending.remove(&(&*m as *const ReplyMsg as usize));
     w.finish_reply(m);
     ucx::request_free(request);
 }

@@ -1,0 +1,232 @@
+//! The kill soak (`make soak`, not in CI): a real server, writer and reader processes
+//! SIGKILLed every ~2 s and restarted, for SOAK_SECS (default 600) per transport in
+//! SOAK_TRANSPORTS (default "tcp,shm,fabric:tcp;ofi_rxm"). Every acknowledged write is
+//! checked byte-exact at the end; readers check every value they see. The server's RSS,
+//! fds, used bytes and pinned extents are reported at the start and after every key is
+//! deleted, and must come back to the baseline.
+//!
+//! Children are this test binary run again with SOAK_ROLE set (writer or reader).
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::ServerProc;
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use remote_dram::Client;
+
+const KEYS_PER_WRITER: u64 = 24;
+const WRITERS: u64 = 3;
+const READERS: u64 = 2;
+
+/// A value that says what it is: 16 bytes of (key id, version), then bytes derived from
+/// them, so any reader can tell a whole value from a torn or foreign one.
+fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len.max(16));
+    v.extend_from_slice(&key.to_le_bytes());
+    v.extend_from_slice(&version.to_le_bytes());
+    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version | 1;
+    while v.len() < len.max(16) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x as u8);
+    }
+    v
+}
+
+/// The (key id, version) a stored value claims, if it is intact.
+fn check(key: u64, data: &[u8]) -> Result<u64, String> {
+    if data.len() < 16 {
+        return Err(format!("key {key}: {}-byte value", data.len()));
+    }
+    let (k, version) = (u64::from_le_bytes(data[..8].try_into().unwrap()), u64::from_le_bytes(data[8..16].try_into().unwrap()));
+    if k != key || value(k, version, data.len()) != data {
+        return Err(format!("key {key}: corrupt value (claims key {k} version {version}, {} bytes)", data.len()));
+    }
+    Ok(version)
+}
+
+fn key_name(key: u64) -> String {
+    format!("soak/{key:04}")
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// A child's work: writers put versions (nanosecond clock, so a restarted writer always
+/// writes newer ones) and print "ACK key version" once acknowledged; readers check.
+#[test]
+#[ignore]
+fn soak_child() {
+    let Ok(role) = std::env::var("SOAK_ROLE") else { return };
+    let addr = std::env::var("SOAK_SERVER").unwrap();
+    let id: u64 = std::env::var("SOAK_ID").unwrap().parse().unwrap();
+    let mut c = Client::connect(&addr, common::options()).expect("connect");
+    let mut rng = SmallRng::seed_from_u64(now_ns());
+    let sizes = [16usize, 100, 4 << 10, 64 << 10, 1 << 20, 3 << 20];
+    loop {
+        if role == "writer" {
+            let key = id * KEYS_PER_WRITER + rng.gen_range(0..KEYS_PER_WRITER);
+            let version = now_ns();
+            let v = value(key, version, sizes[rng.gen_range(0..sizes.len())]);
+            if c.put(key_name(key).as_bytes(), &v).is_ok() {
+                println!("ACK {key} {version}");
+            }
+        } else {
+            let key = rng.gen_range(0..WRITERS * KEYS_PER_WRITER);
+            if let Ok(Some(v)) = c.get(key_name(key).as_bytes()) {
+                if let Err(e) = check(key, &v.data) {
+                    eprintln!("CORRUPT {e}");
+                    std::process::exit(99);
+                }
+            }
+        }
+    }
+}
+
+struct Children {
+    procs: Vec<(String, u64, Child)>,
+    acked: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>,
+    /// Acknowledged puts, all keys together.
+    acks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    kills: usize,
+}
+
+impl Children {
+    fn spawn(&mut self, addr: &str, role: &str, id: u64) {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "soak_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("SOAK_ROLE", role)
+            .env("SOAK_SERVER", addr)
+            .env("SOAK_ID", id.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (acked, acks) = (self.acked.clone(), self.acks.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut f = line.split_whitespace();
+                if f.next() == Some("ACK") {
+                    let (k, v): (u64, u64) = (f.next().unwrap().parse().unwrap(), f.next().unwrap().parse().unwrap());
+                    acks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let mut a = acked.lock().unwrap();
+                    let e = a.entry(k).or_insert(0);
+                    *e = (*e).max(v);
+                }
+            }
+        });
+        self.procs.push((role.to_string(), id, child));
+    }
+}
+
+fn server_resources(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    (rss_kb, fds)
+}
+
+fn shard_totals(c: &mut Client) -> (u64, u64, u64) {
+    let stats = c.stats().unwrap();
+    let shards = stats["servers"][0]["shards"].as_array().unwrap().clone();
+    let sum = |f: &str| shards.iter().map(|s| s[f].as_u64().unwrap_or(0)).sum::<u64>();
+    (sum("keys"), sum("used_bytes"), sum("pinned_extents"))
+}
+
+fn soak_one(transport: &str, seconds: u64) {
+    common::init(transport);
+    let server = ServerProc::start(&["--workers", "2", "--memory", "1GiB"]);
+    let pid = server.child.id();
+    let mut observer = server.client();
+    // Baseline after one client has come and gone (libraries' one-time allocations).
+    observer.put(b"warmup", b"x").unwrap();
+    observer.delete(b"warmup").unwrap();
+    let (rss0, fds0) = server_resources(pid);
+    let mut kids = Children { procs: Vec::new(), acked: Default::default(), acks: Default::default(), kills: 0 };
+    for w in 0..WRITERS {
+        kids.spawn(&server.addr, "writer", w);
+    }
+    for r in 0..READERS {
+        kids.spawn(&server.addr, "reader", r);
+    }
+    let mut rng = SmallRng::seed_from_u64(7);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(1500..2500)));
+        for (role, _, child) in &mut kids.procs {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("a {role} exited by itself with {status} (99: it read a corrupt value)");
+            }
+        }
+        let i = rng.gen_range(0..kids.procs.len());
+        let (role, id, mut child) = kids.procs.swap_remove(i);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kids.kills += 1;
+        kids.spawn(&server.addr, &role, id);
+    }
+    for (_, _, mut child) in kids.procs.drain(..) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let acked = kids.acked.lock().unwrap().clone();
+    let acks_total = acked.len();
+    for (&key, &version) in &acked {
+        let v = observer.get(key_name(key).as_bytes()).unwrap().unwrap_or_else(|| panic!("acknowledged key {key} is missing"));
+        let stored = check(key, &v.data).unwrap();
+        assert!(stored >= version, "key {key}: acknowledged version {version} lost (holds {stored})");
+    }
+    let (keys, used, pinned) = shard_totals(&mut observer);
+    observer.delete_range(&remote_dram::client::KeyRange::prefix(b"soak/")).unwrap();
+    // Departed clients' resources come back within a moment.
+    let settled = common::wait_until(Duration::from_secs(10), || shard_totals(&mut observer) == (0, 0, 0));
+    let (rss1, fds1) = server_resources(pid);
+    println!(
+        "soak {transport}: {seconds} s, {} children killed, {} acknowledged puts on {acks_total} keys all intact; \
+         before cleanup {keys} keys, {used} B used, {pinned} pinned; after deleting: {:?} (keys, used, pinned); \
+         server RSS {rss0} -> {rss1} KiB, fds {fds0} -> {fds1}",
+        kids.kills,
+        kids.acks.load(std::sync::atomic::Ordering::Relaxed),
+        shard_totals(&mut observer)
+    );
+    assert!(settled, "{transport}: used bytes or pinned extents did not return to 0: {:?}", shard_totals(&mut observer));
+    assert!(fds1 <= fds0 + 2, "{transport}: server fds grew from {fds0} to {fds1}");
+}
+
+#[test]
+#[ignore]
+fn soak() {
+    let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm".into());
+    for t in transports.split(',') {
+        let t = match t {
+            "shm" => common::SHM,
+            "tcp" => common::TCP,
+            "fabric:tcp;ofi_rxm" => common::FABRIC_TCP,
+            "fabric:shm" => common::FABRIC_SHM,
+            other => panic!("unknown transport {other}"),
+        };
+        // Each transport in its own process: the UCX transport list is fixed per process.
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "soak_transport", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("SOAK_ONE", t)
+            .env("SOAK_SECS", seconds.to_string())
+            .status()
+            .unwrap();
+        assert!(out.success(), "soak over {t} failed");
+    }
+}
+
+#[test]
+#[ignore]
+fn soak_transport() {
+    let Ok(t) = std::env::var("SOAK_ONE") else { return };
+    let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+    soak_one(&t, seconds);
+}
