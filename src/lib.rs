@@ -7,6 +7,8 @@
 //!   [`proto`] the wire format, [`transport`] the network.
 //! - [`gateway`] serves TensorStore's `tsgrpc_kvstore` gRPC protocol from the engine.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod client;
 pub mod error;
 pub mod ffi;

@@ -202,7 +202,10 @@ impl Connection {
     /// # Safety
     /// The memory must stay valid until deregistered (or the connection is dropped).
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
-        self.link.register(base, len)
+        // SAFETY: the caller keeps the memory valid until it is deregistered (this function's contract).
+        unsafe {
+            self.link.register(base, len)
+        }
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {

@@ -336,9 +336,12 @@ impl Client {
     /// # Safety
     /// The memory must stay valid until [`Client::deregister`] or the client is dropped.
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
-        self.conn.register(base, len)?;
-        self.regions.push((base as usize, len));
-        Ok(())
+        // SAFETY: the caller keeps the memory valid until it is deregistered (this function's contract).
+        unsafe {
+            self.conn.register(base, len)?;
+            self.regions.push((base as usize, len));
+            Ok(())
+        }
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {

@@ -61,6 +61,40 @@ impl State {
     }
 }
 
+/// The state UCX callbacks reach through a raw pointer, owned as a raw allocation rather
+/// than a `Box` (whose uniqueness those accesses would break); freed on drop. Accesses
+/// through `Deref` are short and never overlap a callback (callbacks run only inside
+/// progress, which holds no reference to the state).
+struct StatePtr(*mut State);
+
+impl StatePtr {
+    fn new(state: State) -> StatePtr {
+        StatePtr(Box::into_raw(Box::new(state)))
+    }
+}
+
+impl std::ops::Deref for StatePtr {
+    type Target = State;
+    fn deref(&self) -> &State {
+        // SAFETY: allocated in `new`, freed only in Drop; see the type's comment on aliasing.
+        unsafe { &*self.0 }
+    }
+}
+
+impl std::ops::DerefMut for StatePtr {
+    fn deref_mut(&mut self) -> &mut State {
+        // SAFETY: as for Deref.
+        unsafe { &mut *self.0 }
+    }
+}
+
+impl Drop for StatePtr {
+    fn drop(&mut self) {
+        // SAFETY: allocated by Box in `new` and freed once, here.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
 struct ServerEps {
     node: String,
     eps: Vec<sys::ucp_ep_h>,
@@ -71,7 +105,7 @@ struct ServerEps {
 
 pub struct UcxLink {
     // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
-    state: Box<State>,
+    state: StatePtr,
     servers: Vec<ServerEps>,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     pool: Vec<Box<Pending>>,
@@ -87,9 +121,9 @@ pub struct UcxLink {
 impl UcxLink {
     pub fn connect(welcomes: &[Welcome], liveness: Liveness, poll: &ConnectOptions) -> Result<UcxLink> {
         let worker = Box::new(Worker::new()?);
-        let mut state =
-            Box::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; welcomes.len()], registered: Vec::new() });
-        let state_ptr: *mut State = &mut *state;
+        let state =
+            StatePtr::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; welcomes.len()], registered: Vec::new() });
+        let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
@@ -247,7 +281,7 @@ impl Link for UcxLink {
                 reply: None,
             })
         });
-        p.state = &mut *self.state;
+        p.state = self.state.0;
         p.server = server;
         p.ep = ep;
         p.is_put = header.get(3) == Some(&(proto::Op::Put as u8)) && !payload.is_empty();
@@ -355,17 +389,21 @@ impl Drop for UcxLink {
 
 unsafe extern "C" fn on_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
     // SAFETY: user_data is the boxed Pending of this send, alive until `wait` sees `sent`.
-    // A failed send also surfaces through the endpoint error callback, which fails the request.
-    (*(user_data as *mut Pending)).sent = true;
-    ucx::request_free(request);
+    unsafe {
+        // A failed send also surfaces through the endpoint error callback, which fails the request.
+        (*(user_data as *mut Pending)).sent = true;
+        ucx::request_free(request);
+    }
 }
 
 unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
     // SAFETY: arg is the EpTag registered with this endpoint, alive while the ep is open.
-    let tag = &*(arg as *const EpTag);
-    let state = &mut *tag.state;
-    if state.failed[tag.server].is_none() {
-        state.failed[tag.server] = Some(ucx::status_string(status));
+    unsafe {
+        let tag = &*(arg as *const EpTag);
+        let state = &mut *tag.state;
+        if state.failed[tag.server].is_none() {
+            state.failed[tag.server] = Some(ucx::status_string(status));
+        }
     }
 }
 
@@ -378,84 +416,91 @@ unsafe extern "C" fn on_reply(
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
     // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
-    // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
-    let state = &mut *(arg as *mut State);
-    let header = ucx::am_header(header, header_length);
-    let info = ucx::am_info(param);
-    catch_unwind(AssertUnwindSafe(|| {
-        let h = match ReplyHeader::decode(header) {
-            Ok(h) => h,
-            Err(_) => return sys::UCS_OK, // not ours to answer; drop it
-        };
-        let Some(p) = state.pending.get_mut(&h.request_id) else { return sys::UCS_OK };
-        if p.reply.is_some() {
-            return sys::UCS_OK;
-        }
-        let (dest, buf) = match p.sink {
-            Some(sink) if h.status() == Status::Ok => {
-                if length > sink.cap {
-                    // Too small: report the size needed; the value stays on the server.
-                    p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
-                    return sys::UCS_OK;
-                }
-                (sink.ptr, Vec::new())
-            }
-            _ if !info.rendezvous => {
-                let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
-                p.reply = Some(Ok(Reply::owned(h, payload)));
+    unsafe {
+        // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
+        let state = &mut *(arg as *mut State);
+        let header = ucx::am_header(header, header_length);
+        let info = ucx::am_info(param);
+        catch_unwind(AssertUnwindSafe(|| {
+            let h = match ReplyHeader::decode(header) {
+                Ok(h) => h,
+                Err(_) => return sys::UCS_OK, // not ours to answer; drop it
+            };
+            let Some(p) = state.pending.get_mut(&h.request_id) else { return sys::UCS_OK };
+            if p.reply.is_some() {
                 return sys::UCS_OK;
             }
-            _ => {
-                let mut buf = Vec::<u8>::with_capacity(length);
-                (buf.as_mut_ptr(), buf)
+            let (dest, buf) = match p.sink {
+                Some(sink) if h.status() == Status::Ok => {
+                    if length > sink.cap {
+                        // Too small: report the size needed; the value stays on the server.
+                        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
+                        return sys::UCS_OK;
+                    }
+                    (sink.ptr, Vec::new())
+                }
+                _ if !info.rendezvous => {
+                    let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
+                    p.reply = Some(Ok(Reply::owned(h, payload)));
+                    return sys::UCS_OK;
+                }
+                _ => {
+                    let mut buf = Vec::<u8>::with_capacity(length);
+                    (buf.as_mut_ptr(), buf)
+                }
+            };
+            p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
+            if !info.rendezvous {
+                if length > 0 {
+                    // SAFETY: eager data holds `length` bytes; the sink holds at least as many.
+                    ptr::copy_nonoverlapping(data as *const u8, dest, length);
+                }
+                return sys::UCS_OK;
             }
-        };
-        p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
-        if !info.rendezvous {
-            if length > 0 {
-                // SAFETY: eager data holds `length` bytes; the sink holds at least as many.
-                ptr::copy_nonoverlapping(data as *const u8, dest, length);
+            p.receiving = true;
+            let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
+            // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
+            // neither read nor freed while `receiving` is set (fail_server closes the endpoint
+            // first, which completes this receive).
+            let memh = state.memh_for(dest, length);
+            match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
+                Ok(Started::Pending) => {}
+                Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
+                Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
             }
-            return sys::UCS_OK;
-        }
-        p.receiving = true;
-        let tag = Box::into_raw(Box::new(RecvTag { state, id: h.request_id }));
-        // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
-        // neither read nor freed while `receiving` is set (fail_server closes the endpoint
-        // first, which completes this receive).
-        let memh = state.memh_for(dest, length);
-        match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
-            Ok(Started::Pending) => {}
-            Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
-            Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
-        }
-        sys::UCS_OK
-    }))
-    .unwrap_or(sys::UCS_OK)
+            sys::UCS_OK
+        }))
+        .unwrap_or(sys::UCS_OK)
+    }
 }
 
 unsafe fn finish_recv(tag: RecvTag, status: sys::ucs_status_t, length: usize) {
-    let state = &mut *tag.state;
-    let Some(p) = state.pending.get_mut(&tag.id) else { return };
-    if !p.receiving {
-        return;
-    }
-    p.receiving = false;
-    if status == sys::UCS_OK {
-        if let Some(Ok(r)) = &mut p.reply {
-            if p.sink.is_none() {
-                // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
-                r.payload.set_len(length);
-            }
-            r.len = length;
+    // SAFETY: UCX calls this on the client's thread, inside progress, with the arguments its callback type documents; the user pointers are the boxes registered with the operation (see each step).
+    unsafe {
+        let state = &mut *tag.state;
+        let Some(p) = state.pending.get_mut(&tag.id) else { return };
+        if !p.receiving {
+            return;
         }
-    } else {
-        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
+        p.receiving = false;
+        if status == sys::UCS_OK {
+            if let Some(Ok(r)) = &mut p.reply {
+                if p.sink.is_none() {
+                    // SAFETY: UCX wrote `length` bytes (the capacity) into the buffer.
+                    r.payload.set_len(length);
+                }
+                r.len = length;
+            }
+        } else {
+            p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
+        }
     }
 }
 
 unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
     // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
-    finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);
-    ucx::request_free(request);
+    unsafe {
+        finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);
+        ucx::request_free(request);
+    }
 }

@@ -130,19 +130,25 @@ fn clients() -> std::sync::MutexGuard<'static, Option<HashMap<usize, usize>>> {
 }
 
 unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
-    if c.is_null() {
-        return Err(null_arg("client"));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if c.is_null() {
+            return Err(null_arg("client"));
+        }
+        let ptr = clients().as_ref().and_then(|m| m.get(&(c as usize)).copied());
+        let ptr = ptr.ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
+        // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
+        // `rdram_client_close` removed it, and a handle is used by one thread at a time.
+        Ok(&mut (*(ptr as *mut rdram_client)).inner)
     }
-    let ptr = clients().as_ref().and_then(|m| m.get(&(c as usize)).copied());
-    let ptr = ptr.ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
-    // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
-    // `rdram_client_close` removed it, and a handle is used by one thread at a time.
-    Ok(&mut (*(ptr as *mut rdram_client)).inner)
 }
 
 unsafe fn write<T>(out: *mut T, v: T) {
-    if !out.is_null() {
-        out.write(v);
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if !out.is_null() {
+            out.write(v);
+        }
     }
 }
 
@@ -152,42 +158,48 @@ unsafe fn write<T>(out: *mut T, v: T) {
 /// receives a client owned by the caller, to be freed with `rdram_client_close`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options: *const rdram_client_options, out: *mut *mut rdram_client) -> rdram_status {
-    guard(|| {
-        let addresses = c_str(addresses, "addresses")?;
-        if out.is_null() {
-            return Err(null_arg("out"));
-        }
-        let mut opts = ClientOptions::default();
-        if let Some(o) = options.as_ref() {
-            if !o.auth_token.is_null() {
-                opts.auth_token = Some(c_str(o.auth_token, "options.auth_token")?.to_string());
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let addresses = c_str(addresses, "addresses")?;
+            if out.is_null() {
+                return Err(null_arg("out"));
             }
-            opts.poll = poll_mode(o.poll_mode, "options.poll_mode")?;
-            if o.timeout_ms > 0 {
-                opts.timeout = Duration::from_millis(o.timeout_ms as u64);
+            let mut opts = ClientOptions::default();
+            if let Some(o) = options.as_ref() {
+                if !o.auth_token.is_null() {
+                    opts.auth_token = Some(c_str(o.auth_token, "options.auth_token")?.to_string());
+                }
+                opts.poll = poll_mode(o.poll_mode, "options.poll_mode")?;
+                if o.timeout_ms > 0 {
+                    opts.timeout = Duration::from_millis(o.timeout_ms as u64);
+                }
+                if o.connect_timeout_ms > 0 {
+                    opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
+                }
             }
-            if o.connect_timeout_ms > 0 {
-                opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
-            }
-        }
-        let inner = Client::connect(addresses, opts)?;
-        let ptr = Box::into_raw(Box::new(rdram_client { inner })) as usize;
-        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        clients().get_or_insert_with(HashMap::new).insert(id, ptr);
-        out.write(id as *mut rdram_client);
-        Ok(RDRAM_OK)
-    })
+            let inner = Client::connect(addresses, opts)?;
+            let ptr = Box::into_raw(Box::new(rdram_client { inner })) as usize;
+            let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+            clients().get_or_insert_with(HashMap::new).insert(id, ptr);
+            out.write(id as *mut rdram_client);
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Closes a client and frees it. NULL, or a handle closed already, is a no-op. Calls
 /// with a closed handle return RDRAM_INVALID_ARGUMENT.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
-    let ptr = clients().as_mut().and_then(|m| m.remove(&(client as usize)));
-    if let Some(ptr) = ptr {
-        // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
-        // removed from the table, so it is freed exactly once.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(ptr as *mut rdram_client))));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        let ptr = clients().as_mut().and_then(|m| m.remove(&(client as usize)));
+        if let Some(ptr) = ptr {
+            // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
+            // removed from the table, so it is freed exactly once.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(ptr as *mut rdram_client))));
+        }
     }
 }
 
@@ -203,7 +215,10 @@ pub unsafe extern "C" fn rdram_put(
     value_len: usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out)
+    }
 }
 
 /// Stores a value under a condition and/or with a TTL (`options` may be NULL). Returns
@@ -218,28 +233,31 @@ pub unsafe extern "C" fn rdram_put_cond(
     options: *const rdram_put_options,
     generation_out: *mut u64,
 ) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let key = key_arg(key, key_len)?;
-        let value = bytes(value, value_len, "value")?;
-        let mut opts = PutOptions::default();
-        if let Some(o) = options.as_ref() {
-            opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
-                (0, false) => WriteCondition::None,
-                (0, true) => WriteCondition::IfAbsent,
-                (g, false) => WriteCondition::IfEqual(g),
-                (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
-            };
-            opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
-        }
-        match c.put_with(key, value, &opts)? {
-            WriteResult::Written { generation } => {
-                write(generation_out, generation);
-                Ok(RDRAM_OK)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let key = key_arg(key, key_len)?;
+            let value = bytes(value, value_len, "value")?;
+            let mut opts = PutOptions::default();
+            if let Some(o) = options.as_ref() {
+                opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
+                    (0, false) => WriteCondition::None,
+                    (0, true) => WriteCondition::IfAbsent,
+                    (g, false) => WriteCondition::IfEqual(g),
+                    (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
+                };
+                opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
             }
-            WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
-        }
-    })
+            match c.put_with(key, value, &opts)? {
+                WriteResult::Written { generation } => {
+                    write(generation_out, generation);
+                    Ok(RDRAM_OK)
+                }
+                WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
+            }
+        })
+    }
 }
 
 /// Reads a value into the caller's buffer `buf` of `buf_len` bytes (`buf` may be NULL when
@@ -257,7 +275,10 @@ pub unsafe extern "C" fn rdram_get(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out)
+    }
 }
 
 /// Reads bytes [start, end) of a value (start < 0: from the end; end = -1: to the end)
@@ -274,8 +295,11 @@ pub unsafe extern "C" fn rdram_get_range(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: 1, range_start: start, range_end: end };
-    rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: 1, range_start: start, range_end: end };
+        rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
+    }
 }
 
 /// Reads a value under conditions and/or a byte range (`options` may be NULL), as
@@ -292,32 +316,35 @@ pub unsafe extern "C" fn rdram_get_cond(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let key = key_arg(key, key_len)?;
-        if buf.is_null() && buf_len > 0 {
-            return Err(null_arg("buf"));
-        }
-        let opts = get_options(options)?;
-        let mut empty = [0u8; 0];
-        let sink: &mut [u8] = if buf_len == 0 { &mut empty } else { std::slice::from_raw_parts_mut(buf, buf_len) };
-        match c.get_into(key, &opts, sink)? {
-            GetInto::Value { len, generation, .. } => {
-                write(value_len_out, len);
-                write(generation_out, generation);
-                Ok(RDRAM_OK)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let key = key_arg(key, key_len)?;
+            if buf.is_null() && buf_len > 0 {
+                return Err(null_arg("buf"));
             }
-            GetInto::TooSmall { needed } => {
-                write(value_len_out, needed);
-                Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
+            let opts = get_options(options)?;
+            let mut empty = [0u8; 0];
+            let sink: &mut [u8] = if buf_len == 0 { &mut empty } else { std::slice::from_raw_parts_mut(buf, buf_len) };
+            match c.get_into(key, &opts, sink)? {
+                GetInto::Value { len, generation, .. } => {
+                    write(value_len_out, len);
+                    write(generation_out, generation);
+                    Ok(RDRAM_OK)
+                }
+                GetInto::TooSmall { needed } => {
+                    write(value_len_out, needed);
+                    Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
+                }
+                GetInto::Missing => Ok(RDRAM_MISSING),
+                GetInto::Unchanged { generation } => {
+                    write(generation_out, generation);
+                    Ok(RDRAM_UNCHANGED)
+                }
             }
-            GetInto::Missing => Ok(RDRAM_MISSING),
-            GetInto::Unchanged { generation } => {
-                write(generation_out, generation);
-                Ok(RDRAM_UNCHANGED)
-            }
-        }
-    })
+        })
+    }
 }
 
 /// Reads a value into a buffer the library allocates. On RDRAM_OK, `*buf_out` (never
@@ -333,54 +360,66 @@ pub unsafe extern "C" fn rdram_get_alloc(
     len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let key = key_arg(key, key_len)?;
-        if buf_out.is_null() || len_out.is_null() {
-            return Err(null_arg("buf_out/len_out"));
-        }
-        match c.get(key)? {
-            Some(v) => {
-                let data = v.data.into_boxed_slice();
-                len_out.write(data.len());
-                buf_out.write(Box::into_raw(data) as *mut u8);
-                write(generation_out, v.generation);
-                Ok(RDRAM_OK)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let key = key_arg(key, key_len)?;
+            if buf_out.is_null() || len_out.is_null() {
+                return Err(null_arg("buf_out/len_out"));
             }
-            None => Ok(RDRAM_MISSING),
-        }
-    })
+            match c.get(key)? {
+                Some(v) => {
+                    let data = v.data.into_boxed_slice();
+                    len_out.write(data.len());
+                    buf_out.write(Box::into_raw(data) as *mut u8);
+                    write(generation_out, v.generation);
+                    Ok(RDRAM_OK)
+                }
+                None => Ok(RDRAM_MISSING),
+            }
+        })
+    }
 }
 
 /// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it.
 /// NULL is allowed (no-op).
 #[no_mangle]
 pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
-    if !buf.is_null() {
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if !buf.is_null() {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)));
+        }
     }
 }
 
 /// Deletes a key. RDRAM_OK if it existed, RDRAM_MISSING if not.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_delete(client: *mut rdram_client, key: *const u8, key_len: usize) -> rdram_status {
-    rdram_delete_cond(client, key, key_len, 0)
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        rdram_delete_cond(client, key, key_len, 0)
+    }
 }
 
 /// Deletes a key only if its generation equals `if_equal` (0 = unconditional).
 /// RDRAM_CONDITION_FAILED when it does not (or the key is missing); nothing changed.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_delete_cond(client: *mut rdram_client, key: *const u8, key_len: usize, if_equal: u64) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let key = key_arg(key, key_len)?;
-        let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
-        Ok(match c.delete_with(key, cond)? {
-            DeleteResult::Deleted { existed: true } => RDRAM_OK,
-            DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
-            DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let key = key_arg(key, key_len)?;
+            let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
+            Ok(match c.delete_with(key, cond)? {
+                DeleteResult::Deleted { existed: true } => RDRAM_OK,
+                DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
+                DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
+            })
         })
-    })
+    }
 }
 
 /// Deletes every key in [min, max). `max` NULL means unbounded (then `max_len` is
@@ -394,13 +433,16 @@ pub unsafe extern "C" fn rdram_delete_range(
     max_len: usize,
     removed_out: *mut u64,
 ) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let range = key_range(min, min_len, max, max_len)?;
-        let n = c.delete_range(&range)?;
-        write(removed_out, n);
-        Ok(RDRAM_OK)
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let range = key_range(min, min_len, max, max_len)?;
+            let n = c.delete_range(&range)?;
+            write(removed_out, n);
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Lists the keys in [min, max) (`max` NULL: unbounded) in key order, calling `callback`
@@ -416,17 +458,20 @@ pub unsafe extern "C" fn rdram_list(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        let range = key_range(min, min_len, max, max_len)?;
-        let cb = callback.ok_or_else(|| null_arg("callback"))?;
-        for e in c.list(&range)? {
-            if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
-                break;
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            let range = key_range(min, min_len, max, max_len)?;
+            let cb = callback.ok_or_else(|| null_arg("callback"))?;
+            for e in c.list(&range)? {
+                if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
+                    break;
+                }
             }
-        }
-        Ok(RDRAM_OK)
-    })
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Lists the keys starting with `prefix` (may be NULL when `prefix_len` is 0), as
@@ -439,34 +484,43 @@ pub unsafe extern "C" fn rdram_list_prefix(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    guard(|| {
-        let p = bytes(prefix, prefix_len, "prefix")?;
-        let range = KeyRange::prefix(p);
-        let (max, max_len) = range.max.as_ref().map_or((std::ptr::null(), 0), |m| (m.as_ptr(), m.len()));
-        Ok(rdram_list(client, range.min.as_ptr(), range.min.len(), max, max_len, callback, userdata))
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let p = bytes(prefix, prefix_len, "prefix")?;
+            let range = KeyRange::prefix(p);
+            let (max, max_len) = range.max.as_ref().map_or((std::ptr::null(), 0), |m| (m.as_ptr(), m.len()));
+            Ok(rdram_list(client, range.min.as_ptr(), range.min.len(), max, max_len, callback, userdata))
+        })
+    }
 }
 
 /// Server statistics as a NUL-terminated JSON document. On success `*json_out` is owned by
 /// the caller and must be freed with `rdram_string_free`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *mut c_char) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        if json_out.is_null() {
-            return Err(null_arg("json_out"));
-        }
-        let text = c.stats()?.to_string();
-        json_out.write(std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw());
-        Ok(RDRAM_OK)
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            if json_out.is_null() {
+                return Err(null_arg("json_out"));
+            }
+            let text = c.stats()?.to_string();
+            json_out.write(std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw());
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Frees a string returned by the library (`rdram_stats`). NULL is allowed.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
-    if !s.is_null() {
-        drop(std::ffi::CString::from_raw(s));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if !s.is_null() {
+            drop(std::ffi::CString::from_raw(s));
+        }
     }
 }
 
@@ -476,29 +530,32 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
 /// Keys in batches are limited to 1 KiB.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
-    guard(|| {
-        let items = items_mut(items, n)?;
-        // Every item gets a status on every path: an item with a bad argument its own
-        // error, and the rest are sent.
-        let c = match handle(client) {
-            Ok(c) => c,
-            Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
-        };
-        let mut args = Vec::with_capacity(n);
-        let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
-        for it in items.iter() {
-            match key_arg(it.key, it.key_len).and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?))) {
-                Ok(a) => {
-                    args.push(a);
-                    results.push(None);
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let items = items_mut(items, n)?;
+            // Every item gets a status on every path: an item with a bad argument its own
+            // error, and the rest are sent.
+            let c = match handle(client) {
+                Ok(c) => c,
+                Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
+            };
+            let mut args = Vec::with_capacity(n);
+            let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
+            for it in items.iter() {
+                match key_arg(it.key, it.key_len).and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?))) {
+                    Ok(a) => {
+                        args.push(a);
+                        results.push(None);
+                    }
+                    Err(e) => results.push(Some(Err(e))),
                 }
-                Err(e) => results.push(Some(Err(e))),
             }
-        }
-        let mut sent = c.put_many(&args, BATCH_DEPTH).into_iter();
-        let results = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
-        Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
-    })
+            let mut sent = c.put_many(&args, BATCH_DEPTH).into_iter();
+            let results = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
+            Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
+        })
+    }
 }
 
 /// Reads `n` values into the items' buffers with many requests in flight behind one wait.
@@ -507,57 +564,60 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
 /// got an answer (whatever it was), else the first other error (see each item's status).
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
-    guard(|| {
-        let items = items_mut(items, n)?;
-        let c = match handle(client) {
-            Ok(c) => c,
-            Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
-        };
-        let mut keys = Vec::with_capacity(n);
-        let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
-        let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
-        for it in items.iter() {
-            let key = key_arg(it.key, it.key_len);
-            match key {
-                Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
-                Ok(k) => {
-                    keys.push(k);
-                    bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
-                    results.push(None);
-                }
-                Err(e) => results.push(Some(Err(e))),
-            }
-        }
-        let mut sent = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH).into_iter();
-        let results: Vec<_> = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
-        let mut first_error = RDRAM_OK;
-        for (it, r) in items.iter_mut().zip(results) {
-            it.status = match r {
-                Ok(GetInto::Value { len, generation, .. }) => {
-                    it.value_len = len;
-                    it.generation = generation;
-                    RDRAM_OK
-                }
-                Ok(GetInto::TooSmall { needed }) => {
-                    it.value_len = needed;
-                    RDRAM_BUFFER_TOO_SMALL
-                }
-                Ok(GetInto::Missing) => RDRAM_MISSING,
-                Ok(GetInto::Unchanged { generation }) => {
-                    it.generation = generation;
-                    RDRAM_UNCHANGED
-                }
-                Err(e) => {
-                    super::set_last_error(&e.to_string());
-                    e.status.into()
-                }
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let items = items_mut(items, n)?;
+            let c = match handle(client) {
+                Ok(c) => c,
+                Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
             };
-            if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
-                first_error = it.status;
+            let mut keys = Vec::with_capacity(n);
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
+            let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
+            for it in items.iter() {
+                let key = key_arg(it.key, it.key_len);
+                match key {
+                    Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
+                    Ok(k) => {
+                        keys.push(k);
+                        bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
+                        results.push(None);
+                    }
+                    Err(e) => results.push(Some(Err(e))),
+                }
             }
-        }
-        Ok(first_error)
-    })
+            let mut sent = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH).into_iter();
+            let results: Vec<_> = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
+            let mut first_error = RDRAM_OK;
+            for (it, r) in items.iter_mut().zip(results) {
+                it.status = match r {
+                    Ok(GetInto::Value { len, generation, .. }) => {
+                        it.value_len = len;
+                        it.generation = generation;
+                        RDRAM_OK
+                    }
+                    Ok(GetInto::TooSmall { needed }) => {
+                        it.value_len = needed;
+                        RDRAM_BUFFER_TOO_SMALL
+                    }
+                    Ok(GetInto::Missing) => RDRAM_MISSING,
+                    Ok(GetInto::Unchanged { generation }) => {
+                        it.generation = generation;
+                        RDRAM_UNCHANGED
+                    }
+                    Err(e) => {
+                        super::set_last_error(&e.to_string());
+                        e.status.into()
+                    }
+                };
+                if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
+                    first_error = it.status;
+                }
+            }
+            Ok(first_error)
+        })
+    }
 }
 
 /// Registers caller memory [addr, addr+len) with the transport, so that puts from it and
@@ -566,62 +626,80 @@ pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram
 /// `rdram_client_close`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_register(client: *mut rdram_client, addr: *mut c_void, len: usize) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        if addr.is_null() {
-            return Err(null_arg("addr"));
-        }
-        if len == 0 {
-            return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
-        }
-        c.register(addr as *mut u8, len)?;
-        Ok(RDRAM_OK)
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            if addr.is_null() {
+                return Err(null_arg("addr"));
+            }
+            if len == 0 {
+                return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
+            }
+            c.register(addr as *mut u8, len)?;
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Deregisters memory registered with `rdram_register` at `addr`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void) -> rdram_status {
-    guard(|| {
-        let c = handle(client)?;
-        c.deregister(addr as *mut u8)?;
-        Ok(RDRAM_OK)
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            let c = handle(client)?;
+            c.deregister(addr as *mut u8)?;
+            Ok(RDRAM_OK)
+        })
+    }
 }
 
 /// Requests in flight per batch call.
 const BATCH_DEPTH: usize = 64;
 
 unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
-    if key.is_null() {
-        return Err(null_arg("key"));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if key.is_null() {
+            return Err(null_arg("key"));
+        }
+        bytes(key, key_len, "key")
     }
-    bytes(key, key_len, "key")
 }
 
 unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usize) -> Result<KeyRange, Error> {
-    Ok(KeyRange { min: bytes(min, min_len, "min")?.to_vec(), max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) } })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        Ok(KeyRange { min: bytes(min, min_len, "min")?.to_vec(), max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) } })
+    }
 }
 
 unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, Error> {
-    Ok(match options.as_ref() {
-        None => GetOptions::default(),
-        Some(o) => GetOptions {
-            if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
-            if_equal: (o.if_equal != 0).then_some(o.if_equal),
-            range: flag(o.has_range, "options.has_range")?.then_some(ByteRange { start: o.range_start, end: o.range_end }),
-        },
-    })
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        Ok(match options.as_ref() {
+            None => GetOptions::default(),
+            Some(o) => GetOptions {
+                if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
+                if_equal: (o.if_equal != 0).then_some(o.if_equal),
+                range: flag(o.has_range, "options.has_range")?.then_some(ByteRange { start: o.range_start, end: o.range_end }),
+            },
+        })
+    }
 }
 
 unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
-    if n == 0 {
-        return Ok(&mut []);
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        if items.is_null() {
+            return Err(null_arg("items"));
+        }
+        Ok(std::slice::from_raw_parts_mut(items, n))
     }
-    if items.is_null() {
-        return Err(null_arg("items"));
-    }
-    Ok(std::slice::from_raw_parts_mut(items, n))
 }
 
 /// Gives every item the same error (the call itself could not run).

@@ -110,22 +110,28 @@ pub(crate) fn null_arg(name: &str) -> Error {
 /// # Safety
 /// `ptr` must point to `len` readable bytes that outlive the returned slice.
 pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a [u8], Error> {
-    if len == 0 {
-        return Ok(&[]);
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given.
+    unsafe {
+        if len == 0 {
+            return Ok(&[]);
+        }
+        if ptr.is_null() {
+            return Err(null_arg(name));
+        }
+        Ok(std::slice::from_raw_parts(ptr, len))
     }
-    if ptr.is_null() {
-        return Err(null_arg(name));
-    }
-    Ok(std::slice::from_raw_parts(ptr, len))
 }
 
 /// # Safety
 /// `ptr` is NULL or a NUL-terminated string valid for the call.
 pub(crate) unsafe fn c_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str, Error> {
-    if ptr.is_null() {
-        return Err(null_arg(name));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given.
+    unsafe {
+        if ptr.is_null() {
+            return Err(null_arg(name));
+        }
+        CStr::from_ptr(ptr).to_str().map_err(|_| Error::new(Status::Invalid, format!("{name} is not valid UTF-8")))
     }
-    CStr::from_ptr(ptr).to_str().map_err(|_| Error::new(Status::Invalid, format!("{name} is not valid UTF-8")))
 }
 
 /// A static, NUL-terminated description of a status code. Never NULL; the string is owned

@@ -51,57 +51,66 @@ pub struct rdram_server_config {
 /// receives a server owned by the caller, to be stopped with `rdram_server_stop`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, out: *mut *mut rdram_server) -> rdram_status {
-    guard(|| {
-        if out.is_null() {
-            return Err(null_arg("out"));
-        }
-        let mut cfg = ServerConfig { listen: "127.0.0.1:0".into(), ..Default::default() };
-        if let Some(c) = config.as_ref() {
-            if !c.listen_addr.is_null() {
-                cfg.listen = c_str(c.listen_addr, "config.listen_addr")?.to_string();
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        guard(|| {
+            if out.is_null() {
+                return Err(null_arg("out"));
             }
-            if c.workers > 0 {
-                cfg.workers = c.workers as usize;
+            let mut cfg = ServerConfig { listen: "127.0.0.1:0".into(), ..Default::default() };
+            if let Some(c) = config.as_ref() {
+                if !c.listen_addr.is_null() {
+                    cfg.listen = c_str(c.listen_addr, "config.listen_addr")?.to_string();
+                }
+                if c.workers > 0 {
+                    cfg.workers = c.workers as usize;
+                }
+                if c.memory_bytes > 0 {
+                    cfg.memory = c.memory_bytes;
+                }
+                cfg.hugepages = match c.hugepages {
+                    0 => HugePages::Auto,
+                    1 => HugePages::On,
+                    2 => HugePages::Off,
+                    v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
+                };
+                cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
+                cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
+                if !c.auth_token.is_null() {
+                    cfg.auth_token = Some(c_str(c.auth_token, "config.auth_token")?.to_string());
+                }
+                if !c.cores.is_null() {
+                    cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
+                }
+                let transport = if c.transport.is_null() { "auto" } else { c_str(c.transport, "config.transport")? };
+                let provider = if c.fabric_provider.is_null() { None } else { Some(c_str(c.fabric_provider, "config.fabric_provider")?) };
+                cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
             }
-            if c.memory_bytes > 0 {
-                cfg.memory = c.memory_bytes;
-            }
-            cfg.hugepages = match c.hugepages {
-                0 => HugePages::Auto,
-                1 => HugePages::On,
-                2 => HugePages::Off,
-                v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
-            };
-            cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
-            cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
-            if !c.auth_token.is_null() {
-                cfg.auth_token = Some(c_str(c.auth_token, "config.auth_token")?.to_string());
-            }
-            if !c.cores.is_null() {
-                cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
-            }
-            let transport = if c.transport.is_null() { "auto" } else { c_str(c.transport, "config.transport")? };
-            let provider = if c.fabric_provider.is_null() { None } else { Some(c_str(c.fabric_provider, "config.fabric_provider")?) };
-            cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
-        }
-        let inner = Server::start(cfg)?;
-        let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-        out.write(Box::into_raw(Box::new(rdram_server { inner, address })));
-        Ok(rdram_status::RDRAM_OK)
-    })
+            let inner = Server::start(cfg)?;
+            let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+            out.write(Box::into_raw(Box::new(rdram_server { inner, address })));
+            Ok(rdram_status::RDRAM_OK)
+        })
+    }
 }
 
 /// The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
 /// `rdram_server_stop`. NULL if `server` is NULL.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_char {
-    server.as_ref().map_or(std::ptr::null(), |s| s.address.as_ptr())
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        server.as_ref().map_or(std::ptr::null(), |s| s.address.as_ptr())
+    }
 }
 
 /// Stops the server's workers, frees its memory and the handle. NULL is allowed (no-op).
 #[no_mangle]
 pub unsafe extern "C" fn rdram_server_stop(server: *mut rdram_server) {
-    if !server.is_null() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Box::from_raw(server).inner.stop()));
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe {
+        if !server.is_null() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Box::from_raw(server).inner.stop()));
+        }
     }
 }

@@ -105,12 +105,15 @@ impl ShardWorker {
     /// Serves until `stop` is set (and the worker woken).
     pub fn run(self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
         let this = Box::into_raw(self);
+        // Progress runs callbacks that take `&mut ShardWorker` through `this`: no reference
+        // into the ShardWorker may be live meanwhile, so progress goes through the handle.
+        // SAFETY: `this` is the live box leaked above.
+        let progress = unsafe { (*this).worker.progress_handle() };
         let mut poller = Poller::new(mode, spin);
         let mut last_sweep = std::time::Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            // SAFETY: `this` is the only handle to the worker; borrows taken here end before
-            // progress runs callbacks that take their own short borrow through the same pointer.
-            let did_work = unsafe { (*this).worker.progress() } != 0;
+            // SAFETY: the worker lives in the box until after this loop; this is its thread.
+            let did_work = unsafe { progress.progress() } != 0;
             if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 unsafe { (*this).service.shard.expire_due(SWEEP_BATCH) };
                 unsafe { (*this).forget_departed() };
@@ -126,7 +129,8 @@ impl ShardWorker {
         let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
         // SAFETY: as in the loop above.
         while unsafe { !(*this).puts.is_empty() || (*this).replies_in_flight > 0 } && std::time::Instant::now() < deadline {
-            unsafe { (*this).worker.progress() };
+            // SAFETY: as in the loop above.
+            unsafe { progress.progress() };
         }
         // SAFETY: reclaim the box leaked above; no callback can run after this point
         // because nothing progresses the worker any more.
@@ -329,31 +333,37 @@ unsafe extern "C" fn on_request(
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
     // SAFETY: arg is the ShardWorker registered in new(); UCX calls us on its thread,
-    // inside progress, when no other borrow of the worker is live. header/param are valid
-    // for the duration of the call.
-    let w = &mut *(arg as *mut ShardWorker);
-    let header = ucx::am_header(header, header_length);
-    let info = ucx::am_info(param);
-    catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info))).unwrap_or_else(|_| {
-        warn!("request handler panicked; request dropped");
-        sys::UCS_OK
-    })
+    unsafe {
+        // inside progress, when no other borrow of the worker is live. header/param are valid
+        // for the duration of the call.
+        let w = &mut *(arg as *mut ShardWorker);
+        let header = ucx::am_header(header, header_length);
+        let info = ucx::am_info(param);
+        catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info))).unwrap_or_else(|_| {
+            warn!("request handler panicked; request dropped");
+            sys::UCS_OK
+        })
+    }
 }
 
 unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
     // SAFETY: user_data is the ReplyMsg box leaked in send_reply for this pending send.
-    let m = Box::from_raw(user_data as *mut ReplyMsg);
-    let w = &mut *m.worker;
-    w.replies_in_flight -= 1;
-    w.sending.remove(&(&*m as *const ReplyMsg as usize));
-    w.finish_reply(m);
-    ucx::request_free(request);
+    unsafe {
+        let m = Box::from_raw(user_data as *mut ReplyMsg);
+        let w = &mut *m.worker;
+        w.replies_in_flight -= 1;
+        w.sending.remove(&(&*m as *const ReplyMsg as usize));
+        w.finish_reply(m);
+        ucx::request_free(request);
+    }
 }
 
 unsafe extern "C" fn on_put_received(request: *mut c_void, status: sys::ucs_status_t, _length: usize, user_data: *mut c_void) {
     // SAFETY: user_data is the PutInFlight box leaked in receive_put.
-    let p = Box::from_raw(user_data as *mut PutInFlight);
-    let w = &mut *p.worker;
-    let _ = catch_unwind(AssertUnwindSafe(|| w.finish_put(*p, status)));
-    ucx::request_free(request);
+    unsafe {
+        let p = Box::from_raw(user_data as *mut PutInFlight);
+        let w = &mut *p.worker;
+        let _ = catch_unwind(AssertUnwindSafe(|| w.finish_put(*p, status)));
+        ucx::request_free(request);
+    }
 }

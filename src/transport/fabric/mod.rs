@@ -131,26 +131,29 @@ fn cstr(p: *const std::os::raw::c_char) -> String {
 /// # Safety
 /// `info` must be NULL or a list this function may overwrite without freeing.
 unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, info: &mut *mut sys::fi_info) -> i32 {
-    let hints = sys::rdram_fi_allocinfo();
-    if hints.is_null() {
-        return -(sys::FI_ENOMEM as i32);
+    // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+    unsafe {
+        let hints = sys::rdram_fi_allocinfo();
+        if hints.is_null() {
+            return -(sys::FI_ENOMEM as i32);
+        }
+        (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
+        (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64 | extra_caps;
+        (*hints).mode = sys::FI_CONTEXT as u64;
+        (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
+        (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
+        if let Some(prov) = prov {
+            // fi_freeinfo frees prov_name: it must come from malloc.
+            (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+        }
+        let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
+        let rc = sys::fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
+        sys::fi_freeinfo(hints);
+        if rc != 0 {
+            *info = ptr::null_mut();
+        }
+        rc
     }
-    (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
-    (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64 | extra_caps;
-    (*hints).mode = sys::FI_CONTEXT as u64;
-    (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
-    (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
-    if let Some(prov) = prov {
-        // fi_freeinfo frees prov_name: it must come from malloc.
-        (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
-    }
-    let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
-    let rc = sys::fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
-    sys::fi_freeinfo(hints);
-    if rc != 0 {
-        *info = ptr::null_mut();
-    }
-    rc
 }
 
 /// The first entry of `list` on the `n`-th distinct domain, wrapping around.
@@ -158,18 +161,21 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
 /// # Safety
 /// `list` is a valid, non-empty fi_info list.
 unsafe fn nth_domain(list: *mut sys::fi_info, n: usize) -> *mut sys::fi_info {
-    let mut firsts: Vec<*mut sys::fi_info> = Vec::new();
-    let mut names: Vec<String> = Vec::new();
-    let mut i = list;
-    while !i.is_null() {
-        let name = cstr((*(*i).domain_attr).name);
-        if !names.contains(&name) {
-            names.push(name);
-            firsts.push(i);
+    // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+    unsafe {
+        let mut firsts: Vec<*mut sys::fi_info> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        let mut i = list;
+        while !i.is_null() {
+            let name = cstr((*(*i).domain_attr).name);
+            if !names.contains(&name) {
+                names.push(name);
+                firsts.push(i);
+            }
+            i = (*i).next;
         }
-        i = (*i).next;
+        firsts[n % firsts.len()]
     }
-    firsts[n % firsts.len()]
 }
 
 /// Names of the providers offering the endpoints we need here, for error messages.
@@ -369,7 +375,10 @@ impl Endpoint {
     /// # Safety
     /// `buf..buf+len` and `ctx` must stay valid and unmoved until `ctx`'s completion.
     pub unsafe fn send(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, tag: u64, ctx: *mut OpContext) -> Result<()> {
-        self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
+        // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+        unsafe {
+            self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
+        }
     }
 
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
@@ -378,8 +387,11 @@ impl Endpoint {
     /// # Safety
     /// As for [`Endpoint::send`].
     pub unsafe fn recv(&self, buf: *mut u8, len: usize, desc: *mut c_void, tag: u64, ignore: u64, ctx: *mut OpContext) -> Result<()> {
-        let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
-        self.retry_on_eagain("fi_trecv", || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()))
+        // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+        unsafe {
+            let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
+            self.retry_on_eagain("fi_trecv", || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()))
+        }
     }
 
     /// One-sided read of `len` bytes at `remote_addr` (see [`MemoryRegion::remote_base`])
@@ -389,12 +401,15 @@ impl Endpoint {
     /// As for [`Endpoint::send`]; `desc` belongs to a region covering `buf` when the
     /// provider requires FI_MR_LOCAL.
     pub unsafe fn read(&self, buf: *mut u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
-        if !self.rma {
-            return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided reads", self.provider)));
+        // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+        unsafe {
+            if !self.rma {
+                return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided reads", self.provider)));
+            }
+            self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))?;
+            self.reads.borrow_mut().push_back(ctx as usize);
+            Ok(())
         }
-        self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))?;
-        self.reads.borrow_mut().push_back(ctx as usize);
-        Ok(())
     }
 
     /// One-sided write of `buf` to the peer's region `key` at `remote_addr`. The engine
@@ -404,10 +419,13 @@ impl Endpoint {
     /// # Safety
     /// As for [`Endpoint::read`].
     pub unsafe fn write(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
-        if !self.rma {
-            return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided writes", self.provider)));
+        // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+        unsafe {
+            if !self.rma {
+                return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided writes", self.provider)));
+            }
+            self.retry_on_eagain("fi_write", || sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
         }
-        self.retry_on_eagain("fi_write", || sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
     }
 
     /// Forgets a completed read's context (see `reads`).

@@ -62,6 +62,21 @@ fn started(p: ucs_status_ptr_t, what: &str) -> Result<Started> {
     }
 }
 
+/// A worker's raw handle, for [`ProgressHandle::progress`].
+#[derive(Clone, Copy)]
+pub struct ProgressHandle(ucp_worker_h);
+
+impl ProgressHandle {
+    /// Runs the worker's callbacks; returns nonzero if anything happened.
+    ///
+    /// # Safety
+    /// The worker is alive, and this is its owning thread.
+    pub unsafe fn progress(self) -> u32 {
+        // SAFETY: as the caller promises.
+        unsafe { ucp_worker_progress(self.0) }
+    }
+}
+
 pub struct Worker {
     context: ucp_context_h,
     worker: ucp_worker_h,
@@ -127,6 +142,13 @@ impl Worker {
         Ok(bytes)
     }
 
+    /// What progresses this worker without borrowing it: for owners whose callbacks
+    /// take `&mut` of a struct that contains the worker (no reference to it may be live
+    /// while they run).
+    pub fn progress_handle(&self) -> ProgressHandle {
+        ProgressHandle(self.worker)
+    }
+
     /// Runs callbacks for completed communication; returns nonzero if anything happened.
     pub fn progress(&self) -> u32 {
         // SAFETY: worker valid; called from the owning thread only.
@@ -156,14 +178,17 @@ impl Worker {
     /// # Safety
     /// `arg` must stay valid, and safe to use from `cb`, for as long as the worker lives.
     pub unsafe fn set_am_handler(&self, id: u16, cb: ucp_am_recv_callback_t, arg: *mut c_void) -> Result<()> {
-        let param = ucp_am_handler_param_t {
-            field_mask: (UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
-            id: id as u32,
-            cb,
-            arg,
-            ..Default::default()
-        };
-        check(ucp_worker_set_am_recv_handler(self.worker, &param), "ucp_worker_set_am_recv_handler")
+        // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+        unsafe {
+            let param = ucp_am_handler_param_t {
+                field_mask: (UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
+                id: id as u32,
+                cb,
+                arg,
+                ..Default::default()
+            };
+            check(ucp_worker_set_am_recv_handler(self.worker, &param), "ucp_worker_set_am_recv_handler")
+        }
     }
 
     /// Connects to a peer worker by address. Peer-failure error handling is asked for first,
@@ -175,20 +200,23 @@ impl Worker {
     /// # Safety
     /// `err_arg` must stay valid for `err_cb` until the endpoint is closed.
     pub unsafe fn connect(&self, address: &[u8], err_cb: ucp_err_handler_cb_t, err_arg: *mut c_void) -> Result<(ucp_ep_h, bool)> {
-        let mut params = ucp_ep_params_t {
-            field_mask: (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
-            address: address.as_ptr() as *const ucp_address_t,
-            err_mode: UCP_ERR_HANDLING_MODE_PEER,
-            err_handler: ucp_err_handler { cb: err_cb, arg: err_arg },
-            ..Default::default()
-        };
-        let mut ep: ucp_ep_h = ptr::null_mut();
-        if !shared_memory_only() && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
-            return Ok((ep, true));
+        // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+        unsafe {
+            let mut params = ucp_ep_params_t {
+                field_mask: (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+                address: address.as_ptr() as *const ucp_address_t,
+                err_mode: UCP_ERR_HANDLING_MODE_PEER,
+                err_handler: ucp_err_handler { cb: err_cb, arg: err_arg },
+                ..Default::default()
+            };
+            let mut ep: ucp_ep_h = ptr::null_mut();
+            if !shared_memory_only() && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
+                return Ok((ep, true));
+            }
+            params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+            check(ucp_ep_create(self.worker, &params, &mut ep), "ucp_ep_create")?;
+            Ok((ep, false))
         }
-        params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        check(ucp_ep_create(self.worker, &params, &mut ep), "ucp_ep_create")?;
-        Ok((ep, false))
     }
 
     /// Closes an endpoint (forcibly: outstanding operations complete with an error) and
@@ -253,28 +281,31 @@ impl Worker {
         user_data: *mut c_void,
         memh: ucp_mem_h,
     ) -> Result<Started> {
-        let mut mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        if !memh.is_null() {
-            mask |= UCP_OP_ATTR_FIELD_MEMH;
+        // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+        unsafe {
+            let mut mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            if !memh.is_null() {
+                mask |= UCP_OP_ATTR_FIELD_MEMH;
+            }
+            let param = ucp_request_param_t {
+                op_attr_mask: mask,
+                flags,
+                cb: ucp_request_param_t__bindgen_ty_1 { send: cb },
+                user_data,
+                memh,
+                ..Default::default()
+            };
+            let p = ucp_am_send_nbx(
+                ep,
+                id as u32,
+                header.as_ptr() as *const c_void,
+                header.len(),
+                payload.as_ptr() as *const c_void,
+                payload.len(),
+                &param,
+            );
+            started(p, "ucp_am_send_nbx")
         }
-        let param = ucp_request_param_t {
-            op_attr_mask: mask,
-            flags,
-            cb: ucp_request_param_t__bindgen_ty_1 { send: cb },
-            user_data,
-            memh,
-            ..Default::default()
-        };
-        let p = ucp_am_send_nbx(
-            ep,
-            id as u32,
-            header.as_ptr() as *const c_void,
-            header.len(),
-            payload.as_ptr() as *const c_void,
-            payload.len(),
-            &param,
-        );
-        started(p, "ucp_am_send_nbx")
     }
 
     /// Receives a rendezvous active message's data into `dest`.
@@ -291,19 +322,22 @@ impl Worker {
         user_data: *mut c_void,
         memh: ucp_mem_h,
     ) -> Result<Started> {
-        let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        if !memh.is_null() {
-            mask |= UCP_OP_ATTR_FIELD_MEMH;
+        // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+        unsafe {
+            let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            if !memh.is_null() {
+                mask |= UCP_OP_ATTR_FIELD_MEMH;
+            }
+            let param = ucp_request_param_t {
+                op_attr_mask: mask,
+                cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
+                user_data,
+                memh,
+                ..Default::default()
+            };
+            let p = ucp_am_recv_data_nbx(self.worker, desc, dest as *mut c_void, len, &param);
+            started(p, "ucp_am_recv_data_nbx")
         }
-        let param = ucp_request_param_t {
-            op_attr_mask: mask,
-            cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
-            user_data,
-            memh,
-            ..Default::default()
-        };
-        let p = ucp_am_recv_data_nbx(self.worker, desc, dest as *mut c_void, len, &param);
-        started(p, "ucp_am_recv_data_nbx")
     }
 }
 
@@ -347,9 +381,12 @@ pub struct AmInfo {
 /// # Safety
 /// `param` is the pointer UCX passed to an AM callback.
 pub unsafe fn am_info(param: *const ucp_am_recv_param_t) -> AmInfo {
-    let p = &*param;
-    let reply_ep = if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
-    AmInfo { reply_ep, rendezvous: p.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 }
+    // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+    unsafe {
+        let p = &*param;
+        let reply_ep = if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
+        AmInfo { reply_ep, rendezvous: p.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 }
+    }
 }
 
 /// The user header of an AM callback as a slice (UCX leaves the pointer undefined when
@@ -358,10 +395,13 @@ pub unsafe fn am_info(param: *const ucp_am_recv_param_t) -> AmInfo {
 /// # Safety
 /// `header`/`len` are the values UCX passed to the callback; the slice must not outlive it.
 pub unsafe fn am_header<'a>(header: *const c_void, len: usize) -> &'a [u8] {
-    if len == 0 {
-        &[]
-    } else {
-        std::slice::from_raw_parts(header as *const u8, len)
+    // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+    unsafe {
+        if len == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(header as *const u8, len)
+        }
     }
 }
 
@@ -370,7 +410,10 @@ pub unsafe fn am_header<'a>(header: *const c_void, len: usize) -> &'a [u8] {
 /// # Safety
 /// `req` is the request passed to the callback.
 pub unsafe fn request_free(req: *mut c_void) {
-    if !req.is_null() {
-        ucp_request_free(req);
+    // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
+    unsafe {
+        if !req.is_null() {
+            ucp_request_free(req);
+        }
     }
 }
