@@ -83,9 +83,13 @@ struct Region {
 }
 
 pub struct FabricLink {
-    /// First: after Drop released every registration, the endpoints close before the
-    /// buffers below are freed, so nothing in flight can outlive its memory.
-    rails: Rails,
+    /// Dropped explicitly at the end of Drop (after every registration was released and
+    /// before the buffers below are freed), so nothing in flight outlives its memory;
+    /// never, when the link is poisoned.
+    rails: std::mem::ManuallyDrop<Rails>,
+    /// A receive into a caller's buffer could not be ended: nothing may drive or close
+    /// these endpoints again (see `retire`).
+    poisoned: bool,
     servers: Vec<Server>,
     pending: HashMap<u64, Box<Pending>>,
     #[allow(clippy::vec_box)] // boxed: the provider holds their buffers' addresses
@@ -111,7 +115,8 @@ impl FabricLink {
             completions: Vec::with_capacity(64),
             poller: Poller::new(opts.poll, opts.spin),
             liveness,
-            rails,
+            rails: std::mem::ManuallyDrop::new(rails),
+            poisoned: false,
         };
         for w in welcomes {
             let mut shards = Vec::new();
@@ -259,6 +264,9 @@ impl FabricLink {
     }
 
     fn progress(&mut self) -> bool {
+        if self.poisoned {
+            return false;
+        }
         let mut done = std::mem::take(&mut self.completions);
         let any = self.rails.poll(&mut done) > 0;
         for c in done.drain(..) {
@@ -406,12 +414,14 @@ impl FabricLink {
             self.rails.deregister(mrs);
         }
         if stale.data_op.is_some() && stale.sink.is_some() {
-            tracing::warn!("a reply into the caller's buffer could not be cancelled: closing the fabric endpoints");
-            for ep in &mut self.rails.eps {
-                ep.close();
-            }
+            // A receive into the caller's buffer that neither completed nor could be
+            // cancelled. Closing the endpoint under it crashes libfabric 1.17 (rxm), so
+            // nothing here progresses these endpoints again: the link is given up whole
+            // and its endpoints are never closed or driven (leaked with it).
+            tracing::warn!("a reply into the caller's buffer could not be cancelled: this connection is given up (its endpoints are left alone)");
+            self.poisoned = true;
             for s in &mut self.servers {
-                s.dead.get_or_insert_with(|| "endpoints closed".into());
+                s.dead.get_or_insert_with(|| "a reply could not be cancelled; connection given up".into());
             }
         }
         let server = stale.server;
@@ -423,6 +433,14 @@ impl FabricLink {
 
     /// Drops request `id`, which nobody waits for any more.
     fn forget_request(&mut self, id: u64) {
+        // A receive into the caller's buffer that already matched cannot be cancelled;
+        // while its server lives it completes: let it, for up to the abort grace.
+        let deadline = Instant::now() + ABORT_GRACE;
+        while Instant::now() < deadline && self.pending.get(&id).is_some_and(|p| p.data_op.is_some() && p.sink.is_some()) && !self.poisoned {
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
         self.cancel_receives(&[id]);
         if self.retire(id).map(|fresh| self.pool.push(fresh)).is_none() {
             if let Some(p) = self.pending.remove(&id) {
@@ -586,7 +604,7 @@ impl Link for FabricLink {
                 continue;
             }
             let did = self.progress();
-            self.poller.after_progress(&self.rails, did, (deadline - now).min(Duration::from_millis(100)))?;
+            self.poller.after_progress(&*self.rails, did, (deadline - now).min(Duration::from_millis(100)))?;
         }
     }
 
@@ -615,8 +633,17 @@ impl Link for FabricLink {
 
 impl Drop for FabricLink {
     fn drop(&mut self) {
-        // Registrations close before their domains (the rails, dropped next). Our slots
-        // at the workers are freed when the bootstrap connections (in `liveness`) close.
+        if self.poisoned {
+            // Endpoints, registrations and the buffers they may still write are leaked
+            // on purpose (see `retire`).
+            for p in self.pool.drain(..).chain(self.pending.drain().map(|(_, p)| p)) {
+                std::mem::forget(p);
+            }
+            return;
+        }
+        // Registrations close before their domains (the rails, dropped last here). Our
+        // slots at the workers are freed when the bootstrap connections (in `liveness`)
+        // close.
         for r in std::mem::take(&mut self.registered) {
             self.rails.deregister(r.mrs);
         }
@@ -629,5 +656,7 @@ impl Drop for FabricLink {
                 self.rails.deregister(r);
             }
         }
+        // SAFETY: dropped once, here; nothing uses the rails afterwards.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.rails) };
     }
 }

@@ -173,7 +173,8 @@ impl Service {
             self.check_shard(req.inline)?;
             self.shard.precheck_put(req.inline, &condition(&h))?;
         }
-        let extent = self.shard.reserve(key_len + value_len)?;
+        // A key arriving in the payload is not known yet: no overwrite hint then.
+        let extent = if in_payload { self.shard.reserve(key_len + value_len)? } else { self.shard.reserve_for_put(req.inline, key_len + value_len)? };
         let dest_offset = if in_payload { 0 } else { key_len };
         if !in_payload {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
@@ -229,7 +230,7 @@ impl Service {
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
         let cond = condition(h);
         self.shard.precheck_put(key, &cond)?;
-        let extent = self.shard.reserve((key.len() + value.len()) as u64)?;
+        let extent = self.shard.reserve_for_put(key, (key.len() + value.len()) as u64)?;
         let slot = self.shard.extent_mut(extent);
         slot[..key.len()].copy_from_slice(key);
         slot[key.len()..key.len() + value.len()].copy_from_slice(value);

@@ -192,6 +192,17 @@ impl Shard {
         }
     }
 
+    /// Like `reserve`, for a put of `key`: when there is no room and the key exists, the
+    /// error says why an overwrite needs more (old and new value held at once).
+    pub fn reserve_for_put(&mut self, key: &[u8], len: u64) -> Result<Extent> {
+        self.reserve(len).map_err(|mut e| {
+            if e.status == Status::NoSpace && self.index.find(key).is_some() {
+                e.message.push_str("; overwriting a value needs room for the old and the new one at once (a value is replaced only once the new one is complete)");
+            }
+            e
+        })
+    }
+
     /// Writable view of a reserved extent.
     pub fn extent_mut(&mut self, e: Extent) -> &mut [u8] {
         self.arena.slice_mut(e.offset, e.len)

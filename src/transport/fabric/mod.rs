@@ -141,7 +141,12 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
         (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64 | extra_caps;
         (*hints).mode = sys::FI_CONTEXT as u64;
         (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
-        (*(*hints).domain_attr).threading = sys::FI_THREAD_DOMAIN;
+        // Real locks, though each domain is driven by one thread: with FI_THREAD_DOMAIN
+        // libfabric 1.17's providers turn their locks into no-ops, and their own helper
+        // threads (connection and progress handling) then race with ours; processes
+        // with several endpoints on threads (tests, the gateway's engine clients) crashed
+        // now and then in a provider spinlock.
+        (*(*hints).domain_attr).threading = sys::FI_THREAD_SAFE;
         if let Some(prov) = prov {
             // fi_freeinfo frees prov_name: it must come from malloc.
             (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
@@ -447,9 +452,6 @@ impl Endpoint {
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
     /// too): drive our side and retry.
     fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
-        if self.ep.is_null() {
-            return Err(Error::new(Status::Unavailable, format!("{what}: endpoint closed")));
-        }
         loop {
             let rc = post() as i64;
             if rc != -(sys::FI_EAGAIN as i64) {
@@ -496,23 +498,6 @@ impl Endpoint {
             }
         }
         0
-    }
-}
-
-impl Endpoint {
-    /// Closes the endpoint itself (not its domain or queues), so that nothing posted on it
-    /// can move data any more: the last resort when a receive into memory we must give
-    /// back cannot be cancelled. The endpoint is unusable afterwards.
-    pub fn close(&mut self) {
-        if !self.ep.is_null() {
-            // SAFETY: the endpoint was opened by `open` and is closed once (then nulled).
-            unsafe { sys::rdram_fi_close(self.ep.cast::<sys::fid>()) };
-            self.ep = ptr::null_mut();
-        }
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.ep.is_null()
     }
 }
 
