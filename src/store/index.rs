@@ -31,9 +31,15 @@ impl Entry {
     }
 }
 
+/// Heap bytes an entry costs beyond its key's bytes (map node share, slot, LRU links):
+/// an estimate, for the index budget.
+pub const ENTRY_OVERHEAD: usize = 128;
+
 #[derive(Default)]
 pub struct Index {
     keys: BTreeMap<Box<[u8]>, u32>,
+    /// Heap bytes the index holds (key copies plus [`ENTRY_OVERHEAD`] per key).
+    bytes: usize,
     slots: Vec<Option<Entry>>,
     free_slots: Vec<u32>,
     /// Most recently used end.
@@ -50,6 +56,10 @@ impl Index {
 
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -80,6 +90,7 @@ impl Index {
         self.link_front(slot);
         let old = self.keys.insert(key.into(), slot);
         debug_assert!(old.is_none());
+        self.bytes += key.len() + ENTRY_OVERHEAD;
         slot
     }
 
@@ -101,6 +112,7 @@ impl Index {
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
         let slot = self.keys.remove(key)?;
+        self.bytes -= key.len() + ENTRY_OVERHEAD;
         self.unlink(slot);
         let old = self.slots[slot as usize].take().expect("live slot");
         if old.expires_at != 0 {

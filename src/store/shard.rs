@@ -74,6 +74,9 @@ pub struct ShardStats {
     pub backing: Backing,
     pub mode: Mode,
     pub pinned_extents: usize,
+    /// Heap bytes of the key index (key copies and per-key metadata), and its budget.
+    pub index_bytes: usize,
+    pub index_budget_bytes: usize,
     #[serde(flatten)]
     pub counters: Counters,
 }
@@ -93,6 +96,8 @@ pub struct Shard {
     clock: Instant,
     pins: HashMap<u64, Pin>,
     counters: Counters,
+    /// Most heap bytes the key index may hold (see [`ShardStats::index_bytes`]).
+    index_budget: usize,
 }
 
 impl Shard {
@@ -111,6 +116,7 @@ impl Shard {
             clock: Instant::now(),
             pins: HashMap::new(),
             counters: Counters::default(),
+            index_budget: (memory as usize / 4).max(1 << 20),
         })
     }
 
@@ -229,6 +235,30 @@ impl Shard {
                 self.release(old.extent);
             }
             None => {
+                let cost = key.len() + super::index::ENTRY_OVERHEAD;
+                while self.index.bytes() + cost > self.index_budget {
+                    // Keys live on the heap too: their index has a budget of its own (a
+                    // quarter of the shard's memory). Cache mode makes room; store mode says no.
+                    let victim = match self.mode {
+                        Mode::Cache => self.index.least_recently_used(),
+                        Mode::Store => None,
+                    };
+                    let Some(slot) = victim else {
+                        self.counters.no_space += 1;
+                        let msg = format!(
+                            "the key index is full: {} keys use {} of its {} bytes (a quarter of the shard's memory; keys are also kept on the heap)",
+                            self.index.len(),
+                            self.index.bytes(),
+                            self.index_budget
+                        );
+                        self.release(extent);
+                        return Err(Error::new(Status::NoSpace, msg));
+                    };
+                    let e = self.index.entry(slot);
+                    let victim_key = self.arena.slice(e.extent.offset, e.key_len as u64).to_vec();
+                    self.remove_key(&victim_key);
+                    self.counters.evictions += 1;
+                }
                 self.index.insert(key, entry);
             }
         }
@@ -359,6 +389,8 @@ impl Shard {
             backing: self.arena.backing(),
             mode: self.mode,
             pinned_extents: self.pins.len(),
+            index_bytes: self.index.bytes(),
+            index_budget_bytes: self.index_budget,
             counters: self.counters.clone(),
         }
     }
@@ -417,6 +449,34 @@ mod tests {
         assert_eq!(s.delete_range(b"", None, 8), (8, true));
         assert_eq!(s.delete_range(b"", None, 8), (4, false));
         assert_eq!(s.stats().keys, 0);
+    }
+
+    #[test]
+    fn the_key_index_has_a_budget_of_its_own() {
+        // 4 MiB shard: a 1 MiB index budget, so about fifteen 64 KiB keys.
+        let mut s = Shard::new(4 << 20, HugePages::Off, Mode::Store).unwrap();
+        let key = |i: u32| [&i.to_le_bytes()[..], &[b'k'; (64 << 10) - 4]].concat();
+        let mut stored = 0;
+        let err = loop {
+            match put(&mut s, &key(stored), b"", Condition::default(), 0) {
+                Ok(_) => stored += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.status, Status::NoSpace);
+        assert!(err.message.contains("key index is full"), "{}", err.message);
+        assert!((10..=16).contains(&stored), "{stored}");
+        let st = s.stats();
+        assert!(st.index_bytes <= st.index_budget_bytes && st.index_budget_bytes == 1 << 20);
+        // Nothing leaked: the refused put's extent went back.
+        assert_eq!(st.used_bytes as usize, stored as usize * (64 << 10));
+        // Cache mode makes room instead.
+        let mut c = Shard::new(4 << 20, HugePages::Off, Mode::Cache).unwrap();
+        for i in 0..40 {
+            put(&mut c, &key(i), b"", Condition::default(), 0).unwrap();
+        }
+        assert!(c.stats().index_bytes <= c.stats().index_budget_bytes);
+        assert!(c.stats().counters.evictions > 0);
     }
 
     #[test]

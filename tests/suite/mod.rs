@@ -176,6 +176,48 @@ pub fn randomized_model(transport: &str) {
     }
     let stats = server.client().stats().unwrap();
     assert!(stats["keys"].as_u64().unwrap() > 0);
+    shared_counters(&server.addr);
+}
+
+/// Keys shared by every thread, so conditions conflict: 4 threads increment 8 counters
+/// by compare-and-swap (get, then put if-equal the generation read; retry on a failed
+/// condition). Linearizable puts lose no increment: the totals match exactly.
+fn shared_counters(addr: &str) {
+    const THREADS: u64 = 4;
+    const PER_THREAD: u64 = 150;
+    let mut c = common::connect(addr);
+    for k in 0..8 {
+        c.put(format!("shared/{k}").as_bytes(), &0u64.to_le_bytes()).unwrap();
+    }
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || {
+                let mut c = common::connect(&addr);
+                let mut rng = SmallRng::seed_from_u64(t);
+                let mut conflicts = 0;
+                for _ in 0..PER_THREAD {
+                    let key = format!("shared/{}", rng.gen_range(0..8));
+                    loop {
+                        let v = c.get(key.as_bytes()).unwrap().unwrap();
+                        let n = u64::from_le_bytes(v.data[..8].try_into().unwrap());
+                        let opts = PutOptions { condition: WriteCondition::IfEqual(v.generation), ttl: None };
+                        match c.put_with(key.as_bytes(), &(n + 1).to_le_bytes(), &opts).unwrap() {
+                            WriteResult::Written { generation } => {
+                                assert!(generation > v.generation);
+                                break;
+                            }
+                            WriteResult::ConditionFailed => conflicts += 1,
+                        }
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    let conflicts: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let total: u64 = (0..8).map(|k| u64::from_le_bytes(c.get(format!("shared/{k}").as_bytes()).unwrap().unwrap().data[..8].try_into().unwrap())).sum();
+    assert_eq!(total, THREADS * PER_THREAD, "increments lost ({conflicts} conflicts retried)");
 }
 
 fn model_thread(addr: &str, t: u64, ops: usize) {
