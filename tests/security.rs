@@ -322,3 +322,38 @@ fn cli_bounds_its_input_and_refuses_a_zero_ttl() {
     assert_eq!(c.list(&KeyRange::prefix(b"")).unwrap().len(), 1, "only the valid put landed");
     let _ = pattern(0, 0);
 }
+
+/// 13.4: a client that asks and never receives cannot make the server hold its replies
+/// without bound: 3000 LIST requests of ~1 MiB replies each (3 GB if all were built and
+/// queued) grow the server's RSS by at most a few hundred MB, and other clients are
+/// served meanwhile.
+#[test]
+fn a_client_that_never_receives_is_bounded() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1", "--memory", "256MiB"]);
+    let mut c = server.client();
+    let long_key = |i: u32| [&i.to_be_bytes()[..], &[b'k'; (64 << 10) - 4]].concat();
+    for i in 0..16 {
+        c.put(&long_key(i), b"v").unwrap();
+    }
+    let rss = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+    };
+    let before = rss();
+    let mut hog = server.client();
+    for _ in 0..3000 {
+        let (session, id) = hog.raw_session();
+        let mut h = RequestHeader::new(Op::List, id, session);
+        h.flags = remote_dram::proto::flags::MAX_UNBOUNDED;
+        h.ttl_or_limit = 16 << 10;
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut buf);
+        hog.raw_submit(0, &buf, &[]).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss();
+    assert_eq!(c.get(&long_key(3)).unwrap().unwrap().data, b"v", "others are still served");
+    assert!(after < before + (400 << 10), "server RSS grew from {before} KiB to {after} KiB for a client that never receives");
+    drop(hog);
+}

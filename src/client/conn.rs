@@ -159,6 +159,7 @@ impl Connection {
             welcomes.push(welcome);
         }
         let liveness = Liveness::new(bootstraps)?;
+        let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
             "ucx" => Box::new(UcxLink::connect(&welcomes, liveness, opts)?),
             "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts)?),
@@ -168,7 +169,35 @@ impl Connection {
             .into_iter()
             .map(|w| ServerConn { node_seed: xxhash_rust::xxh3::xxh3_64(w.node.as_bytes()), shards: w.shards.len(), session: w.session, node: w.node })
             .collect();
-        Ok(Connection { servers, link, next_id: 1, timeout: opts.timeout })
+        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout };
+        if welcomes_transport_is_ucx {
+            conn.round_trip_every_shard(opts.connect_timeout)?;
+        }
+        Ok(conn)
+    }
+
+    /// One round trip with every shard worker before the connection is handed out: UCX
+    /// 1.13.1 aborts a server (`ucp_request.c:684 ... got REP message`) when a client's
+    /// tcp endpoint fails while the server's wireup reply to it is still queued, so a
+    /// client that connects and closes at once could bring the server down. After a round
+    /// trip that window is closed. (An abort that names no request is the cheapest request:
+    /// the worker answers at once.)
+    fn round_trip_every_shard(&mut self, timeout: Duration) -> Result<()> {
+        let mut ids = Vec::new();
+        for server in 0..self.servers.len() {
+            for shard in 0..self.servers[server].shards {
+                let mut h = RequestHeader::new(proto::Op::Abort, 0, 0);
+                h.ttl_or_limit = u64::MAX;
+                ids.push(self.submit(server, shard, h, &[], &[])?);
+            }
+        }
+        for id in ids {
+            let reply = self.link.wait_for(id, timeout)?;
+            if reply.header.status() != crate::error::Status::Ok {
+                return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
+            }
+        }
+        Ok(())
     }
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.

@@ -465,6 +465,13 @@ impl Client {
         Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
     }
 
+    /// Sends raw header bytes to one shard without waiting for the reply (which is then
+    /// never read): for tests that play a client that does not receive.
+    #[doc(hidden)]
+    pub fn raw_submit(&mut self, shard: usize, header: &[u8], payload: &[u8]) -> Result<u64> {
+        self.conn.submit_raw(0, shard, header, &[], payload, None)
+    }
+
     /// The session credential and next request id, for building raw requests.
     #[doc(hidden)]
     pub fn raw_session(&self) -> (u64, u64) {

@@ -43,6 +43,8 @@ struct ReplyMsg {
     pinned: Option<u64>,
     /// The client it goes to (0: not known), so its departure can release the extent.
     client: u64,
+    /// Owned payload bytes charged to that client while the send is pending.
+    charged: u64,
 }
 
 struct PutInFlight {
@@ -68,7 +70,21 @@ pub struct ShardWorker {
     puts: HashMap<(u64, u64), *mut PutInFlight>,
     /// Replies sent from a pinned extent and not yet completed, by box address -> client.
     sending: HashMap<usize, u64>,
+    /// Per client: replies whose send is pending, and their owned bytes. A client that
+    /// does not receive its replies stops being served at the bounds below.
+    backlog: HashMap<u64, Backlog>,
 }
+
+#[derive(Default)]
+struct Backlog {
+    replies: usize,
+    bytes: u64,
+}
+
+/// Replies (and their owned bytes) a client may leave unreceived before its further
+/// requests are dropped unanswered: far above what any pipelining client keeps in flight.
+const MAX_BACKLOG_REPLIES: usize = 4096;
+const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
@@ -84,6 +100,7 @@ impl ShardWorker {
             reply_pool: Vec::new(),
             puts: HashMap::new(),
             sending: HashMap::new(),
+            backlog: HashMap::new(),
         });
         let arg = &mut *w as *mut ShardWorker as *mut c_void;
         // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
@@ -144,11 +161,12 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0 })
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0, charged: 0 })
         });
         m.payload.clear();
         m.pinned = None;
         m.client = 0;
+        m.charged = 0;
         m
     }
 
@@ -185,6 +203,15 @@ impl ShardWorker {
         match started {
             Ok(Started::Pending) => {
                 self.replies_in_flight += 1;
+                // SAFETY: raw is the live box leaked above, owned by the pending send.
+                let (client, owned) = unsafe { ((*raw).client, (*raw).payload.len() as u64) };
+                if client != 0 {
+                    let b = self.backlog.entry(client).or_default();
+                    b.replies += 1;
+                    b.bytes += owned;
+                    // SAFETY: as above.
+                    unsafe { (*raw).charged = owned };
+                }
                 if let Some((_, _, extent)) = arena {
                     self.service.shard.pin(extent);
                     // SAFETY: raw is the live box leaked above, owned by the pending send.
@@ -255,8 +282,15 @@ impl ShardWorker {
         // SAFETY: for an eager message UCX hands us `length` readable bytes at `data`,
         // valid for the duration of this callback.
         let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
+        let client = self.service.client_of(req.header.session).unwrap_or(0);
+        if self.backlog.get(&client).is_some_and(|b| b.replies >= MAX_BACKLOG_REPLIES || b.bytes >= MAX_BACKLOG_BYTES) {
+            // It does not receive what it asked for: stop serving it (its memory would
+            // pile up here) until it drains.
+            debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index);
+            return sys::UCS_OK;
+        }
         let mut m = self.take_reply();
-        m.client = self.service.client_of(req.header.session).unwrap_or(0);
+        m.client = client;
         let answer = self.service.serve(&req, payload, &mut m.payload);
         self.answer(ep, answer, m);
         sys::UCS_OK
@@ -267,6 +301,7 @@ impl ShardWorker {
     /// and it is gone): its extent is unpinned now; the send's box stays UCX's.
     fn forget_departed(&mut self) {
         for client in self.service.take_departed() {
+            self.backlog.remove(&client);
             let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
             for m in orphans {
                 self.sending.remove(&m);
@@ -353,6 +388,10 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
         let w = &mut *m.worker;
         w.replies_in_flight -= 1;
         w.sending.remove(&(&*m as *const ReplyMsg as usize));
+        if let Some(b) = w.backlog.get_mut(&m.client) {
+            b.replies = b.replies.saturating_sub(1);
+            b.bytes = b.bytes.saturating_sub(m.charged);
+        }
         w.finish_reply(m);
         ucx::request_free(request);
     }
