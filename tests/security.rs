@@ -20,7 +20,9 @@ const FABRIC_TCP: [&str; 4] = ["--transport", "fabric", "--provider", "tcp;ofi_r
 
 fn token_file(token: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let path = std::env::temp_dir().join(format!("rdram-token-{}-{}", std::process::id(), token.len()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("rdram-token-{}-{n}", std::process::id()));
     std::fs::write(&path, format!("{token}\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     path
@@ -250,13 +252,22 @@ fn empty_tokens_refuse_to_start_and_loose_token_files_warn() {
         .stderr(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let mut stderr = child.stderr.take().unwrap();
+    // Read on a thread: the server keeps running (and its stderr open) after the warning.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 512];
+        while let Ok(n) = stderr.read(&mut chunk) {
+            if n == 0 || tx.send(String::from_utf8_lossy(&chunk[..n]).into_owned()).is_err() {
+                break;
+            }
+        }
+    });
     let mut seen = String::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut chunk = [0u8; 512];
-    while !seen.contains("readable by group or others") && Instant::now() < deadline {
-        match stderr.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => seen.push_str(&String::from_utf8_lossy(&chunk[..n])),
+    while !seen.contains("readable by group or others") {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(text) => seen.push_str(&text),
+            Err(_) => break,
         }
     }
     let _ = child.kill();
@@ -328,9 +339,15 @@ fn cli_bounds_its_input_and_refuses_a_zero_ttl() {
 /// queued) grow the server's RSS by at most a few hundred MB, and other clients are
 /// served meanwhile.
 #[test]
-fn a_client_that_never_receives_is_bounded() {
+fn a_client_that_never_receives_is_bounded_over_ucx() {
     common::init(common::TCP);
-    let server = ServerProc::start(&["--workers", "1", "--memory", "256MiB"]);
+    client_that_never_receives(&[]);
+}
+
+fn client_that_never_receives(transport: &[&str]) {
+    let mut args = vec!["--workers", "1", "--memory", "256MiB"];
+    args.extend_from_slice(transport);
+    let server = ServerProc::start(&args);
     let mut c = server.client();
     let long_key = |i: u32| [&i.to_be_bytes()[..], &[b'k'; (64 << 10) - 4]].concat();
     for i in 0..16 {

@@ -51,10 +51,11 @@ struct ReplyBuf {
 /// What an operation in flight is, to finish it when it completes.
 enum WorkerOp {
     Recv { buf: usize },
-    Reply { msg: Box<ReplyBuf> },
+    /// `owner`/`charged`: the client whose backlog it counts in, and its bytes there.
+    Reply { msg: Box<ReplyBuf>, owner: u64, charged: u64 },
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
     /// `key`: its entry in `sends` while it pins an extent.
-    Data { pinned: Option<u64>, key: (u32, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>> },
+    Data { pinned: Option<u64>, key: (u32, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, owner: u64, charged: u64 },
     /// A put value being read from the client into a reserved extent.
     ReadPut { to: Client, put: PendingPut, plan: ReadPlan },
     /// Any other request whose payload had to be read from the client (admitted on
@@ -128,7 +129,15 @@ pub struct FabricShardWorker {
     reads: HashMap<(u32, u64), u32>,
     /// Reply payloads being sent from pinned extents, by (slot, request id).
     sends: HashMap<(u32, u64), u32>,
+    /// Per client: reply messages not yet completed and their owned bytes. A client that
+    /// does not receive stops being served at the bounds below.
+    backlog: HashMap<u64, (usize, u64)>,
 }
+
+/// Replies (and owned bytes) a client may leave unreceived before its further requests
+/// are dropped unanswered: far above what any pipelining client keeps in flight.
+const MAX_BACKLOG_REPLIES: usize = 4096;
+const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl FabricShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
@@ -161,6 +170,7 @@ impl FabricShardWorker {
             ops: InFlight::default(),
             reads: HashMap::new(),
             sends: HashMap::new(),
+            backlog: HashMap::new(),
         });
         w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
@@ -238,8 +248,12 @@ impl FabricShardWorker {
                     warn!("shard {}: cannot repost a request buffer: {e}", self.service.index);
                 }
             }
-            WorkerOp::Reply { msg } => self.reply_pool.push(msg),
-            WorkerOp::Data { pinned, key, temp_mr, .. } => {
+            WorkerOp::Reply { msg, owner, charged } => {
+                self.discharge(owner, charged);
+                self.reply_pool.push(msg)
+            }
+            WorkerOp::Data { pinned, key, temp_mr, owner, charged, .. } => {
+                self.discharge(owner, charged);
                 if let Some(extent) = pinned {
                     self.sends.remove(&key);
                     self.service.shard.unpin(extent);
@@ -339,6 +353,19 @@ impl FabricShardWorker {
         self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| (p.credential, p.client_id))
     }
 
+    fn charge(&mut self, owner: u64, bytes: u64) {
+        let b = self.backlog.entry(owner).or_default();
+        b.0 += 1;
+        b.1 += bytes;
+    }
+
+    fn discharge(&mut self, owner: u64, bytes: u64) {
+        if let Some(b) = self.backlog.get_mut(&owner) {
+            b.0 = b.0.saturating_sub(1);
+            b.1 = b.1.saturating_sub(bytes);
+        }
+    }
+
     /// Whether `to`'s client still holds its slot.
     fn holds(&self, to: Client) -> bool {
         self.holder(to.slot).is_some_and(|(_, id)| id == to.id)
@@ -398,6 +425,7 @@ impl FabricShardWorker {
     /// before each hello, so the slot table never grows past the clients alive.
     fn forget_departed(&mut self) {
         for client in self.service.take_departed() {
+            self.backlog.remove(&client);
             for slot in 0..self.peers.len() as u32 {
                 if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
                     self.forget(slot);
@@ -411,6 +439,10 @@ impl FabricShardWorker {
             return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
         };
         let to = Client { slot, id: client_id };
+        if self.backlog.get(&client_id).is_some_and(|b| b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES) {
+            // It does not receive what it asked for: stop serving it until it drains.
+            return debug!("shard {}: client {client_id} has too many unreceived replies; request dropped", self.service.index);
+        }
         let msg = &self.recv_slab[at..at + len];
         if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
             // Not from that slot's client: answering would send to someone else.
@@ -572,7 +604,8 @@ impl FabricShardWorker {
         let tag = wire::REPLY | (header.request_id & wire::ID_MASK);
         let desc = msg.mr.as_ref().map_or(std::ptr::null_mut(), |m| m[0].desc);
         let (ptr, len) = (msg.bytes.as_ptr(), msg.bytes.len());
-        let id = self.ops.start(WorkerOp::Reply { msg }, 1);
+        self.charge(to.id, len as u64);
+        let id = self.ops.start(WorkerOp::Reply { msg, owner: to.id, charged: len as u64 }, 1);
         let ctx = self.ops.ctx(id, 0);
         // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
         if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
@@ -591,17 +624,21 @@ impl FabricShardWorker {
             Some((offset, len, extent)) => {
                 self.service.shard.pin(extent);
                 let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
-                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (slot, header.request_id), _owned: Vec::new(), temp_mr: None })
+                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (slot, header.request_id), _owned: Vec::new(), temp_mr: None, owner: to.id, charged: 0 })
             }
             None => {
                 let owned = std::mem::take(&mut self.scratch);
                 let temp_mr = self.local_registration(owned.as_ptr(), owned.len());
                 let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
-                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (slot, header.request_id), _owned: owned, temp_mr })
+                let charged = owned.len() as u64;
+                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (slot, header.request_id), _owned: owned, temp_mr, owner: to.id, charged })
             }
         };
         let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
         let pins = matches!(value, WorkerOp::Data { pinned: Some(_), .. });
+        if let WorkerOp::Data { charged, .. } = &value {
+            self.charge(to.id, *charged);
+        }
         let id = self.ops.start(value, parts.len());
         if pins {
             self.sends.insert((slot, header.request_id), id);
