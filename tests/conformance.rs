@@ -94,7 +94,15 @@ impl Runner<'_> {
                 }
                 let want_gen = s.get("generation").map(|g| self.gen(g));
                 match (expect, r.unwrap()) {
-                    ("missing", GetResult::Missing) => assert!(matches!(want_gen, None | Some(None)), "{s}"),
+                    ("missing", GetResult::Missing) => {
+                        assert!(matches!(want_gen, None | Some(None)), "{s}: the case expects a generation for a missing key");
+                        // The result, not only the case: the key is absent from a listing too.
+                        let key = self.key(&s["key"]);
+                        let mut max = key.clone();
+                        max.push(0);
+                        let listed = self.c.list(&remote_dram::client::KeyRange { min: key, max: Some(max) }).unwrap();
+                        assert!(listed.is_empty(), "{s}: reported missing but listed: {listed:?}");
+                    }
                     ("unspecified", GetResult::Unchanged { generation }) => assert!(want_gen.is_none_or(|g| g == Some(generation)), "{s}"),
                     ("value", GetResult::Value(v)) => {
                         if let Some(want) = s.get("value") {
