@@ -60,13 +60,13 @@ exec 3>&-
 wait "$embedded_pid"
 cat "$work/embedded.log"
 echo "-- C++ kvstore driver: the shared conformance cases (GoogleTest)"
-RDRAM_SERVER=$server RDRAM_CONFORMANCE_CASES=$here/../tests/conformance/cases.json "$work/kvstore_conformance_test" --gtest_brief=1
+RDRAM_SERVER=$server RDRAM_CONFORMANCE_CASES=$here/../tests/conformance/cases.json "${VALGRIND[@]}" "$work/kvstore_conformance_test" --gtest_brief=1
 
 echo "-- remote_dram_example as three processes: server, writer, reader"
-start example "$work/remote_dram_example" --mode=server --listen_addr=127.0.0.1:0
+start example "${VALGRIND[@]}" "$work/remote_dram_example" --mode=server --listen_addr=127.0.0.1:0
 example_pid=${pids[-1]}
-"$work/remote_dram_example" --mode=writer --server_addr="$addr"
-"$work/remote_dram_example" --mode=reader --server_addr="$addr"
+run "$work/remote_dram_example" --mode=writer --server_addr="$addr"
+run "$work/remote_dram_example" --mode=reader --server_addr="$addr"
 kill -TERM "$example_pid"
 wait "$example_pid"
 echo "== all C/C++ tests passed"
