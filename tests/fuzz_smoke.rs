@@ -81,7 +81,7 @@ fn every_target_survives_its_corpus_and_random_mutations() {
 
 /// Writes the seed corpora from the real encoders (run by hand when formats change).
 #[test]
-#[ignore]
+#[ignore = "rewrites fuzz/corpus: run by hand when a wire format changes"]
 fn write_seed_corpus() {
     use remote_dram::proto::bootstrap::{Hello, Welcome};
     use remote_dram::proto::fabric::{self, RemoteValue};

@@ -59,7 +59,7 @@ fn now_ns() -> u64 {
 /// A child's work: writers put versions (nanosecond clock, so a restarted writer always
 /// writes newer ones) and print "ACK key version" once acknowledged; readers check.
 #[test]
-#[ignore]
+#[ignore = "a child process of the soak (make soak)"]
 fn soak_child() {
     let Ok(role) = std::env::var("SOAK_ROLE") else { return };
     let addr = std::env::var("SOAK_SERVER").unwrap();
@@ -200,7 +200,7 @@ fn soak_one(transport: &str, seconds: u64) {
 }
 
 #[test]
-#[ignore]
+#[ignore = "long: run by make soak"]
 fn soak() {
     let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
     let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm".into());
@@ -224,7 +224,7 @@ fn soak() {
 }
 
 #[test]
-#[ignore]
+#[ignore = "one transport of the soak (make soak)"]
 fn soak_transport() {
     let Ok(t) = std::env::var("SOAK_ONE") else { return };
     let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
