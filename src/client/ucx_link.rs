@@ -198,7 +198,7 @@ impl UcxLink {
             h.encode(&mut header);
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
             let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], None).is_ok()
-                && self.progress_until(ABORT_GRACE, |st| {
+                && self.progress_until(server, ABORT_GRACE, |st| {
                     st.pending.get(&id).is_some_and(|p| p.sent) || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
                 });
             self.forget_request(abort_id);
@@ -208,7 +208,7 @@ impl UcxLink {
             }
         }
         let receiving_into_caller = |st: &State| st.pending.get(&id).is_some_and(|p| p.receiving && p.sink.is_some());
-        if receiving_into_caller(&self.state) && !self.progress_until(ABORT_GRACE, |st| !receiving_into_caller(st)) {
+        if receiving_into_caller(&self.state) && !self.progress_until(server, ABORT_GRACE, |st| !receiving_into_caller(st)) {
             let why = format!("a reply from {} into the caller's buffer did not end; connection closed", self.servers[server].node);
             self.fail_server(server, Status::Timeout, why);
         }
@@ -216,11 +216,12 @@ impl UcxLink {
         err
     }
 
-    /// Progresses until `done` holds or `limit` passes; true when it held.
-    fn progress_until(&mut self, limit: Duration, done: impl Fn(&State) -> bool) -> bool {
+    /// Progresses until `done` holds, `limit` passes or the connection to `server` fails;
+    /// true when it held.
+    fn progress_until(&mut self, server: usize, limit: Duration, done: impl Fn(&State) -> bool) -> bool {
         let deadline = Instant::now() + limit;
         while !done(&self.state) {
-            if Instant::now() >= deadline || self.state.failed.iter().any(Option::is_some) {
+            if Instant::now() >= deadline || self.state.failed[server].is_some() {
                 return done(&self.state);
             }
             if self.worker.progress() == 0 {

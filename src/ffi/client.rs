@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use super::{bytes, c_str, guard, null_arg, rdram_status};
@@ -122,11 +122,12 @@ pub type rdram_list_callback = Option<unsafe extern "C" fn(userdata: *mut c_void
 /// Open clients by handle. What C holds is a serial number, never an address, so a
 /// closed, stale or invented handle is refused (RDRAM_INVALID_ARGUMENT) instead of
 /// dereferenced: closing twice or using a closed client cannot crash the process.
-static CLIENTS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+/// A read lock per call: threads using their own clients never wait for each other.
+static CLIENTS: RwLock<Option<HashMap<usize, usize>>> = RwLock::new(None);
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
 
-fn clients() -> std::sync::MutexGuard<'static, Option<HashMap<usize, usize>>> {
-    CLIENTS.lock().unwrap_or_else(|e| e.into_inner())
+fn clients_mut() -> std::sync::RwLockWriteGuard<'static, Option<HashMap<usize, usize>>> {
+    CLIENTS.write().unwrap_or_else(|e| e.into_inner())
 }
 
 unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
@@ -135,7 +136,7 @@ unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
         if c.is_null() {
             return Err(null_arg("client"));
         }
-        let ptr = clients().as_ref().and_then(|m| m.get(&(c as usize)).copied());
+        let ptr = CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(c as usize)).copied());
         let ptr = ptr.ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
         // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
         // `rdram_client_close` removed it, and a handle is used by one thread at a time.
@@ -181,7 +182,7 @@ pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options:
             let inner = Client::connect(addresses, opts)?;
             let ptr = Box::into_raw(Box::new(rdram_client { inner })) as usize;
             let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-            clients().get_or_insert_with(HashMap::new).insert(id, ptr);
+            clients_mut().get_or_insert_with(HashMap::new).insert(id, ptr);
             out.write(id as *mut rdram_client);
             Ok(RDRAM_OK)
         })
@@ -194,7 +195,7 @@ pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options:
 pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
-        let ptr = clients().as_mut().and_then(|m| m.remove(&(client as usize)));
+        let ptr = clients_mut().as_mut().and_then(|m| m.remove(&(client as usize)));
         if let Some(ptr) = ptr {
             // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
             // removed from the table, so it is freed exactly once.

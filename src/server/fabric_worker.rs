@@ -55,7 +55,7 @@ enum WorkerOp {
     Reply { msg: Box<ReplyBuf>, owner: u64, charged: u64 },
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
     /// `key`: its entry in `sends` while it pins an extent.
-    Data { pinned: Option<u64>, key: (u32, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, owner: u64, charged: u64 },
+    Data { pinned: Option<u64>, key: (u64, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, owner: u64, charged: u64 },
     /// A put value being read from the client into a reserved extent.
     ReadPut { to: Client, put: PendingPut, plan: ReadPlan },
     /// Any other request whose payload had to be read from the client (admitted on
@@ -125,10 +125,11 @@ pub struct FabricShardWorker {
     peers: Vec<Option<Peer>>,
     free_slots: Vec<u32>,
     ops: InFlight<WorkerOp>,
-    /// Reads of client memory in flight, by (slot, request id): what an abort names.
-    reads: HashMap<(u32, u64), u32>,
-    /// Reply payloads being sent from pinned extents, by (slot, request id).
-    sends: HashMap<(u32, u64), u32>,
+    /// Reads of client memory in flight, by (client, request id): what an abort names.
+    /// Keyed by client, not slot: a reused slot's new holder counts request ids from 1.
+    reads: HashMap<(u64, u64), u32>,
+    /// Reply payloads being sent from pinned extents, by (client, request id).
+    sends: HashMap<(u64, u64), u32>,
     /// Per client: reply messages not yet completed and their owned bytes. A client that
     /// does not receive stops being served at the bounds below.
     backlog: HashMap<u64, (usize, u64)>,
@@ -263,7 +264,7 @@ impl FabricShardWorker {
                 }
             }
             WorkerOp::ReadPut { to, put, plan } => {
-                self.reads.remove(&(to.slot, put.header.request_id));
+                self.reads.remove(&(to.id, put.header.request_id));
                 if let Err(e) = &f.result {
                     debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index);
                 }
@@ -276,7 +277,7 @@ impl FabricShardWorker {
                 self.confirm_abort(to, plan.abort);
             }
             WorkerOp::ReadPayload { to, header, op, inline, buf, temp_mr, plan } => {
-                self.reads.remove(&(to.slot, header.request_id));
+                self.reads.remove(&(to.id, header.request_id));
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
                 }
@@ -383,8 +384,8 @@ impl FabricShardWorker {
     /// A reply payload its client will never receive (it gave up on the request, or left):
     /// the send may stay posted for good (shm never fails it), so its extent is unpinned
     /// now. Only that client could still match the send, and it cancelled its receive.
-    fn orphan_send(&mut self, slot: u32, request: u64) {
-        let Some(op) = self.sends.remove(&(slot, request)) else { return };
+    fn orphan_send(&mut self, client: u64, request: u64) {
+        let Some(op) = self.sends.remove(&(client, request)) else { return };
         if let Some(WorkerOp::Data { pinned, .. }) = self.ops.value_mut(op) {
             if let Some(extent) = pinned.take() {
                 self.service.shard.unpin(extent);
@@ -395,8 +396,8 @@ impl FabricShardWorker {
     /// The client gave up on request `target`: stop reading its payload; the abort is
     /// answered when the reads in flight are back (at once if none are).
     fn abort(&mut self, to: Client, abort_id: u64, target: u64) {
-        self.orphan_send(to.slot, target);
-        if let Some(&op) = self.reads.get(&(to.slot, target)) {
+        self.orphan_send(to.id, target);
+        if let Some(&op) = self.reads.get(&(to.id, target)) {
             if let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(op) {
                 plan.abort = Some(abort_id);
                 plan.failed = true;
@@ -408,11 +409,11 @@ impl FabricShardWorker {
     }
 
     fn forget(&mut self, slot: u32) {
-        let orphans: Vec<u64> = self.sends.keys().filter(|k| k.0 == slot).map(|k| k.1).collect();
-        for request in orphans {
-            self.orphan_send(slot, request);
-        }
         if let Some(peer) = self.peers.get_mut(slot as usize).and_then(Option::take) {
+            let orphans: Vec<u64> = self.sends.keys().filter(|k| k.0 == peer.client_id).map(|k| k.1).collect();
+            for request in orphans {
+                self.orphan_send(peer.client_id, request);
+            }
             for (ep, a) in self.rails.eps.iter().zip(peer.addrs) {
                 let _ = ep.remove_peer(a);
             }
@@ -518,7 +519,7 @@ impl FabricShardWorker {
             _ => unreachable!(),
         };
         let op_id = self.ops.start(op_value, chunks);
-        self.reads.insert((to.slot, id), op_id);
+        self.reads.insert((to.id, id), op_id);
         for _ in 0..READ_WINDOW_PER_RAIL * self.rails.eps.len() {
             self.pump_reads(op_id, false);
         }
@@ -624,14 +625,14 @@ impl FabricShardWorker {
             Some((offset, len, extent)) => {
                 self.service.shard.pin(extent);
                 let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
-                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (slot, header.request_id), _owned: Vec::new(), temp_mr: None, owner: to.id, charged: 0 })
+                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (to.id, header.request_id), _owned: Vec::new(), temp_mr: None, owner: to.id, charged: 0 })
             }
             None => {
                 let owned = std::mem::take(&mut self.scratch);
                 let temp_mr = self.local_registration(owned.as_ptr(), owned.len());
                 let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
                 let charged = owned.len() as u64;
-                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (slot, header.request_id), _owned: owned, temp_mr, owner: to.id, charged })
+                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (to.id, header.request_id), _owned: owned, temp_mr, owner: to.id, charged })
             }
         };
         let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
@@ -641,7 +642,7 @@ impl FabricShardWorker {
         }
         let id = self.ops.start(value, parts.len());
         if pins {
-            self.sends.insert((slot, header.request_id), id);
+            self.sends.insert((to.id, header.request_id), id);
         }
         for (p, &(off, part_len)) in parts.iter().enumerate() {
             let ctx = self.ops.ctx(id, p);

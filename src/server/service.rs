@@ -96,41 +96,21 @@ impl Service {
     }
 
     /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
-    /// header), carrying the session of a connected client. On failure, the request id
-    /// to answer (when readable) and why.
-    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
-        let session = match RequestHeader::decode(header) {
-            Ok((h, _)) if self.client_of(h.session).is_some() => h.session,
-            _ => 0,
-        };
-        self.admit_as(header, session)
+    /// header), carrying the session of a connected client; returns it with that client.
+    /// On failure, the request id to answer (when readable) and why.
+    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), (Option<u64>, Error)> {
+        let (h, op) = decoded(header)?;
+        let client = self.client_of(h.session);
+        Ok((checked(header, h, op, client.is_some())?, client.unwrap_or(0)))
     }
 
-    /// Like `admit`, with the credential the request must carry (libfabric: the one the
-    /// client's slot got at its hello).
-    pub fn admit_as<'a>(&self, header: &'a [u8], session: u64) -> std::result::Result<Request<'a>, (Option<u64>, Error)> {
-        let (h, op) = RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))?;
-        let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
-        if session == 0 || h.session != session {
-            return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
-        }
-        let inline = &header[REQUEST_HEADER_LEN..];
-        let expected = inline_key_len(&h, op);
-        if inline.len() != expected {
-            return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
-        }
-        Ok(Request { header: h, op, inline })
-    }
-
-    /// Like [`Service::admit`] for a transport that sends one message: header, inline key
-    /// and payload back to back. Returns the request and its payload.
+    /// Like [`Service::admit`] for a transport that sends one message (header, inline key
+    /// and payload back to back) and checks the credential it must carry itself (libfabric:
+    /// the one the client's slot got at its hello). Returns the request and its payload.
     pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
-        let split = match RequestHeader::decode(msg) {
-            Ok((h, op)) => (REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()),
-            Err(e) => return Err((e.request_id, Error::new(e.status, e.message))),
-        };
-        let (header, payload) = msg.split_at(split);
-        Ok((self.admit_as(header, session)?, payload))
+        let (h, op) = decoded(msg)?;
+        let (header, payload) = msg.split_at((REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()));
+        Ok((checked(header, h, op, session != 0 && h.session == session)?, payload))
     }
 
     /// Serves a request whose payload is all here. Owned reply bytes go to `out`.
@@ -316,6 +296,26 @@ fn ok_reply(request_id: u64, generation: u64, value_size: u64) -> ReplyHeader {
 }
 
 /// How many key bytes travel right after the fixed header.
+/// The request header at the start of `header`, decoded once and validated.
+fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), (Option<u64>, Error)> {
+    RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))
+}
+
+/// The rest of admission, for a decoded header: the session was live (`authorized`), and
+/// the inline key is as long as the header says.
+fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, (Option<u64>, Error)> {
+    let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
+    if !authorized {
+        return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
+    }
+    let inline = &header[REQUEST_HEADER_LEN..];
+    let expected = inline_key_len(&h, op);
+    if inline.len() != expected {
+        return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
+    }
+    Ok(Request { header: h, op, inline })
+}
+
 fn inline_key_len(h: &RequestHeader, op: Op) -> usize {
     match op {
         Op::Put | Op::Get | Op::Delete if h.flags & flags::KEY_IN_PAYLOAD == 0 => h.key_len as usize,

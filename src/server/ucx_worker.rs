@@ -247,7 +247,7 @@ impl ShardWorker {
     /// rendezvous descriptor when `rendezvous`.
     fn handle(&mut self, header: &[u8], data: *mut c_void, length: usize, info: ucx::AmInfo) -> sys::ucs_status_t {
         let ep = info.reply_ep;
-        let req = match self.service.admit(header) {
+        let (req, client) = match self.service.admit(header) {
             Ok(r) => r,
             Err((id, e)) => {
                 debug!("shard {}: refused request: {}", self.service.index, e.message);
@@ -282,7 +282,6 @@ impl ShardWorker {
         // SAFETY: for an eager message UCX hands us `length` readable bytes at `data`,
         // valid for the duration of this callback.
         let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
-        let client = self.service.client_of(req.header.session).unwrap_or(0);
         if self.backlog.get(&client).is_some_and(|b| b.replies >= MAX_BACKLOG_REPLIES || b.bytes >= MAX_BACKLOG_BYTES) {
             // It does not receive what it asked for: stop serving it (its memory would
             // pile up here) until it drains.
