@@ -3,11 +3,13 @@
 #               sharing data through a server's DRAM over UCX on loopback
 #   make test   installs what is missing, builds, and runs every test
 CARGO ?= cargo
-DEBIAN_PACKAGES := libucx-dev ucx-utils libclang-dev clang pkg-config g++ valgrind nlohmann-json3-dev libgtest-dev protobuf-compiler python3-venv libfabric-dev libfabric-bin
+DEBIAN_PACKAGES := libclang-dev clang pkg-config g++ valgrind nlohmann-json3-dev libgtest-dev protobuf-compiler python3-venv libfabric-dev libfabric-bin
 PREFIX ?= /usr/local
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))
 export UCX_NET_DEVICES ?= lo
+# UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
+UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
 .PHONY: deps build demo test test-rust test-ffi test-gateway header install clean bench soak fuzz
 
@@ -18,6 +20,7 @@ deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@[ "$(RDRAM_UCX)" = system ] || scripts/fetch-ucx.sh
 
 build: deps
 	$(CARGO) build --release
@@ -49,7 +52,7 @@ FUZZ_TARGETS := request_header bootstrap_line fabric_hello gateway_request shard
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
 	@rustup toolchain list | grep -q nightly || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }
-	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	cd fuzz && export LD_LIBRARY_PATH=$(CURDIR)/target/ucx/libucx/lib && for t in $(FUZZ_TARGETS); do \
 		mkdir -p corpus-work/$$t && \
 		cargo +nightly fuzz run -O $$t corpus-work/$$t corpus/$$t -- -runs=$(FUZZ_RUNS) -rss_limit_mb=4096 -print_final_stats=1 || exit 1; \
 	done
@@ -79,7 +82,8 @@ install: build
 	install -m 644 target/release/libremote_dram.a $(PREFIX)/lib/libremote_dram.a
 	install -m 644 include/remote_dram.h include/remote_dram_kvstore.hpp $(PREFIX)/include/
 	install -m 755 target/release/rdram target/release/rdram-bench $(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' remote_dram.pc.in > $(PREFIX)/lib/pkgconfig/remote_dram.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e "s|@UCX_LIBDIR@|$$($(UCX_PKG_CONFIG) --variable=libdir ucx)|" \
+		remote_dram.pc.in > $(PREFIX)/lib/pkgconfig/remote_dram.pc
 
 clean:
 	$(CARGO) clean

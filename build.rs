@@ -1,4 +1,4 @@
-//! Generates Rust bindings for the system's UCX (libucx-dev) with bindgen, the C header
+//! Generates Rust bindings for UCX with bindgen, the C header
 //! with cbindgen, libfabric bindings (bindgen + a C shim), and the gateway's gRPC code
 //! with tonic-build.
 //! The crates.io `ucx-sys` does not build, so we bind the headers pkg-config finds.
@@ -8,13 +8,7 @@ use std::{env, path::PathBuf};
 fn main() {
     // Versioned SONAME for libremote_dram.so (the ABI major).
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libremote_dram.so.{}", env::var("CARGO_PKG_VERSION_MAJOR").unwrap());
-    let ucx = pkg_config::Config::new()
-        .atleast_version("1.12")
-        .probe("ucx")
-        .expect("UCX development files not found: install libucx-dev (make deps)");
-    // pkg-config's ucx.pc lists ucs/uct/ucp; make sure ucp is linked.
-    println!("cargo:rustc-link-lib=ucp");
-    println!("cargo:rustc-link-lib=ucs");
+    let ucx = probe_ucx();
 
     let mut builder = bindgen::Builder::default()
         .header_contents("ucx_wrapper.h", "#include <ucp/api/ucp.h>\n")
@@ -38,6 +32,36 @@ fn main() {
     generate_c_header();
     generate_grpc();
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// UCX 1.22 as `make deps` unpacks it into target/ucx (scripts/fetch-ucx.sh), or the
+/// system's with RDRAM_UCX=system. The unpacked one is found through an rpath, so the
+/// binaries, the tests and libremote_dram.so run without LD_LIBRARY_PATH.
+fn probe_ucx() -> pkg_config::Library {
+    println!("cargo:rerun-if-env-changed=RDRAM_UCX");
+    let unpacked = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("target/ucx/libucx/lib/pkgconfig");
+    let use_unpacked = env::var("RDRAM_UCX").as_deref() != Ok("system");
+    if use_unpacked {
+        if !unpacked.exists() {
+            panic!("UCX 1.22 not found in target/ucx: run `make deps` (or set RDRAM_UCX=system to use the system's UCX)");
+        }
+        println!("cargo:rerun-if-changed={}", unpacked.display());
+        let path = env::var("PKG_CONFIG_PATH").map(|p| format!("{}:{p}", unpacked.display()));
+        env::set_var("PKG_CONFIG_PATH", path.unwrap_or_else(|_| unpacked.display().to_string()));
+    }
+    let ucx = pkg_config::Config::new()
+        .atleast_version("1.12")
+        .probe("ucx")
+        .expect("UCX development files not found: run `make deps` (or install libucx-dev for RDRAM_UCX=system)");
+    // pkg-config's ucx.pc lists ucs/uct/ucp; make sure ucp is linked.
+    println!("cargo:rustc-link-lib=ucp");
+    println!("cargo:rustc-link-lib=ucs");
+    if use_unpacked {
+        for dir in &ucx.link_paths {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        }
+    }
+    ucx
 }
 
 /// libfabric (libfabric-dev) via bindgen; its many static inline calls go through a small

@@ -57,8 +57,9 @@ embedded_pid=${pids[-1]}
 run "$work/writer" "$addr"
 run "$work/reader" "$addr"
 exec 3>&-
-wait "$embedded_pid"
+status=0; wait "$embedded_pid" || status=$?
 cat "$work/embedded.log"
+[ "$status" = 0 ] || { echo "embedded server exited with status $status"; exit 1; }
 echo "-- C++ kvstore driver: the shared conformance cases (GoogleTest)"
 RDRAM_SERVER=$server RDRAM_CONFORMANCE_CASES=$here/../tests/conformance/cases.json "${VALGRIND[@]}" "$work/kvstore_conformance_test" --gtest_brief=1
 

@@ -374,3 +374,75 @@ fn client_that_never_receives(transport: &[&str]) {
     assert!(after < before + (400 << 10), "server RSS grew from {before} KiB to {after} KiB for a client that never receives");
     drop(hog);
 }
+
+/// A client that starts a large put and then stops progressing (SIGSTOP: alive, silent)
+/// holds its reserved extent only until the server's stall deadline: then the transfer is
+/// cut, the space comes back, and the server goes on serving everyone else. When the
+/// client resumes, its put has either failed or stored exactly its bytes.
+fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
+    let mut args = vec!["--workers", "1", "--memory", "128MiB", "--stall-timeout-ms", "1000"];
+    args.extend_from_slice(transport);
+    let server = ServerProc::start(&args);
+    let mut c = server.client();
+    let dir = std::env::temp_dir().join(format!("rdram-stall-{}-{}", std::process::id(), transport.len()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("value");
+    let value = pattern(11, 120 << 20);
+    std::fs::write(&file, &value).unwrap();
+    let used = |c: &mut Client| c.stats().unwrap()["used_bytes"].as_u64().unwrap();
+
+    // Stop the writer mid-transfer: once its extent is reserved, before the value lands.
+    let mut writer = None;
+    for _attempt in 0..10 {
+        let mut child = std::process::Command::new(common::RDRAM)
+            .args(["put", "stalled", "--file", file.to_str().unwrap(), "--server", &server.addr])
+            .spawn()
+            .unwrap();
+        let reserved = common::wait_until(Duration::from_secs(10), || used(&mut c) >= 100 << 20 || matches!(child.try_wait(), Ok(Some(_))));
+        common::signal(child.id(), common::SIGSTOP);
+        if reserved && c.get(b"stalled").unwrap().is_none() && matches!(child.try_wait(), Ok(None)) {
+            writer = Some(child);
+            break;
+        }
+        // Too late (the put landed) or too early: start over.
+        common::signal(child.id(), common::SIGCONT);
+        let _ = child.wait();
+        c.delete(b"stalled").unwrap();
+    }
+    let mut writer = writer.expect("could not stop a writer mid-put in 10 tries");
+    let held = used(&mut c);
+    assert!(held >= 120 << 20, "the stalled put holds {held} bytes");
+    let other = pattern(12, 50 << 20);
+    assert_eq!(c.put(b"other", &other).unwrap_err().status, Status::NoSpace, "the stalled put should hold the space for now");
+
+    // The deadline (1 s + 120 MiB at 64 MiB/s) passes: the space comes back.
+    let started = Instant::now();
+    assert!(
+        common::wait_until(Duration::from_secs(15), || c.put(b"other", &other).is_ok()),
+        "a stalled put still held its extent {:?} after it stopped",
+        started.elapsed()
+    );
+    assert_eq!(c.get(b"other").unwrap().map(|v| v.data).as_deref(), Some(&other[..]));
+    assert!(used(&mut c) < 60 << 20, "the cut put's extent was not released: {} bytes used", used(&mut c));
+
+    // The writer resumes: its put failed, or stored exactly its bytes; nothing else.
+    common::signal(writer.id(), common::SIGCONT);
+    let status = writer.wait().unwrap();
+    match c.get(b"stalled").unwrap() {
+        Some(v) => assert!(status.success() && v.data == value, "a cut put stored {} wrong bytes (writer {status})", v.data.len()),
+        None => assert!(!status.success(), "the writer reported success, but nothing was stored"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_stalled_put_is_cut_at_its_deadline_over_ucx_tcp() {
+    common::init(common::TCP);
+    stalled_put_is_cut_at_its_deadline(&[]);
+}
+
+#[test]
+fn a_stalled_put_is_cut_at_its_deadline_over_fabric_tcp() {
+    common::init(common::TCP);
+    stalled_put_is_cut_at_its_deadline(&FABRIC_TCP);
+}

@@ -146,6 +146,10 @@ struct ServeArgs {
     /// Clients connected at once; more are refused with "server at capacity".
     #[arg(long, default_value_t = remote_dram::server::DEFAULT_MAX_CLIENTS)]
     max_clients: usize,
+    /// A transfer that has not finished after this many ms (plus 1 s per 64 MiB) is cut
+    /// and what it held released: a client that starts a large put and stops progressing.
+    #[arg(long, default_value_t = remote_dram::server::DEFAULT_STALL_TIMEOUT.as_millis() as u64)]
+    stall_timeout_ms: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -355,6 +359,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
             TransportArg::Fabric => TransportChoice::Fabric { provider: args.provider, rails: args.domains },
         },
         max_clients: args.max_clients,
+        stall_timeout: Duration::from_millis(args.stall_timeout_ms),
     };
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
     let server = Server::start(cfg)?;

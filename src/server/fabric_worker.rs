@@ -14,7 +14,7 @@
 //!   in the index; when every stripe's read completed it is committed, and when one failed
 //!   (the client vanished) the extent is released.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ use crate::transport::{PollMode, Poller};
 
 /// How often an idle worker wakes to expire TTL'd keys (and to notice a stop).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// Under load, the clock is read for a sweep once per this many polls.
+const SWEEP_EVERY: u32 = 1024;
 const SWEEP_BATCH: usize = 256;
 /// How long a stopping worker lets transfers in flight finish.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
@@ -89,6 +91,10 @@ struct ReadPlan {
     /// The client gave up on the request: answer this abort once the reads in flight
     /// are back (none is posted after it).
     abort: Option<u64>,
+    /// When the read is given up on if it has not finished (the client stopped progressing).
+    deadline: Instant,
+    /// Chunks posted and not yet back.
+    in_flight: BTreeSet<usize>,
 }
 
 /// Chunk of a one-sided read; chunks in flight per rail.
@@ -96,9 +102,10 @@ const READ_CHUNK: usize = 4 << 20;
 const READ_WINDOW_PER_RAIL: usize = 2;
 
 impl ReadPlan {
-    fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize) -> ReadPlan {
+    fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize, stall_timeout: Duration) -> ReadPlan {
         let chunk = stripe_len(len, peer.len()).clamp(1, READ_CHUNK);
-        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false, abort: None }
+        let deadline = service::transfer_deadline(stall_timeout, len as u64);
+        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false, abort: None, deadline, in_flight: BTreeSet::new() }
     }
 }
 
@@ -133,6 +140,8 @@ pub struct FabricShardWorker {
     /// Per client: reply messages not yet completed and their owned bytes. A client that
     /// does not receive stops being served at the bounds below.
     backlog: HashMap<u64, (usize, u64)>,
+    /// See [`super::ServerConfig::stall_timeout`].
+    stall_timeout: Duration,
 }
 
 /// Replies (and owned bytes) a client may leave unreceived before its further requests
@@ -151,6 +160,7 @@ impl FabricShardWorker {
         provider: &str,
         listen: std::net::IpAddr,
         rails: usize,
+        stall_timeout: Duration,
     ) -> Result<Box<Self>> {
         let rails = Rails::open(provider, Some(listen), rails)?;
         // No remote access to anything of ours: replies are sends, and put values are
@@ -172,6 +182,7 @@ impl FabricShardWorker {
             reads: HashMap::new(),
             sends: HashMap::new(),
             backlog: HashMap::new(),
+            stall_timeout,
         });
         w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
@@ -190,19 +201,27 @@ impl FabricShardWorker {
     pub fn run(mut self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
         let mut poller = Poller::new(mode, spin);
         let mut last_sweep = Instant::now();
+        let mut turns = 0u32;
         let mut done: Vec<Completion> = Vec::with_capacity(64);
         while !stop.load(Ordering::Relaxed) {
             let did_work = self.rails.poll(&mut done) > 0;
+            turns = turns.wrapping_add(1);
             for c in done.drain(..) {
                 match self.ops.progress(c) {
                     Progress::Finished(f) => self.finished(f),
-                    Progress::Part { id, failed } => self.pump_reads(id, failed),
+                    Progress::Part { id, part, failed } => {
+                        self.chunk_back(id, part);
+                        self.pump_reads(id, failed)
+                    }
                     Progress::Nothing => {}
                 }
             }
-            if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
+            // Swept when idle, and under constant load too (the clock read only every
+            // SWEEP_EVERY turns).
+            if (!did_work || turns % SWEEP_EVERY == 0) && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 self.service.shard.expire_due(SWEEP_BATCH);
                 self.forget_departed();
+                self.cut_stalled_reads();
                 last_sweep = Instant::now();
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
@@ -218,7 +237,10 @@ impl FabricShardWorker {
                 match self.ops.progress(c) {
                     Progress::Finished(f) => self.finished(f),
                     // No new chunk is read once stopping: the put fails and its extent is freed.
-                    Progress::Part { id, .. } => self.pump_reads(id, true),
+                    Progress::Part { id, part, .. } => {
+                        self.chunk_back(id, part);
+                        self.pump_reads(id, true)
+                    }
                     Progress::Nothing => {}
                 }
             }
@@ -495,7 +517,7 @@ impl FabricShardWorker {
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
-                    let plan = ReadPlan::new(dest, self.arena_mr.iter().map(|m| m.desc).collect(), peer, rv.rails, len);
+                    let plan = ReadPlan::new(dest, self.arena_mr.iter().map(|m| m.desc).collect(), peer, rv.rails, len, self.stall_timeout);
                     WorkerOp::ReadPut { to, put, plan }
                 }
                 Err(e) => {
@@ -511,7 +533,7 @@ impl FabricShardWorker {
             let mut buf = vec![0u8; len];
             let temp_mr = self.local_registration(buf.as_ptr(), len);
             let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
-            let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len);
+            let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout);
             WorkerOp::ReadPayload { to, header: h, op, inline, buf, temp_mr, plan }
         };
         let chunks = match &op_value {
@@ -522,6 +544,41 @@ impl FabricShardWorker {
         self.reads.insert((to.id, id), op_id);
         for _ in 0..READ_WINDOW_PER_RAIL * self.rails.eps.len() {
             self.pump_reads(op_id, false);
+        }
+    }
+
+    /// Gives up on reads of client memory past their deadline: no further chunk is posted,
+    /// and the request fails (its extent freed) once the chunks in flight are back.
+    fn cut_stalled_reads(&mut self) {
+        let now = Instant::now();
+        for &op in self.reads.values() {
+            let (plan, put) = match self.ops.value_mut(op) {
+                Some(WorkerOp::ReadPut { plan, put, .. }) => (plan, Some(put)),
+                Some(WorkerOp::ReadPayload { plan, .. }) => (plan, None),
+                _ => continue,
+            };
+            if plan.deadline > now || plan.failed {
+                continue;
+            }
+            warn!("shard {}: a read of client memory made no progress before its deadline; cut", self.service.index);
+            plan.failed = true;
+            // Keep only what the reads still in flight write into: the rest of the
+            // extent is free again now, even if they never come back.
+            if let Some(put) = put.filter(|p| p.cut.is_none()) {
+                let keep: Vec<(u64, u64)> = plan
+                    .in_flight
+                    .iter()
+                    .map(|&k| (put.dest_offset + (k * plan.chunk) as u64, plan.chunk.min(plan.len - k * plan.chunk) as u64))
+                    .collect();
+                put.cut = Some(self.service.shard.release_except(put.extent, &keep));
+            }
+        }
+    }
+
+    /// Chunk `part` of read `id` is back (done or failed).
+    fn chunk_back(&mut self, id: u32, part: usize) {
+        if let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) {
+            plan.in_flight.remove(&part);
         }
     }
 
@@ -543,6 +600,7 @@ impl FabricShardWorker {
         }
         let k = plan.next;
         plan.next += 1;
+        plan.in_flight.insert(k);
         let (off, rail) = (k * plan.chunk, k % plan.peer.len());
         let part_len = plan.chunk.min(plan.len - off.min(plan.len));
         let (addr, key) = plan.remote[rail];
@@ -556,6 +614,7 @@ impl FabricShardWorker {
             let unposted = plan.chunks - k;
             plan.next = plan.chunks;
             plan.failed = true;
+            plan.in_flight.remove(&k);
             if let Some(f) = self.ops.not_posted(id, unposted, e) {
                 self.finished(f);
             }

@@ -38,7 +38,14 @@ pub struct ServerConfig {
     pub transport: TransportChoice,
     /// Clients connected at once; more are refused with "server at capacity".
     pub max_clients: usize,
+    /// How long a transfer may go without finishing (plus its size at
+    /// [`service::MIN_TRANSFER_RATE`]) before the server gives up on it and takes back
+    /// what it held: a client that starts a large put and stops progressing.
+    pub stall_timeout: Duration,
 }
+
+/// Default for [`ServerConfig::stall_timeout`].
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 1024;
@@ -92,6 +99,7 @@ impl Default for ServerConfig {
             auth_token: None,
             transport: TransportChoice::Auto,
             max_clients: DEFAULT_MAX_CLIENTS,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -166,6 +174,9 @@ impl Server {
         if per_shard < 1 << 16 {
             return Err(Error::new(Status::Invalid, "memory per shard must be at least 64 KiB"));
         }
+        if cfg.stall_timeout.is_zero() {
+            return Err(Error::new(Status::Invalid, "stall_timeout must be above 0"));
+        }
         if cfg.max_clients == 0 {
             return Err(Error::new(Status::Invalid, "max_clients must be at least 1"));
         }
@@ -213,10 +224,10 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => {
-                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails)
+                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout)
                                 .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
-                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard)
+                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout)
                             .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
                     };
                     match built {

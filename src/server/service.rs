@@ -28,6 +28,15 @@ pub enum Answer {
 
 /// A put whose bytes are still arriving into a reserved extent that is not in the index
 /// (no reader or writer can reach it) until [`Service::finish_put`].
+/// The slowest transfer rate a server waits for: a transfer of `len` bytes is cut once
+/// `stall_timeout + len / MIN_TRANSFER_RATE` have passed (see [`transfer_deadline`]).
+pub const MIN_TRANSFER_RATE: u64 = 64 << 20;
+
+/// When a transfer of `len` bytes started now is given up on.
+pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::time::Instant {
+    std::time::Instant::now() + stall_timeout + std::time::Duration::from_secs_f64(len as f64 / MIN_TRANSFER_RATE as f64)
+}
+
 pub struct PendingPut {
     pub header: RequestHeader,
     pub extent: Extent,
@@ -35,6 +44,9 @@ pub struct PendingPut {
     pub dest_offset: u64,
     pub arriving: u64,
     pub value_len: u64,
+    /// Set when the server cut the transfer (it stalled): the extent's other bytes are
+    /// already free, and these parts of it, still being written into, go when it ends.
+    pub cut: Option<Vec<Extent>>,
 }
 
 /// What the bootstrap tells every worker about clients: each welcomed client's secret
@@ -159,7 +171,7 @@ impl Service {
         if !in_payload {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
         }
-        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len })
+        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len, cut: None })
     }
 
     /// Where a pending put's bytes go.
@@ -171,6 +183,12 @@ impl Service {
     /// transfer failed (the client vanished): the server keeps serving either way.
     pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
         let id = p.header.request_id;
+        if let Some(held) = p.cut {
+            for part in held {
+                self.shard.release(part);
+            }
+            return error_reply(id, &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"), out);
+        }
         if !arrived {
             self.shard.release(p.extent);
             return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);

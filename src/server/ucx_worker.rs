@@ -17,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -32,6 +32,8 @@ use crate::transport::{PollMode, Poller};
 /// How often an idle worker wakes to expire TTL'd keys.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 const SWEEP_BATCH: usize = 256;
+/// Under load, the clock is read for a sweep once per this many progress turns.
+const SWEEP_EVERY: u32 = 1024;
 /// How long a stopping worker lets transfers in flight finish.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
@@ -49,7 +51,10 @@ struct ReplyMsg {
 
 struct PutInFlight {
     worker: *mut ShardWorker,
+    /// Null once the endpoint was closed (see [`ShardWorker::cut_stalled_puts`]).
     reply_ep: sys::ucp_ep_h,
+    /// When the transfer is cut if it has not finished (its client stopped progressing).
+    deadline: Instant,
     put: PendingPut,
     /// Set when the client gave up on this put: the abort request to answer once the
     /// rendezvous receive (which reads the client's memory) has ended.
@@ -73,6 +78,10 @@ pub struct ShardWorker {
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
     backlog: HashMap<u64, Backlog>,
+    /// See [`super::ServerConfig::stall_timeout`].
+    stall_timeout: Duration,
+    /// Endpoints closed because a transfer on them stalled, until UCX finishes the close.
+    closing: Vec<sys::ucs_status_ptr_t>,
 }
 
 #[derive(Default)]
@@ -88,7 +97,7 @@ const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Result<Box<ShardWorker>> {
+    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, stall_timeout: Duration) -> Result<Box<ShardWorker>> {
         let worker = Worker::new()?;
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
@@ -101,6 +110,8 @@ impl ShardWorker {
             puts: HashMap::new(),
             sending: HashMap::new(),
             backlog: HashMap::new(),
+            stall_timeout,
+            closing: Vec::new(),
         });
         let arg = &mut *w as *mut ShardWorker as *mut c_void;
         // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
@@ -127,14 +138,22 @@ impl ShardWorker {
         // SAFETY: `this` is the live box leaked above.
         let progress = unsafe { (*this).worker.progress_handle() };
         let mut poller = Poller::new(mode, spin);
-        let mut last_sweep = std::time::Instant::now();
+        let mut last_sweep = Instant::now();
+        let mut turns = 0u32;
         while !stop.load(Ordering::Relaxed) {
             // SAFETY: the worker lives in the box until after this loop; this is its thread.
             let did_work = unsafe { progress.progress() } != 0;
-            if !did_work && last_sweep.elapsed() >= SWEEP_INTERVAL {
-                unsafe { (*this).service.shard.expire_due(SWEEP_BATCH) };
-                unsafe { (*this).forget_departed() };
-                last_sweep = std::time::Instant::now();
+            turns = turns.wrapping_add(1);
+            // Swept when idle, and under constant load too (reading the clock only every
+            // SWEEP_EVERY turns): departed clients and stalled transfers are released either way.
+            if (!did_work || turns % SWEEP_EVERY == 0) && last_sweep.elapsed() >= SWEEP_INTERVAL {
+                // SAFETY: as above; no callback runs during these calls (they do not progress).
+                unsafe {
+                    (*this).service.shard.expire_due(SWEEP_BATCH);
+                    (*this).forget_departed();
+                    (*this).cut_stalled_puts();
+                }
+                last_sweep = Instant::now();
             }
             let worker = unsafe { &(*this).worker };
             if let Err(e) = poller.after_progress(worker, did_work, SWEEP_INTERVAL) {
@@ -143,9 +162,9 @@ impl ShardWorker {
         }
         // Shutdown: let the transfers in flight end (bounded), so that the UCX worker is
         // destroyed with nothing of ours in flight, then the arena is freed (field order).
-        let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
+        let deadline = Instant::now() + SHUTDOWN_DRAIN;
         // SAFETY: as in the loop above.
-        while unsafe { !(*this).puts.is_empty() || (*this).replies_in_flight > 0 } && std::time::Instant::now() < deadline {
+        while unsafe { !(*this).puts.is_empty() || (*this).replies_in_flight > 0 || (*this).reap_closed() } && Instant::now() < deadline {
             // SAFETY: as in the loop above.
             unsafe { progress.progress() };
         }
@@ -313,11 +332,46 @@ impl ShardWorker {
         }
     }
 
+    /// Closes the endpoint of every rendezvous put past its deadline: UCX cannot cancel the
+    /// receive itself, but a forced close fails it (its callback then releases the extent),
+    /// and with it everything else in flight to that client, which reconnects on its next call.
+    fn cut_stalled_puts(&mut self) {
+        self.reap_closed();
+        let now = Instant::now();
+        // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
+        let stalled: Vec<sys::ucp_ep_h> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| p.deadline <= now && !p.reply_ep.is_null()).map(|p| p.reply_ep).collect();
+        for ep in stalled {
+            // Several stalled puts may share the endpoint: close it once.
+            // SAFETY: as above.
+            let on_ep: Vec<*mut PutInFlight> = self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
+            if on_ep.is_empty() {
+                continue;
+            }
+            for p in on_ep {
+                // SAFETY: as above; the endpoint is never used again once closed.
+                unsafe { (*p).reply_ep = ptr::null_mut() };
+            }
+            warn!("shard {}: a put made no progress before its deadline; its client's endpoint is closed", self.service.index);
+            // SAFETY: ep is a live endpoint of this worker (no put referred to a closed one).
+            if let Some(request) = unsafe { self.worker.close_ep_nb(ep) } {
+                self.closing.push(request);
+            }
+        }
+    }
+
+    /// Frees the close requests UCX has finished; true while some are still going.
+    fn reap_closed(&mut self) -> bool {
+        // SAFETY: each request came from close_ep_nb and is freed once, here.
+        self.closing.retain(|&r| unsafe { !ucx::request_done_free(r) });
+        !self.closing.is_empty()
+    }
+
     fn receive_put(&mut self, ep: sys::ucp_ep_h, put: PendingPut, desc: *mut c_void) {
         let dest = self.service.put_destination(&put);
         let length = put.arriving as usize;
         let key = (put.header.session, put.header.request_id);
-        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, put, abort: None }));
+        let deadline = service::transfer_deadline(self.stall_timeout, put.arriving);
+        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, deadline, put, abort: None }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
         let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, self.memh) };

@@ -13,7 +13,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::alloc::{Extent, ExtentAllocator};
+use super::alloc::{Extent, ExtentAllocator, GRANULE};
 use super::arena::{Arena, Backing, HugePages};
 use super::index::{Entry, Index};
 use crate::error::{Error, Result, Status};
@@ -274,6 +274,38 @@ impl Shard {
         }
     }
 
+    /// Frees a reserved (never published, never pinned) extent except the byte ranges in
+    /// `keep` (offsets from the extent's start), which are returned as extents of their
+    /// own, widened to whole granules, for [`Shard::release`] later: what a cut transfer
+    /// still has in flight into it.
+    pub fn release_except(&mut self, extent: Extent, keep: &[(u64, u64)]) -> Vec<Extent> {
+        let mut kept: Vec<Extent> = Vec::new();
+        let mut ranges: Vec<(u64, u64)> = keep
+            .iter()
+            .filter(|&&(_, len)| len > 0)
+            .map(|&(at, len)| (at / GRANULE * GRANULE, ((at + len).div_ceil(GRANULE) * GRANULE).min(extent.len)))
+            .collect();
+        ranges.sort_unstable();
+        for (start, end) in ranges {
+            match kept.last_mut() {
+                Some(last) if start <= last.offset + last.len => last.len = last.len.max(end - last.offset),
+                _ => kept.push(Extent { offset: start, len: end - start }),
+            }
+        }
+        let mut at = 0;
+        for k in &mut kept {
+            if k.offset > at {
+                self.alloc.free(Extent { offset: extent.offset + at, len: k.offset - at });
+            }
+            at = k.offset + k.len;
+            k.offset += extent.offset;
+        }
+        if at < extent.len {
+            self.alloc.free(Extent { offset: extent.offset + at, len: extent.len - at });
+        }
+        kept
+    }
+
     pub fn pin(&mut self, extent_offset: u64) {
         self.pins.entry(extent_offset).or_insert(Pin { sends: 0, freed: None }).sends += 1;
     }
@@ -426,6 +458,22 @@ mod tests {
             GetOutcome::Value { offset, len, .. } => Some(s.arena().slice(offset, len).to_vec()),
             _ => None,
         }
+    }
+
+    #[test]
+    fn release_except_keeps_only_what_is_still_written_into() {
+        let mut s = Shard::new(4 << 20, HugePages::Off, Mode::Store).unwrap();
+        let free = s.stats().free_bytes;
+        let e = s.reserve(3 << 20).unwrap();
+        // Two overlapping in-flight ranges, unaligned, and one at the very end.
+        let kept = s.release_except(e, &[(100, 1000), (1000, 200), (e.len - 10, 10)]);
+        assert_eq!(kept, vec![Extent { offset: e.offset + 64, len: 1152 }, Extent { offset: e.offset + e.len - 64, len: 64 }]);
+        assert_eq!(s.stats().free_bytes, free - 1152 - 64);
+        for k in kept {
+            s.release(k);
+        }
+        assert_eq!(s.stats().free_bytes, free);
+        assert_eq!(s.stats().largest_free_bytes, free, "freed parts merged back into one extent");
     }
 
     #[test]

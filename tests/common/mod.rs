@@ -143,6 +143,15 @@ extern "C" {
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
+pub const SIGSTOP: i32 = 19;
+pub const SIGCONT: i32 = 18;
+
+/// Sends `sig` to process `pid`.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) takes plain integers.
+    assert_eq!(unsafe { libc_kill(pid as i32, sig) }, 0, "kill({pid}, {sig})");
+}
+
 pub fn options() -> ClientOptions {
     ClientOptions { timeout: Duration::from_secs(20), ..Default::default() }
 }

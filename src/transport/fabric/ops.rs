@@ -30,8 +30,8 @@ struct Slot<T> {
 pub enum Progress<T> {
     /// Not one of ours (a stale or foreign completion).
     Nothing,
-    /// A part of operation `id` completed (`failed`: with an error); others remain.
-    Part { id: u32, failed: bool },
+    /// Part `part` of operation `id` completed (`failed`: with an error); others remain.
+    Part { id: u32, part: usize, failed: bool },
     Finished(Finished<T>),
 }
 
@@ -117,7 +117,8 @@ impl<T> InFlight<T> {
             }
         }
         slot.left -= 1;
-        self.finish_if_done(id).map_or(Progress::Part { id, failed }, Progress::Finished)
+        let part = (token & ((1 << PART_BITS) - 1)) as usize;
+        self.finish_if_done(id).map_or(Progress::Part { id, part, failed }, Progress::Finished)
     }
 
     fn finish_if_done(&mut self, id: u32) -> Option<Finished<T>> {

@@ -35,7 +35,7 @@ pub fn ptr_status(p: ucs_status_ptr_t) -> Option<ucs_status_t> {
 }
 
 /// True when `UCX_TLS` enables only shared-memory transports, which cannot detect peer
-/// failure in UCX 1.13 (asking for it would fail, noisily, on every endpoint).
+/// failure (UCX 1.13 and 1.22 alike: asking for it would fail, noisily, on every endpoint).
 fn shared_memory_only() -> bool {
     const SHM: [&str; 8] = ["posix", "sysv", "cma", "self", "sm", "shm", "knem", "xpmem"];
     match std::env::var("UCX_TLS") {
@@ -192,8 +192,8 @@ impl Worker {
     }
 
     /// Connects to a peer worker by address. Peer-failure error handling is asked for first,
-    /// so that a vanished peer fails outstanding operations instead of hanging them; UCX
-    /// 1.13's shared-memory transports cannot detect peer failure, so when only those are
+    /// so that a vanished peer fails outstanding operations instead of hanging them; UCX's
+    /// shared-memory transports cannot detect peer failure, so when only those are
     /// enabled the endpoint is created without it and the caller's timeouts bound waits.
     /// Returns the endpoint and whether peer failures are detected.
     ///
@@ -240,6 +240,19 @@ impl Worker {
             self.progress();
         }
         unsafe { ucp_request_free(req) };
+    }
+
+    /// Starts closing an endpoint forcibly (its operations in flight complete with an
+    /// error) without progressing; returns the request to poll with
+    /// [`request_done_free`], if the close did not finish at once.
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint of this worker, closed once and not used afterwards.
+    pub unsafe fn close_ep_nb(&self, ep: ucp_ep_h) -> Option<ucs_status_ptr_t> {
+        let param = ucp_request_param_t { op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS, flags: UCP_EP_CLOSE_FLAG_FORCE, ..Default::default() };
+        // SAFETY: as the caller promises.
+        let req = unsafe { ucp_ep_close_nbx(ep, &param) };
+        (!req.is_null() && ptr_status(req).is_none()).then_some(req)
     }
 
     /// Registers `len` bytes at `base` for zero-copy transfers.
@@ -403,6 +416,21 @@ pub unsafe fn am_header<'a>(header: *const c_void, len: usize) -> &'a [u8] {
             std::slice::from_raw_parts(header as *const u8, len)
         }
     }
+}
+
+/// Whether a request without a callback has finished; if so it is freed.
+///
+/// # Safety
+/// `req` is a live request handle, not used again once this returned true.
+pub unsafe fn request_done_free(req: ucs_status_ptr_t) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        if ucp_request_check_status(req) == UCS_INPROGRESS {
+            return false;
+        }
+        ucp_request_free(req);
+    }
+    true
 }
 
 /// Releases a request handle from inside its completion callback.
