@@ -446,3 +446,31 @@ fn a_stalled_put_is_cut_at_its_deadline_over_fabric_tcp() {
     common::init(common::TCP);
     stalled_put_is_cut_at_its_deadline(&FABRIC_TCP);
 }
+
+/// Clients SIGKILLed at every moment of their connection set-up (bootstrap, UCX wireup,
+/// first round trip) and of a large put: the server keeps serving and exits 0. (UCX
+/// 1.13.1 aborted here in `ucp_request.c:684 ... got REP message`.)
+#[test]
+fn clients_killed_while_connecting_leave_the_server_serving() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "2", "--memory", "256MiB"]);
+    let file = std::env::temp_dir().join(format!("rdram-killed-{}", std::process::id()));
+    std::fs::write(&file, pattern(5, 32 << 20)).unwrap();
+    // A process takes ~0.5 s to start; spread the kills over start, connect and transfer.
+    let started = Instant::now();
+    let spawn = || std::process::Command::new(common::RDRAM).args(["put", "k", "--file", file.to_str().unwrap(), "--server", &server.addr]).spawn().unwrap();
+    assert!(spawn().wait().unwrap().success());
+    let typical = started.elapsed();
+    for i in 0..24u32 {
+        let mut child = spawn();
+        std::thread::sleep(typical.mul_f64(0.3 + 0.05 * i as f64));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut c = server.client();
+    let v = pattern(6, 1 << 20);
+    c.put(b"after", &v).unwrap();
+    assert_eq!(c.get(b"after").unwrap().map(|v| v.data).as_deref(), Some(&v[..]));
+    std::fs::remove_file(&file).unwrap();
+    // Drop: the server must still exit 0 on SIGTERM.
+}

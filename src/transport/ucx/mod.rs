@@ -34,14 +34,37 @@ pub fn ptr_status(p: ucs_status_ptr_t) -> Option<ucs_status_t> {
     }
 }
 
-/// True when `UCX_TLS` enables only shared-memory transports, which cannot detect peer
-/// failure (UCX 1.13 and 1.22 alike: asking for it would fail, noisily, on every endpoint).
-fn shared_memory_only() -> bool {
+/// True when `UCX_TLS` enables only shared-memory transports and those cannot detect peer
+/// failure (asking for it would fail, noisily, on every endpoint): UCX 1.13, or error
+/// handling turned off with `UCX_MM_ERROR_HANDLING=n`.
+fn shared_memory_only(shm_detects_failure: bool) -> bool {
+    if shm_detects_failure {
+        return false;
+    }
     const SHM: [&str; 8] = ["posix", "sysv", "cma", "self", "sm", "shm", "knem", "xpmem"];
     match std::env::var("UCX_TLS") {
         Ok(tls) if !tls.trim().is_empty() && !tls.starts_with('^') => tls.split(',').all(|t| SHM.contains(&t.trim())),
         _ => false,
     }
+}
+
+/// UCX's configuration from the environment, with shared-memory error handling turned on
+/// (`UCX_MM_ERROR_HANDLING`, in UCX 1.22; the variable still decides when set):
+/// shared-memory endpoints then detect a dead peer by keepalive, so a client sees a dead
+/// server fail its calls, and a server frees what a dead client's endpoint held (its
+/// mappings of the client's memory segments: about 45 KB per client, else never given
+/// back). Returns the configuration and whether shared memory detects peer failure.
+fn read_config() -> Result<(*mut ucp_config_t, bool)> {
+    let mut config: *mut ucp_config_t = ptr::null_mut();
+    // SAFETY: NULL prefix and file mean the defaults; config is an out-parameter.
+    check(unsafe { ucp_config_read(ptr::null(), ptr::null(), &mut config) }, "ucp_config_read")?;
+    let detects = match std::env::var("UCX_MM_ERROR_HANDLING") {
+        Ok(v) => matches!(v.as_str(), "y" | "yes" | "1" | "on"),
+        // SAFETY: config is live; the names are NUL-terminated. An older UCX without
+        // the option refuses it, and shared memory then stays without detection.
+        Err(_) => (unsafe { ucp_config_modify(config, c"MM_ERROR_HANDLING".as_ptr(), c"y".as_ptr()) }) == UCS_OK,
+    };
+    Ok((config, detects))
 }
 
 /// The outcome of starting a non-blocking operation.
@@ -79,6 +102,8 @@ impl ProgressHandle {
 
 pub struct Worker {
     context: ucp_context_h,
+    /// Whether shared-memory transports detect a dead peer (see [`read_config`]).
+    shm_detects_failure: bool,
     worker: ucp_worker_h,
     event_fd: RawFd,
     waker: Waker,
@@ -99,9 +124,14 @@ impl Worker {
             ..Default::default()
         };
         let mut context: ucp_context_h = ptr::null_mut();
+        let (config, shm_detects_failure) = read_config()?;
         // SAFETY: params is fully initialised for the fields named in field_mask; ucp_init
-        // is an inline wrapper around ucp_init_version with the header's API version.
-        check(unsafe { ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, ptr::null(), &mut context) }, "ucp_init")?;
+        // is an inline wrapper around ucp_init_version with the header's API version;
+        // config came from ucp_config_read and is released right after.
+        let status = unsafe { ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &mut context) };
+        // SAFETY: as above.
+        unsafe { ucp_config_release(config) };
+        check(status, "ucp_init")?;
         let wparams = ucp_worker_params_t {
             field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
             thread_mode: UCS_THREAD_MODE_SERIALIZED,
@@ -115,7 +145,7 @@ impl Worker {
             return Err(e);
         }
         let waker = Waker(std::sync::Arc::new(std::sync::Mutex::new(Some(WorkerPtr(worker)))));
-        let mut w = Worker { context, worker, event_fd: -1, waker };
+        let mut w = Worker { context, shm_detects_failure, worker, event_fd: -1, waker };
         let mut fd: i32 = -1;
         // SAFETY: worker valid, fd is an out-parameter.
         check(unsafe { ucp_worker_get_efd(worker, &mut fd) }, "ucp_worker_get_efd")?;
@@ -210,7 +240,7 @@ impl Worker {
                 ..Default::default()
             };
             let mut ep: ucp_ep_h = ptr::null_mut();
-            if !shared_memory_only() && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
+            if !shared_memory_only(self.shm_detects_failure) && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
                 return Ok((ep, true));
             }
             params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
