@@ -48,22 +48,16 @@ fn shared_memory_only(shm_detects_failure: bool) -> bool {
     }
 }
 
-/// UCX's configuration from the environment, with shared-memory error handling turned on
-/// (`UCX_MM_ERROR_HANDLING`, in UCX 1.22; the variable still decides when set):
-/// shared-memory endpoints then detect a dead peer by keepalive, so a client sees a dead
-/// server fail its calls, and a server frees what a dead client's endpoint held (its
-/// mappings of the client's memory segments: about 45 KB per client, else never given
-/// back). Returns the configuration and whether shared memory detects peer failure.
+/// UCX's configuration from the environment, and whether shared-memory transports detect a
+/// dead peer: only when `UCX_MM_ERROR_HANDLING=y` (UCX 1.22). Then a server frees what a
+/// dead client's shared-memory endpoint held (about 45 KB of segment mappings per client,
+/// else kept). Off by default: in a kill soak over shared memory with it on, new
+/// clients timed out on connect; 120 s without it ran clean.
 fn read_config() -> Result<(*mut ucp_config_t, bool)> {
     let mut config: *mut ucp_config_t = ptr::null_mut();
     // SAFETY: NULL prefix and file mean the defaults; config is an out-parameter.
     check(unsafe { ucp_config_read(ptr::null(), ptr::null(), &mut config) }, "ucp_config_read")?;
-    let detects = match std::env::var("UCX_MM_ERROR_HANDLING") {
-        Ok(v) => matches!(v.as_str(), "y" | "yes" | "1" | "on"),
-        // SAFETY: config is live; the names are NUL-terminated. An older UCX without
-        // the option refuses it, and shared memory then stays without detection.
-        Err(_) => (unsafe { ucp_config_modify(config, c"MM_ERROR_HANDLING".as_ptr(), c"y".as_ptr()) }) == UCS_OK,
-    };
+    let detects = std::env::var("UCX_MM_ERROR_HANDLING").is_ok_and(|v| matches!(v.as_str(), "y" | "yes" | "1" | "on"));
     Ok((config, detects))
 }
 
