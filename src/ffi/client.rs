@@ -552,8 +552,7 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
                     Err(e) => results.push(Some(Err(e))),
                 }
             }
-            let mut sent = c.put_many(&args, BATCH_DEPTH).into_iter();
-            let results = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
+            let results = merge_results(results, c.put_many(&args, BATCH_DEPTH));
             Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
         })
     }
@@ -588,8 +587,7 @@ pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram
                     Err(e) => results.push(Some(Err(e))),
                 }
             }
-            let mut sent = c.get_many_into(&keys, &mut bufs, BATCH_DEPTH).into_iter();
-            let results: Vec<_> = results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().unwrap())).collect();
+            let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
             let mut first_error = RDRAM_OK;
             for (it, r) in items.iter_mut().zip(results) {
                 it.status = match r {
@@ -704,6 +702,13 @@ unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error
 }
 
 /// Gives every item the same error (the call itself could not run).
+/// A batch's results in item order: the items refused before sending (`Some`) and, in
+/// the gaps, the answers to those sent, in the order they were sent.
+fn merge_results<R>(refused: Vec<Option<crate::Result<R>>>, sent: Vec<crate::Result<R>>) -> Vec<crate::Result<R>> {
+    let mut sent = sent.into_iter();
+    refused.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one answer per item sent"))).collect()
+}
+
 fn fail_all<T>(items: &mut [T], e: &Error, status: impl Fn(&mut T, rdram_status)) -> rdram_status {
     super::set_last_error(&e.to_string());
     for it in items.iter_mut() {

@@ -26,8 +26,6 @@ pub enum Answer {
     Arena { header: ReplyHeader, offset: u64, len: u64, extent: u64 },
 }
 
-/// A put whose bytes are still arriving into a reserved extent that is not in the index
-/// (no reader or writer can reach it) until [`Service::finish_put`].
 /// The slowest transfer rate a server waits for: a transfer of `len` bytes is cut once
 /// `stall_timeout + len / MIN_TRANSFER_RATE` have passed (see [`transfer_deadline`]).
 pub const MIN_TRANSFER_RATE: u64 = 64 << 20;
@@ -37,6 +35,8 @@ pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::t
     std::time::Instant::now() + stall_timeout + std::time::Duration::from_secs_f64(len as f64 / MIN_TRANSFER_RATE as f64)
 }
 
+/// A put whose bytes are still arriving into a reserved extent that is not in the index
+/// (no reader or writer can reach it) until [`Service::finish_put`].
 pub struct PendingPut {
     pub header: RequestHeader,
     pub extent: Extent,
