@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway header install clean bench soak fuzz
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench soak fuzz
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -28,7 +28,7 @@ build: deps
 demo: build
 	scripts/demo.sh target/release/rdram
 
-test: test-rust test-ffi test-gateway
+test: test-rust test-ffi test-gateway test-python
 
 test-rust: deps
 	$(CARGO) test --release -- --test-threads=2
@@ -62,6 +62,16 @@ fuzz: deps
 test-gateway: build
 	tests/gateway/run.sh target/release/rdram
 	tests/gateway/run.sh target/release/rdram --transport fabric --provider "tcp;ofi_rxm"
+
+# The Python package (python/): pip-installed into target/venv-python, then pytest over
+# UCX tcp, UCX shared memory and libfabric tcp;ofi_rxm.
+test-python: build
+	python/tests/run.sh target/release/rdram
+
+# The Python package as a wheel in target/wheels (abi3: CPython 3.9 and later).
+python: deps
+	@[ -x target/venv-build/bin/maturin ] || { python3 -m venv target/venv-build && target/venv-build/bin/pip install -q --disable-pip-version-check "maturin>=1.7,<2"; }
+	cd python && ../target/venv-build/bin/maturin build --release -o ../target/wheels
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.

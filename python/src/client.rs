@@ -1,0 +1,355 @@
+//! `remote_dram.Client`: the Rust [`Client`] behind a mutex, with the GIL released for
+//! every call that touches the network.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use remote_dram::client::{
+    ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
+};
+use remote_dram::error::{Error, Status};
+
+use crate::buffer::{Buffer, RawBytes};
+use crate::errors::{buffer_too_small, in_batch, invalid, to_py};
+
+/// Requests a batch keeps in flight (the C ABI's `rdram_mput`/`rdram_mget` use the same).
+const BATCH_DEPTH: usize = 64;
+
+/// A connection to one or more remote_dram servers.
+///
+/// ``Client("127.0.0.1:7000")`` or ``Client("a:7000,b:7000", auth_token=...)`` for a
+/// cluster (keys are spread over servers by rendezvous hashing). ``timeout`` and
+/// ``connect_timeout`` are in seconds (defaults 30 and 5).
+///
+/// Keys are ``bytes`` or ``str`` (UTF-8). Values are anything with the buffer protocol
+/// (bytes, bytearray, memoryview, C-contiguous numpy arrays) or CPU torch tensors, and
+/// move without a copy.
+///
+/// Every call releases the GIL while it waits for the network. One client may be shared
+/// by threads: its calls are serialised, one at a time. For parallel transfers open one
+/// client per thread (each has its own connection to every server).
+///
+/// A lost server makes the calls in flight to it raise ``Unavailable``; the next call
+/// connects again. Use as a context manager, or call ``close()``.
+#[pyclass(module = "remote_dram", name = "Client", frozen)]
+pub struct PyClient {
+    client: Mutex<Option<Client>>,
+    addresses: String,
+}
+
+/// A stored value with its metadata, as ``get_entry`` returns it.
+#[pyclass(module = "remote_dram", name = "Entry", frozen, get_all)]
+pub struct Entry {
+    /// The bytes (of the range, if one was asked for), or ``None`` when the generation
+    /// matched ``if_not_equal`` (unchanged; no bytes moved).
+    value: Option<Py<PyBytes>>,
+    /// The value's generation: it grows with every write of the key.
+    generation: u64,
+    /// The size of the whole stored value (``value`` may be a range of it); 0 when
+    /// unchanged.
+    size: u64,
+}
+
+#[pymethods]
+impl Entry {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let value = match &self.value {
+            Some(v) => format!("<{} bytes>", v.bind(py).as_bytes().len()),
+            None => "None (unchanged)".into(),
+        };
+        format!("Entry(value={value}, generation={}, size={})", self.generation, self.size)
+    }
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (addresses, *, auth_token=None, timeout=None, connect_timeout=None))]
+    fn new(py: Python<'_>, addresses: String, auth_token: Option<String>, timeout: Option<f64>, connect_timeout: Option<f64>) -> PyResult<Self> {
+        let mut opts = ClientOptions { auth_token, ..ClientOptions::default() };
+        if let Some(t) = timeout {
+            opts.timeout = seconds(py, t, "timeout")?;
+        }
+        if let Some(t) = connect_timeout {
+            opts.connect_timeout = seconds(py, t, "connect_timeout")?;
+        }
+        let client = py.detach(|| Client::connect(&addresses, opts)).map_err(|e| to_py(py, e))?;
+        Ok(PyClient { client: Mutex::new(Some(client)), addresses })
+    }
+
+    /// Closes the connections. Later calls raise ``InvalidArgument``; closing twice is fine.
+    fn close(&self, py: Python<'_>) {
+        let client = py.detach(|| self.lock().take());
+        py.detach(move || drop(client));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _ty: Option<Bound<'_, PyAny>>, _value: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("remote_dram.Client({:?})", self.addresses)
+    }
+
+    /// Stores ``value`` under ``key`` and returns its new generation.
+    ///
+    /// ``if_equal=g`` writes only if the current generation is ``g``; ``if_absent=True``
+    /// only if the key does not exist. When the condition does not hold nothing changes
+    /// and the result is ``None``. ``ttl`` (seconds) makes the value expire.
+    ///
+    /// The value is read in place, without a copy, while the GIL is released: do not
+    /// change it from another thread during the call. After the call returns (even with
+    /// ``Timeout``) the server never reads it again.
+    #[pyo3(signature = (key, value, *, if_equal=None, if_absent=false, ttl=None))]
+    fn put(&self, py: Python<'_>, key: Key, value: &Bound<'_, PyAny>, if_equal: Option<u64>, if_absent: bool, ttl: Option<f64>) -> PyResult<Option<u64>> {
+        let condition = match (if_equal, if_absent) {
+            (Some(_), true) => return Err(invalid(py, "give if_equal or if_absent, not both")),
+            (Some(g), false) => WriteCondition::IfEqual(g),
+            (None, true) => WriteCondition::IfAbsent,
+            (None, false) => WriteCondition::None,
+        };
+        let ttl = ttl.map(|t| seconds(py, t, "ttl")).transpose()?;
+        let value = Buffer::readable(value)?;
+        let bytes = value.raw();
+        let opts = PutOptions { condition, ttl };
+        // SAFETY: `value` stays exported until after the call returns.
+        match self.call(py, |c| c.put_with(&key.0, unsafe { bytes.as_slice() }, &opts))? {
+            WriteResult::Written { generation } => Ok(Some(generation)),
+            WriteResult::ConditionFailed => Ok(None),
+        }
+    }
+
+    /// The value of ``key`` as ``bytes``, or ``None`` when it does not exist.
+    ///
+    /// ``byte_range=(start, stop)`` reads part of it: a negative ``start`` counts from the
+    /// end (``(-16, None)`` is the last 16 bytes), ``stop=None`` reads to the end.
+    #[pyo3(signature = (key, *, byte_range=None))]
+    fn get<'py>(&self, py: Python<'py>, key: Key, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
+        match self.call(py, |c| c.get_with(&key.0, &opts))? {
+            GetResult::Value(v) => Ok(Some(PyBytes::new(py, &v.data))),
+            GetResult::Missing => Ok(None),
+            GetResult::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
+        }
+    }
+
+    /// The value of ``key`` with its generation and size (an :class:`Entry`), or ``None``
+    /// when it does not exist. With ``if_not_equal=g`` and a current generation of ``g``,
+    /// ``Entry.value`` is ``None``: the caller's copy is current and no bytes moved.
+    #[pyo3(signature = (key, *, if_not_equal=None, byte_range=None))]
+    fn get_entry(&self, py: Python<'_>, key: Key, if_not_equal: Option<u64>, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Entry>> {
+        let opts = GetOptions { if_not_equal, range: range(py, byte_range)?, ..GetOptions::default() };
+        Ok(match self.call(py, |c| c.get_with(&key.0, &opts))? {
+            GetResult::Value(v) => Some(Entry { value: Some(PyBytes::new(py, &v.data).unbind()), generation: v.generation, size: v.size }),
+            GetResult::Unchanged { generation } => Some(Entry { value: None, generation, size: 0 }),
+            GetResult::Missing => None,
+        })
+    }
+
+    /// Reads ``key`` (or ``byte_range`` of it) straight into ``out``, a writable buffer
+    /// (bytearray, numpy array, CPU torch tensor), and returns how many bytes were
+    /// written; ``None`` when the key does not exist. Raises ``BufferTooSmall`` (with
+    /// ``.needed``) when the bytes do not fit; then nothing was written.
+    ///
+    /// After the call returns, whatever it returned, nothing writes into ``out``.
+    #[pyo3(signature = (key, out, *, byte_range=None))]
+    fn get_into(&self, py: Python<'_>, key: Key, out: &Bound<'_, PyAny>, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<usize>> {
+        let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
+        let out = Buffer::writable(out)?;
+        let bytes = out.raw();
+        // SAFETY: `out` stays exported (and so pinned) until after the call returns.
+        let result = self.call(py, |c| c.get_into(&key.0, &opts, unsafe { bytes.as_mut_slice() }))?;
+        into_result(py, result, bytes.len())
+    }
+
+    /// Deletes ``key``; ``True`` if it existed. With ``if_equal=g`` only when its
+    /// generation is ``g`` (``False`` otherwise).
+    #[pyo3(signature = (key, *, if_equal=None))]
+    fn delete(&self, py: Python<'_>, key: Key, if_equal: Option<u64>) -> PyResult<bool> {
+        let condition = if_equal.map_or(WriteCondition::None, WriteCondition::IfEqual);
+        Ok(match self.call(py, |c| c.delete_with(&key.0, condition))? {
+            DeleteResult::Deleted { existed } => existed,
+            DeleteResult::ConditionFailed => false,
+        })
+    }
+
+    /// Deletes every key in ``[start, stop)`` (``stop=None``: to the last key) on every
+    /// server and returns how many were removed.
+    #[pyo3(signature = (start, stop=None))]
+    fn delete_range(&self, py: Python<'_>, start: Key, stop: Option<Key>) -> PyResult<u64> {
+        let range = KeyRange { min: start.0, max: stop.map(|k| k.0) };
+        self.call(py, |c| c.delete_range(&range))
+    }
+
+    /// The keys starting with ``prefix`` and within ``[start, stop)``, in key order, as an
+    /// iterator of ``(key: bytes, size: int)``.
+    #[pyo3(signature = (prefix=None, *, start=None, stop=None))]
+    fn list<'py>(&self, py: Python<'py>, prefix: Option<Key>, start: Option<Key>, stop: Option<Key>) -> PyResult<Bound<'py, PyAny>> {
+        let mut range = prefix.map(|p| KeyRange::prefix(&p.0)).unwrap_or_default();
+        if let Some(s) = start {
+            range.min = range.min.max(s.0);
+        }
+        if let Some(s) = stop {
+            range.max = Some(match range.max {
+                Some(m) => m.min(s.0),
+                None => s.0,
+            });
+        }
+        let entries = self.call(py, |c| c.list(&range))?;
+        let items: Vec<(Bound<'py, PyBytes>, u64)> = entries.into_iter().map(|e| (PyBytes::new(py, &e.key), e.size)).collect();
+        PyList::new(py, items)?.as_any().try_iter().map(|i| i.into_any())
+    }
+
+    /// Statistics of every server and shard, with totals, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let json = self.call(py, |c| c.stats())?.to_string();
+        py.import("json")?.call_method1("loads", (json,))
+    }
+
+    /// Stores many values, pipelined (up to 64 requests in flight): ``items`` is a dict
+    /// or an iterable of ``(key, value)`` pairs. Returns the new generations in order.
+    /// If an item fails, its exception is raised after the whole batch has been sent,
+    /// with ``.index`` naming the item.
+    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        let items = match items.cast::<PyDict>() {
+            Ok(d) => d.items().into_any(),
+            Err(_) => items.clone(),
+        };
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for item in items.try_iter()? {
+            let (key, value): (Key, Bound<'_, PyAny>) = item?.extract()?;
+            keys.push(key.0);
+            values.push(Buffer::readable(&value)?);
+        }
+        let raw: Vec<RawBytes> = values.iter().map(Buffer::raw).collect();
+        let results = self.call(py, |c| {
+            // SAFETY: every value stays exported until after the call returns.
+            let pairs: Vec<(&[u8], &[u8])> = keys.iter().zip(&raw).map(|(k, v)| (k.as_slice(), unsafe { v.as_slice() })).collect();
+            Ok(c.put_many(&pairs, BATCH_DEPTH))
+        })?;
+        results.into_iter().enumerate().map(|(i, r)| r.map_err(|e| in_batch(py, e, i))).collect()
+    }
+
+    /// Reads many values, pipelined: a list with ``bytes`` or ``None`` (missing) per key.
+    fn get_many<'py>(&self, py: Python<'py>, keys: Vec<Key>) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+        let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
+        let results = self.call(py, |c| {
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            Ok(c.get_many(&refs, BATCH_DEPTH))
+        })?;
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Ok(v) => Ok(v.map(|v| PyBytes::new(py, &v.data))),
+                Err(e) => Err(in_batch(py, e, i)),
+            })
+            .collect()
+    }
+
+    /// Reads many values straight into ``outs`` (one writable buffer per key), pipelined.
+    /// Returns the length written per key, ``None`` where the key is missing.
+    fn get_many_into(&self, py: Python<'_>, keys: Vec<Key>, outs: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Option<usize>>> {
+        if keys.len() != outs.len() {
+            return Err(invalid(py, format!("{} keys but {} buffers: give one buffer per key", keys.len(), outs.len())));
+        }
+        let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
+        let outs = outs.iter().map(Buffer::writable).collect::<PyResult<Vec<_>>>()?;
+        let raw: Vec<RawBytes> = outs.iter().map(Buffer::raw).collect();
+        if overlapping(&raw) {
+            return Err(invalid(py, "the output buffers overlap: give each key its own memory"));
+        }
+        let results = self.call(py, |c| {
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            // SAFETY: every buffer stays exported until after the call returns, and no two
+            // overlap (checked above), so the mutable slices do not alias.
+            let mut bufs: Vec<&mut [u8]> = raw.iter().map(|b| unsafe { b.as_mut_slice() }).collect();
+            Ok(c.get_many_into(&refs, &mut bufs, BATCH_DEPTH))
+        })?;
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Ok(r) => into_result(py, r, raw[i].len()).map_err(|e| {
+                    let _ = e.value(py).setattr("index", i);
+                    e
+                }),
+                Err(e) => Err(in_batch(py, e, i)),
+            })
+            .collect()
+    }
+}
+
+impl PyClient {
+    fn lock(&self) -> MutexGuard<'_, Option<Client>> {
+        // A panic inside a call poisons the mutex but leaves the client usable.
+        self.client.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the client with the GIL released.
+    fn call<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Client) -> remote_dram::error::Result<T> + Send) -> PyResult<T> {
+        py.detach(|| match self.lock().as_mut() {
+            Some(client) => f(client),
+            None => Err(Error::new(Status::Invalid, "the client is closed")),
+        })
+        .map_err(|e| to_py(py, e))
+    }
+}
+
+/// A key: `bytes` as they are, `str` as UTF-8.
+pub struct Key(Vec<u8>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Key {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(b) = obj.cast::<PyBytes>() {
+            return Ok(Key(b.as_bytes().to_vec()));
+        }
+        if let Ok(s) = obj.cast::<PyString>() {
+            return Ok(Key(s.to_cow()?.as_bytes().to_vec()));
+        }
+        Err(pyo3::exceptions::PyTypeError::new_err(format!("a key must be bytes or str, not {}", obj.get_type().name()?)))
+    }
+}
+
+fn into_result(py: Python<'_>, result: GetInto, have: usize) -> PyResult<Option<usize>> {
+    match result {
+        GetInto::Value { len, .. } => Ok(Some(len)),
+        GetInto::Missing => Ok(None),
+        GetInto::TooSmall { needed } => Err(buffer_too_small(py, have, needed)),
+        GetInto::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
+    }
+}
+
+/// Whether any two non-empty buffers share a byte.
+fn overlapping(bufs: &[RawBytes]) -> bool {
+    let mut spans: Vec<(usize, usize)> = bufs.iter().filter(|b| b.len() > 0).map(|b| (b.addr(), b.addr() + b.len())).collect();
+    spans.sort_unstable();
+    spans.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// `(start, stop)` as the wire's byte range: a negative start counts from the end, `stop`
+/// is exclusive, `None` reads to the end.
+fn range(py: Python<'_>, r: Option<(i64, Option<i64>)>) -> PyResult<Option<ByteRange>> {
+    match r {
+        None => Ok(None),
+        Some((_, Some(stop))) if stop < 0 => Err(invalid(py, "byte_range stop must be ≥ 0 or None (a negative start reads a suffix)")),
+        Some((start, stop)) => Ok(Some(ByteRange { start, end: stop.unwrap_or(-1) })),
+    }
+}
+
+pub(crate) fn seconds(py: Python<'_>, s: f64, what: &str) -> PyResult<Duration> {
+    if !(s.is_finite() && s > 0.0) {
+        return Err(invalid(py, format!("{what} must be a positive number of seconds, not {s}")));
+    }
+    Duration::try_from_secs_f64(s).map_err(|e| invalid(py, format!("{what}: {e}")))
+}

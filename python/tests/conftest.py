@@ -1,0 +1,79 @@
+"""Real `rdram serve` processes on ephemeral loopback ports, over the transport named by
+RDRAM_TEST_TRANSPORT: "tcp" or "shm" (UCX) or "fabric:PROVIDER" (libfabric, e.g.
+"fabric:tcp;ofi_rxm"). The environment is set before any UCX context exists and is
+inherited by the processes the tests start."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RDRAM = os.environ.get("RDRAM_BIN", str(ROOT / "target" / "release" / "rdram"))
+TRANSPORT = os.environ.get("RDRAM_TEST_TRANSPORT", "tcp")
+UCX_TLS = {"tcp": "tcp", "shm": "posix,sysv,cma,self"}
+
+os.environ["UCX_NET_DEVICES"] = "lo"
+if TRANSPORT.startswith("fabric:"):
+    PROVIDER = TRANSPORT.removeprefix("fabric:")
+    SERVE_ARGS = ["--transport", "fabric", "--provider", PROVIDER]
+    EMBEDDED_ARGS = {"transport": "fabric", "provider": PROVIDER}
+else:
+    os.environ["UCX_TLS"] = UCX_TLS[TRANSPORT]
+    SERVE_ARGS = ["--transport", "ucx"]
+    EMBEDDED_ARGS = {"transport": "ucx"}
+
+
+class ServerProc:
+    """`rdram serve --listen 127.0.0.1:0` plus `args`; `.address` once it listens."""
+
+    def __init__(self, *args: str, memory: str = "1GiB", workers: int = 2, env: dict[str, str] | None = None):
+        cmd = [RDRAM, "serve", "--listen", "127.0.0.1:0", "--workers", str(workers), "--memory", memory, "--hugepages", "off", *SERVE_ARGS, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+        self.log: list[str] = []
+        self.address = None
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if line.startswith("listening on "):
+                self.address = line.split()[-1]
+                break
+        if self.address is None:
+            raise RuntimeError(f"rdram serve exited with {self.proc.wait()}:\n{''.join(self.log)}")
+        # Keep draining its output so that it never blocks on a full pipe.
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
+
+    def stop(self) -> int:
+        """SIGTERM; the server must exit 0."""
+        self.proc.terminate()
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProc()
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture
+def client(server):
+    import remote_dram
+
+    with remote_dram.Client(server.address) as c:
+        yield c
+
+
+@pytest.fixture
+def prefix(request):
+    """A key prefix of this test's own."""
+    return f"{request.node.name}/"
+
+
+def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `code` in a separate Python process (same interpreter and environment)."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)

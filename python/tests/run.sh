@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The Python package's tests: `pip install ./python` into target/venv-python (PyPI's
+# maturin builds the extension), then pytest against real `rdram serve` processes and
+# embedded servers over UCX tcp, UCX shared memory and libfabric tcp;ofi_rxm.
+# Usage: python/tests/run.sh [path/to/rdram]
+# RDRAM_TEST_TORCH=0 leaves PyPI's torch out (its tests then skip, saying why).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+export RDRAM_BIN=${1:-$root/target/release/rdram}
+VENV=${RDRAM_PY_VENV:-$root/target/venv-python}
+PIP=(--disable-pip-version-check -q)
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import pytest, numpy" 2>/dev/null; then
+  echo "== creating $VENV with pytest and numpy from PyPI"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install "${PIP[@]}" -r "$here/requirements.txt"
+fi
+if [ "${RDRAM_TEST_TORCH:-1}" != 0 ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "== installing PyTorch from PyPI into $VENV (for remote_dram.torch's tests)"
+  "$VENV/bin/pip" install "${PIP[@]}" -r "$here/requirements-torch.txt" \
+    || echo "== PyTorch could not be installed: its tests will be skipped"
+fi
+
+echo "== pip install ./python"
+"$VENV/bin/python" -c "import libucx" 2>/dev/null || "$VENV/bin/pip" install "${PIP[@]}" "$root/python"   # with its dependencies, once
+"$VENV/bin/pip" install "${PIP[@]}" --force-reinstall --no-deps "$root/python"
+
+cd "$here"
+for transport in tcp shm "fabric:tcp;ofi_rxm"; do
+  echo "== pytest over $transport"
+  RDRAM_TEST_TRANSPORT=$transport "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider
+done
