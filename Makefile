@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench soak fuzz
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-python redis soak fuzz
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -34,9 +34,17 @@ test-rust: deps
 	$(CARGO) test --release -- --test-threads=2
 
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).
-bench: deps
-	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+bench: deps redis
 	bench/compare
+
+# The Python client next to rdram-bench and redis-py (bench/python_client.py).
+bench-python: build redis
+	@[ -x target/venv-python/bin/python ] || python3 -m venv target/venv-python
+	target/venv-python/bin/pip install -q --disable-pip-version-check numpy redis ./python
+	target/venv-python/bin/python bench/python_client.py
+
+redis:
+	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 
 # The kill soak (not in CI): writers and readers SIGKILLed every ~2 s against a real
 # server, SOAK_SECS per transport (default 600; the three together take 30 minutes).

@@ -10,6 +10,7 @@ use remote_dram::client::{
     ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
 };
 use remote_dram::error::{Error, Status};
+use remote_dram::transport::PollMode;
 
 use crate::buffer::{Buffer, RawBytes};
 use crate::errors::{buffer_too_small, in_batch, invalid, to_py};
@@ -21,7 +22,9 @@ const BATCH_DEPTH: usize = 64;
 ///
 /// ``Client("127.0.0.1:7000")`` or ``Client("a:7000,b:7000", auth_token=...)`` for a
 /// cluster (keys are spread over servers by rendezvous hashing). ``timeout`` and
-/// ``connect_timeout`` are in seconds (defaults 30 and 5).
+/// ``connect_timeout`` are in seconds (defaults 30 and 5). ``poll="busy"`` spins on
+/// the network instead of sleeping between replies: lower latency for benchmarks on a
+/// dedicated core; the default, ``"adaptive"``, spins briefly and then sleeps.
 ///
 /// Keys are ``bytes`` or ``str`` (UTF-8). Values are anything with the buffer protocol
 /// (bytes, bytearray, memoryview, C-contiguous numpy arrays) or CPU torch tensors, and
@@ -66,9 +69,14 @@ impl Entry {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (addresses, *, auth_token=None, timeout=None, connect_timeout=None))]
-    fn new(py: Python<'_>, addresses: String, auth_token: Option<String>, timeout: Option<f64>, connect_timeout: Option<f64>) -> PyResult<Self> {
-        let mut opts = ClientOptions { auth_token, ..ClientOptions::default() };
+    #[pyo3(signature = (addresses, *, auth_token=None, timeout=None, connect_timeout=None, poll="adaptive"))]
+    fn new(py: Python<'_>, addresses: String, auth_token: Option<String>, timeout: Option<f64>, connect_timeout: Option<f64>, poll: &str) -> PyResult<Self> {
+        let poll = match poll {
+            "adaptive" => PollMode::Adaptive,
+            "busy" => PollMode::Busy,
+            other => return Err(invalid(py, format!("poll must be \"adaptive\" or \"busy\", not {other:?}"))),
+        };
+        let mut opts = ClientOptions { auth_token, poll, ..ClientOptions::default() };
         if let Some(t) = timeout {
             opts.timeout = seconds(py, t, "timeout")?;
         }
