@@ -7,7 +7,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-export RDRAM_BIN=${1:-$root/target/release/rdram}
+export RDRAM_BIN=$(realpath "${1:-$root/target/release/rdram}")
 VENV=${RDRAM_PY_VENV:-$root/target/venv-python}
 PIP=(--disable-pip-version-check -q)
 
