@@ -53,6 +53,12 @@ pub struct RawBytes {
 }
 
 impl RawBytes {
+    /// The bytes of a `bytes` object (immutable once shared: only for one being built).
+    pub fn of_bytes(b: &Bound<'_, pyo3::types::PyBytes>) -> RawBytes {
+        let bytes = b.as_bytes();
+        RawBytes { addr: bytes.as_ptr() as usize, len: bytes.len() }
+    }
+
     /// # Safety
     /// The `Buffer` this came from must still be alive.
     pub unsafe fn as_slice<'a>(self) -> &'a [u8] {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use remote_dram::client::{
-    ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
+    ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, KeyRange, PutOptions, WriteCondition, WriteResult,
 };
 use remote_dram::error::{Error, Status};
 use remote_dram::transport::PollMode;
@@ -38,8 +38,27 @@ const BATCH_DEPTH: usize = 64;
 /// connects again. Use as a context manager, or call ``close()``.
 #[pyclass(module = "remote_dram", name = "Client", frozen)]
 pub struct PyClient {
-    client: Mutex<Option<Client>>,
+    /// `None` once closed.
+    connected: Mutex<Option<Connected>>,
     addresses: String,
+}
+
+struct Connected {
+    client: Client,
+    /// Where `get` receives values of unknown size: reused, so its pages stay mapped and
+    /// registered (a fresh allocation per call costs page faults and a registration).
+    scratch: Vec<u8>,
+}
+
+/// Values up to this size are received into the scratch buffer and copied into `bytes`;
+/// larger ones go straight into a `bytes` object of the size the first reply reported.
+const SCRATCH_LEN: usize = 64 << 10;
+
+/// What a `get` found.
+enum Fetched<'py> {
+    Value { bytes: Bound<'py, PyBytes>, generation: u64, size: u64 },
+    Missing,
+    Unchanged { generation: u64 },
 }
 
 /// A stored value with its metadata, as ``get_entry`` returns it.
@@ -84,7 +103,7 @@ impl PyClient {
             opts.connect_timeout = seconds(py, t, "connect_timeout")?;
         }
         let client = py.detach(|| Client::connect(&addresses, opts)).map_err(|e| to_py(py, e))?;
-        Ok(PyClient { client: Mutex::new(Some(client)), addresses })
+        Ok(PyClient { connected: Mutex::new(Some(Connected { client, scratch: vec![0; SCRATCH_LEN] })), addresses })
     }
 
     /// Closes the connections. Later calls raise ``InvalidArgument``; closing twice is fine.
@@ -141,10 +160,10 @@ impl PyClient {
     #[pyo3(signature = (key, *, byte_range=None))]
     fn get<'py>(&self, py: Python<'py>, key: Key, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
-        match self.call(py, |c| c.get_with(&key.0, &opts))? {
-            GetResult::Value(v) => Ok(Some(PyBytes::new(py, &v.data))),
-            GetResult::Missing => Ok(None),
-            GetResult::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
+        match self.fetch(py, &key.0, &opts)? {
+            Fetched::Value { bytes, .. } => Ok(Some(bytes)),
+            Fetched::Missing => Ok(None),
+            Fetched::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
         }
     }
 
@@ -154,10 +173,10 @@ impl PyClient {
     #[pyo3(signature = (key, *, if_not_equal=None, byte_range=None))]
     fn get_entry(&self, py: Python<'_>, key: Key, if_not_equal: Option<u64>, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Entry>> {
         let opts = GetOptions { if_not_equal, range: range(py, byte_range)?, ..GetOptions::default() };
-        Ok(match self.call(py, |c| c.get_with(&key.0, &opts))? {
-            GetResult::Value(v) => Some(Entry { value: Some(PyBytes::new(py, &v.data).unbind()), generation: v.generation, size: v.size }),
-            GetResult::Unchanged { generation } => Some(Entry { value: None, generation, size: 0 }),
-            GetResult::Missing => None,
+        Ok(match self.fetch(py, &key.0, &opts)? {
+            Fetched::Value { bytes, generation, size } => Some(Entry { value: Some(bytes.unbind()), generation, size }),
+            Fetched::Unchanged { generation } => Some(Entry { value: None, generation, size: 0 }),
+            Fetched::Missing => None,
         })
     }
 
@@ -297,19 +316,66 @@ impl PyClient {
 }
 
 impl PyClient {
-    fn lock(&self) -> MutexGuard<'_, Option<Client>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Connected>> {
         // A panic inside a call poisons the mutex but leaves the client usable.
-        self.client.lock().unwrap_or_else(|p| p.into_inner())
+        self.connected.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the client with the GIL released.
+    /// Runs `f` on the client with the GIL released. The mutex is only ever taken without
+    /// the GIL, so a thread waiting for it never blocks one that needs the GIL.
     fn call<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Client) -> remote_dram::error::Result<T> + Send) -> PyResult<T> {
+        self.call_connected(py, |c| f(&mut c.client))
+    }
+
+    fn call_connected<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Connected) -> remote_dram::error::Result<T> + Send) -> PyResult<T> {
         py.detach(|| match self.lock().as_mut() {
-            Some(client) => f(client),
+            Some(connected) => f(connected),
             None => Err(Error::new(Status::Invalid, "the client is closed")),
         })
         .map_err(|e| to_py(py, e))
     }
+
+    /// A value of unknown size as `bytes`, without a `Vec` per call: small values land in
+    /// the scratch buffer (one round trip); for a larger one the reply says its size, and
+    /// a second request reads it straight into a `bytes` object of that size.
+    fn fetch<'py>(&self, py: Python<'py>, key: &[u8], opts: &GetOptions) -> PyResult<Fetched<'py>> {
+        let first = self.call_connected(py, |c| {
+            Ok(match c.client.get_into(key, opts, &mut c.scratch)? {
+                GetInto::Value { len, generation, size } => (GetInto::Value { len, generation, size }, c.scratch[..len].to_vec()),
+                other => (other, Vec::new()),
+            })
+        })?;
+        let mut needed = match first {
+            (GetInto::Value { generation, size, .. }, data) => return Ok(Fetched::Value { bytes: PyBytes::new(py, &data), generation, size }),
+            (GetInto::Missing, _) => return Ok(Fetched::Missing),
+            (GetInto::Unchanged { generation }, _) => return Ok(Fetched::Unchanged { generation }),
+            (GetInto::TooSmall { needed }, _) => needed,
+        };
+        // The value may change size between the two requests; follow it.
+        loop {
+            let bytes = uninit_bytes(py, needed)?;
+            let raw = RawBytes::of_bytes(&bytes);
+            // SAFETY: `bytes` is ours alone (not yet returned to Python code) and alive until
+            // after the call; filling it before anyone sees it is how `bytes` are built.
+            match self.call(py, |c| c.get_into(key, opts, unsafe { raw.as_mut_slice() }))? {
+                GetInto::Value { len, generation, size } if len == needed => return Ok(Fetched::Value { bytes, generation, size }),
+                GetInto::Value { len, generation, size } => {
+                    return Ok(Fetched::Value { bytes: PyBytes::new(py, &bytes.as_bytes()[..len]), generation, size })
+                }
+                GetInto::TooSmall { needed: n } => needed = n,
+                GetInto::Missing => return Ok(Fetched::Missing),
+                GetInto::Unchanged { generation } => return Ok(Fetched::Unchanged { generation }),
+            }
+        }
+    }
+}
+
+/// A `bytes` object of `len` bytes whose contents are not yet written.
+fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyBytes>> {
+    let len = pyo3::ffi::Py_ssize_t::try_from(len).map_err(|_| invalid(py, "value too large for this platform"))?;
+    // SAFETY: a NULL source asks CPython for an uninitialised object of `len` bytes; the
+    // result is a new reference (or NULL with an exception set).
+    unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len))?.cast_into_unchecked()) }
 }
 
 /// A key: `bytes` as they are, `str` as UTF-8.

@@ -12,7 +12,7 @@ import pytest
 import remote_dram as rd
 from conftest import EMBEDDED_ARGS, ServerProc, run_python
 
-SIZES = [0, 1, 8, 4095, 4096, 65537, (1 << 20) + 3, 64 << 20]
+SIZES = [0, 1, 8, 4095, 4096, 65535, 65536, 65537, (1 << 20) + 3, 64 << 20]
 
 
 def pattern(n: int, seed: int = 7) -> np.ndarray:
