@@ -44,6 +44,32 @@ impl Status {
             .unwrap_or(Internal)
     }
 
+    /// The status as a metric label: the C ABI's name in lower case.
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Missing => "missing",
+            Status::Unchanged => "unchanged",
+            Status::ConditionFailed => "condition_failed",
+            Status::Invalid => "invalid_argument",
+            Status::KeyTooLarge => "key_too_large",
+            Status::ValueTooLarge => "value_too_large",
+            Status::NoSpace => "no_space",
+            Status::OutOfRange => "out_of_range",
+            Status::AuthFailed => "auth_failed",
+            Status::VersionMismatch => "version_mismatch",
+            Status::Unavailable => "unavailable",
+            Status::Timeout => "timeout",
+            Status::Transport => "transport",
+            Status::Io => "io",
+            Status::Internal => "internal",
+            Status::WrongShard => "wrong_shard",
+            Status::BufferTooSmall => "buffer_too_small",
+            Status::Panic => "panic",
+            Status::NullArgument => "null_argument",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Status::Ok => "ok",

@@ -15,6 +15,7 @@ pub mod ffi;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod gateway;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;

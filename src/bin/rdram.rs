@@ -21,6 +21,10 @@ const EXIT_CONDITION: u8 = 4;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// What to log (to stderr): error, warn, info, debug, trace, or a tracing filter such
+    /// as "info,remote_dram::server=debug". Default: RUST_LOG, else info.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -150,6 +154,9 @@ struct ServeArgs {
     /// and what it held released: a client that starts a large put and stops progressing.
     #[arg(long, default_value_t = remote_dram::server::DEFAULT_STALL_TIMEOUT.as_millis() as u64)]
     stall_timeout_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -183,11 +190,19 @@ impl ConnArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RDRAM_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse().command) {
+    let cli = Cli::parse();
+    let filter = match &cli.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string()),
+        None => tracing_subscriber::EnvFilter::try_from_default_env().map_err(|e| e.to_string()),
+    };
+    let filter = filter.unwrap_or_else(|e| {
+        if cli.log_level.is_some() {
+            eprintln!("rdram: --log-level: {e}; logging at info");
+        }
+        "info".into()
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("rdram: {e}");
@@ -360,6 +375,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         },
         max_clients: args.max_clients,
         stall_timeout: Duration::from_millis(args.stall_timeout_ms),
+        metrics: args.metrics,
     };
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
     let server = Server::start(cfg)?;

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::service::Membership;
 use crate::error::{Error, Result, Status};
+use crate::metrics::BootstrapMetrics;
 use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC};
 use crate::proto::PROTOCOL_VERSION;
 
@@ -46,8 +47,8 @@ pub struct Shared {
     pub members: Vec<crossbeam_channel::Sender<Membership>>,
     pub next_client: AtomicU64,
     pub max_clients: usize,
-    /// Welcomed clients whose connection is still open.
-    pub clients: AtomicUsize,
+    /// Connected clients and handshake outcomes (also for `--metrics`).
+    pub metrics: Arc<BootstrapMetrics>,
     pub handshakes: AtomicUsize,
 }
 
@@ -87,6 +88,8 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                 };
                 if shared.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
                     shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    shared.metrics.refused_capacity.fetch_add(1, Ordering::Relaxed);
+                    warn!("refused {:?}: too many handshakes in progress", stream.peer_addr().ok());
                     let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
                     let _ = write_line(&mut stream, &Welcome::refusal(Status::Unavailable, "server at capacity: too many handshakes in progress".into()));
                     continue;
@@ -129,8 +132,9 @@ fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &S
             // Readable means closed (read returns 0) or stray bytes, which are dropped.
             let open = !ready || matches!(s.read(&mut buf), Ok(n) if n > 0);
             if !open {
+                info!("client {client} ({}) departed", peer(s));
                 shared.tell_workers(Membership::Left { client: *client });
-                shared.clients.fetch_sub(1, Ordering::SeqCst);
+                shared.metrics.clients.fetch_sub(1, Ordering::SeqCst);
             }
             open
         });
@@ -148,12 +152,20 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
     let hello: Hello = match read_line_until(&stream, deadline) {
         Ok(h) => h,
         Err(e) => {
+            shared.metrics.failed.fetch_add(1, Ordering::Relaxed);
             let _ = write_line(&mut stream, &Welcome::refusal(e.status, e.message.clone()));
             return Err(e);
         }
     };
     let refuse = |stream: &mut TcpStream, status: Status, msg: String| {
-        info!("refused {:?}: {msg}", stream.peer_addr().ok());
+        let m = &shared.metrics;
+        let counter = match status {
+            Status::AuthFailed => &m.refused_auth,
+            Status::VersionMismatch => &m.refused_version,
+            _ => &m.refused_capacity,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        info!("refused {}: {msg}", peer(stream));
         write_line(stream, &Welcome::refusal(status, msg))
     };
     let refused = |status: Status, msg: &str| Error::new(status, format!("refused: {msg}"));
@@ -174,8 +186,8 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
             return Err(refused(Status::AuthFailed, why));
         }
     }
-    if shared.clients.fetch_add(1, Ordering::SeqCst) >= shared.max_clients {
-        shared.clients.fetch_sub(1, Ordering::SeqCst);
+    if shared.metrics.clients.fetch_add(1, Ordering::SeqCst) >= shared.max_clients {
+        shared.metrics.clients.fetch_sub(1, Ordering::SeqCst);
         let msg = format!("server at capacity: {} clients connected (--max-clients)", shared.max_clients);
         refuse(&mut stream, Status::Unavailable, msg.clone())?;
         return Err(refused(Status::Unavailable, &msg));
@@ -184,7 +196,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
     let session = match random_session() {
         Ok(s) => s,
         Err(e) => {
-            shared.clients.fetch_sub(1, Ordering::SeqCst);
+            shared.metrics.clients.fetch_sub(1, Ordering::SeqCst);
             return Err(e);
         }
     };
@@ -205,10 +217,17 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
     );
     if let Err(e) = welcomed {
         shared.tell_workers(Membership::Left { client: client_id });
-        shared.clients.fetch_sub(1, Ordering::SeqCst);
+        shared.metrics.clients.fetch_sub(1, Ordering::SeqCst);
+        shared.metrics.failed.fetch_add(1, Ordering::Relaxed);
         return Err(e);
     }
+    shared.metrics.accepted.fetch_add(1, Ordering::Relaxed);
+    info!("client {client_id} connected from {}", peer(&stream));
     Ok((stream, client_id))
+}
+
+fn peer(stream: &TcpStream) -> String {
+    stream.peer_addr().map_or_else(|_| "unknown address".into(), |a| a.to_string())
 }
 
 /// A client's secret: 64 random bits, never 0 (0 means "none").

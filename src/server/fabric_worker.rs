@@ -194,7 +194,7 @@ impl FabricShardWorker {
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
         let address = wire::encode_addresses(&self.rails.addresses()?);
-        Ok(WorkerInfo { address, transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64 })
+        Ok(WorkerInfo { address, transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
     }
 
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
@@ -222,6 +222,7 @@ impl FabricShardWorker {
                 self.service.shard.expire_due(SWEEP_BATCH);
                 self.forget_departed();
                 self.cut_stalled_reads();
+                self.service.publish_metrics(self.reads.len());
                 last_sweep = Instant::now();
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {

@@ -17,6 +17,7 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::error::{Error, Result, Status};
+use crate::metrics;
 use crate::proto::PROTOCOL_VERSION;
 use crate::store::{Backing, HugePages, Mode, Shard};
 use crate::transport::{ucx, PollMode, DEFAULT_SPIN};
@@ -42,6 +43,8 @@ pub struct ServerConfig {
     /// [`service::MIN_TRANSFER_RATE`]) before the server gives up on it and takes back
     /// what it held: a client that starts a large put and stops progressing.
     pub stall_timeout: Duration,
+    /// `host:port` to serve Prometheus metrics on (`/metrics`); None: no endpoint.
+    pub metrics: Option<String>,
 }
 
 /// Default for [`ServerConfig::stall_timeout`].
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             transport: TransportChoice::Auto,
             max_clients: DEFAULT_MAX_CLIENTS,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            metrics: None,
         }
     }
 }
@@ -117,6 +121,8 @@ pub struct ServerInfo {
     pub cores: Vec<Option<usize>>,
     pub mode: Mode,
     pub poll: PollMode,
+    /// Where `/metrics` is served, with `--metrics`.
+    pub metrics: Option<String>,
 }
 
 impl ServerInfo {
@@ -124,7 +130,7 @@ impl ServerInfo {
         let mut backing_list: Vec<_> = self.backing.iter().map(|b| b.describe()).collect();
         backing_list.dedup();
         format!(
-            "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, cores {:?}\nlistening on {}",
+            "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, cores {:?}\n{}listening on {}",
             self.protocol_version,
             self.transport,
             self.shards,
@@ -133,6 +139,7 @@ impl ServerInfo {
             self.mode,
             self.poll,
             self.cores,
+            self.metrics.as_ref().map_or_else(String::new, |m| format!("metrics on http://{m}/metrics\n")),
             self.address
         )
     }
@@ -146,6 +153,7 @@ pub(super) struct WorkerInfo {
     pub transport: String,
     pub backing: Backing,
     pub bytes: u64,
+    pub metrics: Arc<crate::metrics::ShardMetrics>,
 }
 
 /// What a worker thread reports once it is up.
@@ -163,6 +171,8 @@ pub struct Server {
     workers: Vec<JoinHandle<()>>,
     bootstrap: Option<JoinHandle<()>>,
     local_addr: SocketAddr,
+    /// The `/metrics` endpoint, with `--metrics`.
+    metrics: Option<metrics::Endpoint>,
 }
 
 impl Server {
@@ -252,7 +262,10 @@ impl Server {
         }
         ready.sort_by_key(|r| r.index);
         let transport_name = ready.first().map_or_else(String::new, |r| r.info.transport.clone());
+        let mut shard_metrics = Vec::new();
+        let bootstrap_metrics = Arc::new(metrics::BootstrapMetrics::default());
         for r in ready {
+            shard_metrics.push(r.info.metrics);
             addresses.push(r.info.address);
             backing.push(r.info.backing);
             bytes = r.info.bytes;
@@ -271,12 +284,14 @@ impl Server {
                 cores,
                 mode: cfg.mode,
                 poll: cfg.poll,
+                metrics: None,
             },
             stop,
             wakers,
             workers,
             bootstrap: None,
             local_addr,
+            metrics: None,
         };
         let listener = match (failure, bound) {
             (None, Ok(l)) => l,
@@ -301,9 +316,22 @@ impl Server {
             members,
             next_client: 1.into(),
             max_clients: cfg.max_clients,
-            clients: 0.into(),
+            metrics: bootstrap_metrics.clone(),
             handshakes: 0.into(),
         };
+        if let Some(listen) = &cfg.metrics {
+            let collector = metrics::ServerCollector { shards: shard_metrics, bootstrap: bootstrap_metrics, transport: welcome.transport.to_string() };
+            match metrics::Endpoint::start(listen, Box::new(collector)) {
+                Ok(endpoint) => {
+                    server.info.metrics = Some(endpoint.local_addr().to_string());
+                    server.metrics = Some(endpoint);
+                }
+                Err(e) => {
+                    server.shutdown();
+                    return Err(e);
+                }
+            }
+        }
         server.bootstrap = Some(bootstrap::spawn(listener, welcome)?);
         debug!("{}", server.info.banner());
         Ok(server)
@@ -326,6 +354,7 @@ impl Server {
     /// client's session), then the workers (each lets its transfers in flight finish,
     /// destroys its endpoints and transport, then frees its arena).
     fn shutdown(&mut self) {
+        self.metrics = None;
         self.stop.store(true, Ordering::SeqCst);
         if let Some(b) = self.bootstrap.take() {
             // Unblock accept() with a connection of our own (local_addr is set whenever

@@ -3,8 +3,11 @@
 //! (`ucx_worker.rs`, `fabric_worker.rs`) only move bytes and call in here.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::error::{Error, Result, Status};
+use crate::metrics::ShardMetrics;
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
 use crate::store::alloc::Extent;
 use crate::store::{ByteRange, Condition, GetOutcome, Shard};
@@ -47,6 +50,8 @@ pub struct PendingPut {
     /// Set when the server cut the transfer (it stalled): the extent's other bytes are
     /// already free, and these parts of it, still being written into, go when it ends.
     pub cut: Option<Vec<Extent>>,
+    /// When the request arrived (for the service-time metric).
+    pub arrived: Instant,
 }
 
 /// What the bootstrap tells every worker about clients: each welcomed client's secret
@@ -71,11 +76,23 @@ pub struct Service {
     /// where the transport does not track them (UCX).
     pub clients: Option<usize>,
     list_scratch: Vec<(Vec<u8>, u64)>,
+    /// What this worker counts; only this worker writes it (see `metrics`).
+    pub metrics: Arc<ShardMetrics>,
 }
 
 impl Service {
     pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Service {
-        Service { index, shards, sessions: HashMap::new(), membership, departed: Vec::new(), shard, clients: None, list_scratch: Vec::new() }
+        Service {
+            index,
+            shards,
+            sessions: HashMap::new(),
+            membership,
+            departed: Vec::new(),
+            shard,
+            clients: None,
+            list_scratch: Vec::new(),
+            metrics: Arc::default(),
+        }
     }
 
     /// Applies what the bootstrap said about clients since the last call.
@@ -111,22 +128,46 @@ impl Service {
     /// header), carrying the session of a connected client; returns it with that client.
     /// On failure, the request id to answer (when readable) and why.
     pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), (Option<u64>, Error)> {
-        let (h, op) = decoded(header)?;
+        let (h, op) = decoded(header).map_err(|e| self.refused(None, e))?;
         let client = self.client_of(h.session);
-        Ok((checked(header, h, op, client.is_some())?, client.unwrap_or(0)))
+        Ok((checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?, client.unwrap_or(0)))
     }
 
     /// Like [`Service::admit`] for a transport that sends one message (header, inline key
     /// and payload back to back) and checks the credential it must carry itself (libfabric:
     /// the one the client's slot got at its hello). Returns the request and its payload.
     pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
-        let (h, op) = decoded(msg)?;
+        let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
         let (header, payload) = msg.split_at((REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()));
-        Ok((checked(header, h, op, session != 0 && h.session == session)?, payload))
+        Ok((checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?, payload))
+    }
+
+    /// Counts a request refused before it was served.
+    fn refused(&self, op: Option<Op>, (id, e): (Option<u64>, Error)) -> (Option<u64>, Error) {
+        self.metrics.record(op, e.status, 0, 0, Instant::now());
+        (id, e)
+    }
+
+    /// Publishes the shard's state for metric scrapes (called on the worker's sweeps).
+    pub fn publish_metrics(&self, transfers_in_flight: usize) {
+        self.metrics.publish(&self.shard.stats(), transfers_in_flight);
     }
 
     /// Serves a request whose payload is all here. Owned reply bytes go to `out`.
     pub fn serve(&mut self, req: &Request, payload: &[u8], out: &mut Vec<u8>) -> Answer {
+        let arrived = Instant::now();
+        let answer = self.answer(req, payload, out);
+        let (status, received, sent) = match &answer {
+            Answer::Owned(h) if h.status() != Status::Ok => (h.status(), 0, 0),
+            Answer::Owned(h) if req.op == Op::Put => (h.status(), h.value_size, 0),
+            Answer::Owned(h) => (h.status(), 0, out.len() as u64),
+            Answer::Arena { header, len, .. } => (header.status(), 0, *len),
+        };
+        self.metrics.record(Some(req.op), status, received, sent, arrived);
+        answer
+    }
+
+    fn answer(&mut self, req: &Request, payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let h = &req.header;
         if h.flags & flags::REMOTE_VALUE != 0 {
             let e = Error::new(Status::Invalid, "this transport does not read values from client memory");
@@ -148,6 +189,11 @@ impl Service {
     /// Starts a put whose `arriving` bytes (the value, after the key when the key travels
     /// in the payload) land straight in the arena: checks and reserves.
     pub fn begin_put(&mut self, req: &Request, arriving: u64) -> Result<PendingPut> {
+        let arrived = Instant::now();
+        self.reserve_put(req, arriving, arrived).inspect_err(|e| self.metrics.record(Some(req.op), e.status, 0, 0, arrived))
+    }
+
+    fn reserve_put(&mut self, req: &Request, arriving: u64, arrived: Instant) -> Result<PendingPut> {
         let h = req.header;
         if req.op != Op::Put {
             return Err(Error::new(Status::Invalid, format!("{:?} with a {arriving}-byte payload", req.op)));
@@ -171,7 +217,7 @@ impl Service {
         if !in_payload {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
         }
-        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len, cut: None })
+        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len, cut: None, arrived })
     }
 
     /// Where a pending put's bytes go.
@@ -182,6 +228,14 @@ impl Service {
     /// Publishes a put whose bytes arrived (`arrived`), or frees its slot when the
     /// transfer failed (the client vanished): the server keeps serving either way.
     pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
+        let (since, value_len) = (p.arrived, p.value_len);
+        let reply = self.publish_put(p, arrived, out);
+        let received = if reply.status() == Status::Ok { value_len } else { 0 };
+        self.metrics.record(Some(Op::Put), reply.status(), received, 0, since);
+        reply
+    }
+
+    fn publish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
         let id = p.header.request_id;
         if let Some(held) = p.cut {
             for part in held {

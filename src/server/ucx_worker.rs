@@ -123,7 +123,7 @@ impl ShardWorker {
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
         let address = crate::proto::bootstrap::hex_encode(&self.worker.address()?);
-        Ok(WorkerInfo { address, transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64 })
+        Ok(WorkerInfo { address, transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
     }
 
     pub fn waker(&self) -> ucx::Waker {
@@ -152,6 +152,7 @@ impl ShardWorker {
                     (*this).service.shard.expire_due(SWEEP_BATCH);
                     (*this).forget_departed();
                     (*this).cut_stalled_puts();
+                    (*this).service.publish_metrics((*this).puts.len());
                 }
                 last_sweep = Instant::now();
             }
