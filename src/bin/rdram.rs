@@ -111,6 +111,9 @@ struct GatewayArgs {
     /// `authorization: Bearer <token>` metadata (or env RDRAM_GATEWAY_TOKEN).
     #[arg(long, env = "RDRAM_GATEWAY_TOKEN_FILE")]
     gateway_token_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9465; port 0 picks one).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 #[derive(Args)]
@@ -201,7 +204,8 @@ fn main() -> ExitCode {
         }
         "info".into()
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).init();
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
@@ -412,9 +416,11 @@ fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
             Some(path) => Some(read_token_file(path)?),
             None => std::env::var("RDRAM_GATEWAY_TOKEN").ok(),
         },
+        metrics: args.metrics,
     };
-    remote_dram::gateway::run(config, |addr| {
-        println!("gateway for {} (tsgrpc_kvstore)\nlistening on {addr}", args.conn.server);
+    remote_dram::gateway::run(config, |addr, metrics| {
+        let metrics = metrics.map_or_else(String::new, |m| format!("metrics on http://{m}/metrics\n"));
+        println!("gateway for {} (tsgrpc_kvstore)\n{metrics}listening on {addr}", args.conn.server);
         let _ = std::io::stdout().flush();
     }, stop_rx)?;
     Ok(ExitCode::SUCCESS)

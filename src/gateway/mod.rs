@@ -4,6 +4,7 @@
 //! It stores nothing itself: every call becomes an engine request over the transport,
 //! made by a pool of engine clients (one per thread) so that many are in flight at once.
 
+pub mod metrics;
 mod pool;
 pub(crate) mod service;
 pub(crate) mod wire;
@@ -35,6 +36,8 @@ pub struct GatewayConfig {
     pub max_buffered: usize,
     /// When set, every call must carry `authorization: Bearer <token>` metadata.
     pub token: Option<String>,
+    /// `host:port` to serve Prometheus metrics on (`/metrics`).
+    pub metrics: Option<String>,
 }
 
 /// Checks the optional bearer token of each call (constant-time compare).
@@ -59,8 +62,8 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 
 /// Serves until `stop` fires (or its sender is dropped). Calls `ready` with the bound
-/// address once listening.
-pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
+/// address, and the metrics endpoint's, once listening.
+pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAddr>), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
     let engine = Arc::new(EnginePool::connect(&config.servers, &config.client, config.engine_clients)?);
     let io = |e: std::io::Error| Error::new(Status::Io, e.to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
@@ -76,11 +79,16 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr), stop: tokio::s
     }
     let permits = (config.max_buffered / service::BUFFER_PERMIT).clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
     let buffered = Arc::new(tokio::sync::Semaphore::new(permits));
+    let gateway_metrics = Arc::new(metrics::GatewayMetrics::new(buffered.clone(), permits, service::BUFFER_PERMIT));
+    let endpoint = match &config.metrics {
+        Some(listen) => Some(crate::metrics::Endpoint::start(listen, Box::new(gateway_metrics.clone()))?),
+        None => None,
+    };
     let check = TokenCheck(config.token.clone().map(Arc::new));
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(io)?;
-        ready(listener.local_addr().map_err(io)?);
-        let service = service::Gateway { engine, max_value: config.max_value, buffered };
+        ready(listener.local_addr().map_err(io)?, endpoint.as_ref().map(|e| e.local_addr()));
+        let service = service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics };
         let shutdown = async {
             let _ = stop.await;
             tracing::info!("gateway shutting down");

@@ -9,6 +9,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
+use super::metrics::{GatewayMetrics, Method};
 use super::pool::EnginePool;
 use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
@@ -30,6 +31,7 @@ pub struct Gateway {
     /// Bytes of unfinished Write streams buffered across all connections, in KiB permits:
     /// beyond it a Write is refused with RESOURCE_EXHAUSTED (which TensorStore retries).
     pub buffered: Arc<tokio::sync::Semaphore>,
+    pub metrics: Arc<GatewayMetrics>,
 }
 
 /// The unit of `Gateway::buffered`'s permits.
@@ -100,6 +102,32 @@ impl KvStoreService for Gateway {
     type ListStream = ReplyStream<pb::ListResponse>;
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
+        self.observed(Method::Read, self.serve_read(request)).await
+    }
+
+    async fn write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
+        self.observed(Method::Write, self.serve_write(request)).await
+    }
+
+    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
+        self.observed(Method::Delete, self.serve_delete(request)).await
+    }
+
+    async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
+        self.observed(Method::List, self.serve_list(request)).await
+    }
+}
+
+impl Gateway {
+    /// Runs one call, counted in the metrics: in flight while it runs, then by its code.
+    async fn observed<T>(&self, method: Method, call: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
+        let _in_flight = self.metrics.stream();
+        let result = call.await;
+        self.metrics.rpc(method, result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
+        result
+    }
+
+    async fn serve_read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReplyStream<pb::ReadResponse>>, GrpcStatus> {
         let r = request.into_inner();
         let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;
@@ -116,6 +144,7 @@ impl KvStoreService for Gateway {
                 // each message while its gathered bytes are still empty.
                 let g = Generation::Engine(v.generation);
                 let data = Bytes::from(v.data);
+                self.metrics.sent_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 let chunks = data.len().div_ceil(READ_CHUNK).max(1);
                 (0..chunks)
                     .map(|i| {
@@ -131,7 +160,7 @@ impl KvStoreService for Gateway {
         Ok(Response::new(Box::pin(tokio_stream::iter(messages.into_iter().map(Ok)))))
     }
 
-    async fn write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
+    async fn serve_write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
         let mut stream = request.into_inner();
         // Key and condition come from the first message (the client repeats them).
         let first = stream.message().await?.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
@@ -187,6 +216,7 @@ impl KvStoreService for Gateway {
             .run(move |c| c.put_with(&key, &value, &PutOptions { condition, ttl: None }))
             .await
             .map_err(|e| status_of(&e))?;
+        self.metrics.received_bytes.fetch_add(total as u64, std::sync::atomic::Ordering::Relaxed);
         let g = match result {
             WriteResult::Written { generation } => Generation::Engine(generation),
             WriteResult::ConditionFailed => Generation::Unknown,
@@ -194,7 +224,7 @@ impl KvStoreService for Gateway {
         Ok(Response::new(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
     }
 
-    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
+    async fn serve_delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
         let r = request.into_inner();
         // Decided by presence: a range delete may legitimately start at the empty key, and
         // deleting the empty key is a single-key delete.
@@ -223,7 +253,7 @@ impl KvStoreService for Gateway {
         Ok(Response::new(pb::DeleteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
     }
 
-    async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
+    async fn serve_list(&self, request: Request<pb::ListRequest>) -> Result<Response<ReplyStream<pb::ListResponse>>, GrpcStatus> {
         let r = request.into_inner();
         let range = key_range(r.range.unwrap_or_default());
         let strip = usize::try_from(r.strip_prefix_length).unwrap_or(usize::MAX);

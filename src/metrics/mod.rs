@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
 pub use http::Endpoint;
+pub use process::encode as process_metrics;
 pub use shard::{ShardMetrics, DURATION_BUCKETS, OPS};
 
 /// What the bootstrap counts: connected clients and handshakes by outcome.
@@ -35,7 +36,7 @@ pub struct BootstrapMetrics {
 }
 
 /// Label sets are lists of `(name, value)`.
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// Writes one metric family: a descriptor, then one sample per label set.
 pub(crate) fn family<M: EncodeMetric>(

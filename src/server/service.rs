@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
+use tracing::{info, warn};
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
 use crate::store::alloc::Extent;
 use crate::store::{ByteRange, Condition, GetOutcome, Shard};
@@ -78,7 +79,39 @@ pub struct Service {
     list_scratch: Vec<(Vec<u8>, u64)>,
     /// What this worker counts; only this worker writes it (see `metrics`).
     pub metrics: Arc<ShardMetrics>,
+    pressure: Pressure,
 }
+
+/// Arena pressure as log lines: crossing 90 % full (once, until it drops below 80 %), and
+/// evictions or refused puts, summed over at most one line per [`PRESSURE_LOG_EVERY`].
+#[derive(Default)]
+struct Pressure {
+    nearly_full: bool,
+    last_line: Option<Instant>,
+    /// Evictions and refusals counted up to the last line.
+    evictions: u64,
+    no_space: u64,
+}
+
+const PRESSURE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Pressure {
+    fn observe(&mut self, shard: usize, s: &crate::store::ShardStats) {
+        let full = s.used_bytes as f64 / s.capacity_bytes.max(1) as f64;
+        if full >= 0.9 && !self.nearly_full {
+            warn!("shard {shard}: arena {:.0} % full ({} of {} MiB used, largest free extent {} KiB)", full * 100.0, s.used_bytes >> 20, s.capacity_bytes >> 20, s.largest_free_bytes >> 10);
+        } else if full < 0.8 && self.nearly_full {
+            info!("shard {shard}: arena back below 80 % full");
+        }
+        self.nearly_full = if full >= 0.9 { true } else { self.nearly_full && full >= 0.8 };
+        let (evicted, refused) = (s.counters.evictions - self.evictions, s.counters.no_space - self.no_space);
+        if (evicted > 0 || refused > 0) && self.last_line.map_or(true, |t| t.elapsed() >= PRESSURE_LOG_EVERY) {
+            let since = self.last_line.map_or_else(|| "so far".into(), |t| format!("in the last {:.0} s", t.elapsed().as_secs_f64()));
+            warn!("shard {shard}: memory pressure {since}: {evicted} values evicted, {refused} puts refused for lack of space");
+            self.last_line = Some(Instant::now());
+            (self.evictions, self.no_space) = (s.counters.evictions, s.counters.no_space);
+        }
+    }
 
 impl Service {
     pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Service {
@@ -92,6 +125,7 @@ impl Service {
             clients: None,
             list_scratch: Vec::new(),
             metrics: Arc::default(),
+            pressure: Pressure::default(),
         }
     }
 
@@ -148,9 +182,12 @@ impl Service {
         (id, e)
     }
 
-    /// Publishes the shard's state for metric scrapes (called on the worker's sweeps).
-    pub fn publish_metrics(&self, transfers_in_flight: usize) {
-        self.metrics.publish(&self.shard.stats(), transfers_in_flight);
+    /// Publishes the shard's state for metric scrapes and logs what an operator should
+    /// hear about (called on the worker's sweeps).
+    pub fn publish_metrics(&mut self, transfers_in_flight: usize) {
+        let stats = self.shard.stats();
+        self.metrics.publish(&stats, transfers_in_flight);
+        self.pressure.observe(self.index, &stats);
     }
 
     /// Serves a request whose payload is all here. Owned reply bytes go to `out`.

@@ -50,6 +50,8 @@ pub fn init(transport: &str) {
 pub struct ServerProc {
     pub child: Child,
     pub addr: String,
+    /// `host:port` of its metrics endpoint, when started with `--metrics`.
+    pub metrics: Option<String>,
 }
 
 impl ServerProc {
@@ -80,9 +82,12 @@ impl ServerProc {
         let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn rdram");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let mut addr = None;
+        let (mut addr, mut metrics) = (None, None);
         for line in lines.by_ref() {
             let line = line.expect("read server stdout");
+            if let Some(m) = line.strip_prefix("metrics on http://") {
+                metrics = m.strip_suffix("/metrics").map(str::to_string);
+            }
             if let Some(a) = line.strip_prefix("listening on ") {
                 addr = Some(a.trim().to_string());
                 break;
@@ -91,7 +96,7 @@ impl ServerProc {
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         let addr = addr.expect("server printed no address (did it fail to start?)");
-        ServerProc { child, addr }
+        ServerProc { child, addr, metrics }
     }
 
     pub fn client(&self) -> Client {
