@@ -112,6 +112,7 @@ impl Pressure {
             (self.evictions, self.no_space) = (s.counters.evictions, s.counters.no_space);
         }
     }
+}
 
 impl Service {
     pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Service {
