@@ -184,3 +184,79 @@ fn refused_handshakes_are_counted_by_reason() {
     let text = http_get(&url);
     assert!(text.contains("rdram_handshakes_total{outcome=\"refused\",reason=\"auth\"} 2"), "{text}");
 }
+
+/// `rdram top` in a real terminal (a tmux pane), over a two-server cluster: the table
+/// shows every shard with its keys and capacity as the servers report them, and rates
+/// that follow the traffic.
+#[test]
+fn top_draws_the_cluster_in_a_terminal() {
+    common::init(TCP);
+    if Command::new("tmux").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: no tmux (Debian package tmux; make deps installs it)");
+        return;
+    }
+    let (a, b) = (ServerProc::start(&[]), ServerProc::start(&[]));
+    let cluster = format!("{},{}", a.addr, b.addr);
+    let mut c = common::connect(&cluster);
+    for i in 0..30 {
+        c.put(format!("top/{i}").as_bytes(), &[1u8; 65536]).unwrap();
+    }
+    let stats = c.stats().unwrap();
+    let socket = format!("rdram-test-{}", std::process::id());
+    let tmux = |args: &[&str]| Command::new("tmux").args(["-L", &socket]).args(args).output().expect("tmux");
+    let top = format!("{} top --server {cluster} --interval-ms 300", common::RDRAM);
+    assert!(tmux(&["new-session", "-d", "-x", "200", "-y", "30", "-s", "top", &top]).status.success());
+    struct KillServer<'a>(&'a dyn Fn(&[&str]) -> std::process::Output);
+    impl Drop for KillServer<'_> {
+        fn drop(&mut self) {
+            (self.0)(&["kill-server"]);
+        }
+    }
+    let _cleanup = KillServer(&tmux);
+    // Rows: server shard ops/s MB/s used / capacity (pct) keys clients errors/s.
+    let rows = |screen: &str| -> Vec<Vec<String>> {
+        screen.lines().filter(|l| l.starts_with("127.0.0.1:")).map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
+    };
+    let screen_with = |pred: &dyn Fn(&[Vec<String>]) -> bool| -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned();
+            if pred(&rows(&screen)) || Instant::now() > deadline {
+                return screen;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let ops = |r: &[Vec<String>]| r.iter().map(|row| row[2].parse::<f64>().unwrap_or(0.0)).sum::<f64>();
+
+    // Traffic while top watches: gets from another thread for 3 s.
+    let busy = std::thread::spawn({
+        let cluster = cluster.clone();
+        move || {
+            let mut c = common::connect(&cluster);
+            let end = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < end {
+                c.get(b"top/1").unwrap();
+            }
+        }
+    });
+    let screen = screen_with(&|r| r.len() == 4 && ops(r) > 100.0);
+    let table = rows(&screen);
+    assert_eq!(table.len(), 4, "one row per shard of both servers:\n{screen}");
+    assert!(ops(&table) > 100.0, "ops/s follow the traffic:\n{screen}");
+    assert!(screen.contains("total"), "{screen}");
+    for server in stats["servers"].as_array().unwrap() {
+        for shard in server["shards"].as_array().unwrap() {
+            let (node, index) = (server["node"].as_str().unwrap(), shard["shard"].as_u64().unwrap().to_string());
+            let row = table.iter().find(|r| r[0] == node && r[1] == index).unwrap_or_else(|| panic!("no row for {node} shard {index}:\n{screen}"));
+            assert_eq!(row[8], shard["keys"].as_u64().unwrap().to_string(), "keys of {node} shard {index}:\n{screen}");
+            assert_eq!(row[6], "32", "capacity MiB:\n{screen}");
+        }
+    }
+    let total_keys: u64 = table.iter().map(|r| r[8].parse::<u64>().unwrap()).sum();
+    assert_eq!(total_keys, 30, "{screen}");
+    busy.join().unwrap();
+    // Once the traffic stops, only top's own stats requests remain (a few per second).
+    let screen = screen_with(&|r| r.len() == 4 && ops(r) < 50.0);
+    assert!(ops(&rows(&screen)) < 50.0, "rates fall when the traffic stops:\n{screen}");
+}

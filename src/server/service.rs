@@ -386,6 +386,16 @@ impl Service {
         if let Some(n) = self.clients {
             stats["clients"] = n.into();
         }
+        // What `rdram top` shows besides the shard's own counters: every request answered,
+        // the failed ones, value bytes moved, and the server's connected clients (every
+        // worker hears of every client's session).
+        let (received, sent) = self.metrics.bytes();
+        let requests = self.metrics.requests();
+        stats["requests"] = requests.iter().map(|r| r.2).sum::<u64>().into();
+        stats["errors"] = requests.iter().filter(|r| (r.1 as i8) < 0).map(|r| r.2).sum::<u64>().into();
+        stats["received_bytes"] = received.into();
+        stats["sent_bytes"] = sent.into();
+        stats["server_clients"] = self.sessions.len().into();
         serde_json::to_writer(&mut *out, &stats).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         Ok(ReplyHeader::new(h.request_id, Status::Ok))
     }

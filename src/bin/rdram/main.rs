@@ -1,5 +1,7 @@
 //! The `rdram` command: run a server, or talk to one.
 
+mod top;
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +90,17 @@ enum Command {
     },
     /// Serve TensorStore's gRPC kvstore protocol (driver "tsgrpc_kvstore") from remote DRAM.
     Gateway(GatewayArgs),
+    /// A live per-shard table of one server or a cluster (ops/s, MB/s, used/capacity,
+    /// keys, clients, errors/s), redrawn every interval.
+    Top {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many tables (default: until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
 }
 
 #[derive(Args)]
@@ -298,6 +311,10 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
         Command::Stats { conn } => {
             let stats = conn.connect()?.stats()?;
             println!("{}", serde_json::to_string_pretty(&stats).unwrap());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Top { conn, interval_ms, iterations } => {
+            top::run(conn.connect()?, Duration::from_millis(interval_ms.max(100)), iterations)?;
             Ok(ExitCode::SUCCESS)
         }
     }
