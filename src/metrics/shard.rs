@@ -2,7 +2,7 @@
 //! an increment is a plain load and store (no locked instruction) on cache lines no other
 //! worker writes; a scrape reads them with relaxed loads, from another thread.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use crate::error::Status;
@@ -35,6 +35,9 @@ pub struct ShardMetrics {
     durations: [Durations; OPS.len()],
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// Whether requests are timed: only while something scrapes the histogram (two clock
+    /// reads per request are otherwise a cost for nothing).
+    timed: AtomicBool,
     /// Published every sweep (at most [`crate::server`]'s sweep interval old).
     pub(crate) gauges: Gauges,
 }
@@ -67,24 +70,37 @@ impl Default for ShardMetrics {
             durations: std::array::from_fn(|_| Durations { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            timed: AtomicBool::new(false),
             gauges: Gauges::default(),
         }
     }
 }
 
 impl ShardMetrics {
+    /// Times requests from now on (the `/metrics` endpoint is up).
+    pub fn time_requests(&self) {
+        self.timed.store(true, Relaxed);
+    }
+
+    /// A request's arrival time, when requests are timed.
+    pub fn clock(&self) -> Option<Instant> {
+        self.timed.load(Relaxed).then(Instant::now)
+    }
+
     /// Counts one answered request: its op (`None`: it did not decode), outcome, the value
-    /// bytes it brought in and sent out, and the time since it arrived.
-    pub fn record(&self, op: Option<Op>, status: Status, bytes_in: u64, bytes_out: u64, arrived: Instant) {
+    /// bytes it brought in and sent out, and (when timed) the time since it arrived.
+    pub fn record(&self, op: Option<Op>, status: Status, bytes_in: u64, bytes_out: u64, arrived: Option<Instant>) {
         let op = op.map_or(UNKNOWN_OP, |o| o as usize - 1);
         bump(&self.requests[op][(status as i32 + STATUS_OFFSET) as usize], 1);
         bump(&self.bytes_in, bytes_in);
         bump(&self.bytes_out, bytes_out);
-        let d = &self.durations[op];
-        let secs = arrived.elapsed();
-        let bucket = DURATION_BUCKETS.iter().position(|&b| secs.as_secs_f64() <= b).unwrap_or(DURATION_BUCKETS.len());
-        bump(&d.buckets[bucket], 1);
-        bump(&d.sum_ns, secs.as_nanos() as u64);
+        if let Some(arrived) = arrived {
+            let d = &self.durations[op];
+            let took = arrived.elapsed().as_secs_f64();
+            let bucket = DURATION_BUCKETS.iter().position(|&b| took <= b).unwrap_or(DURATION_BUCKETS.len());
+            bump(&d.buckets[bucket], 1);
+            bump(&d.sum_ns, (took * 1e9) as u64);
+        }
     }
 
     /// Publishes the shard's state for scrapes.
@@ -144,7 +160,9 @@ mod tests {
     #[test]
     fn counts_land_under_their_op_and_status() {
         let m = ShardMetrics::default();
-        let t = Instant::now();
+        m.time_requests();
+        let t = m.clock();
+        assert!(t.is_some());
         m.record(Some(Op::Put), Status::Ok, 10, 0, t);
         m.record(Some(Op::Put), Status::Ok, 5, 0, t);
         m.record(Some(Op::Get), Status::Missing, 0, 0, t);

@@ -320,6 +320,7 @@ impl Server {
             handshakes: 0.into(),
         };
         if let Some(listen) = &cfg.metrics {
+            shard_metrics.iter().for_each(|m| m.time_requests());
             let collector = metrics::ServerCollector { shards: shard_metrics, bootstrap: bootstrap_metrics, transport: welcome.transport.to_string() };
             match metrics::Endpoint::start(listen, Box::new(collector)) {
                 Ok(endpoint) => {

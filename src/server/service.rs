@@ -51,8 +51,8 @@ pub struct PendingPut {
     /// Set when the server cut the transfer (it stalled): the extent's other bytes are
     /// already free, and these parts of it, still being written into, go when it ends.
     pub cut: Option<Vec<Extent>>,
-    /// When the request arrived (for the service-time metric).
-    pub arrived: Instant,
+    /// When the request arrived, while requests are timed (for the service-time metric).
+    pub arrived: Option<Instant>,
 }
 
 /// What the bootstrap tells every worker about clients: each welcomed client's secret
@@ -179,7 +179,7 @@ impl Service {
 
     /// Counts a request refused before it was served.
     fn refused(&self, op: Option<Op>, (id, e): (Option<u64>, Error)) -> (Option<u64>, Error) {
-        self.metrics.record(op, e.status, 0, 0, Instant::now());
+        self.metrics.record(op, e.status, 0, 0, self.metrics.clock());
         (id, e)
     }
 
@@ -193,7 +193,7 @@ impl Service {
 
     /// Serves a request whose payload is all here. Owned reply bytes go to `out`.
     pub fn serve(&mut self, req: &Request, payload: &[u8], out: &mut Vec<u8>) -> Answer {
-        let arrived = Instant::now();
+        let arrived = self.metrics.clock();
         let answer = self.answer(req, payload, out);
         let (status, received, sent) = match &answer {
             Answer::Owned(h) if h.status() != Status::Ok => (h.status(), 0, 0),
@@ -227,11 +227,11 @@ impl Service {
     /// Starts a put whose `arriving` bytes (the value, after the key when the key travels
     /// in the payload) land straight in the arena: checks and reserves.
     pub fn begin_put(&mut self, req: &Request, arriving: u64) -> Result<PendingPut> {
-        let arrived = Instant::now();
+        let arrived = self.metrics.clock();
         self.reserve_put(req, arriving, arrived).inspect_err(|e| self.metrics.record(Some(req.op), e.status, 0, 0, arrived))
     }
 
-    fn reserve_put(&mut self, req: &Request, arriving: u64, arrived: Instant) -> Result<PendingPut> {
+    fn reserve_put(&mut self, req: &Request, arriving: u64, arrived: Option<Instant>) -> Result<PendingPut> {
         let h = req.header;
         if req.op != Op::Put {
             return Err(Error::new(Status::Invalid, format!("{:?} with a {arriving}-byte payload", req.op)));
