@@ -282,6 +282,7 @@ impl Service {
             return error_reply(id, &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"), out);
         }
         if !arrived {
+            info!("shard {}: a put of {} bytes was aborted in transfer (its client failed or went away); its space is freed", self.index, p.value_len);
             self.shard.release(p.extent);
             return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);
         }
