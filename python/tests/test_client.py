@@ -231,6 +231,31 @@ def test_timeout_when_the_server_stops_answering():
         assert s.stop() == 0
 
 
+def test_a_client_reconnects_to_a_restarted_server():
+    s = ServerProc(memory="64MiB", workers=1)
+    port = s.address.rsplit(":", 1)[1]
+    try:
+        with rd.Client(s.address, timeout=5) as c:
+            c.put("k", b"before")
+            s.proc.kill()
+            s.proc.wait()
+            with pytest.raises(rd.Unavailable):
+                c.get("k")
+            s = ServerProc("--listen", f"127.0.0.1:{port}", memory="64MiB", workers=1)
+            # The next calls connect again (after a short backoff); the new server is empty.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert c.get("k") is None
+                    break
+                except rd.Unavailable:
+                    assert time.monotonic() < deadline, "the client never reconnected"
+                    time.sleep(0.05)
+            assert c.put("k", b"after") and c.get("k") == b"after"
+    finally:
+        assert s.stop() == 0
+
+
 def wait_until_stopped(pid: int) -> None:
     """SIGSTOP takes effect asynchronously; wait until the process state says stopped."""
     deadline = time.monotonic() + 5
