@@ -79,7 +79,7 @@ test-python: build
 # The Python package as a wheel in target/wheels (abi3: CPython 3.9 and later).
 python: deps
 	@[ -x target/venv-build/bin/maturin ] || { python3 -m venv target/venv-build && target/venv-build/bin/pip install -q --disable-pip-version-check "maturin>=1.7,<2"; }
-	cd python && ../target/venv-build/bin/maturin build --release -o ../target/wheels
+	cd python && CARGO_TARGET_DIR=$(CURDIR)/target ../target/venv-build/bin/maturin build --release -o ../target/wheels
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.

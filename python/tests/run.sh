@@ -23,6 +23,8 @@ if [ "${RDRAM_TEST_TORCH:-1}" != 0 ] && ! "$VENV/bin/python" -c "import torch" 2
 fi
 
 echo "== pip install ./python"
+# Build in the main crate's target/ so that its compiled dependencies are reused.
+export CARGO_TARGET_DIR=$root/target
 "$VENV/bin/python" -c "import libucx" 2>/dev/null || "$VENV/bin/pip" install "${PIP[@]}" "$root/python"   # with its dependencies, once
 "$VENV/bin/pip" install "${PIP[@]}" --force-reinstall --no-deps "$root/python"
 
