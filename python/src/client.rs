@@ -48,6 +48,8 @@ struct Connected {
     /// Where `get` receives values of unknown size: reused, so its pages stay mapped and
     /// registered (a fresh allocation per call costs page faults and a registration).
     scratch: Vec<u8>,
+    /// `get_many`'s slots, one of `SCRATCH_LEN` per request in flight (allocated on first use).
+    slots: Vec<u8>,
 }
 
 /// Values up to this size are received into the scratch buffer and copied into `bytes`;
@@ -103,7 +105,7 @@ impl PyClient {
             opts.connect_timeout = seconds(py, t, "connect_timeout")?;
         }
         let client = py.detach(|| Client::connect(&addresses, opts)).map_err(|e| to_py(py, e))?;
-        Ok(PyClient { connected: Mutex::new(Some(Connected { client, scratch: vec![0; SCRATCH_LEN] })), addresses })
+        Ok(PyClient { connected: Mutex::new(Some(Connected { client, scratch: vec![0; SCRATCH_LEN], slots: Vec::new() })), addresses })
     }
 
     /// Closes the connections. Later calls raise ``InvalidArgument``; closing twice is fine.
@@ -268,18 +270,37 @@ impl PyClient {
     /// Reads many values, pipelined: a list with ``bytes`` or ``None`` (missing) per key.
     fn get_many<'py>(&self, py: Python<'py>, keys: Vec<Key>) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
         let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
-        let results = self.call(py, |c| {
-            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            Ok(c.get_many(&refs, BATCH_DEPTH))
-        })?;
-        results
-            .into_iter()
-            .enumerate()
-            .map(|(i, r)| match r {
-                Ok(v) => Ok(v.map(|v| PyBytes::new(py, &v.data))),
-                Err(e) => Err(in_batch(py, e, i)),
-            })
-            .collect()
+        let mut values = Vec::with_capacity(keys.len());
+        // Groups of BATCH_DEPTH keys go into reused slots of SCRATCH_LEN bytes; a value that
+        // does not fit is then read on its own, straight into a `bytes` of its size.
+        for (g, group) in keys.chunks(BATCH_DEPTH).enumerate() {
+            let results = self.call_connected(py, |c| {
+                c.slots.resize(BATCH_DEPTH * SCRATCH_LEN, 0);
+                let refs: Vec<&[u8]> = group.iter().map(Vec::as_slice).collect();
+                let mut slots: Vec<&mut [u8]> = c.slots.chunks_mut(SCRATCH_LEN).take(group.len()).collect();
+                let results = c.client.get_many_into(&refs, &mut slots, BATCH_DEPTH);
+                Ok(results
+                    .into_iter()
+                    .zip(&slots)
+                    .map(|(r, slot)| r.map(|r| match r {
+                        GetInto::Value { len, .. } => (r, slot[..len].to_vec()),
+                        other => (other, Vec::new()),
+                    }))
+                    .collect::<Vec<_>>())
+            })?;
+            for (j, r) in results.into_iter().enumerate() {
+                let i = g * BATCH_DEPTH + j;
+                values.push(match r.map_err(|e| in_batch(py, e, i))? {
+                    (GetInto::Value { .. }, data) => Some(PyBytes::new(py, &data)),
+                    (GetInto::TooSmall { .. }, _) => match self.fetch(py, &keys[i], &GetOptions::default())? {
+                        Fetched::Value { bytes, .. } => Some(bytes),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+            }
+        }
+        Ok(values)
     }
 
     /// Reads many values straight into ``outs`` (one writable buffer per key), pipelined.

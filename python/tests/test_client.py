@@ -151,6 +151,11 @@ def test_batches(client, prefix):
     assert client.put_many([(prefix + "pair", b"p")])[0] > 0
     got = client.get_many(list(items) + [prefix + "missing"])
     assert got[:50] == [v.tobytes() for v in items.values()] and got[50] is None
+    # More keys than one pipelined group, values on both sides of the 64 KiB slots.
+    mixed = {f"{prefix}m{i}": pattern((i % 7) * 40000 + i) for i in range(150)}
+    client.put_many(mixed)
+    got = client.get_many([*mixed, prefix + "missing", *list(mixed)[:3]])
+    assert got == [v.tobytes() for v in mixed.values()] + [None] + [v.tobytes() for v in list(mixed.values())[:3]]
     outs = [np.zeros(len(v) + 1, np.uint8) for v in items.values()]
     lengths = client.get_many_into(list(items), outs)
     assert lengths == [len(v) for v in items.values()]
