@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -394,3 +397,11 @@ def test_embedded_server_is_reached_over_the_transport():
         rd.Client(s.address, connect_timeout=1)
     with pytest.raises(rd.InvalidArgument):
         rd.Server(mode="neither")
+
+
+def test_the_python_example_runs_against_a_server(server):
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "kv_cache_staging.py"
+    r = subprocess.run([sys.executable, str(example), server.address], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every block read back into the preallocated cache, byte-exact" in r.stdout
+    assert "removed 32 blocks" in r.stdout
