@@ -260,3 +260,29 @@ fn top_draws_the_cluster_in_a_terminal() {
     let screen = screen_with(&|r| r.len() == 4 && ops(r) < 50.0);
     assert!(ops(&rows(&screen)) < 50.0, "rates fall when the traffic stops:\n{screen}");
 }
+
+/// Peers that connect to the metrics endpoint and send nothing hold at most 16 slots, and
+/// only until the 5 s header deadline; the server keeps serving requests meanwhile.
+#[test]
+fn the_metrics_endpoint_bounds_idle_connections() {
+    use std::io::Read;
+    common::init(TCP);
+    let server = ServerProc::start(&["--metrics", "127.0.0.1:0"]);
+    let metrics = server.metrics.clone().unwrap();
+    let idle: Vec<std::net::TcpStream> = (0..16).map(|_| std::net::TcpStream::connect(&metrics).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // One more is closed at once.
+    let mut extra = std::net::TcpStream::connect(&metrics).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert_eq!(extra.read(&mut [0u8; 16]).unwrap_or(usize::MAX), 0, "the 17th connection is closed at once");
+    let mut c = server.client();
+    c.put(b"still", b"serving").unwrap();
+    // The idle ones are closed at their header deadline, and scrapes work again.
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let start = Instant::now();
+        assert_eq!(s.read(&mut [0u8; 16]).unwrap_or(usize::MAX), 0, "an idle connection is closed");
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    assert!(http_get(&format!("http://{metrics}/metrics")).contains("rdram_requests_total"));
+}

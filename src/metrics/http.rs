@@ -15,6 +15,13 @@ use tracing::warn;
 
 use crate::error::{Error, Result, Status};
 
+/// Scrapers served at once; more connections are closed at once.
+const MAX_CONNECTIONS: usize = 16;
+/// A request's headers must arrive within this; a connection lives at most
+/// `CONNECTION_LIFETIME` (a scraper reconnects), so no peer holds a slot for ever.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -35,7 +42,7 @@ impl Endpoint {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let thread = std::thread::Builder::new().name("rdram-metrics".into()).spawn(move || {
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -68,12 +75,22 @@ impl Drop for Endpoint {
 }
 
 async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            warn!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing the one from {peer}");
+            continue;
+        };
         let registry = registry.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(req, registry.clone()));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+            drop(slot);
         });
     }
 }
