@@ -7,7 +7,7 @@
 //! return before both the send and the reply have completed (or the endpoint was closed,
 //! which completes everything in flight with an error).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -46,7 +46,8 @@ struct EpTag {
 /// Shared with UCX callbacks through a raw pointer; only touched on the client's thread.
 struct State {
     worker: *const Worker,
-    pending: HashMap<u64, Box<Pending>>,
+    /// By request id (ids are ours, dense and never chosen by a peer: a fast hash is safe).
+    pending: FxHashMap<u64, Box<Pending>>,
     /// Set by an endpoint's error callback: the connection to that server is lost.
     failed: Vec<Option<String>>,
     /// Caller memory registered with UCX: (base, len, handle).
@@ -122,7 +123,7 @@ impl UcxLink {
     pub fn connect(welcomes: &[Welcome], liveness: Liveness, poll: &ConnectOptions) -> Result<UcxLink> {
         let worker = Box::new(Worker::new()?);
         let state =
-            StatePtr::new(State { worker: &*worker, pending: HashMap::new(), failed: vec![None; welcomes.len()], registered: Vec::new() });
+            StatePtr::new(State { worker: &*worker, pending: FxHashMap::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).

@@ -2,7 +2,7 @@
 //! apply it to the shard, and say what to send back. The transport workers
 //! (`ucx_worker.rs`, `fabric_worker.rs`) only move bytes and call in here.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -68,7 +68,9 @@ pub struct Service {
     pub index: usize,
     shards: usize,
     /// Live clients' sessions -> client number; a request must carry one of them.
-    sessions: HashMap<u64, u64>,
+    /// Session secrets are drawn by the server, so a fast hash is safe here (lookups of
+    /// guessed values cannot collide their way into a slow path: nothing they insert).
+    sessions: FxHashMap<u64, u64>,
     membership: crossbeam_channel::Receiver<Membership>,
     /// Clients that left since the transport worker last asked (`take_departed`).
     departed: Vec<u64>,
@@ -119,7 +121,7 @@ impl Service {
         Service {
             index,
             shards,
-            sessions: HashMap::new(),
+            sessions: FxHashMap::default(),
             membership,
             departed: Vec::new(),
             shard,

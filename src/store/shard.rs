@@ -8,7 +8,7 @@
 //! [`Shard::release`]s it). Extents that a reply is still being sent from are pinned; freeing
 //! a pinned extent is deferred until its last send completes.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -94,7 +94,8 @@ pub struct Shard {
     mode: Mode,
     last_generation: u64,
     clock: Instant,
-    pins: HashMap<u64, Pin>,
+    /// By extent offset (the allocator's choice, never a client's: a fast hash is safe).
+    pins: FxHashMap<u64, Pin>,
     counters: Counters,
     /// Most heap bytes the key index may hold (see [`ShardStats::index_bytes`]).
     index_budget: usize,
@@ -114,7 +115,7 @@ impl Shard {
             mode,
             last_generation: start,
             clock: Instant::now(),
-            pins: HashMap::new(),
+            pins: FxHashMap::default(),
             counters: Counters::default(),
             index_budget: (memory as usize / 4).max(1 << 20),
         })
