@@ -45,14 +45,21 @@ pub struct PyClient {
 
 struct Connected {
     client: Client,
-    /// Where `get` receives values of unknown size: reused, so its pages stay mapped and
-    /// registered (a fresh allocation per call costs page faults and a registration).
-    scratch: Vec<u8>,
-    /// `get_many`'s slots, one of `SCRATCH_LEN` per request in flight (allocated on first use).
+    /// Where `get` and `get_many` receive values of unknown size, one slot of
+    /// `SCRATCH_LEN` per request in flight: reused, so its pages stay mapped and registered
+    /// (a fresh allocation per call costs page faults and a registration). Grown on use.
     slots: Vec<u8>,
 }
 
-/// Values up to this size are received into the scratch buffer and copied into `bytes`;
+/// The first `n` slots of `slots`, grown to hold them.
+fn first_slots(slots: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if slots.len() < n * SCRATCH_LEN {
+        slots.resize(n * SCRATCH_LEN, 0);
+    }
+    &mut slots[..n * SCRATCH_LEN]
+}
+
+/// Values up to this size are received into a slot and copied into `bytes`;
 /// larger ones go straight into a `bytes` object of the size the first reply reported.
 const SCRATCH_LEN: usize = 64 << 10;
 
@@ -105,7 +112,7 @@ impl PyClient {
             opts.connect_timeout = seconds(py, t, "connect_timeout")?;
         }
         let client = py.detach(|| Client::connect(&addresses, opts)).map_err(|e| to_py(py, e))?;
-        Ok(PyClient { connected: Mutex::new(Some(Connected { client, scratch: vec![0; SCRATCH_LEN], slots: Vec::new() })), addresses })
+        Ok(PyClient { connected: Mutex::new(Some(Connected { client, slots: Vec::new() })), addresses })
     }
 
     /// Closes the connections. Later calls raise ``InvalidArgument``; closing twice is fine.
@@ -275,9 +282,8 @@ impl PyClient {
         // does not fit is then read on its own, straight into a `bytes` of its size.
         for (g, group) in keys.chunks(BATCH_DEPTH).enumerate() {
             let results = self.call_connected(py, |c| {
-                c.slots.resize(BATCH_DEPTH * SCRATCH_LEN, 0);
                 let refs: Vec<&[u8]> = group.iter().map(Vec::as_slice).collect();
-                let mut slots: Vec<&mut [u8]> = c.slots.chunks_mut(SCRATCH_LEN).take(group.len()).collect();
+                let mut slots: Vec<&mut [u8]> = first_slots(&mut c.slots, group.len()).chunks_mut(SCRATCH_LEN).collect();
                 let results = c.client.get_many_into(&refs, &mut slots, BATCH_DEPTH);
                 Ok(results
                     .into_iter()
@@ -357,12 +363,13 @@ impl PyClient {
     }
 
     /// A value of unknown size as `bytes`, without a `Vec` per call: small values land in
-    /// the scratch buffer (one round trip); for a larger one the reply says its size, and
+    /// the first slot (one round trip); for a larger one the reply says its size, and
     /// a second request reads it straight into a `bytes` object of that size.
     fn fetch<'py>(&self, py: Python<'py>, key: &[u8], opts: &GetOptions) -> PyResult<Fetched<'py>> {
         let first = self.call_connected(py, |c| {
-            Ok(match c.client.get_into(key, opts, &mut c.scratch)? {
-                GetInto::Value { len, generation, size } => (GetInto::Value { len, generation, size }, c.scratch[..len].to_vec()),
+            let slot = first_slots(&mut c.slots, 1);
+            Ok(match c.client.get_into(key, opts, slot)? {
+                GetInto::Value { len, generation, size } => (GetInto::Value { len, generation, size }, slot[..len].to_vec()),
                 other => (other, Vec::new()),
             })
         })?;

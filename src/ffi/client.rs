@@ -701,7 +701,6 @@ unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error
     }
 }
 
-/// Gives every item the same error (the call itself could not run).
 /// A batch's results in item order: the items refused before sending (`Some`) and, in
 /// the gaps, the answers to those sent, in the order they were sent.
 fn merge_results<R>(refused: Vec<Option<crate::Result<R>>>, sent: Vec<crate::Result<R>>) -> Vec<crate::Result<R>> {
@@ -709,6 +708,7 @@ fn merge_results<R>(refused: Vec<Option<crate::Result<R>>>, sent: Vec<crate::Res
     refused.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one answer per item sent"))).collect()
 }
 
+/// Gives every item the same error (the call itself could not run).
 fn fail_all<T>(items: &mut [T], e: &Error, status: impl Fn(&mut T, rdram_status)) -> rdram_status {
     super::set_last_error(&e.to_string());
     for it in items.iter_mut() {

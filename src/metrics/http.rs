@@ -11,7 +11,7 @@ use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use prometheus_client::collector::Collector;
 use prometheus_client::registry::Registry;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::error::{Error, Result, Status};
 
@@ -79,7 +79,8 @@ async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>)
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            warn!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing the one from {peer}");
+            // At debug: a connection flood must not become a log flood.
+            debug!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing the one from {peer}");
             continue;
         };
         let registry = registry.clone();

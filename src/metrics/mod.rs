@@ -70,12 +70,6 @@ pub struct ServerCollector {
     pub transport: String,
 }
 
-impl std::fmt::Debug for ShardMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ShardMetrics")
-    }
-}
-
 impl Collector for ServerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let shard = |i: usize| -> Labels { vec![("shard", i.to_string())] };

@@ -76,6 +76,12 @@ impl Default for ShardMetrics {
     }
 }
 
+impl std::fmt::Debug for ShardMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardMetrics")
+    }
+}
+
 impl ShardMetrics {
     /// Times requests from now on (the `/metrics` endpoint is up).
     pub fn time_requests(&self) {

@@ -89,7 +89,8 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                 if shared.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
                     shared.handshakes.fetch_sub(1, Ordering::SeqCst);
                     shared.metrics.refused_capacity.fetch_add(1, Ordering::Relaxed);
-                    warn!("refused {:?}: too many handshakes in progress", stream.peer_addr().ok());
+                    // Counted, logged at debug: a connection flood must not become a log flood.
+                    debug!("refused {}: too many handshakes in progress", peer(&stream));
                     let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
                     let _ = write_line(&mut stream, &Welcome::refusal(Status::Unavailable, "server at capacity: too many handshakes in progress".into()));
                     continue;
