@@ -494,6 +494,11 @@ impl FabricLink {
         }
         // Its receives (maybe into the caller's buffer) are cancelled, its registration closed.
         self.forget_request(id);
+        // As over UCX: the next call connects again.
+        if self.servers[server].dead.is_none() {
+            let why = format!("{} did not answer in time; the next call reconnects", self.servers[server].node);
+            self.fail_server(server, Status::Timeout, why);
+        }
         err
     }
 }

@@ -131,7 +131,7 @@ pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
 ///
-/// When a server is lost (it died, restarted, or left a call unconfirmed), the calls in
+/// When a server is lost (it died, restarted, or left a call unanswered in time), the calls in
 /// flight to it fail with `Unavailable`, and the next call connects again (a new
 /// bootstrap with every server, the caller's registrations redone), trying at most once
 /// per backoff step: [`RECONNECT_BACKOFF_MIN`] doubling up to [`RECONNECT_BACKOFF_MAX`].

@@ -214,6 +214,13 @@ impl UcxLink {
             self.fail_server(server, Status::Timeout, why);
         }
         self.forget_request(id);
+        // The next call connects again: the server may be alive but no longer hear this
+        // connection (a shard that replaced a stuck worker has a new address); one that
+        // was only slow costs a bootstrap.
+        if self.servers[server].dead.is_none() {
+            let why = format!("{} did not answer in time; the next call reconnects", self.servers[server].node);
+            self.fail_server(server, Status::Timeout, why);
+        }
         err
     }
 

@@ -15,6 +15,9 @@
 //! Reply (AM id [`AM_REPLY`], shard worker → client):
 //!   header  = ReplyHeader (40 B)
 //!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text.
+//! Probe (AM id [`AM_PROBE`], within one server process: a shard's watchdog → the shard):
+//!   header  = a random u64 (little-endian), no payload, no reply. The shard notes it; a probe
+//!   that never arrives means the shard's receive queue is stuck (see `server::queue_probe`).
 //!
 //! Every field is validated by [`RequestHeader::decode`] before anything else looks at it.
 
@@ -28,6 +31,7 @@ pub const MAGIC: u16 = 0x5244; // "RD"
 
 pub const AM_REQUEST: u16 = 11;
 pub const AM_REPLY: u16 = 12;
+pub const AM_PROBE: u16 = 13;
 
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 pub const MAX_VALUE_LEN: u64 = 1 << 30;

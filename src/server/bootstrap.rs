@@ -40,7 +40,7 @@ pub struct Shared {
     pub transport: &'static str,
     pub provider: String,
     /// Each shard worker's address(es), encoded for the Welcome.
-    pub shards: Vec<String>,
+    pub shards: Vec<super::ShardAddress>,
     pub token: Option<String>,
     pub stop: Arc<AtomicBool>,
     /// Every worker hears of each client's session and departure.
@@ -213,7 +213,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
             provider: shared.provider.clone(),
             node: shared.node.clone(),
             session,
-            shards: shared.shards.clone(),
+            shards: shared.shards.iter().map(super::ShardAddress::get).collect(),
         },
     );
     if let Err(e) = welcomed {

@@ -194,7 +194,7 @@ impl FabricShardWorker {
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
         let address = wire::encode_addresses(&self.rails.addresses()?);
-        Ok(WorkerInfo { address, transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
+        Ok(WorkerInfo { address: super::ShardAddress::new(address), transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
     }
 
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].

@@ -4,6 +4,7 @@
 mod bootstrap;
 pub use bootstrap::constant_time_eq;
 mod fabric_worker;
+mod queue_probe;
 pub(crate) mod service;
 mod ucx_worker;
 
@@ -145,10 +146,29 @@ impl ServerInfo {
     }
 }
 
+/// A shard worker's transport address(es) as the bootstrap hands them out. A UCX shard
+/// changes it when it replaces a stuck worker (see `queue_probe`).
+#[derive(Clone)]
+pub(super) struct ShardAddress(Arc<std::sync::RwLock<String>>);
+
+impl ShardAddress {
+    pub fn new(address: String) -> Self {
+        ShardAddress(Arc::new(std::sync::RwLock::new(address)))
+    }
+
+    pub fn get(&self) -> String {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set(&self, address: String) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = address;
+    }
+}
+
 /// What a shard worker says about itself, whatever its transport.
 pub(super) struct WorkerInfo {
     /// Its transport address(es) as the bootstrap hands them out.
-    pub address: String,
+    pub address: ShardAddress,
     /// "ucx", or "fabric (provider …, fabric …, domain …)".
     pub transport: String,
     pub backing: Backing,

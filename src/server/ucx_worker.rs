@@ -10,6 +10,11 @@
 //! - A rendezvous put receives into a reserved extent that is not yet in the index; on
 //!   completion it is committed (condition re-checked) or released, also when the client
 //!   vanished mid-transfer (the callback then carries an error status).
+//!
+//! A stuck receive queue (a shared-memory client killed while writing into it; see
+//! [`queue_probe`](super::queue_probe)) is survived by replacing the UCX worker: the old one
+//! is retired (still progressed, so what was in flight on it ends, but no longer handed out
+//! to clients), a new one takes its place under a new address, and clients reconnect.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -21,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::queue_probe::{self, QueueProbe};
 use super::service::{self, Answer, Membership, PendingPut, Service};
-use super::WorkerInfo;
+use super::{ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
@@ -36,6 +42,8 @@ const SWEEP_BATCH: usize = 256;
 const SWEEP_EVERY: u32 = 1024;
 /// How long a stopping worker lets transfers in flight finish.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+/// A retired UCX worker is destroyed at the first sweep after this with nothing in flight.
+const RETIRED_GRACE: Duration = Duration::from_secs(10);
 
 struct ReplyMsg {
     worker: *mut ShardWorker,
@@ -61,11 +69,31 @@ struct PutInFlight {
     abort: Option<u64>,
 }
 
+/// A UCX worker replaced because its receive queue got stuck, with its mapping of the arena.
+struct Retired {
+    worker: Worker,
+    memh: sys::ucp_mem_h,
+    since: Instant,
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        // SAFETY: mapped on this worker when it was created; unmapped once, before it is destroyed.
+        unsafe { self.worker.mem_unmap(self.memh) };
+    }
+}
+
 pub struct ShardWorker {
-    /// Before `service`: the UCX worker is destroyed before the arena it moves bytes of.
+    /// Before `service`: the UCX workers are destroyed before the arena they move bytes of.
+    retired: Vec<Retired>,
     worker: Worker,
     service: Service,
     memh: sys::ucp_mem_h,
+    /// The current worker's address as the bootstrap hands it out.
+    address: ShardAddress,
+    probe: QueueProbe,
+    /// The last probe nonce received (see [`queue_probe`]).
+    probe_seen: u64,
     /// Replies whose send UCX has not completed yet.
     replies_in_flight: usize,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
@@ -101,10 +129,15 @@ impl ShardWorker {
         let worker = Worker::new()?;
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
+        let address = worker.address()?;
         let mut w = Box::new(ShardWorker {
             service: Service::new(index, shards, membership, shard),
+            retired: Vec::new(),
             worker,
             memh,
+            address: ShardAddress::new(crate::proto::bootstrap::hex_encode(&address)),
+            probe: QueueProbe::new()?,
+            probe_seen: 0,
             replies_in_flight: 0,
             reply_pool: Vec::new(),
             puts: HashMap::new(),
@@ -113,17 +146,25 @@ impl ShardWorker {
             stall_timeout,
             closing: Vec::new(),
         });
-        let arg = &mut *w as *mut ShardWorker as *mut c_void;
-        // SAFETY: the box is never moved out of and outlives the UCX worker it owns (the
-        // worker is destroyed in Drop before the box's memory is freed).
-        unsafe { w.worker.set_am_handler(proto::AM_REQUEST, Some(on_request), arg)? };
+        w.install_handlers(&w.worker)?;
+        w.probe.connect(&address)?;
         Ok(w)
+    }
+
+    /// Serves requests and probes arriving at `worker` (the current one, or its successor).
+    fn install_handlers(&self, worker: &Worker) -> Result<()> {
+        let arg = self as *const ShardWorker as *mut c_void;
+        // SAFETY: the ShardWorker is boxed, never moved out of, and outlives its UCX workers
+        // (destroyed in its drop before the box's memory is freed).
+        unsafe {
+            worker.set_am_handler(proto::AM_REQUEST, Some(on_request), arg)?;
+            worker.set_am_handler(proto::AM_PROBE, Some(on_probe), arg)
+        }
     }
 
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
-        let address = crate::proto::bootstrap::hex_encode(&self.worker.address()?);
-        Ok(WorkerInfo { address, transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
+        Ok(WorkerInfo { address: self.address.clone(), transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
     }
 
     pub fn waker(&self) -> ucx::Waker {
@@ -134,28 +175,29 @@ impl ShardWorker {
     pub fn run(self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
         let this = Box::into_raw(self);
         // Progress runs callbacks that take `&mut ShardWorker` through `this`: no reference
-        // into the ShardWorker may be live meanwhile, so progress goes through the handle.
-        // SAFETY: `this` is the live box leaked above.
-        let progress = unsafe { (*this).worker.progress_handle() };
+        // into the ShardWorker may be live meanwhile, so progress goes through raw handles.
         let mut poller = Poller::new(mode, spin);
         let mut last_sweep = Instant::now();
         let mut turns = 0u32;
         while !stop.load(Ordering::Relaxed) {
             // SAFETY: the worker lives in the box until after this loop; this is its thread.
-            let did_work = unsafe { progress.progress() } != 0;
+            let did_work = unsafe { Self::progress_all(this) };
             turns = turns.wrapping_add(1);
             // Swept when idle, and under constant load too (reading the clock only every
             // SWEEP_EVERY turns): departed clients and stalled transfers are released either way.
             if (!did_work || turns % SWEEP_EVERY == 0) && last_sweep.elapsed() >= SWEEP_INTERVAL {
-                // SAFETY: as above; no callback runs during these calls (they do not progress).
+                // SAFETY: as above; no callback runs during these calls (they do not progress
+                // the served workers; the probe's worker has no callback into this one).
                 unsafe {
                     (*this).service.shard.expire_due(SWEEP_BATCH);
                     (*this).forget_departed();
                     (*this).cut_stalled_puts();
+                    (*this).watch_queue(!did_work);
                     (*this).service.publish_metrics((*this).puts.len());
                 }
                 last_sweep = Instant::now();
             }
+            // SAFETY: as above; the reference ends before the next progress.
             let worker = unsafe { &(*this).worker };
             if let Err(e) = poller.after_progress(worker, did_work, SWEEP_INTERVAL) {
                 warn!("worker: {e}");
@@ -165,9 +207,9 @@ impl ShardWorker {
         // destroyed with nothing of ours in flight, then the arena is freed (field order).
         let deadline = Instant::now() + SHUTDOWN_DRAIN;
         // SAFETY: as in the loop above.
-        while unsafe { !(*this).puts.is_empty() || (*this).replies_in_flight > 0 || (*this).reap_closed() } && Instant::now() < deadline {
+        while unsafe { (*this).in_flight() } && Instant::now() < deadline {
             // SAFETY: as in the loop above.
-            unsafe { progress.progress() };
+            unsafe { Self::progress_all(this) };
         }
         // SAFETY: reclaim the box leaked above; no callback can run after this point
         // because nothing progresses the worker any more.
@@ -176,6 +218,75 @@ impl ShardWorker {
             warn!("shard {}: stopping with {} puts and {} replies still in flight", w.service.index, w.puts.len(), w.replies_in_flight);
         }
         drop(w);
+    }
+
+    /// One progress pass over the current UCX worker and any retired ones; true if
+    /// anything happened.
+    ///
+    /// # Safety
+    /// `this` is the live, leaked ShardWorker and this is its thread; no reference into
+    /// it is live (the callbacks make their own).
+    unsafe fn progress_all(this: *mut ShardWorker) -> bool {
+        // SAFETY: as the caller promises; each handle is copied out before progressing.
+        unsafe {
+            let mut did_work = (*this).worker.progress_handle().progress() != 0;
+            let mut i = 0;
+            while i < (*this).retired.len() {
+                let handle = (&(*this).retired)[i].worker.progress_handle();
+                did_work |= handle.progress() != 0;
+                i += 1;
+            }
+            did_work
+        }
+    }
+
+    /// Whether anything of ours is still in flight on any UCX worker of this shard.
+    fn in_flight(&mut self) -> bool {
+        !self.puts.is_empty() || self.replies_in_flight > 0 || self.reap_closed()
+    }
+
+    /// Probes the receive queue and replaces a stuck worker; destroys retired workers
+    /// once their grace has passed and nothing is in flight.
+    fn watch_queue(&mut self, idle: bool) {
+        let now = Instant::now();
+        if self.probe.tick(self.probe_seen, idle, now) {
+            if let Err(e) = self.replace_stuck_worker() {
+                warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
+            }
+        }
+        if !self.retired.is_empty() && !self.in_flight() {
+            self.retired.retain(|r| now.duration_since(r.since) < RETIRED_GRACE);
+        }
+    }
+
+    /// Replaces the UCX worker whose receive queue is stuck with a new one under a new
+    /// address. The rendezvous puts in flight are cut (their extents come back as the old
+    /// worker fails them); replies in flight end on the old worker, which stays progressed
+    /// until it is retired for good. Clients time out, reconnect, and get the new address.
+    fn replace_stuck_worker(&mut self) -> Result<()> {
+        tracing::error!(
+            "shard {}: its receive queue is stuck (a shared-memory client died while writing into it); \
+             replacing its UCX worker: clients reconnect, stored data is kept",
+            self.service.index
+        );
+        let mut fresh = Worker::new()?;
+        let arena = self.service.shard.arena();
+        let memh = fresh.mem_map(arena.base(), arena.len())?;
+        let address = match fresh.address().and_then(|a| self.install_handlers(&fresh).map(|()| a)) {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: mapped just above on this worker, unmapped once.
+                unsafe { fresh.mem_unmap(memh) };
+                return Err(e);
+            }
+        };
+        self.cut_puts(|_| true);
+        self.worker.hand_waker_to(&mut fresh);
+        let old = std::mem::replace(&mut self.worker, fresh);
+        let old_memh = std::mem::replace(&mut self.memh, memh);
+        self.retired.push(Retired { worker: old, memh: old_memh, since: Instant::now() });
+        self.address.set(crate::proto::bootstrap::hex_encode(&address));
+        self.probe.connect(&address)
     }
 
     fn take_reply(&mut self) -> Box<ReplyMsg> {
@@ -339,10 +450,19 @@ impl ShardWorker {
     fn cut_stalled_puts(&mut self) {
         self.reap_closed();
         let now = Instant::now();
+        if self.cut_puts(|p| p.deadline <= now) > 0 {
+            warn!("shard {}: a put made no progress before its deadline; its client's endpoint is closed", self.service.index);
+        }
+    }
+
+    /// Closes the endpoints of the puts in flight that `which` selects; returns how many
+    /// endpoints were closed.
+    fn cut_puts(&mut self, which: impl Fn(&PutInFlight) -> bool) -> usize {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
-        let stalled: Vec<sys::ucp_ep_h> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| p.deadline <= now && !p.reply_ep.is_null()).map(|p| p.reply_ep).collect();
-        for ep in stalled {
-            // Several stalled puts may share the endpoint: close it once.
+        let doomed: Vec<sys::ucp_ep_h> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| p.reply_ep).collect();
+        let mut closed = 0;
+        for ep in doomed {
+            // Several puts may share the endpoint: close it once.
             // SAFETY: as above.
             let on_ep: Vec<*mut PutInFlight> = self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
             if on_ep.is_empty() {
@@ -352,12 +472,14 @@ impl ShardWorker {
                 // SAFETY: as above; the endpoint is never used again once closed.
                 unsafe { (*p).reply_ep = ptr::null_mut() };
             }
-            warn!("shard {}: a put made no progress before its deadline; its client's endpoint is closed", self.service.index);
-            // SAFETY: ep is a live endpoint of this worker (no put referred to a closed one).
+            // SAFETY: ep is a live endpoint (no put referred to a closed one). Closing goes
+            // through the endpoint's own worker whichever `Worker` value starts it.
             if let Some(request) = unsafe { self.worker.close_ep_nb(ep) } {
                 self.closing.push(request);
             }
+            closed += 1;
         }
+        closed
     }
 
     /// Frees the close requests UCX has finished; true while some are still going.
@@ -433,6 +555,22 @@ unsafe extern "C" fn on_request(
             sys::UCS_OK
         })
     }
+}
+
+unsafe extern "C" fn on_probe(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    _data: *mut c_void,
+    _length: usize,
+    _param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: as in on_request; only one field is written.
+    unsafe {
+        let w = arg as *mut ShardWorker;
+        (*w).probe_seen = queue_probe::probe_nonce(ucx::am_header(header, header_length));
+    }
+    sys::UCS_OK
 }
 
 unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {

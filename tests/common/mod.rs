@@ -150,6 +150,7 @@ extern "C" {
 
 pub const SIGSTOP: i32 = 19;
 pub const SIGCONT: i32 = 18;
+pub const SIGKILL: i32 = 9;
 
 /// Sends `sig` to process `pid`.
 pub fn signal(pid: u32, sig: i32) {

@@ -197,6 +197,14 @@ impl Worker {
         self.waker.clone()
     }
 
+    /// Hands this worker's waker over to `successor`: the clones already given out wake
+    /// `successor` from now on, and this worker gets a waker of its own.
+    pub fn hand_waker_to(&mut self, successor: &mut Worker) {
+        std::mem::swap(&mut self.waker, &mut successor.waker);
+        self.waker.point_at(self.worker);
+        successor.waker.point_at(successor.worker);
+    }
+
     /// Installs `cb` for active messages with `id`; `arg` is passed to every call.
     ///
     /// # Safety
@@ -401,6 +409,10 @@ struct WorkerPtr(ucp_worker_h);
 unsafe impl Send for WorkerPtr {}
 
 impl Waker {
+    fn point_at(&self, worker: ucp_worker_h) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(WorkerPtr(worker));
+    }
+
     pub fn wake(&self) {
         if let Some(w) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
             // SAFETY: the worker is alive: Worker::drop clears the slot before destroying it.

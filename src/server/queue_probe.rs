@@ -1,0 +1,136 @@
+//! A watchdog for a UCX shard worker's receive queue.
+//!
+//! Over UCX's shared-memory transports every local client writes its messages straight into
+//! one FIFO in the shard worker's shared memory: a sender claims a slot (an atomic bump of
+//! the head), copies its message in, then marks the slot written. A client killed between
+//! the two leaves a slot that is never marked, and UCX's reader waits on it for ever: the
+//! shard answers no one again, and spins (it cannot arm its event fd past the unread slot).
+//! Nothing in UCX's API can skip that slot, so the shard watches for it from outside.
+//!
+//! The probe is a second UCX worker, on the shard's own thread, connected to the shard's
+//! worker like any client (so over shared memory when clients are). Every
+//! [`PROBE_INTERVAL`] it sends an [`AM_PROBE`](crate::proto::AM_PROBE) carrying a random
+//! nonce; the shard notes the last nonce it received. A nonce still unseen after
+//! [`PROBE_DEADLINE`], while the shard's worker finds nothing to do, means the queue is
+//! stuck: the shard then replaces its UCX worker (see `ShardWorker::replace_stuck_worker`).
+
+use std::ffi::c_void;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use crate::error::Result;
+use crate::proto::AM_PROBE;
+use crate::transport::ucx::{self, sys, Started, Worker};
+
+/// How often a probe is sent (and the probe worker progressed, at the shard's sweeps).
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// A probe unseen this long after it was sent means a stuck queue. Generous: a healthy
+/// shard reads a probe within microseconds, even behind a full queue.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
+pub struct QueueProbe {
+    /// Before nothing else: the endpoint is closed in Drop before the worker goes.
+    worker: Worker,
+    /// Null until connected, and after a failed send (reconnected on the next tick).
+    ep: sys::ucp_ep_h,
+    /// The probe in flight: its nonce and when it was sent.
+    outstanding: Option<(u64, Instant)>,
+    last_sent: Option<Instant>,
+}
+
+impl QueueProbe {
+    pub fn new() -> Result<QueueProbe> {
+        Ok(QueueProbe { worker: Worker::new()?, ep: ptr::null_mut(), outstanding: None, last_sent: None })
+    }
+
+    /// Points the probe at a (new) shard worker; the previous endpoint is closed.
+    pub fn connect(&mut self, address: &[u8]) -> Result<()> {
+        self.disconnect();
+        // SAFETY: no error callback; the endpoint is closed in disconnect() before the worker goes.
+        let (ep, _) = unsafe { self.worker.connect(address, None, ptr::null_mut())? };
+        self.ep = ep;
+        self.outstanding = None;
+        self.last_sent = None;
+        Ok(())
+    }
+
+    fn disconnect(&mut self) {
+        if !self.ep.is_null() {
+            // SAFETY: ep is this worker's live endpoint, closed once (then nulled).
+            if let Some(request) = unsafe { self.worker.close_ep_nb(self.ep) } {
+                // The forced close completes locally; progress until it has.
+                // SAFETY: request came from close_ep_nb and is freed once, by request_done_free.
+                while !unsafe { ucx::request_done_free(request) } {
+                    self.worker.progress();
+                }
+            }
+            self.ep = ptr::null_mut();
+        }
+    }
+
+    /// Called at the shard's sweeps with the last nonce the shard received and whether
+    /// its worker was idle on its last turn. True when the queue is stuck.
+    pub fn tick(&mut self, seen: u64, shard_idle: bool, now: Instant) -> bool {
+        self.worker.progress();
+        match self.outstanding {
+            Some((nonce, _)) if nonce == seen => self.outstanding = None,
+            Some((_, sent)) => return shard_idle && now.duration_since(sent) >= PROBE_DEADLINE,
+            None => {}
+        }
+        if self.ep.is_null() || self.last_sent.is_some_and(|t| now.duration_since(t) < PROBE_INTERVAL) {
+            return false;
+        }
+        let nonce = random_nonce();
+        let header = Box::into_raw(Box::new(nonce.to_le_bytes()));
+        // SAFETY: ep is live; the header box lives until the send completes (freed here when
+        // it completed inside the call, else in on_probe_sent).
+        let started = unsafe { self.worker.am_send(self.ep, AM_PROBE, &*header, &[], 0, Some(on_probe_sent), header as *mut c_void, ptr::null_mut()) };
+        match started {
+            Ok(Started::Pending) => {}
+            // SAFETY: the send is over; the box is reclaimed once, here.
+            Ok(Started::Done) => drop(unsafe { Box::from_raw(header) }),
+            Err(e) => {
+                // SAFETY: as above.
+                drop(unsafe { Box::from_raw(header) });
+                debug!("queue probe not sent: {e}");
+                return false;
+            }
+        }
+        self.outstanding = Some((nonce, now));
+        self.last_sent = Some(now);
+        false
+    }
+}
+
+impl Drop for QueueProbe {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}
+
+fn random_nonce() -> u64 {
+    let mut bytes = [0u8; 8];
+    // A nonce only has to be unguessable by clients (which could otherwise answer for a
+    // stuck queue); on the unlikely failure the clock still differs per probe.
+    if getrandom::getrandom(&mut bytes).is_err() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        bytes = now.map_or(1, |d| d.as_nanos() as u64).to_le_bytes();
+    }
+    // Never 0: that is what the shard has "seen" before any probe arrived.
+    u64::from_le_bytes(bytes).max(1)
+}
+
+unsafe extern "C" fn on_probe_sent(request: *mut c_void, _status: sys::ucs_status_t, user_data: *mut c_void) {
+    // SAFETY: user_data is the header box leaked in tick for this send; request is its handle.
+    unsafe {
+        drop(Box::from_raw(user_data as *mut [u8; 8]));
+        ucx::request_free(request);
+    }
+}
+
+/// The nonce of an [`AM_PROBE`] header (0 for anything malformed, which no probe sends).
+pub fn probe_nonce(header: &[u8]) -> u64 {
+    header.try_into().map_or(0, u64::from_le_bytes)
+}
