@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <remote_dram_kvstore.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -179,6 +180,37 @@ TEST(Spec, ServerModeHostsAServerAndIsItsClient) {
   auto read = (*other)->Read("k").get();
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(read->value, "in-process server");
+}
+
+// 12.7 from C++: a client-mode driver outlives its server. The server-mode driver that
+// hosts it is destroyed (reads then fail with kUnavailable) and a new one listens on the
+// same address; the first driver reconnects by itself on later calls.
+TEST(Recovery, ADriverReconnectsToARestartedServer) {
+  json spec = {{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "64MiB"}, {"workers", 1}};
+  auto host = KvStore::Open(spec);
+  ASSERT_TRUE(host.ok()) << host.status().message;
+  std::string addr = (*host)->server_address();
+  auto client = KvStore::Open({{"driver", "remote_dram"}, {"remote_addr", addr}, {"timeout_ms", 2000}});
+  ASSERT_TRUE(client.ok()) << client.status().message;
+  ASSERT_TRUE((*client)->Write("k", std::string("v1")).get().ok());
+  host = Result<std::shared_ptr<KvStore>>(Status{StatusCode::kUnavailable, "stopped"});  // stops the server
+  auto gone = (*client)->Read("k").get();
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code, StatusCode::kUnavailable) << gone.status().message;
+  spec["listen_addr"] = addr;
+  auto restarted = KvStore::Open(spec);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().message;
+  auto until_ok = [](auto call) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto r = call();
+    while (!r.ok() && std::chrono::steady_clock::now() < deadline) r = call();
+    return r;
+  };
+  auto wrote = until_ok([&] { return (*client)->Write("k", std::string("v2")).get(); });
+  ASSERT_TRUE(wrote.ok()) << wrote.status().message;
+  auto read = until_ok([&] { return (*client)->Read("k").get(); });
+  ASSERT_TRUE(read.ok()) << read.status().message;
+  EXPECT_EQ(read->value, "v2");
 }
 
 TEST(Spec, ServerModeOnLibfabric) {

@@ -14,7 +14,7 @@ trap cleanup EXIT
 
 echo "== building against $(pkg-config --modversion remote_dram) from $PREFIX"
 flags=$(pkg-config --cflags --libs remote_dram)
-for t in test_api writer reader threads embedded_server; do
+for t in test_api writer reader threads embedded_server reconnect; do
   cc -std=c11 -Wall -Wextra -Werror -g -I"$here" "$here/$t.c" -o "$work/$t" $flags -lpthread
 done
 c++ -std=c++17 -Wall -Wextra -Werror -g "$here/test_cpp.cpp" -o "$work/test_cpp" $flags
@@ -48,6 +48,7 @@ run "$work/writer" "$server"
 run "$work/reader" "$server"
 run "$work/threads" "$server"
 run "$work/test_cpp" "$server"
+run "$work/reconnect"
 
 echo "-- embedded server in a C process, writer and reader as separate C processes"
 mkfifo "$work/ctl"

@@ -24,7 +24,7 @@ const NEVER_PACKED: i32 = 3;
 #[test]
 fn a_client_dying_inside_a_shared_memory_send_does_not_wedge_its_shard() {
     common::init(common::SHM);
-    let server = ServerProc::start(&["--workers", "1", "--memory", "64MiB"]);
+    let server = ServerProc::start(&["--workers", "1", "--memory", "64MiB", "--metrics", "127.0.0.1:0"]);
     let options = ClientOptions { timeout: Duration::from_secs(2), ..common::options() };
     let mut before = Client::connect(&server.addr, options.clone()).unwrap();
     let value = pattern(7, 100_000);
@@ -50,6 +50,9 @@ fn a_client_dying_inside_a_shared_memory_send_does_not_wedge_its_shard() {
     assert_eq!(served(&mut after).as_deref(), Some(&value[..]), "a new client is not served");
     after.put(b"new", b"v").unwrap();
     assert_eq!(after.get(b"new").unwrap().unwrap().data, b"v");
+    let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
+    let scraped = ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
+    assert!(scraped.lines().any(|l| l == "rdram_worker_replacements_total{shard=\"0\"} 1"), "the replacement is not counted once:\n{scraped}");
     let mut server = server;
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
 }
@@ -114,3 +117,17 @@ unsafe extern "C" fn pack_and_die(_state: *mut c_void, _offset: usize, _dest: *m
 }
 
 unsafe extern "C" fn finish(_state: *mut c_void) {}
+
+/// 12.4b: by default, endpoints over shared memory only ask for (and get) peer-failure
+/// detection, so a server finds dead clients and frees what their endpoints held.
+#[test]
+fn shared_memory_endpoints_detect_dead_peers_by_default() {
+    common::init(common::SHM);
+    assert!(std::env::var_os("UCX_MM_ERROR_HANDLING").is_none(), "this test checks the default");
+    let (a, b) = (Worker::new().unwrap(), Worker::new().unwrap());
+    // SAFETY: no error callback; the endpoint is closed before the workers go.
+    let (ep, detects) = unsafe { a.connect(&b.address().unwrap(), None, std::ptr::null_mut()) }.unwrap();
+    assert!(detects, "a shared-memory endpoint was created without peer-failure detection");
+    // SAFETY: ep is a's live endpoint, closed once.
+    unsafe { a.close_ep(ep) };
+}

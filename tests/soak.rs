@@ -64,7 +64,16 @@ fn soak_child() {
     let Ok(role) = std::env::var("SOAK_ROLE") else { return };
     let addr = std::env::var("SOAK_SERVER").unwrap();
     let id: u64 = std::env::var("SOAK_ID").unwrap().parse().unwrap();
-    let mut c = Client::connect(&addr, common::options()).expect("connect");
+    // A connect may time out while a shard replaces a stuck worker (a killed client left a
+    // hole in its shared-memory queue: `server::queue_probe`); a live client retries.
+    let started = Instant::now();
+    let mut c = loop {
+        match Client::connect(&addr, common::options()) {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => eprintln!("soak child: connect failed ({e}); retrying"),
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
     let mut rng = SmallRng::seed_from_u64(now_ns());
     let sizes = [16usize, 100, 4 << 10, 64 << 10, 1 << 20, 3 << 20];
     loop {
@@ -140,7 +149,7 @@ fn shard_totals(c: &mut Client) -> (u64, u64, u64) {
 
 fn soak_one(transport: &str, seconds: u64) {
     common::init(transport);
-    let server = ServerProc::start(&["--workers", "2", "--memory", "1GiB"]);
+    let server = ServerProc::start(&["--workers", "2", "--memory", "1GiB", "--metrics", "127.0.0.1:0"]);
     let pid = server.child.id();
     let mut observer = server.client();
     // Baseline after one client has come and gone (libraries' one-time allocations).
@@ -177,6 +186,9 @@ fn soak_one(transport: &str, seconds: u64) {
     std::thread::sleep(Duration::from_millis(500));
     let acked = kids.acked.lock().unwrap().clone();
     let acks_total = acked.len();
+    // The observer's first call may time out if its shard replaced a stuck worker while it
+    // was idle; the next call reconnects.
+    let _ = observer.stats();
     for (&key, &version) in &acked {
         let v = observer.get(key_name(key).as_bytes()).unwrap().unwrap_or_else(|| panic!("acknowledged key {key} is missing"));
         let stored = check(key, &v.data).unwrap();
@@ -187,6 +199,10 @@ fn soak_one(transport: &str, seconds: u64) {
     // Departed clients' resources come back within a moment.
     let settled = common::wait_until(Duration::from_secs(10), || shard_totals(&mut observer) == (0, 0, 0));
     let (rss1, fds1) = server_resources(pid);
+    let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
+    let scraped = ureq::get(&url).call().unwrap().into_string().unwrap();
+    let replaced: u64 = scraped.lines().filter_map(|l| l.strip_prefix("rdram_worker_replacements_total")?.split_whitespace().last()?.parse::<u64>().ok()).sum();
+    println!("soak {transport}: {replaced} stuck shared-memory queues found and their workers replaced");
     println!(
         "soak {transport}: {seconds} s, {} children killed, {} acknowledged puts on {acks_total} keys all intact; \
          before cleanup {keys} keys, {used} B used, {pinned} pinned; after deleting: {:?} (keys, used, pinned); \

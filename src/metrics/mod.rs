@@ -117,6 +117,13 @@ impl Collector for ServerCollector {
         family(&mut e, "rdram_transfers_in_flight", "Values being received", MetricType::Gauge, each(&g(|g| &g.transfers_in_flight)))?;
         family(&mut e, "rdram_evictions", "Values evicted to make room (cache mode)", MetricType::Counter, each_counter(&g(|g| &g.evictions)))?;
         family(&mut e, "rdram_expirations", "Values that expired (TTL)", MetricType::Counter, each_counter(&g(|g| &g.expirations)))?;
+        family(
+            &mut e,
+            "rdram_worker_replacements",
+            "UCX workers replaced because a client died while writing into their shared-memory receive queue",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.worker_replacements)),
+        )?;
 
         let b = &self.bootstrap;
         family(&mut e, "rdram_clients_connected", "Clients connected", MetricType::Gauge, [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))])?;

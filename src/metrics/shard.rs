@@ -56,6 +56,8 @@ pub struct Gauges {
     pub transfers_in_flight: AtomicU64,
     pub evictions: AtomicU64,
     pub expirations: AtomicU64,
+    /// UCX workers replaced because their receive queue got stuck (`server::queue_probe`).
+    pub worker_replacements: AtomicU64,
 }
 
 /// Adds `n` to a counter only this thread writes.
@@ -107,6 +109,11 @@ impl ShardMetrics {
             bump(&d.buckets[bucket], 1);
             bump(&d.sum_ns, (took * 1e9) as u64);
         }
+    }
+
+    /// Counts a replacement of the shard's UCX worker.
+    pub fn worker_replaced(&self) {
+        bump(&self.gauges.worker_replacements, 1);
     }
 
     /// Publishes the shard's state for scrapes.

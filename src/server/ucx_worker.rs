@@ -286,6 +286,7 @@ impl ShardWorker {
         let old_memh = std::mem::replace(&mut self.memh, memh);
         self.retired.push(Retired { worker: old, memh: old_memh, since: Instant::now() });
         self.address.set(crate::proto::bootstrap::hex_encode(&address));
+        self.service.metrics.worker_replaced();
         self.probe.connect(&address)
     }
 

@@ -49,15 +49,30 @@ fn shared_memory_only(shm_detects_failure: bool) -> bool {
 }
 
 /// UCX's configuration from the environment, and whether shared-memory transports detect a
-/// dead peer: only when `UCX_MM_ERROR_HANDLING=y` (UCX 1.22). Then a server frees what a
-/// dead client's shared-memory endpoint held (about 45 KB of segment mappings per client,
-/// else kept). Off by default: in a kill soak over shared memory with it on, new
-/// clients timed out on connect; 120 s without it ran clean.
+/// dead peer. They do by default here (UCX 1.22's default is off): `MM_ERROR_HANDLING` is
+/// turned on unless `UCX_MM_ERROR_HANDLING` says otherwise. A server then frees what a dead
+/// client's shared-memory endpoint held (about 45 KB of segment mappings per client, kept
+/// for good without it), and endpoints that ask for peer-failure detection may use shared
+/// memory at all. (A kill soak with it on used to end with clients timing out on connect:
+/// that was a shard whose receive queue a killed client had left stuck, see
+/// `server::queue_probe`, not this setting.)
 fn read_config() -> Result<(*mut ucp_config_t, bool)> {
     let mut config: *mut ucp_config_t = ptr::null_mut();
     // SAFETY: NULL prefix and file mean the defaults; config is an out-parameter.
     check(unsafe { ucp_config_read(ptr::null(), ptr::null(), &mut config) }, "ucp_config_read")?;
-    let detects = std::env::var("UCX_MM_ERROR_HANDLING").is_ok_and(|v| matches!(v.as_str(), "y" | "yes" | "1" | "on"));
+    let detects = match std::env::var("UCX_MM_ERROR_HANDLING") {
+        Ok(v) => matches!(v.as_str(), "y" | "yes" | "1" | "on"),
+        Err(_) => {
+            // SAFETY: config came from ucp_config_read; the strings are NUL-terminated.
+            let status = unsafe { ucp_config_modify(config, c"MM_ERROR_HANDLING".as_ptr(), c"y".as_ptr()) };
+            if status != UCS_OK {
+                // SAFETY: released once, here, on this error path.
+                unsafe { ucp_config_release(config) };
+                check(status, "ucp_config_modify(MM_ERROR_HANDLING)")?;
+            }
+            true
+        }
+    };
     Ok((config, detects))
 }
 
