@@ -1,6 +1,7 @@
 /* 12.7 from C: a handle outlives its server. The embedded server is stopped (calls then
  * fail with RDRAM_UNAVAILABLE, at once) and started again on the same port; the same
  * handle reconnects by itself on a later call, with no new rdram_client_connect. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include "check.h"
 #include <time.h>
 
