@@ -76,7 +76,12 @@ fn soak_child() {
     };
     let mut rng = SmallRng::seed_from_u64(now_ns());
     let sizes = [16usize, 100, 4 << 10, 64 << 10, 1 << 20, 3 << 20];
+    let parent = std::os::unix::process::parent_id();
     loop {
+        // Orphaned (the soak itself failed or was stopped): stop too, not spin on for ever.
+        if std::os::unix::process::parent_id() != parent {
+            return;
+        }
         if role == "writer" {
             let key = id * KEYS_PER_WRITER + rng.gen_range(0..KEYS_PER_WRITER);
             let version = now_ns();

@@ -13,12 +13,15 @@
 //! nonce; the shard notes the last nonce it received. A nonce still unseen after
 //! [`PROBE_DEADLINE`], while the shard's worker finds nothing to do, means the queue is
 //! stuck: the shard then replaces its UCX worker (see `ShardWorker::replace_stuck_worker`).
+//! Only a worker that has answered a probe before can be found stuck: where the probe cannot
+//! reach the shard at all (a transport without loopback), it never replaces anything, and
+//! says so once.
 
 use std::ffi::c_void;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::proto::AM_PROBE;
@@ -38,11 +41,19 @@ pub struct QueueProbe {
     /// The probe in flight: its nonce and when it was sent.
     outstanding: Option<(u64, Instant)>,
     last_sent: Option<Instant>,
+    /// Whether the current shard worker has received a probe yet, and when it was connected.
+    answered: bool,
+    connected_at: Instant,
+    warned_unanswered: bool,
 }
+
+/// How long a probe path may stay unanswered before that is logged.
+const UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 
 impl QueueProbe {
     pub fn new() -> Result<QueueProbe> {
-        Ok(QueueProbe { worker: Worker::new()?, ep: ptr::null_mut(), outstanding: None, last_sent: None })
+        let worker = Worker::new()?;
+        Ok(QueueProbe { worker, ep: ptr::null_mut(), outstanding: None, last_sent: None, answered: false, connected_at: Instant::now(), warned_unanswered: false })
     }
 
     /// Points the probe at a (new) shard worker; the previous endpoint is closed.
@@ -53,6 +64,8 @@ impl QueueProbe {
         self.ep = ep;
         self.outstanding = None;
         self.last_sent = None;
+        self.answered = false;
+        self.connected_at = Instant::now();
         Ok(())
     }
 
@@ -75,8 +88,21 @@ impl QueueProbe {
     pub fn tick(&mut self, seen: u64, shard_idle: bool, now: Instant) -> bool {
         self.worker.progress();
         match self.outstanding {
-            Some((nonce, _)) if nonce == seen => self.outstanding = None,
-            Some((_, sent)) => return shard_idle && now.duration_since(sent) >= PROBE_DEADLINE,
+            Some((nonce, _)) if nonce == seen => {
+                self.outstanding = None;
+                self.answered = true;
+            }
+            Some((_, sent)) if now.duration_since(sent) < PROBE_DEADLINE => return false,
+            // Overdue: the queue is stuck if the shard's worker finds nothing to read.
+            Some(_) if self.answered => return shard_idle,
+            // Never answered on this worker: the path may not exist; keep trying.
+            Some(_) => {
+                if !self.warned_unanswered && now.duration_since(self.connected_at) >= UNANSWERED_WARNING {
+                    self.warned_unanswered = true;
+                    warn!("queue probe: the shard worker never received a probe; a stuck receive queue will not be detected");
+                }
+                self.outstanding = None;
+            }
             None => {}
         }
         if self.ep.is_null() || self.last_sent.is_some_and(|t| now.duration_since(t) < PROBE_INTERVAL) {
