@@ -47,6 +47,8 @@ pub struct QueueProbe {
     warned_unanswered: bool,
 }
 
+/// How long closing the probe's endpoint may take.
+const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 /// How long a probe path may stay unanswered before that is logged.
 const UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 
@@ -73,9 +75,11 @@ impl QueueProbe {
         if !self.ep.is_null() {
             // SAFETY: ep is this worker's live endpoint, closed once (then nulled).
             if let Some(request) = unsafe { self.worker.close_ep_nb(self.ep) } {
-                // The forced close completes locally; progress until it has.
+                // A forced close completes locally; progress until it has (bounded: a close
+                // that never ends must not hang a shard, and its request then stays UCX's).
+                let deadline = Instant::now() + CLOSE_LIMIT;
                 // SAFETY: request came from close_ep_nb and is freed once, by request_done_free.
-                while !unsafe { ucx::request_done_free(request) } {
+                while !unsafe { ucx::request_done_free(request) } && Instant::now() < deadline {
                     self.worker.progress();
                 }
             }
