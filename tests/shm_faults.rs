@@ -121,16 +121,3 @@ unsafe extern "C" fn pack_and_die(_state: *mut c_void, _offset: usize, _dest: *m
 
 unsafe extern "C" fn finish(_state: *mut c_void) {}
 
-/// 12.4b: by default, endpoints over shared memory only ask for (and get) peer-failure
-/// detection, so a server finds dead clients and frees what their endpoints held.
-#[test]
-fn shared_memory_endpoints_detect_dead_peers_by_default() {
-    common::init(common::SHM);
-    assert!(std::env::var_os("UCX_MM_ERROR_HANDLING").is_none(), "this test checks the default");
-    let (a, b) = (Worker::new().unwrap(), Worker::new().unwrap());
-    // SAFETY: no error callback; the endpoint is closed before the workers go.
-    let (ep, detects) = unsafe { a.connect(&b.address().unwrap(), None, std::ptr::null_mut()) }.unwrap();
-    assert!(detects, "a shared-memory endpoint was created without peer-failure detection");
-    // SAFETY: ep is a's live endpoint, closed once.
-    unsafe { a.close_ep(ep) };
-}

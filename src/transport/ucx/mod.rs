@@ -49,25 +49,17 @@ fn shared_memory_only(shm_detects_failure: bool) -> bool {
 }
 
 /// UCX's configuration from the environment, and whether shared-memory transports detect a
-/// dead peer. They do by default here (UCX 1.22's default is off): `MM_ERROR_HANDLING` is
-/// turned on unless `UCX_MM_ERROR_HANDLING` says otherwise. A server then frees what a dead
-/// client's shared-memory endpoint held (about 45 KB of segment mappings per client, kept
-/// for good without it), and endpoints that ask for peer-failure detection may use shared
-/// memory at all. (A kill soak with it on used to end with clients timing out on connect:
-/// that was a shard whose receive queue a killed client had left stuck, see
-/// `server::queue_probe`, not this setting.)
+/// dead peer: only when `UCX_MM_ERROR_HANDLING=y` (UCX 1.22). Then a server frees what a
+/// dead client's shared-memory endpoint held (about 50 KB of mappings per client, else
+/// kept), and same-host clients may use shared memory with the default `UCX_TLS`. Off by
+/// default: with it on, UCX picks another protocol for large shared-memory puts, and a
+/// writer killed mid-put then often leaves the shard's receive queue stuck
+/// (`server::queue_probe` recovers, but every client of that shard pays one timeout).
 fn read_config() -> Result<(*mut ucp_config_t, bool)> {
     let mut config: *mut ucp_config_t = ptr::null_mut();
     // SAFETY: NULL prefix and file mean the defaults; config is an out-parameter.
     check(unsafe { ucp_config_read(ptr::null(), ptr::null(), &mut config) }, "ucp_config_read")?;
-    let detects = match std::env::var("UCX_MM_ERROR_HANDLING") {
-        Ok(v) => matches!(v.as_str(), "y" | "yes" | "1" | "on"),
-        // An older UCX (Debian 12's 1.13, with RDRAM_UCX=system) lacks the setting: if it
-        // refuses it, shared memory detects no dead peer, as before; if it takes it unused,
-        // `connect` falls back to endpoints without detection.
-        // SAFETY: config came from ucp_config_read; the strings are NUL-terminated.
-        Err(_) => (unsafe { ucp_config_modify(config, c"MM_ERROR_HANDLING".as_ptr(), c"y".as_ptr()) }) == UCS_OK,
-    };
+    let detects = std::env::var("UCX_MM_ERROR_HANDLING").is_ok_and(|v| matches!(v.as_str(), "y" | "yes" | "1" | "on"));
     Ok((config, detects))
 }
 
