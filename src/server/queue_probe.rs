@@ -34,9 +34,9 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 pub struct QueueProbe {
-    /// Before nothing else: the endpoint is closed in Drop before the worker goes.
+    /// The probe's own worker; its endpoint is closed (in Drop) before it is destroyed.
     worker: Worker,
-    /// Null until connected, and after a failed send (reconnected on the next tick).
+    /// Null until connected.
     ep: sys::ucp_ep_h,
     /// The probe in flight: its nonce and when it was sent.
     outstanding: Option<(u64, Instant)>,
@@ -97,8 +97,15 @@ impl QueueProbe {
                 self.answered = true;
             }
             Some((_, sent)) if now.duration_since(sent) < PROBE_DEADLINE => return false,
-            // Overdue: the queue is stuck if the shard's worker finds nothing to read.
-            Some(_) if self.answered => return shard_idle,
+            // Overdue: the queue is stuck if the shard's worker finds nothing to read. The
+            // probe is forgotten, so a replacement that failed is retried only after a new
+            // probe is overdue again (not at every sweep).
+            Some(_) if self.answered => {
+                if shard_idle {
+                    self.outstanding = None;
+                }
+                return shard_idle;
+            }
             // Never answered on this worker: the path may not exist; keep trying.
             Some(_) => {
                 if !self.warned_unanswered && now.duration_since(self.connected_at) >= UNANSWERED_WARNING {

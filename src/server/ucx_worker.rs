@@ -290,7 +290,10 @@ impl ShardWorker {
         self.retired.push(Retired { worker: old, memh: old_memh, since: Instant::now() });
         self.address.set(crate::proto::bootstrap::hex_encode(&address));
         self.service.metrics.worker_replaced();
-        self.probe.connect(&address)
+        if let Err(e) = self.probe.connect(&address) {
+            warn!("shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected", self.service.index, e.message);
+        }
+        Ok(())
     }
 
     fn take_reply(&mut self) -> Box<ReplyMsg> {
