@@ -12,6 +12,7 @@
 pub mod ops;
 pub mod rails;
 pub mod sys;
+mod shm_region;
 
 pub use ops::InFlight;
 pub use rails::Rails;
@@ -22,6 +23,7 @@ use std::os::raw::c_void;
 use std::ptr;
 
 use crate::error::{Error, Result, Status};
+use shm_region::RegionClaim;
 
 /// The libfabric API version we are written against (Debian 12 ships 1.17).
 const API_VERSION: u32 = (1 << 16) | 17;
@@ -74,6 +76,9 @@ pub struct Endpoint {
     /// a failed read without its context (fixed in 1.18, ofiwg/libfabric#8665); such an
     /// error is the oldest read's, since shm completes reads in order.
     reads: std::cell::RefCell<std::collections::VecDeque<usize>>,
+    /// shm only: the claim on this endpoint's region name, released after `Drop` closed
+    /// the endpoint (fields drop after `drop` runs).
+    _shm_region: Option<RegionClaim>,
 }
 
 /// What peers may do to a registered region.
@@ -217,6 +222,9 @@ impl Endpoint {
     /// around when there are fewer: rails beyond the domain count share a NIC.
     pub fn open_rail(provider: &str, node: Option<&str>, rail: usize) -> Result<Endpoint> {
         let prov = CString::new(provider).map_err(|_| Error::new(Status::Invalid, "provider name contains NUL"))?;
+        // shm takes its region's name as the source "node" (see shm_region).
+        let shm_region = (provider == "shm" && node.is_none()).then(RegionClaim::new).transpose()?;
+        let node = node.or(shm_region.as_ref().map(|r| r.name.as_str()));
         let node_c = node.map(CString::new).transpose().map_err(|_| Error::new(Status::Invalid, "node contains NUL"))?;
         let mut ep = Endpoint {
             info: ptr::null_mut(),
@@ -234,6 +242,7 @@ impl Endpoint {
             wait_fd: -1,
             key_bits: 64,
             reads: Default::default(),
+            _shm_region: shm_region,
         };
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
@@ -654,6 +663,26 @@ mod tests {
     #[test]
     fn tagged_messages_over_shm() {
         isolated("tagged_messages_over_shm", || tagged_messages("shm", None));
+    }
+
+    /// A region left in /dev/shm by an earlier process that had this pid (killed before it
+    /// could unlink it) made `fi_enable` fail with EBUSY under libfabric's default naming.
+    #[test]
+    fn a_stale_shm_region_under_this_pid_does_not_block_new_endpoints() {
+        isolated("a_stale_shm_region_under_this_pid_does_not_block_new_endpoints", || {
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let stale: Vec<String> = (0..8).map(|i| format!("/dev/shm/{}:{uid}:{i}", std::process::id())).collect();
+            for path in &stale {
+                std::fs::write(path, [0xA5u8; 4096]).unwrap();
+            }
+            let opened = Endpoint::open("shm", None).map(|ep| ep.address().unwrap());
+            for path in &stale {
+                let _ = std::fs::remove_file(path);
+            }
+            let address = opened.unwrap_or_else(|e| panic!("shm endpoint next to stale regions: {e}"));
+            assert!(String::from_utf8_lossy(&address).contains("rdram-"), "{:?}", String::from_utf8_lossy(&address));
+        });
     }
 
     #[test]
