@@ -576,6 +576,7 @@ mod tests {
     /// client: tagged messages of 8 B to 3 MiB arrive intact with their tags.
     fn tagged_messages(provider: &'static str, node: Option<&'static str>) {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let receiver = std::thread::spawn(move || {
             let b = Endpoint::open(provider, node).unwrap_or_else(|e| panic!("{provider}: {e}"));
             addr_tx.send(b.address().unwrap()).unwrap();
@@ -589,6 +590,13 @@ mod tests {
                     other => panic!("{provider}: {other:?}"),
                 }
                 assert!(got == message(round, size), "{provider}: {size} B arrived changed");
+            }
+            // Keep the endpoint until the sender has its completions: shm's sender side
+            // still touches the receiver's region (mapped straight, in one process) after
+            // the receiver's completion, and crashed when it was already closed.
+            let mut sink = Vec::new();
+            while done_rx.try_recv().is_err() {
+                b.poll(&mut sink, 16);
             }
         });
         let a = Endpoint::open(provider, node).unwrap();
@@ -605,6 +613,7 @@ mod tests {
                 other => panic!("{provider}: {other:?}"),
             }
         }
+        done_tx.send(()).unwrap();
         receiver.join().unwrap();
     }
 
