@@ -109,7 +109,7 @@ pub struct MemoryRegion {
 
 fn fi_error(what: &str, code: i64) -> Error {
     // SAFETY: fi_strerror returns a static string for any code.
-    let text = unsafe { CStr::from_ptr(sys::fi_strerror((-code) as i32)) }.to_string_lossy();
+    let text = unsafe { CStr::from_ptr(sys::rdram_fi_strerror((-code) as i32)) }.to_string_lossy();
     Error::new(Status::Transport, format!("libfabric {what}: {text} ({code})"))
 }
 
@@ -157,12 +157,23 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
             (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
         }
         let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
-        let rc = sys::fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
-        sys::fi_freeinfo(hints);
+        let rc = sys::rdram_fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
+        sys::rdram_fi_freeinfo(hints);
         if rc != 0 {
             *info = ptr::null_mut();
         }
         rc
+    }
+}
+
+/// Loads libfabric (once per process; see shim.c for why it is not linked).
+pub fn load() -> Result<()> {
+    // SAFETY: returns NULL or a pointer to a static NUL-terminated string.
+    let why = unsafe { sys::rdram_fi_load() };
+    if why.is_null() {
+        Ok(())
+    } else {
+        Err(Error::new(Status::Unavailable, cstr(why)))
     }
 }
 
@@ -203,7 +214,7 @@ pub fn available_providers() -> Vec<String> {
                 }
                 i = (*i).next;
             }
-            sys::fi_freeinfo(list);
+            sys::rdram_fi_freeinfo(list);
         }
     }
     names
@@ -221,6 +232,7 @@ impl Endpoint {
     /// Like `open`, on the `rail`-th distinct domain (NIC) the provider offers, wrapping
     /// around when there are fewer: rails beyond the domain count share a NIC.
     pub fn open_rail(provider: &str, node: Option<&str>, rail: usize) -> Result<Endpoint> {
+        load()?;
         let prov = CString::new(provider).map_err(|_| Error::new(Status::Invalid, "provider name contains NUL"))?;
         // shm takes its region's name as the source "node" (see shm_region).
         let shm_region = (provider == "shm" && node.is_none()).then(RegionClaim::new).transpose()?;
@@ -263,7 +275,7 @@ impl Endpoint {
                     Status::Unavailable,
                     format!(
                         "libfabric provider '{provider}' offers no reliable-datagram endpoint here ({}); available: {}",
-                        cstr(sys::fi_strerror(-rc)),
+                        cstr(sys::rdram_fi_strerror(-rc)),
                         available_providers().join(", ")
                     ),
                 ));
@@ -526,7 +538,7 @@ impl Drop for Endpoint {
                 }
             }
             if !self.info.is_null() {
-                sys::fi_freeinfo(self.info);
+                sys::rdram_fi_freeinfo(self.info);
             }
         }
     }

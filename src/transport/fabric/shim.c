@@ -1,7 +1,74 @@
 #include "shim.h"
 
-struct fi_info *rdram_fi_allocinfo(void) { return fi_allocinfo(); }
-int rdram_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context) { return fi_fabric(attr, fabric, context); }
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* libfabric is opened on first use, not linked: loading it runs the constructors of the
+ * providers Debian builds into it (PSM's libinfinipath and libpsm2 calibrate a clock for
+ * ~100 ms each, and install signal handlers), which every process using remote_dram over
+ * UCX paid at start. Only these five functions are exported ones; the rest are inline
+ * calls through the objects' operation tables. */
+static struct {
+    int (*getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *, struct fi_info **);
+    void (*freeinfo)(struct fi_info *);
+    struct fi_info *(*dupinfo)(const struct fi_info *);
+    int (*fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+    const char *(*strerror)(int);
+} lib;
+static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
+static char lib_error[512];
+
+static void lib_open(void)
+{
+    /* RTLD_GLOBAL, as if linked: libfabric's external providers resolve its symbols. */
+    void *handle = dlopen("libfabric.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        snprintf(lib_error, sizeof(lib_error), "cannot load libfabric.so.1 (install libfabric1): %s", dlerror());
+        return;
+    }
+    *(void **)&lib.freeinfo = dlsym(handle, "fi_freeinfo");
+    *(void **)&lib.dupinfo = dlsym(handle, "fi_dupinfo");
+    *(void **)&lib.fabric = dlsym(handle, "fi_fabric");
+    *(void **)&lib.strerror = dlsym(handle, "fi_strerror");
+    *(void **)&lib.getinfo = dlsym(handle, "fi_getinfo");
+    if (!lib.freeinfo || !lib.dupinfo || !lib.fabric || !lib.strerror || !lib.getinfo) {
+        snprintf(lib_error, sizeof(lib_error), "libfabric.so.1 lacks fi_getinfo, fi_freeinfo, fi_dupinfo, fi_fabric or fi_strerror");
+        lib.getinfo = NULL;
+    }
+}
+
+const char *rdram_fi_load(void)
+{
+    pthread_once(&lib_once, lib_open);
+    return lib.getinfo ? NULL : lib_error;
+}
+
+int rdram_fi_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                     const struct fi_info *hints, struct fi_info **info)
+{
+    if (rdram_fi_load())
+        return -FI_ENOSYS;
+    return lib.getinfo(version, node, service, flags, hints, info);
+}
+
+void rdram_fi_freeinfo(struct fi_info *info)
+{
+    if (!rdram_fi_load())
+        lib.freeinfo(info);
+}
+
+const char *rdram_fi_strerror(int errnum)
+{
+    return rdram_fi_load() ? strerror(errnum) : lib.strerror(errnum);
+}
+
+struct fi_info *rdram_fi_allocinfo(void) { return rdram_fi_load() ? NULL : lib.dupinfo(NULL); }
+int rdram_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context)
+{
+    return rdram_fi_load() ? -FI_ENOSYS : lib.fabric(attr, fabric, context);
+}
 int rdram_fi_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain, void *context) { return fi_domain(fabric, info, domain, context); }
 int rdram_fi_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *context) { return fi_endpoint(domain, info, ep, context); }
 int rdram_fi_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av, void *context) { return fi_av_open(domain, attr, av, context); }

@@ -9,6 +9,12 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
+/* NULL once libfabric is loaded (it is on first use), else why it cannot be. */
+const char *rdram_fi_load(void);
+int rdram_fi_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                     const struct fi_info *hints, struct fi_info **info);
+void rdram_fi_freeinfo(struct fi_info *info);
+const char *rdram_fi_strerror(int errnum);
 struct fi_info *rdram_fi_allocinfo(void);
 int rdram_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
 int rdram_fi_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain, void *context);

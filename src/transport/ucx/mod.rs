@@ -63,6 +63,24 @@ fn read_config() -> Result<(*mut ucp_config_t, bool)> {
     Ok((config, detects))
 }
 
+extern "C" {
+    // shim.c
+    fn rdram_ucx_log_to_stderr();
+}
+
+/// Sends UCX's own log lines to stderr instead of stdout (UCX's default, where they mixed
+/// into the bytes `rdram get` prints), unless `UCX_LOG_FILE` names a place. Once per
+/// process, before its first context.
+fn log_to_stderr_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("UCX_LOG_FILE").is_none() {
+            // SAFETY: pushes a handler with UCX's log-handler signature; no context exists yet.
+            unsafe { rdram_ucx_log_to_stderr() };
+        }
+    });
+}
+
 /// The outcome of starting a non-blocking operation.
 pub enum Started {
     /// Completed inside the call; the callback will not run.
@@ -119,6 +137,7 @@ impl Worker {
             mt_workers_shared: 0,
             ..Default::default()
         };
+        log_to_stderr_once();
         let mut context: ucp_context_h = ptr::null_mut();
         let (config, shm_detects_failure) = read_config()?;
         // SAFETY: params is fully initialised for the fields named in field_mask; ucp_init
