@@ -217,8 +217,9 @@ impl FabricShardWorker {
                 }
             }
             // Swept when idle, and under constant load too (the clock read only every
-            // SWEEP_EVERY turns).
-            if (!did_work || turns % SWEEP_EVERY == 0) && last_sweep.elapsed() >= SWEEP_INTERVAL {
+            // SWEEP_EVERY busy turns, or when the poller says so while idle).
+            let clock_due = if did_work { turns % SWEEP_EVERY == 0 } else { poller.clock_due() };
+            if clock_due && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 self.service.shard.expire_due(SWEEP_BATCH);
                 self.forget_departed();
                 self.cut_stalled_reads();

@@ -185,9 +185,11 @@ impl ShardWorker {
             // SAFETY: the worker lives in the box until after this loop; this is its thread.
             let did_work = unsafe { Self::progress_all(this) };
             turns = turns.wrapping_add(1);
-            // Swept when idle, and under constant load too (reading the clock only every
-            // SWEEP_EVERY turns): departed clients and stalled transfers are released either way.
-            if (!did_work || turns % SWEEP_EVERY == 0) && last_sweep.elapsed() >= SWEEP_INTERVAL {
+            // Swept when idle, and under constant load too (the clock read only every
+            // SWEEP_EVERY busy turns, or when the poller says so while idle): departed
+            // clients and stalled transfers are released either way.
+            let clock_due = if did_work { turns % SWEEP_EVERY == 0 } else { poller.clock_due() };
+            if clock_due && last_sweep.elapsed() >= SWEEP_INTERVAL {
                 // SAFETY: as above; no callback runs during these calls (they do not progress
                 // the served workers; the probe's worker has no callback into this one).
                 unsafe {
