@@ -590,7 +590,7 @@ impl Link for FabricLink {
         // The clock is first read on a pass the poller marks due (within CLOCK_EVERY
         // passes), so the deadline starts at most that late: most small requests are
         // answered before, and a clock read costs ~30 ns on these VMs.
-        let mut clock: Option<(Instant, Instant)> = None; // (now, deadline)
+        let mut clock: Option<(Instant, Duration)> = None; // (deadline, time left then)
         loop {
             let (done, server) = match self.pending.get(&id) {
                 Some(p) => (p.sent && p.reply.is_some() && p.header_op.is_none() && p.data_op.is_none(), p.server),
@@ -604,8 +604,8 @@ impl Link for FabricLink {
             }
             if self.poller.clock_due() {
                 let now = Instant::now();
-                let deadline = clock.map_or(now + timeout, |(_, d)| d);
-                clock = Some((now, deadline));
+                let deadline = clock.map_or(now + timeout, |(d, _)| d);
+                clock = Some((deadline, deadline.saturating_duration_since(now)));
                 if now >= deadline {
                     let why = format!("no answer from {} within {timeout:?}", self.servers[server].node);
                     return Err(self.give_up(id, Error::new(Status::Timeout, why)));
@@ -617,7 +617,7 @@ impl Link for FabricLink {
                 }
             }
             let did = self.progress();
-            let max_sleep = clock.map_or(timeout, |(now, deadline)| deadline.saturating_duration_since(now));
+            let max_sleep = clock.map_or(timeout, |(_, left)| left);
             self.poller.after_progress(&*self.rails, did, max_sleep.min(Duration::from_millis(100)))?;
         }
     }
