@@ -706,6 +706,27 @@ mod tests {
         });
     }
 
+    /// Loading libfabric leaves the process's handlers of termination signals as they were
+    /// (Debian's, through PSM's libinfinipath, replaced them with ones calling exit(1)).
+    #[test]
+    fn loading_libfabric_keeps_the_signal_handlers() {
+        isolated("loading_libfabric_keeps_the_signal_handlers", || {
+            let handler = |sig| {
+                // SAFETY: sigaction only reads the current disposition into `old`.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+                    old.sa_sigaction
+                }
+            };
+            let signals = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM];
+            let before: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
+            load().unwrap();
+            let after: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
+            assert_eq!(before, after, "handlers of SIGHUP, SIGINT, SIGQUIT, SIGTERM changed by loading libfabric");
+        });
+    }
+
     #[test]
     fn a_missing_provider_is_named_with_the_alternatives() {
         // A name no host has: on an EFA host "efa" would open.

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,10 +21,23 @@ static struct {
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 static char lib_error[512];
 
+/* Signals whose handlers PSM's libinfinipath (loaded with libfabric on Debian) replaces
+ * from its constructor with ones that call exit(1): a SIGTERM then ran exit-time
+ * destructors under a thread still inside libfabric (SIGSEGV), and an application's own
+ * SIGINT handling (Python's KeyboardInterrupt) was gone. The handlers in place before
+ * the load are put back. */
+static const int kept_signals[] = { SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2 };
+#define KEPT_SIGNALS (sizeof(kept_signals) / sizeof(kept_signals[0]))
+
 static void lib_open(void)
 {
+    struct sigaction before[KEPT_SIGNALS];
+    for (size_t i = 0; i < KEPT_SIGNALS; i++)
+        sigaction(kept_signals[i], NULL, &before[i]);
     /* RTLD_GLOBAL, as if linked: libfabric's external providers resolve its symbols. */
     void *handle = dlopen("libfabric.so.1", RTLD_NOW | RTLD_GLOBAL);
+    for (size_t i = 0; i < KEPT_SIGNALS; i++)
+        sigaction(kept_signals[i], &before[i], NULL);
     if (!handle) {
         snprintf(lib_error, sizeof(lib_error), "cannot load libfabric.so.1 (install libfabric1): %s", dlerror());
         return;
