@@ -26,7 +26,38 @@ def _load_ucx() -> None:
     libucx.load_library()
 
 
-_load_ucx()
+def _threads() -> int:
+    """Threads in this process (native ones too), or 0 when it cannot be told."""
+    import os
+
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _load_native() -> None:
+    # UCX patches eight memory functions (mmap, munmap, ...) when it loads and waits 50 ms
+    # after each, in case another thread is inside one: 0.4 s of every import. With a
+    # single thread in the process nothing can be inside them, so the wait is skipped then
+    # (a value the user set wins; with more threads, UCX's default stands). The variable
+    # is only read while UCX loads, and is taken back out of the environment after, so
+    # child processes do not inherit it.
+    import os
+
+    name = "UCX_MEM_BISTRO_GRACE_DURATION"
+    skip_wait = name not in os.environ and _threads() == 1
+    if skip_wait:
+        os.environ[name] = "0"
+    try:
+        _load_ucx()
+        from . import _native
+    finally:
+        if skip_wait:
+            os.environ.pop(name, None)
+
+
+_load_native()
 
 from ._native import PROTOCOL_VERSION, Client, Entry, Server  # noqa: E402
 from .errors import (  # noqa: E402

@@ -405,3 +405,28 @@ def test_the_python_example_runs_against_a_server(server):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every block read back into the preallocated cache, byte-exact" in r.stdout
     assert "removed 32 blocks" in r.stdout
+
+
+def test_import_skips_ucx_grace_wait_only_while_single_threaded_and_leaves_no_trace():
+    # The package sets UCX_MEM_BISTRO_GRACE_DURATION=0 only while UCX loads, and only in a
+    # process with one thread; child processes never see it, and a user's value wins.
+    code = (
+        "import os, threading, time\n"
+        "if os.environ.get('SPAWN_THREAD'):\n"
+        "    threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()\n"
+        "import remote_dram\n"
+        "print(os.environ.get('UCX_MEM_BISTRO_GRACE_DURATION', 'unset'))\n"
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "unset"
+    import os
+
+    env = dict(os.environ, UCX_MEM_BISTRO_GRACE_DURATION="50ms")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "50ms"
+    env = dict(os.environ, SPAWN_THREAD="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "unset"
