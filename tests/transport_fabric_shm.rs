@@ -35,3 +35,33 @@ fn regions_of_a_killed_server_are_reclaimed_by_the_next_endpoint() {
     assert!(status.success(), "{status}");
     assert!(regions_of(next_pid).is_empty(), "a clean shutdown unlinks: {:?}", regions_of(next_pid));
 }
+
+/// An embedded server on libfabric shm stopped under a client of the same process: the
+/// client's next calls fail (it was lost), and nothing touches the stopped server's
+/// unmapped region. libfabric's shm reaches same-process endpoints through their own
+/// mapping, and the client's next send crashed the process (SIGSEGV).
+#[test]
+fn an_embedded_server_stopped_under_a_client_of_the_same_process() {
+    use remote_dram::server::{Server, ServerConfig, TransportChoice};
+    common::init(common::FABRIC_SHM);
+    for round in 0..3 {
+        let server = Server::start(ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: 1,
+            memory: 64 << 20,
+            hugepages: remote_dram::store::HugePages::Off,
+            transport: TransportChoice::Fabric { provider: "shm".into(), rails: 1 },
+            ..Default::default()
+        })
+        .unwrap();
+        let options = remote_dram::ClientOptions { timeout: std::time::Duration::from_secs(2), ..common::options() };
+        let mut client = remote_dram::Client::connect(&server.local_addr().to_string(), options).unwrap();
+        let value = common::pattern(round, 3 << 20);
+        client.put(b"k", &value).unwrap();
+        assert_eq!(client.get(b"k").unwrap().expect("stored").data, value);
+        server.stop();
+        for _ in 0..3 {
+            assert!(client.get(b"k").is_err(), "round {round}: a stopped server answered");
+        }
+    }
+}

@@ -76,9 +76,9 @@ pub struct Endpoint {
     /// a failed read without its context (fixed in 1.18, ofiwg/libfabric#8665); such an
     /// error is the oldest read's, since shm completes reads in order.
     reads: std::cell::RefCell<std::collections::VecDeque<usize>>,
-    /// shm only: the claim on this endpoint's region name, released after `Drop` closed
-    /// the endpoint (fields drop after `drop` runs).
-    _shm_region: Option<RegionClaim>,
+    /// shm only: the claim on this endpoint's region name, released once the endpoint is
+    /// closed (see `Drop`: possibly later than the endpoint's drop).
+    shm_region: Option<RegionClaim>,
 }
 
 /// What peers may do to a registered region.
@@ -254,8 +254,11 @@ impl Endpoint {
             wait_fd: -1,
             key_bits: 64,
             reads: Default::default(),
-            _shm_region: shm_region,
+            shm_region,
         };
+        if ep.shm_region.is_some() {
+            SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner()).open += 1;
+        }
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
         unsafe {
@@ -522,17 +525,21 @@ impl Endpoint {
     }
 }
 
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        // SAFETY: each handle was opened by `open`, is closed once, endpoint first.
+/// An endpoint's libfabric handles, closed together (endpoint first).
+struct Handles {
+    fids: [*mut sys::fid; 5],
+    info: *mut sys::fi_info,
+    /// shm: the region name's claim, released once the region is gone.
+    claim: Option<RegionClaim>,
+}
+
+impl Handles {
+    /// # Safety
+    /// The handles were opened by [`Endpoint::open_rail`] and nothing uses them any more.
+    unsafe fn close(self) {
+        // SAFETY: as the caller promises; each handle is closed once, in order.
         unsafe {
-            for fid in [
-                self.ep.cast::<sys::fid>(),
-                self.cq.cast::<sys::fid>(),
-                self.av.cast::<sys::fid>(),
-                self.domain.cast::<sys::fid>(),
-                self.fabric.cast::<sys::fid>(),
-            ] {
+            for fid in self.fids {
                 if !fid.is_null() {
                     sys::rdram_fi_close(fid);
                 }
@@ -541,6 +548,56 @@ impl Drop for Endpoint {
                 sys::rdram_fi_freeinfo(self.info);
             }
         }
+    }
+}
+
+/// This process's shm endpoints: how many are open, and those closed while others were.
+struct ShmEndpoints {
+    open: usize,
+    parked: Vec<Handles>,
+}
+
+// SAFETY: parked handles are never used again except to be closed once, which libfabric
+// allows from any thread (domains are opened FI_THREAD_SAFE).
+unsafe impl Send for ShmEndpoints {}
+
+static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new() });
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let handles = Handles {
+            fids: [
+                self.ep.cast::<sys::fid>(),
+                self.cq.cast::<sys::fid>(),
+                self.av.cast::<sys::fid>(),
+                self.domain.cast::<sys::fid>(),
+                self.fabric.cast::<sys::fid>(),
+            ],
+            info: self.info,
+            claim: self.shm_region.take(),
+        };
+        if handles.claim.is_some() {
+            let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+            shm.open -= 1;
+            if shm.open > 0 {
+                // libfabric's shm reaches an endpoint of the same process through that
+                // endpoint's own mapping of its region: closing it (which unmaps the
+                // region) while another shm endpoint here may still send to it crashed
+                // that one (an embedded server stopped under a client in the same
+                // process: SIGSEGV in the client's next send). It is closed with the
+                // process's last shm endpoint; until then nothing reads its queue.
+                shm.parked.push(handles);
+                return;
+            }
+            let parked = std::mem::take(&mut shm.parked);
+            drop(shm);
+            for h in parked {
+                // SAFETY: parked handles are used by nothing any more (see above).
+                unsafe { h.close() };
+            }
+        }
+        // SAFETY: this endpoint's handles, opened by `open_rail`; the endpoint is gone.
+        unsafe { handles.close() };
     }
 }
 
