@@ -257,7 +257,15 @@ impl Endpoint {
             shm_region,
         };
         if ep.shm_region.is_some() {
-            SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner()).open += 1;
+            let due = {
+                let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+                shm.open += 1;
+                shm.due()
+            };
+            for h in due {
+                // SAFETY: parked handles are used by nothing any more (see `Drop`).
+                unsafe { h.close() };
+            }
         }
         // SAFETY: every object is created from the previous one's valid handle; on any
         // error, Drop closes what was opened (in reverse order) and frees the info.
@@ -529,8 +537,8 @@ impl Endpoint {
 struct Handles {
     fids: [*mut sys::fid; 5],
     info: *mut sys::fi_info,
-    /// shm: the region name's claim, released once the region is gone.
-    claim: Option<RegionClaim>,
+    /// shm: the region name's claim, released (dropped) after the handles are closed.
+    _claim: Option<RegionClaim>,
 }
 
 impl Handles {
@@ -551,10 +559,26 @@ impl Handles {
     }
 }
 
-/// This process's shm endpoints: how many are open, and those closed while others were.
+/// This process's shm endpoints: how many are open, and those closed while others were
+/// (with when).
 struct ShmEndpoints {
     open: usize,
-    parked: Vec<Handles>,
+    parked: Vec<(std::time::Instant, Handles)>,
+}
+
+/// How long a closed shm endpoint stays parked while others of the process are open: by
+/// then its peers here have seen it go (a closed bootstrap connection, a departed client,
+/// or their own timeouts) and send to it no more. Bounds what churn can hold.
+const SHM_PARK: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl ShmEndpoints {
+    /// Takes the parked endpoints that are due: all of them once none is open.
+    fn due(&mut self) -> Vec<Handles> {
+        let all = self.open == 0;
+        let (due, kept) = std::mem::take(&mut self.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
+        self.parked = kept;
+        due.into_iter().map(|(_, h)| h).collect()
+    }
 }
 
 // SAFETY: parked handles are never used again except to be closed once, which libfabric
@@ -565,7 +589,8 @@ static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(Shm
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        let handles = Handles {
+        let shm_endpoint = self.shm_region.is_some();
+        let mut handles = Some(Handles {
             fids: [
                 self.ep.cast::<sys::fid>(),
                 self.cq.cast::<sys::fid>(),
@@ -574,9 +599,9 @@ impl Drop for Endpoint {
                 self.fabric.cast::<sys::fid>(),
             ],
             info: self.info,
-            claim: self.shm_region.take(),
-        };
-        if handles.claim.is_some() {
+            _claim: self.shm_region.take(),
+        });
+        if shm_endpoint {
             let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
             shm.open -= 1;
             if shm.open > 0 {
@@ -584,20 +609,22 @@ impl Drop for Endpoint {
                 // endpoint's own mapping of its region: closing it (which unmaps the
                 // region) while another shm endpoint here may still send to it crashed
                 // that one (an embedded server stopped under a client in the same
-                // process: SIGSEGV in the client's next send). It is closed with the
-                // process's last shm endpoint; until then nothing reads its queue.
-                shm.parked.push(handles);
-                return;
+                // process: SIGSEGV in the client's next send). It is closed after
+                // SHM_PARK, or with the process's last shm endpoint; until then nothing
+                // reads its queue.
+                shm.parked.push((std::time::Instant::now(), handles.take().unwrap()));
             }
-            let parked = std::mem::take(&mut shm.parked);
+            let due = shm.due();
             drop(shm);
-            for h in parked {
+            for h in due {
                 // SAFETY: parked handles are used by nothing any more (see above).
                 unsafe { h.close() };
             }
         }
-        // SAFETY: this endpoint's handles, opened by `open_rail`; the endpoint is gone.
-        unsafe { handles.close() };
+        if let Some(handles) = handles {
+            // SAFETY: this endpoint's handles, opened by `open_rail`; the endpoint is gone.
+            unsafe { handles.close() };
+        }
     }
 }
 
