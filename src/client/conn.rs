@@ -59,6 +59,37 @@ pub(super) trait Link {
     fn is_dead(&self, server: usize) -> bool;
 }
 
+/// A waiting call's deadline, started at its first clock read rather than at the call:
+/// wait loops read the clock only on passes the poller marks due (within
+/// [`CLOCK_EVERY`](crate::transport::CLOCK_EVERY) passes), and most small requests are
+/// answered before the first one.
+pub(super) struct Deadline {
+    timeout: Duration,
+    at: Option<Instant>,
+    /// Time left as of the last read.
+    left: Duration,
+}
+
+impl Deadline {
+    pub fn new(timeout: Duration) -> Deadline {
+        Deadline { timeout, at: None, left: timeout }
+    }
+
+    /// Reads the clock: the time now, and whether the deadline has passed.
+    pub fn read(&mut self) -> (Instant, bool) {
+        let now = Instant::now();
+        let at = *self.at.get_or_insert(now + self.timeout);
+        self.left = at.saturating_duration_since(now);
+        (now, now >= at)
+    }
+
+    /// The longest a wait may sleep now (as of the last read; at most 100 ms, so that
+    /// liveness checks go on).
+    pub fn max_sleep(&self) -> Duration {
+        self.left.min(Duration::from_millis(100))
+    }
+}
+
 /// How often a waiting client checks that its servers' bootstrap connections are open.
 const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 

@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Link, Liveness, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -587,10 +587,7 @@ impl Link for FabricLink {
     }
 
     fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
-        // The clock is first read on a pass the poller marks due (within CLOCK_EVERY
-        // passes), so the deadline starts at most that late: most small requests are
-        // answered before, and a clock read costs ~30 ns on these VMs.
-        let mut clock: Option<(Instant, Duration)> = None; // (deadline, time left then)
+        let mut deadline = Deadline::new(timeout);
         loop {
             let (done, server) = match self.pending.get(&id) {
                 Some(p) => (p.sent && p.reply.is_some() && p.header_op.is_none() && p.data_op.is_none(), p.server),
@@ -603,10 +600,8 @@ impl Link for FabricLink {
                 return reply;
             }
             if self.poller.clock_due() {
-                let now = Instant::now();
-                let deadline = clock.map_or(now + timeout, |(d, _)| d);
-                clock = Some((deadline, deadline.saturating_duration_since(now)));
-                if now >= deadline {
+                let (now, passed) = deadline.read();
+                if passed {
                     let why = format!("no answer from {} within {timeout:?}", self.servers[server].node);
                     return Err(self.give_up(id, Error::new(Status::Timeout, why)));
                 }
@@ -617,8 +612,7 @@ impl Link for FabricLink {
                 }
             }
             let did = self.progress();
-            let max_sleep = clock.map_or(timeout, |(_, left)| left);
-            self.poller.after_progress(&*self.rails, did, max_sleep.min(Duration::from_millis(100)))?;
+            self.poller.after_progress(&*self.rails, did, deadline.max_sleep())?;
         }
     }
 

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Link, Liveness, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
@@ -342,10 +342,7 @@ impl Link for UcxLink {
     }
 
     fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply> {
-        // The clock is first read on a pass the poller marks due (within CLOCK_EVERY
-        // passes), so the deadline starts at most that late: most small requests are
-        // answered before, and a clock read costs ~30 ns on these VMs.
-        let mut clock: Option<(Instant, Duration)> = None; // (deadline, time left then)
+        let mut deadline = Deadline::new(timeout);
         loop {
             let (done, server) = match self.state.pending.get(&id) {
                 Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
@@ -362,10 +359,8 @@ impl Link for UcxLink {
                 continue;
             }
             if self.poller.clock_due() {
-                let now = Instant::now();
-                let deadline = clock.map_or(now + timeout, |(d, _)| d);
-                clock = Some((deadline, deadline.saturating_duration_since(now)));
-                if now >= deadline {
+                let (now, passed) = deadline.read();
+                if passed {
                     let node = self.servers[server].node.clone();
                     return Err(self.give_up(id, Error::new(Status::Timeout, format!("no answer from {node} within {timeout:?}"))));
                 }
@@ -376,8 +371,7 @@ impl Link for UcxLink {
                 }
             }
             let did = self.worker.progress() != 0;
-            let max_sleep = clock.map_or(timeout, |(_, left)| left);
-            self.poller.after_progress(&*self.worker, did, max_sleep.min(Duration::from_millis(100)))?;
+            self.poller.after_progress(&*self.worker, did, deadline.max_sleep())?;
         }
     }
 

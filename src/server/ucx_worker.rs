@@ -147,14 +147,14 @@ impl ShardWorker {
             closing: Vec::new(),
         });
         let me = &mut *w as *mut ShardWorker;
-        w.install_handlers(&w.worker, me)?;
+        Self::install_handlers(&w.worker, me)?;
         w.probe.connect(&address)?;
         Ok(w)
     }
 
     /// Serves requests and probes arriving at `worker` (the current one, or its successor)
     /// with `me`, this ShardWorker.
-    fn install_handlers(&self, worker: &Worker, me: *mut ShardWorker) -> Result<()> {
+    fn install_handlers(worker: &Worker, me: *mut ShardWorker) -> Result<()> {
         let arg = me as *mut c_void;
         // SAFETY: the ShardWorker is boxed, never moved out of, and outlives its UCX workers
         // (destroyed in its drop before the box's memory is freed).
@@ -277,7 +277,7 @@ impl ShardWorker {
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
         let me = self as *mut ShardWorker;
-        let address = match fresh.address().and_then(|a| self.install_handlers(&fresh, me).map(|()| a)) {
+        let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, me).map(|()| a)) {
             Ok(a) => a,
             Err(e) => {
                 // SAFETY: mapped just above on this worker, unmapped once.

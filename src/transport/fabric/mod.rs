@@ -257,12 +257,7 @@ impl Endpoint {
             shm_region,
         };
         if ep.shm_region.is_some() {
-            let due = {
-                let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-                shm.open += 1;
-                shm.due()
-            };
-            for h in due {
+            for h in ShmEndpoints::count(None) {
                 // SAFETY: parked handles are used by nothing any more (see `Drop`).
                 unsafe { h.close() };
             }
@@ -571,26 +566,48 @@ struct ShmEndpoints {
 /// or their own timeouts) and send to it no more. Bounds what churn can hold.
 const SHM_PARK: std::time::Duration = std::time::Duration::from_secs(30);
 
-impl ShmEndpoints {
-    /// Takes the parked endpoints that are due: all of them once none is open.
-    fn due(&mut self) -> Vec<Handles> {
-        let all = self.open == 0;
-        let (due, kept) = std::mem::take(&mut self.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
-        self.parked = kept;
-        due.into_iter().map(|(_, h)| h).collect()
-    }
-}
-
 // SAFETY: parked handles are never used again except to be closed once, which libfabric
 // allows from any thread (domains are opened FI_THREAD_SAFE).
 unsafe impl Send for ShmEndpoints {}
 
 static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new() });
 
+impl ShmEndpoints {
+    /// Counts a shm endpoint opened (`None`) or closed (its handles), then closes the
+    /// parked endpoints that are due, and the closing one unless it must be parked.
+    ///
+    /// libfabric's shm reaches an endpoint of the same process through that endpoint's
+    /// own mapping of its region: closing it (which unmaps the region) while another shm
+    /// endpoint here may still send to it crashed that one (an embedded server stopped
+    /// under a client in the same process: SIGSEGV in the client's next send). So an
+    /// endpoint closed while others are open is parked, nothing reading its queue, until
+    /// [`SHM_PARK`] has passed or the process's last shm endpoint closes.
+    fn count(closing: Option<Handles>) -> Vec<Handles> {
+        let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut close_now = Vec::new();
+        match closing {
+            None => shm.open += 1,
+            Some(handles) => {
+                shm.open -= 1;
+                if shm.open > 0 {
+                    shm.parked.push((std::time::Instant::now(), handles));
+                } else {
+                    close_now.push(handles);
+                }
+            }
+        }
+        let all = shm.open == 0;
+        let (due, kept) = std::mem::take(&mut shm.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
+        shm.parked = kept;
+        close_now.extend(due.into_iter().map(|(_, h): (std::time::Instant, Handles)| h));
+        close_now
+    }
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
         let shm_endpoint = self.shm_region.is_some();
-        let mut handles = Some(Handles {
+        let handles = Handles {
             fids: [
                 self.ep.cast::<sys::fid>(),
                 self.cq.cast::<sys::fid>(),
@@ -600,30 +617,12 @@ impl Drop for Endpoint {
             ],
             info: self.info,
             _claim: self.shm_region.take(),
-        });
-        if shm_endpoint {
-            let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-            shm.open -= 1;
-            if shm.open > 0 {
-                // libfabric's shm reaches an endpoint of the same process through that
-                // endpoint's own mapping of its region: closing it (which unmaps the
-                // region) while another shm endpoint here may still send to it crashed
-                // that one (an embedded server stopped under a client in the same
-                // process: SIGSEGV in the client's next send). It is closed after
-                // SHM_PARK, or with the process's last shm endpoint; until then nothing
-                // reads its queue.
-                shm.parked.push((std::time::Instant::now(), handles.take().unwrap()));
-            }
-            let due = shm.due();
-            drop(shm);
-            for h in due {
-                // SAFETY: parked handles are used by nothing any more (see above).
-                unsafe { h.close() };
-            }
-        }
-        if let Some(handles) = handles {
-            // SAFETY: this endpoint's handles, opened by `open_rail`; the endpoint is gone.
-            unsafe { handles.close() };
+        };
+        let close_now = if shm_endpoint { ShmEndpoints::count(Some(handles)) } else { vec![handles] };
+        for h in close_now {
+            // SAFETY: this endpoint's handles, or parked ones: opened by `open_rail`, used
+            // by nothing any more.
+            unsafe { h.close() };
         }
     }
 }
