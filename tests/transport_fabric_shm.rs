@@ -3,6 +3,8 @@
 mod common;
 mod suite;
 
+use std::time::Duration;
+
 fabric_suite!(common::FABRIC_SHM);
 
 /// The shm regions (16 MiB each in /dev/shm) of a process that was SIGKILLed stay on the
@@ -64,4 +66,104 @@ fn an_embedded_server_stopped_under_a_client_of_the_same_process() {
             assert!(client.get(b"k").is_err(), "round {round}: a stopped server answered");
         }
     }
+}
+
+/// Takes the spinlock of the libfabric shm region at `path` for good, from this process:
+/// what a process that dies or stalls inside libfabric leaves (the lock lies at byte 24 of
+/// libfabric 1.17's `struct smr_region`). Returns once it is held.
+fn hold_region_lock(path: &std::path::Path) {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let map = memmap2::MmapOptions::new().len(4096).map_raw(&file).unwrap();
+    // SAFETY: a process-shared spinlock inside a shared mapping that is leaked below.
+    let lock = unsafe { map.as_mut_ptr().add(24).cast::<libc::pthread_spinlock_t>() };
+    // SAFETY: as above.
+    let take = || unsafe { libc::pthread_spin_trylock(lock) } == 0;
+    assert!(common::wait_until(Duration::from_secs(5), take), "the lock of {} stayed busy", path.display());
+    std::mem::forget(map);
+}
+
+/// The regions (not lock files) in /dev/shm of process `pid`.
+fn regions_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("rdram-{pid}-");
+    let dir = std::fs::read_dir("/dev/shm").unwrap();
+    dir.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_name().to_string_lossy().ends_with(".lock")).map(|e| e.path()).collect()
+}
+
+/// Runs `rdram ARGS` and returns its exit code and stdout, failing the test if it has not
+/// returned within `limit` (a client spinning inside libfabric, whose own timeout cannot fire).
+fn rdram_within(limit: Duration, args: &[&str]) -> (i32, Vec<u8>) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::RDRAM).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let exited = common::wait_until(limit, || child.try_wait().unwrap().is_some());
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(exited, "rdram {args:?} had not returned after {limit:?}");
+    (out.status.code().unwrap_or(-1), out.stdout)
+}
+
+fn shm_locks_released(server: &common::ServerProc) -> u64 {
+    let url = format!("http://{}/metrics", server.metrics.as_ref().expect("started with --metrics"));
+    let text = ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
+    let line = text.lines().find(|l| l.starts_with("rdram_shm_locks_released")).unwrap_or_else(|| panic!("no rdram_shm_locks_released in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A local sender that dies or stalls while it copies a message into a shard's region
+/// leaves the region's lock held: the shard's own polling and every other local client then
+/// spun inside libfabric for good (a `get` with a 3 s timeout was still hung at 10 s). The
+/// lock is released after about a second, and the shard serves again.
+#[test]
+fn a_sender_that_dies_holding_a_shards_region_lock_does_not_wedge_it() {
+    common::init(common::FABRIC_SHM);
+    let server = common::ServerProc::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = server.addr.as_str();
+    let (code, _) = rdram_within(Duration::from_secs(15), &["put", "--server", addr, "k", "before"]);
+    assert_eq!(code, 0);
+    let regions = regions_of(server.child.id());
+    assert_eq!(regions.len(), 2, "one region per worker: {regions:?}");
+    for region in &regions {
+        hold_region_lock(region);
+    }
+    let (code, value) = rdram_within(Duration::from_secs(15), &["get", "--server", addr, "--timeout-ms", "5000", "k"]);
+    assert_eq!((code, value.as_slice()), (0, b"before".as_slice()));
+    let (code, _) = rdram_within(Duration::from_secs(15), &["put", "--server", addr, "k", "after"]);
+    assert_eq!(code, 0);
+    let (code, value) = rdram_within(Duration::from_secs(15), &["get", "--server", addr, "k"]);
+    assert_eq!((code, value.as_slice()), (0, b"after".as_slice()));
+}
+
+/// A client killed while it polls its own region holds that region's lock for good; the
+/// shard's next reply to it then spun in libfabric (100 % CPU, no one answered again). The
+/// server releases the dead client's lock and serves everyone else.
+#[test]
+fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
+    use std::process::{Command, Stdio};
+    common::init(common::FABRIC_SHM);
+    let server = common::ServerProc::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = server.addr.as_str();
+    let bench = env!("CARGO_BIN_EXE_rdram-bench");
+    let mut client = Command::new(bench)
+        .args(["--server", addr, "--ops", "get", "--sizes", "8", "--keys", "1", "--seconds", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = client.id();
+    assert!(common::wait_until(Duration::from_secs(10), || !regions_of(pid).is_empty()), "the client opened no shm region");
+    std::thread::sleep(Duration::from_millis(500)); // connected and busy getting
+    for region in regions_of(pid) {
+        hold_region_lock(&region);
+    }
+    common::signal(pid, common::SIGKILL);
+    client.wait().unwrap();
+    for i in 0..4 {
+        let key = format!("k{i}");
+        let (code, _) = rdram_within(Duration::from_secs(15), &["put", "--server", addr, "--timeout-ms", "5000", &key, "v"]);
+        assert_eq!(code, 0, "put {key}");
+        let (code, value) = rdram_within(Duration::from_secs(15), &["get", "--server", addr, "--timeout-ms", "5000", &key]);
+        assert_eq!((code, value.as_slice()), (0, b"v".as_slice()), "get {key}");
+    }
+    assert!(shm_locks_released(&server) >= 1, "the server released no lock");
 }

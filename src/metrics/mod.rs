@@ -136,6 +136,13 @@ impl Collector for ServerCollector {
         ]
         .map(|(outcome, reason, n)| (vec![("outcome", outcome.to_string()), ("reason", reason.to_string())], counter(n.load(Relaxed))));
         family(&mut e, "rdram_handshakes", "Client handshakes by outcome and reason of refusal", MetricType::Counter, handshakes)?;
+        family(
+            &mut e,
+            "rdram_shm_locks_released",
+            "libfabric shm region locks released after a process died or stalled holding them",
+            MetricType::Counter,
+            [(Labels::new(), counter(crate::transport::fabric::shm_locks_released()))],
+        )?;
         process::encode(&mut e)
     }
 }

@@ -12,10 +12,12 @@
 pub mod ops;
 pub mod rails;
 pub mod sys;
+mod shm_lock_watch;
 mod shm_region;
 
 pub use ops::InFlight;
 pub use rails::Rails;
+pub use shm_lock_watch::locks_released as shm_locks_released;
 
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
@@ -559,6 +561,8 @@ impl Handles {
 struct ShmEndpoints {
     open: usize,
     parked: Vec<(std::time::Instant, Handles)>,
+    /// Whether the lock watchdog runs (while any shm endpoint is open).
+    watching: bool,
 }
 
 /// How long a closed shm endpoint stays parked while others of the process are open: by
@@ -570,7 +574,7 @@ const SHM_PARK: std::time::Duration = std::time::Duration::from_secs(30);
 // allows from any thread (domains are opened FI_THREAD_SAFE).
 unsafe impl Send for ShmEndpoints {}
 
-static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new() });
+static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new(), watching: false });
 
 impl ShmEndpoints {
     /// Counts a shm endpoint opened (`None`) or closed (its handles), then closes the
@@ -586,7 +590,13 @@ impl ShmEndpoints {
         let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
         let mut close_now = Vec::new();
         match closing {
-            None => shm.open += 1,
+            None => {
+                shm.open += 1;
+                if !shm.watching {
+                    shm.watching = true;
+                    shm_lock_watch::spawn(ShmEndpoints::keep_watching);
+                }
+            }
             Some(handles) => {
                 shm.open -= 1;
                 if shm.open > 0 {
@@ -601,6 +611,13 @@ impl ShmEndpoints {
         shm.parked = kept;
         close_now.extend(due.into_iter().map(|(_, h): (std::time::Instant, Handles)| h));
         close_now
+    }
+
+    /// Whether the lock watchdog goes on: while shm endpoints are open.
+    fn keep_watching() -> bool {
+        let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+        shm.watching = shm.open > 0;
+        shm.watching
     }
 }
 

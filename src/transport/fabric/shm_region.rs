@@ -68,6 +68,11 @@ impl Drop for RegionClaim {
     }
 }
 
+/// Whether the region named `name` is one of this process's.
+pub fn is_own(name: &str) -> bool {
+    name.starts_with(&format!("{PREFIX}{}-", std::process::id()))
+}
+
 /// Unlinks the region files and lock file of every owner whose lock is free.
 fn sweep_dead_owners() {
     let Ok(dir) = fs::read_dir(SHM_DIR) else { return };
