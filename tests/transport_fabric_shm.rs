@@ -167,3 +167,38 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
     }
     assert!(shm_locks_released(&server) >= 1, "the server released no lock");
 }
+
+/// A client that sends requests and never takes its replies fills its own receive queue
+/// (1024 messages on shm; a 64 KiB reply is two); the shard's next reply to it then
+/// waited on that queue for good and the shard answered no one again. Now that send gives
+/// up after a second, the hog's further replies are dropped, and others are served.
+#[test]
+fn a_client_that_never_receives_does_not_wedge_the_shard() {
+    use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
+    common::init(common::FABRIC_SHM);
+    let server = common::ServerProc::start(&["--workers", "1"]);
+    let options = remote_dram::ClientOptions { timeout: Duration::from_secs(5), ..common::options() };
+    let mut other = remote_dram::Client::connect(&server.addr, options.clone()).unwrap();
+    other.put(b"k", b"v").unwrap();
+    other.put(b"big", &common::pattern(1, 64 << 10)).unwrap();
+    let mut hog = remote_dram::Client::connect(&server.addr, options).unwrap();
+    let mut sent = 0;
+    while sent < 900 {
+        let (session, id) = hog.raw_session();
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        let mut header = RequestHeader::new(Op::Get, id, session);
+        header.key_len = 3;
+        header.ttl_or_limit = (64 << 10) + 1;
+        header.encode(&mut buf);
+        if hog.raw_submit(0, &buf, b"big").is_err() {
+            break; // its receives are all posted
+        }
+        sent += 1;
+    }
+    assert!(sent >= 600, "the hog sent only {sent} requests");
+    std::thread::sleep(Duration::from_secs(2));
+    for _ in 0..3 {
+        assert_eq!(other.get(b"k").expect("others are served").expect("stored").data, b"v");
+    }
+    drop(hog);
+}

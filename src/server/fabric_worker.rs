@@ -14,12 +14,12 @@
 //!   in the index; when every stripe's read completed it is committed, and when one failed
 //!   (the client vanished) the extent is released.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::service::{self, Answer, Membership, PendingPut, Request, Service};
 use super::WorkerInfo;
@@ -140,6 +140,10 @@ pub struct FabricShardWorker {
     /// Per client: reply messages not yet completed and their owned bytes. A client that
     /// does not receive stops being served at the bounds below.
     backlog: HashMap<u64, (usize, u64)>,
+    /// Clients a send to which found their queue full for `fabric::POST_STALL_LIMIT` (dead
+    /// or stalled): their further requests and replies are dropped at once, not waited on
+    /// again, until they depart. One that was only stalled times out and reconnects.
+    unresponsive: HashSet<u64>,
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
 }
@@ -182,6 +186,7 @@ impl FabricShardWorker {
             reads: HashMap::new(),
             sends: HashMap::new(),
             backlog: HashMap::new(),
+            unresponsive: HashSet::new(),
             stall_timeout,
         });
         w.service.clients = Some(0);
@@ -451,6 +456,7 @@ impl FabricShardWorker {
     fn forget_departed(&mut self) {
         for client in self.service.take_departed() {
             self.backlog.remove(&client);
+            self.unresponsive.remove(&client);
             for slot in 0..self.peers.len() as u32 {
                 if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
                     self.forget(slot);
@@ -464,6 +470,9 @@ impl FabricShardWorker {
             return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
         };
         let to = Client { slot, id: client_id };
+        if self.unresponsive.contains(&client_id) {
+            return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index);
+        }
         if self.backlog.get(&client_id).is_some_and(|b| b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES) {
             // It does not receive what it asked for: stop serving it until it drains.
             return debug!("shard {}: client {client_id} has too many unreceived replies; request dropped", self.service.index);
@@ -642,11 +651,21 @@ impl FabricShardWorker {
     /// Sends an answer to a client (if it still holds its slot): owned payload bytes are
     /// in `self.scratch`. `capacity`: the most payload the client can take (a get into a
     /// caller's buffer).
+    /// After a send that failed because the client took nothing (see `unresponsive`).
+    fn note_unresponsive(&mut self, client: u64, e: &Error) {
+        if e.status == Status::Unavailable && self.unresponsive.insert(client) {
+            info!("shard {}: client {client} takes no replies ({}); dropping its requests and replies until it reconnects", self.service.index, e.message);
+        }
+    }
+
     fn reply(&mut self, to: Client, answer: Answer, capacity: Option<u64>) {
         let slot = to.slot;
         let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0]) else {
             return;
         };
+        if self.unresponsive.contains(&to.id) {
+            return debug!("shard {}: reply to unresponsive client {} dropped", self.service.index, to.id);
+        }
         let (mut header, arena) = match answer {
             Answer::Owned(h) => (h, None),
             Answer::Arena { header, offset, len, extent } => (header, Some((offset, len, extent))),
@@ -672,6 +691,7 @@ impl FabricShardWorker {
         // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
         if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
             debug!("shard {}: reply not sent: {e}", self.service.index);
+            self.note_unresponsive(to.id, &e);
             if let Some(f) = self.ops.not_posted(id, 1, e) {
                 self.finished(f);
             }
@@ -710,6 +730,7 @@ impl FabricShardWorker {
             // SAFETY: pinned arena bytes or the op's owned Vec, unchanged until completion.
             if let Err(e) = unsafe { self.rails.eps[p].send(ptr.add(off), part_len, descs[p], peer[p], data_tag, ctx) } {
                 debug!("shard {}: reply data not sent: {e}", self.service.index);
+                self.note_unresponsive(to.id, &e);
                 if let Some(f) = self.ops.not_posted(id, parts.len() - p, e) {
                     self.finished(f);
                 }

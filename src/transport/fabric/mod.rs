@@ -34,6 +34,10 @@ const API_VERSION: u32 = (1 << 16) | 17;
 /// addresses and provider-chosen keys for RMA, allocated memory only.
 const MR_MODES_SUPPORTED: u32 = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
 
+/// How long posting an operation may wait for the provider to take it (see
+/// `Endpoint::retry_on_eagain`).
+pub const POST_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A peer's index in the endpoint's address vector.
 pub type PeerAddr = sys::fi_addr_t;
 
@@ -479,12 +483,18 @@ impl Endpoint {
 
     /// FI_EAGAIN means the provider cannot take the operation until it makes progress
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
-    /// too): drive our side and retry.
+    /// too): drive our side and retry, for at most [`POST_STALL_LIMIT`]. A peer that died
+    /// or stopped never drains its queue: retrying for good wedged a server that answered
+    /// a client killed with requests in flight.
     fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
+        let mut since: Option<std::time::Instant> = None;
         loop {
             let rc = post() as i64;
             if rc != -(sys::FI_EAGAIN as i64) {
                 return check(what, rc);
+            }
+            if since.get_or_insert_with(std::time::Instant::now).elapsed() >= POST_STALL_LIMIT {
+                return Err(Error::new(Status::Unavailable, format!("{what}: the peer took nothing for {POST_STALL_LIMIT:?} (it stopped making progress)")));
             }
             // SAFETY: a zero-count read only drives progress for providers that need it.
             unsafe { sys::rdram_fi_cq_read(self.cq, ptr::null_mut(), 0) };
