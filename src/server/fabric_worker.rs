@@ -42,6 +42,9 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// Receives kept posted for requests: enough for many pipelining clients; more arriving
 /// at once wait in the provider's unexpected-message queue.
 const RECV_BUFS: usize = 256;
+/// How long retired endpoints (see `FabricShardWorker::replace_rails`) keep what their
+/// peers may still be reading.
+const RETIRED_GRACE: Duration = Duration::from_secs(30);
 
 /// A reply message: header, and the payload when it fits.
 struct ReplyBuf {
@@ -121,6 +124,15 @@ struct Peer {
 pub struct FabricShardWorker {
     /// First: dropped first, so no endpoint outlives the buffers it may write.
     rails: Rails,
+    /// Endpoints replaced by `replace_rails`, never progressed again, kept for a grace.
+    retired: Vec<Retired>,
+    /// Set when the endpoints must be replaced (see `replace_rails`).
+    replace_due: bool,
+    /// How the rails were opened, to open their replacements alike.
+    provider: String,
+    listen: std::net::IpAddr,
+    /// What the bootstrap hands out; changes when the rails are replaced.
+    address: super::ShardAddress,
     service: Service,
     arena_mr: Vec<MemoryRegion>,
     recv_mr: Vec<MemoryRegion>,
@@ -146,6 +158,17 @@ pub struct FabricShardWorker {
     unresponsive: HashSet<u64>,
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
+}
+
+/// Rails given up on, and what their peers may still read through them: reply buffers
+/// and pinned extents (over shm with CMA a receiver copies from our memory itself).
+struct Retired {
+    rails: Rails,
+    regions: Vec<Vec<MemoryRegion>>,
+    _buffers: Vec<Vec<u8>>,
+    _recv_slab: Vec<u8>,
+    pinned: Vec<u64>,
+    since: Instant,
 }
 
 /// Replies (and owned bytes) a client may leave unreceived before its further requests
@@ -174,6 +197,11 @@ impl FabricShardWorker {
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
         let mut w = Box::new(FabricShardWorker {
             rails,
+            retired: Vec::new(),
+            replace_due: false,
+            provider: provider.to_string(),
+            listen,
+            address: super::ShardAddress::new(String::new()),
             service: Service::new(index, shards, membership, shard),
             arena_mr,
             recv_mr,
@@ -193,13 +221,13 @@ impl FabricShardWorker {
         for buf in 0..RECV_BUFS {
             w.post_recv(buf)?;
         }
+        w.address.set(wire::encode_addresses(&w.rails.addresses()?));
         Ok(w)
     }
 
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
-        let address = wire::encode_addresses(&self.rails.addresses()?);
-        Ok(WorkerInfo { address: super::ShardAddress::new(address), transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
+        Ok(WorkerInfo { address: self.address.clone(), transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
     }
 
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
@@ -229,6 +257,13 @@ impl FabricShardWorker {
                 self.forget_departed();
                 self.cut_stalled_reads();
                 self.service.publish_metrics(self.reads.len());
+                if self.replace_due {
+                    self.replace_due = false;
+                    if let Err(e) = self.replace_rails() {
+                        warn!("shard {}: could not replace its endpoints: {}", self.service.index, e.message);
+                    }
+                }
+                self.retire_expired(false);
                 last_sweep = Instant::now();
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
@@ -455,6 +490,9 @@ impl FabricShardWorker {
     /// before each hello, so the slot table never grows past the clients alive.
     fn forget_departed(&mut self) {
         for client in self.service.take_departed() {
+            if self.large_sends_to(client) {
+                self.replace_due = true;
+            }
             self.backlog.remove(&client);
             self.unresponsive.remove(&client);
             for slot in 0..self.peers.len() as u32 {
@@ -655,6 +693,109 @@ impl FabricShardWorker {
     fn note_unresponsive(&mut self, client: u64, e: &Error) {
         if e.status == Status::Unavailable && self.unresponsive.insert(client) {
             info!("shard {}: client {client} takes no replies ({}); dropping its requests and replies until it reconnects", self.service.index, e.message);
+            // Over shm its stuck large sends hold up everyone's (see `replace_rails`).
+            self.replace_due |= self.large_sends_to(client);
+        }
+    }
+
+    /// Whether a message too large to be copied inline is on its way to `client` over
+    /// libfabric's shm (whose sender then waits for the receiver's answer).
+    fn large_sends_to(&self, client: u64) -> bool {
+        let inject = self.rails.eps[0].inject_size;
+        self.rails.provider() == "shm"
+            && self.ops.values().any(|op| match op {
+                WorkerOp::Data { owner, .. } => *owner == client,
+                WorkerOp::Reply { msg, owner, .. } => *owner == client && msg.bytes.len() > inject,
+                _ => false,
+            })
+    }
+
+    /// Replaces the endpoints (rails) with new ones under a new address; clients time
+    /// out once, reconnect, and get it from the bootstrap. Stored data is kept.
+    ///
+    /// Why: libfabric 1.17's shm sender of a message too large to copy inline waits for
+    /// the receiver's answer in one queue of its own region, read strictly in order. A
+    /// receiver that died (or stopped) before answering holds up every later large send
+    /// to anyone for good: a client killed during a 3 MiB GET left the shard unable to send
+    /// any large value again. Nothing in libfabric's API clears that queue.
+    ///
+    /// The old rails are never progressed again: reads of client memory in flight stop
+    /// there (their puts fail and free their extents), replies are dropped. What peers may
+    /// still read through them (reply buffers, pinned extents) is kept for
+    /// [`RETIRED_GRACE`].
+    fn replace_rails(&mut self) -> Result<()> {
+        tracing::error!(
+            "shard {}: a client left with large messages in flight, which stalls every later large send of libfabric's shm; \
+             replacing the shard's endpoints: clients reconnect, stored data is kept",
+            self.service.index
+        );
+        let rails = Rails::open(&self.provider, Some(self.listen), self.rails.eps.len())?;
+        let arena = self.service.shard.arena();
+        let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
+        let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
+        let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
+        let address = wire::encode_addresses(&rails.addresses()?);
+
+        let old_rails = std::mem::replace(&mut self.rails, rails);
+        let mut regions = vec![std::mem::replace(&mut self.arena_mr, arena_mr), std::mem::replace(&mut self.recv_mr, recv_mr)];
+        let old_slab = std::mem::replace(&mut self.recv_slab, recv_slab);
+        let (mut buffers, mut pinned) = (Vec::new(), Vec::new());
+        for buf in self.reply_pool.drain(..) {
+            regions.extend(buf.mr);
+        }
+        for op in self.ops.drain() {
+            match op {
+                WorkerOp::Recv { .. } => {}
+                WorkerOp::Reply { msg, .. } => {
+                    regions.extend(msg.mr);
+                    buffers.push(msg.bytes);
+                }
+                WorkerOp::Data { pinned: extent, _owned, temp_mr, .. } => {
+                    pinned.extend(extent);
+                    regions.extend(temp_mr);
+                    buffers.push(_owned);
+                }
+                WorkerOp::ReadPut { put, .. } => {
+                    self.scratch.clear();
+                    let _ = self.service.finish_put(put, false, &mut self.scratch);
+                }
+                WorkerOp::ReadPayload { temp_mr, buf, .. } => {
+                    regions.extend(temp_mr);
+                    buffers.push(buf);
+                }
+            }
+        }
+        self.retired.push(Retired { rails: old_rails, regions, _buffers: buffers, _recv_slab: old_slab, pinned, since: Instant::now() });
+        // Every client goes: their addresses were in the old endpoints' address vectors.
+        for peer in self.peers.iter_mut().filter(|p| p.is_some()) {
+            *peer = None;
+        }
+        self.free_slots = (0..self.peers.len() as u32).rev().collect();
+        self.service.clients = Some(0);
+        self.reads.clear();
+        self.sends.clear();
+        self.backlog.clear();
+        self.unresponsive.clear();
+        for buf in 0..RECV_BUFS {
+            self.post_recv(buf)?;
+        }
+        self.address.set(address);
+        self.service.metrics.worker_replaced();
+        Ok(())
+    }
+
+    /// Closes retired rails once their grace has passed (all of them with `all`),
+    /// unpinning what their peers could still read.
+    fn retire_expired(&mut self, all: bool) {
+        let (expired, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|r| all || r.since.elapsed() >= RETIRED_GRACE);
+        self.retired = kept;
+        for r in expired {
+            for extent in &r.pinned {
+                self.service.shard.unpin(*extent);
+            }
+            for mr in r.regions {
+                r.rails.deregister(mr);
+            }
         }
     }
 
@@ -742,6 +883,7 @@ impl FabricShardWorker {
 
 impl Drop for FabricShardWorker {
     fn drop(&mut self) {
+        self.retire_expired(true);
         // Registrations close before their domains (the rails, dropped next).
         self.rails.deregister(std::mem::take(&mut self.arena_mr));
         self.rails.deregister(std::mem::take(&mut self.recv_mr));

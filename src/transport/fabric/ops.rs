@@ -79,6 +79,25 @@ impl<T> InFlight<T> {
         self.slots.get_mut(id as usize).and_then(|s| s.value.as_mut())
     }
 
+    /// The operations in flight.
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|s| s.value.as_ref())
+    }
+
+    /// Forgets every operation in flight and returns them: for endpoints that are never
+    /// progressed again (their completions would name slots reused since).
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut out = Vec::new();
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(value) = slot.value.take() {
+                slot.left = 0;
+                self.free.push(id as u32);
+                out.push(value);
+            }
+        }
+        out
+    }
+
     /// Parts that will never complete because they could not be posted.
     pub fn not_posted(&mut self, id: u32, parts: usize, error: Error) -> Option<Finished<T>> {
         let slot = &mut self.slots[id as usize];
