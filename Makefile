@@ -47,9 +47,9 @@ redis:
 	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 
 # The kill soak (not in CI): writers and readers SIGKILLed every ~2 s against a real
-# server, SOAK_SECS per transport (default 600; the three together take 30 minutes).
+# server, SOAK_SECS per transport (default 600; the four together take 40 minutes).
 SOAK_SECS ?= 600
-SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm
+SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm,fabric:shm
 soak: deps
 	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
 

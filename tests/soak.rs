@@ -1,6 +1,6 @@
 //! The kill soak (`make soak`, not in CI): a real server, writer and reader processes
 //! SIGKILLed every ~2 s and restarted, for SOAK_SECS (default 600) per transport in
-//! SOAK_TRANSPORTS (default "tcp,shm,fabric:tcp;ofi_rxm"). Every acknowledged write is
+//! SOAK_TRANSPORTS (default "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm"). Every acknowledged write is
 //! checked byte-exact at the end; readers check every value they see. The server's RSS,
 //! fds, used bytes and pinned extents are reported at the start and after every key is
 //! deleted, and must come back to the baseline.
@@ -224,7 +224,7 @@ fn soak_one(transport: &str, seconds: u64) {
 #[ignore = "long: run by make soak"]
 fn soak() {
     let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
-    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm".into());
+    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
     for t in transports.split(',') {
         let t = match t {
             "shm" => common::SHM,
