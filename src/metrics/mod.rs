@@ -120,7 +120,7 @@ impl Collector for ServerCollector {
         family(
             &mut e,
             "rdram_worker_replacements",
-            "UCX workers replaced because a client died while writing into their shared-memory receive queue",
+            "Shard transport endpoints replaced because a dead or stopped shared-memory client stalled them (UCX: a hole in the receive queue; libfabric shm: large messages it never answered)",
             MetricType::Counter,
             each_counter(&g(|g| &g.worker_replacements)),
         )?;

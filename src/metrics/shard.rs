@@ -56,7 +56,8 @@ pub struct Gauges {
     pub transfers_in_flight: AtomicU64,
     pub evictions: AtomicU64,
     pub expirations: AtomicU64,
-    /// UCX workers replaced because their receive queue got stuck (`server::queue_probe`).
+    /// Transport endpoints replaced: a UCX worker whose receive queue got stuck
+    /// (`server::queue_probe`), libfabric shm rails stalled by a departed client.
     pub worker_replacements: AtomicU64,
 }
 
@@ -111,7 +112,7 @@ impl ShardMetrics {
         }
     }
 
-    /// Counts a replacement of the shard's UCX worker.
+    /// Counts a replacement of the shard's transport endpoints.
     pub fn worker_replaced(&self) {
         bump(&self.gauges.worker_replacements, 1);
     }
