@@ -111,7 +111,8 @@ impl Liveness {
         Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now() })
     }
 
-    /// A server whose connection closed, each reported once; checks at most every
+    /// A server whose connection closed, or that moved a shard to new endpoints
+    /// ([`crate::proto::bootstrap::MOVED_NOTICE`]), each reported once; checks at most every
     /// [`LIVENESS_CHECK`], so it is cheap to call on every turn of a wait loop.
     pub fn next_gone(&mut self, now: Instant) -> Option<usize> {
         if self.newly_gone.is_empty() && now - self.last_check >= LIVENESS_CHECK {
@@ -120,7 +121,7 @@ impl Liveness {
             for (i, s) in self.streams.iter().enumerate() {
                 let closed = match s.peek(&mut byte) {
                     Ok(0) => true,
-                    Ok(_) => false,
+                    Ok(_) => byte[0] == crate::proto::bootstrap::MOVED_NOTICE,
                     Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
                 };
                 if closed && !self.gone[i] {

@@ -365,7 +365,7 @@ impl Link for UcxLink {
                     return Err(self.give_up(id, Error::new(Status::Timeout, format!("no answer from {node} within {timeout:?}"))));
                 }
                 if let Some(gone) = self.liveness.next_gone(now) {
-                    let why = format!("server {} went away (its connection closed)", self.servers[gone].node);
+                    let why = format!("server {} went away or moved a shard to new endpoints; the next call reconnects", self.servers[gone].node);
                     self.fail_server(gone, Status::Unavailable, why);
                     continue;
                 }

@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result, Status};
 
 pub const MAGIC: &str = "remote_dram";
+/// After the handshake the connection stays open and silent, except for this byte: the
+/// server moved one of its shards to new transport endpoints (it replaced a stuck worker
+/// or shm endpoints), so the client's addresses are stale. A client fails its calls in
+/// flight with Unavailable and reconnects on the next call, rather than timing out.
+pub const MOVED_NOTICE: u8 = b'M';
 /// Neither side accepts a bootstrap line longer than this.
 const MAX_LINE: usize = 1 << 20;
 

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use super::service::Membership;
 use crate::error::{Error, Result, Status};
 use crate::metrics::BootstrapMetrics;
-use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC};
+use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC, MOVED_NOTICE};
 use crate::proto::PROTOCOL_VERSION;
 
 /// The whole handshake (the client's line in, ours out) must fit in this.
@@ -117,8 +117,22 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
 /// stops, which closes them all).
 fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &Shared) {
     let mut kept: Vec<(TcpStream, u64)> = Vec::new();
+    let moves = || shared.shards.iter().map(|a| a.moves()).sum::<u64>();
+    let mut moves_told = moves();
     while !shared.stop.load(Ordering::SeqCst) {
         kept.extend(incoming.try_iter());
+        // A shard moved to new endpoints: clients learn it here (see MOVED_NOTICE) and
+        // reconnect, instead of each waiting out a timeout on the old ones.
+        let moved = moves();
+        if moved != moves_told {
+            moves_told = moved;
+            for (s, client) in &mut kept {
+                let _ = s.set_write_timeout(Some(Duration::from_millis(10)));
+                if let Err(e) = std::io::Write::write_all(s, &[MOVED_NOTICE]) {
+                    debug!("client {client}: cannot tell it a shard moved: {e}");
+                }
+            }
+        }
         let mut fds: Vec<libc::pollfd> = kept.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: `fds` holds one valid pollfd per kept stream.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };

@@ -221,7 +221,7 @@ impl FabricShardWorker {
         for buf in 0..RECV_BUFS {
             w.post_recv(buf)?;
         }
-        w.address.set(wire::encode_addresses(&w.rails.addresses()?));
+        w.address = super::ShardAddress::new(wire::encode_addresses(&w.rails.addresses()?));
         Ok(w)
     }
 

@@ -149,19 +149,27 @@ impl ServerInfo {
 /// A shard worker's transport address(es) as the bootstrap hands them out. A UCX shard
 /// changes it when it replaces a stuck worker (see `queue_probe`).
 #[derive(Clone)]
-pub(super) struct ShardAddress(Arc<std::sync::RwLock<String>>);
+pub(super) struct ShardAddress(Arc<std::sync::RwLock<(String, u64)>>);
 
 impl ShardAddress {
     pub fn new(address: String) -> Self {
-        ShardAddress(Arc::new(std::sync::RwLock::new(address)))
+        ShardAddress(Arc::new(std::sync::RwLock::new((address, 0))))
+    }
+
+    /// How many times the address changed (the bootstrap then tells every client).
+    pub fn moves(&self) -> u64 {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).1
     }
 
     pub fn get(&self) -> String {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().unwrap_or_else(|e| e.into_inner()).0.clone()
     }
 
+    /// The shard moved to new endpoints.
     pub fn set(&self, address: String) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = address;
+        let mut a = self.0.write().unwrap_or_else(|e| e.into_inner());
+        a.0 = address;
+        a.1 += 1;
     }
 }
 
