@@ -195,13 +195,14 @@ impl FabricShardWorker {
         let arena_mr = rails.register(shard.arena().base(), shard.arena().len(), RemoteAccess::None)?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
+        let address = super::ShardAddress::new(wire::encode_addresses(&rails.addresses()?));
         let mut w = Box::new(FabricShardWorker {
             rails,
             retired: Vec::new(),
             replace_due: false,
             provider: provider.to_string(),
             listen,
-            address: super::ShardAddress::new(String::new()),
+            address,
             service: Service::new(index, shards, membership, shard),
             arena_mr,
             recv_mr,
@@ -221,7 +222,6 @@ impl FabricShardWorker {
         for buf in 0..RECV_BUFS {
             w.post_recv(buf)?;
         }
-        w.address = super::ShardAddress::new(wire::encode_addresses(&w.rails.addresses()?));
         Ok(w)
     }
 
@@ -686,9 +686,6 @@ impl FabricShardWorker {
         })
     }
 
-    /// Sends an answer to a client (if it still holds its slot): owned payload bytes are
-    /// in `self.scratch`. `capacity`: the most payload the client can take (a get into a
-    /// caller's buffer).
     /// After a send that failed because the client took nothing (see `unresponsive`).
     fn note_unresponsive(&mut self, client: u64, e: &Error) {
         if e.status == Status::Unavailable && self.unresponsive.insert(client) {
@@ -710,8 +707,9 @@ impl FabricShardWorker {
             })
     }
 
-    /// Replaces the endpoints (rails) with new ones under a new address; clients time
-    /// out once, reconnect, and get it from the bootstrap. Stored data is kept.
+    /// Replaces the endpoints (rails) with new ones under a new address, which the
+    /// bootstrap hands out and tells connected clients of (they reconnect). Stored data is
+    /// kept.
     ///
     /// Why: libfabric 1.17's shm sender of a message too large to copy inline waits for
     /// the receiver's answer in one queue of its own region, read strictly in order. A
@@ -787,6 +785,9 @@ impl FabricShardWorker {
     /// Closes retired rails once their grace has passed (all of them with `all`),
     /// unpinning what their peers could still read.
     fn retire_expired(&mut self, all: bool) {
+        if self.retired.is_empty() {
+            return;
+        }
         let (expired, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|r| all || r.since.elapsed() >= RETIRED_GRACE);
         self.retired = kept;
         for r in expired {
@@ -799,6 +800,9 @@ impl FabricShardWorker {
         }
     }
 
+    /// Sends an answer to a client (if it still holds its slot): owned payload bytes are
+    /// in `self.scratch`. `capacity`: the most payload the client can take (a get into a
+    /// caller's buffer).
     fn reply(&mut self, to: Client, answer: Answer, capacity: Option<u64>) {
         let slot = to.slot;
         let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0]) else {

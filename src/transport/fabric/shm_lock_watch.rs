@@ -183,7 +183,7 @@ impl Watch {
     /// dropped.
     fn rescan(&mut self) {
         let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
-        let mut mapped = Vec::new();
+        let mut mapped = std::collections::HashSet::new();
         for line in maps.lines() {
             let Some(path_at) = line.find("/dev/shm/") else { continue };
             let mut fields = line[..path_at].split_ascii_whitespace();
@@ -202,7 +202,7 @@ impl Watch {
                     self.regions.insert(key.clone(), region);
                 }
             }
-            mapped.push(key);
+            mapped.insert(key);
         }
         self.regions.retain(|key, _| mapped.contains(key));
     }
