@@ -342,6 +342,7 @@ impl FabricLink {
             vec![std::ptr::null_mut(); self.rails.eps.len()]
         };
         let parts: Vec<_> = stripes(payload_len, self.rails.eps.len()).collect();
+        self.poller.expect_transfer(payload_len);
         let op = self.ops.start(LinkOp { request: id, step: Step::ReplyData }, parts.len());
         for (i, &(off, part_len)) in parts.iter().enumerate() {
             let ctx = self.ops.ctx(op, i);
@@ -577,6 +578,8 @@ impl Link for FabricLink {
             };
             p.temp_mr = temp;
             p.remote_payload = true;
+            // The worker reads it while we wait for its reply.
+            self.poller.expect_transfer(payload.len());
             if p.msg.len() >= 8 {
                 let flags_now = u32::from_le_bytes(p.msg[4..8].try_into().unwrap()) | flags::REMOTE_VALUE;
                 p.msg[4..8].copy_from_slice(&flags_now.to_le_bytes());

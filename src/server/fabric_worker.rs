@@ -158,6 +158,9 @@ pub struct FabricShardWorker {
     unresponsive: HashSet<u64>,
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
+    /// Bytes of reply payloads sent since the last poll pass: the receiver copies them
+    /// while this loop finds nothing to do (see [`Poller::expect_transfer`]).
+    sent_payload: usize,
 }
 
 /// Rails given up on, and what their peers may still read through them: reply buffers
@@ -217,6 +220,7 @@ impl FabricShardWorker {
             backlog: HashMap::new(),
             unresponsive: HashSet::new(),
             stall_timeout,
+            sent_payload: 0,
         });
         w.service.clients = Some(0);
         for buf in 0..RECV_BUFS {
@@ -265,6 +269,9 @@ impl FabricShardWorker {
                 }
                 self.retire_expired(false);
                 last_sweep = Instant::now();
+            }
+            if self.sent_payload > 0 {
+                poller.expect_transfer(std::mem::take(&mut self.sent_payload));
             }
             if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
                 warn!("worker: {e}");
@@ -867,6 +874,7 @@ impl FabricShardWorker {
             self.charge(to.id, *charged);
         }
         let id = self.ops.start(value, parts.len());
+        self.sent_payload += payload_len as usize;
         if pins {
             self.sends.insert((to.id, header.request_id), id);
         }

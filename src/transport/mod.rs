@@ -66,17 +66,38 @@ pub struct Poller {
     turns: u32,
     /// Whether the last pass ended in a sleep (or a wait on the fd).
     slept: bool,
+    /// Until when a transfer this side posted may still be under way (see
+    /// [`Poller::expect_transfer`]).
+    transfer_until: Option<Instant>,
 }
+
+/// The copy rate assumed for [`Poller::expect_transfer`]: well below what shared memory
+/// copies (5-15 GB/s here), so a transfer ends before its spin does.
+const EXPECTED_BYTES_PER_US: u64 = 1000;
+/// The longest spin a transfer buys: a peer that stalls costs at most this much CPU.
+const TRANSFER_SPIN_MAX: Duration = Duration::from_millis(20);
 
 impl Poller {
     pub fn new(mode: PollMode, spin: Duration) -> Self {
-        Poller { mode, spin, idle_since: None, idle_turns: 0, naps: 0, turns: 0, slept: false }
+        Poller { mode, spin, idle_since: None, idle_turns: 0, naps: 0, turns: 0, slept: false, transfer_until: None }
     }
 
     /// Whether the caller's own clock checks (deadlines, sweeps) are due before this pass:
     /// on the first pass, every [`CLOCK_EVERY`] passes, and after a sleep.
     pub fn clock_due(&self) -> bool {
         self.slept || self.turns % CLOCK_EVERY == 0
+    }
+
+    /// Says that a transfer of `bytes` was just posted and will end in progress passes
+    /// that find nothing before it does. On a transport without an fd to sleep on
+    /// (libfabric's shm), an idle loop naps a millisecond at a time, and one that naps
+    /// while a large copy runs (the peer copies from or into our memory) answers up to a
+    /// millisecond late: a 4 MiB GET took 1.3 ms instead of 0.4. So the spin lasts until
+    /// the copy should be over, bounded by [`TRANSFER_SPIN_MAX`].
+    pub fn expect_transfer(&mut self, bytes: usize) {
+        let expected = self.spin + Duration::from_micros(bytes as u64 / EXPECTED_BYTES_PER_US);
+        let until = Instant::now() + expected.min(TRANSFER_SPIN_MAX);
+        self.transfer_until = Some(self.transfer_until.map_or(until, |t| t.max(until)));
     }
 
     /// Call after each progress pass. Sleeps at most `max_sleep` once the spin budget is
@@ -102,9 +123,16 @@ impl Poller {
             std::hint::spin_loop();
             return Ok(());
         }
-        self.slept = true;
         let fd = t.event_fd();
         if fd < 0 {
+            if let Some(until) = self.transfer_until {
+                if Instant::now() < until {
+                    std::hint::spin_loop();
+                    return Ok(());
+                }
+                self.transfer_until = None;
+            }
+            self.slept = true;
             // No fd to sleep on (libfabric's shm): nap, 1 ms then longer (up to 4 ms)
             // while idle, without spinning again in between.
             let nap = fabric::rails::NAP * (1 << self.naps.min(2));
@@ -113,6 +141,7 @@ impl Poller {
             self.idle_turns = CLOCK_EVERY - 1;
             return Ok(());
         }
+        self.slept = true;
         if t.arm()? {
             wait_readable(fd, max_sleep);
         }
@@ -126,4 +155,41 @@ fn wait_readable(fd: RawFd, timeout: Duration) {
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd on the stack; EINTR and errors just end the wait early.
     unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transport like libfabric's shm: nothing to sleep on.
+    struct NoFd;
+    impl Transport for NoFd {
+        fn arm(&self) -> Result<bool> {
+            Ok(true)
+        }
+        fn event_fd(&self) -> RawFd {
+            -1
+        }
+    }
+
+    /// Idle passes until the poller naps; None if it had not within `passes`.
+    fn passes_before_nap(p: &mut Poller, passes: u32) -> Option<u32> {
+        (1..=passes).find(|_| {
+            p.after_progress(&NoFd, false, Duration::from_millis(1)).unwrap();
+            p.slept
+        })
+    }
+
+    #[test]
+    fn an_expected_transfer_keeps_a_fd_less_poller_spinning_then_lets_it_nap() {
+        let mut idle = Poller::new(PollMode::Adaptive, Duration::ZERO);
+        assert_eq!(passes_before_nap(&mut idle, 1000), Some(CLOCK_EVERY), "with nothing expected it naps once the spin is used up");
+
+        let mut waiting = Poller::new(PollMode::Adaptive, Duration::ZERO);
+        waiting.expect_transfer(64 << 20); // the cap: TRANSFER_SPIN_MAX of spin
+        assert_eq!(passes_before_nap(&mut waiting, 4 * CLOCK_EVERY), None, "it spins while the transfer may still run");
+        std::thread::sleep(TRANSFER_SPIN_MAX);
+        assert!(passes_before_nap(&mut waiting, CLOCK_EVERY).is_some(), "the spin a transfer buys is bounded");
+        assert!(waiting.transfer_until.is_none());
+    }
 }
