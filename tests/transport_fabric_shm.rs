@@ -248,3 +248,35 @@ fn a_client_killed_during_a_large_get_does_not_stall_later_large_gets() {
     assert!(report.contains("| get | 3145728 |"), "{report}");
     assert!(counter_total(&server, "rdram_worker_replacements_total") >= 1, "no endpoint replacement counted");
 }
+
+/// A client whose large GET timed out before any of the reply came (the server was
+/// stopped) receives that reply into its own memory, not the caller's, before it
+/// reconnects. Left unanswered, shm's sender waits for the answer for good, and the shard
+/// had to replace its endpoints, which costs every one of its clients a failed call.
+#[test]
+fn a_large_get_given_up_on_is_received_and_dropped_not_left_unanswered() {
+    use remote_dram::client::GetOptions;
+    use remote_dram::{ClientOptions, Status};
+    common::init(common::FABRIC_SHM);
+    const LEN: usize = 64 << 20;
+    let server = common::ServerProc::start(&["--workers", "1", "--memory", "256MiB", "--metrics", "127.0.0.1:0"]);
+    let value = common::pattern(3, LEN);
+    let mut other = common::connect(&server.addr);
+    other.put(b"big", &value).unwrap();
+    let mut hasty = remote_dram::Client::connect(&server.addr, ClientOptions { timeout: Duration::from_millis(300), ..common::options() }).unwrap();
+    let mut out = vec![0u8; LEN];
+    for round in 0..3 {
+        common::signal(server.child.id(), common::SIGSTOP);
+        let got = hasty.get_into(b"big", &GetOptions::default(), &mut out);
+        out.fill(0x11);
+        common::signal(server.child.id(), common::SIGCONT);
+        assert_eq!(got.err().map(|e| e.status), Some(Status::Timeout), "round {round}");
+        std::thread::sleep(Duration::from_millis(300)); // the reply reaches the old connection
+        // The next call reconnects; the other client never notices.
+        assert_eq!(hasty.get(b"big").unwrap().unwrap().data.len(), LEN, "round {round}");
+        assert_eq!(other.get(b"big").unwrap().unwrap().data, value, "round {round}");
+        assert!(out.iter().all(|&b| b == 0x11), "round {round}: the caller's buffer was written after the call returned");
+    }
+    assert!(common::wait_until(Duration::from_secs(2), || counter_total(&server, "rdram_shm_locks_released") == 0));
+    assert_eq!(counter_total(&server, "rdram_worker_replacements_total"), 0, "the shard replaced its endpoints");
+}

@@ -74,6 +74,9 @@ struct Pending {
     data_op: Option<(u32, usize)>,
     data_buf: Vec<u8>,
     reply: Option<Result<Reply>>,
+    /// Nobody waits for it any more (see `forget_request`): what still arrives for it is
+    /// received into our own buffers and dropped.
+    abandoned: bool,
 }
 
 struct Region {
@@ -187,6 +190,7 @@ impl FabricLink {
                 data_op: None,
                 data_buf: Vec::new(),
                 reply: None,
+                abandoned: false,
             })
         });
         p.server = server;
@@ -197,6 +201,7 @@ impl FabricLink {
         p.header_op = None;
         p.data_op = None;
         p.reply = None;
+        p.abandoned = false;
         p
     }
 
@@ -320,6 +325,16 @@ impl FabricLink {
                 }
             }
         }
+        self.release_if_abandoned(id);
+    }
+
+    /// Releases request `id` once nobody waits for it and the provider holds none of its
+    /// buffers any more.
+    fn release_if_abandoned(&mut self, id: u64) {
+        if self.pending.get(&id).is_some_and(|p| p.abandoned && p.sent && p.header_op.is_none() && p.data_op.is_none()) {
+            let p = self.pending.remove(&id).unwrap();
+            self.release(p);
+        }
     }
 
     /// Receives a reply's payload sent as its own message, striped over the rails,
@@ -362,13 +377,24 @@ impl FabricLink {
 
     /// Gives up on a server: cancels our receives still posted for its requests, waits
     /// briefly for the provider to hand their buffers back, and fails those requests.
+    /// After a timeout (the server is alive but slow, or stalled) the receives of
+    /// abandoned requests stay posted, so that their replies are still taken (see
+    /// `forget_request`).
     fn fail_server(&mut self, server: usize, status: Status, why: String) {
         if self.servers[server].dead.is_none() {
             self.servers[server].dead = Some(why.clone());
         }
-        let ids: Vec<u64> = self.pending.iter().filter(|(_, p)| p.server == server).map(|(id, _)| *id).collect();
+        let keep_abandoned = status == Status::Timeout;
+        let ids: Vec<u64> = self.pending.iter().filter(|(_, p)| p.server == server && !(keep_abandoned && p.abandoned)).map(|(id, _)| *id).collect();
         self.cancel_receives(&ids);
         for id in ids {
+            if self.pending.get(&id).is_some_and(|p| p.abandoned) {
+                if let Some(fresh) = self.retire(id) {
+                    self.pool.push(fresh);
+                }
+                self.release_if_abandoned(id);
+                continue;
+            }
             if let Some(fresh) = self.retire(id) {
                 self.pending.insert(id, fresh);
             }
@@ -433,7 +459,12 @@ impl FabricLink {
         Some(fresh)
     }
 
-    /// Drops request `id`, which nobody waits for any more.
+    /// Drops request `id`, which nobody waits for any more. Once this returns nothing is
+    /// written into the caller's buffer. What the server still sends for it is received
+    /// into our own buffers and dropped, not left unanswered: libfabric shm's sender of a
+    /// large message waits for the receiver's answer in one in-order queue, and a reply
+    /// left there made the server replace its endpoints once we went (which costs every
+    /// one of its clients a failed call).
     fn forget_request(&mut self, id: u64) {
         // A receive into the caller's buffer that already matched cannot be cancelled;
         // while its server lives it completes: let it, for up to the abort grace.
@@ -443,12 +474,32 @@ impl FabricLink {
                 std::thread::yield_now();
             }
         }
-        self.cancel_receives(&[id]);
-        if self.retire(id).map(|fresh| self.pool.push(fresh)).is_none() {
-            if let Some(p) = self.pending.remove(&id) {
-                self.release(p);
+        let Some(p) = self.pending.get_mut(&id) else { return };
+        p.abandoned = true;
+        // A payload still to come goes into our own buffer from now on.
+        let into_sink = p.sink.take().is_some() && p.data_op.is_some();
+        if into_sink {
+            let payload_len = match &p.reply {
+                Some(Ok(r)) => r.len,
+                _ => 0,
+            };
+            self.cancel_receives(&[id]);
+            let Some(p) = self.pending.get(&id) else { return };
+            if p.data_op.is_some() {
+                // Neither completed nor cancelled: only closing the link ends it.
+                if let Some(fresh) = self.retire(id) {
+                    self.pool.push(fresh);
+                }
+                return;
+            }
+            if matches!(p.reply, Some(Err(_))) && !self.poisoned {
+                // Cancelled before it matched: the payload is still on its way.
+                let mut p = self.pending.remove(&id).unwrap();
+                self.receive_payload(id, &mut p, payload_len);
+                self.pending.insert(id, p);
             }
         }
+        self.release_if_abandoned(id);
     }
 }
 
@@ -644,6 +695,15 @@ impl Link for FabricLink {
 
 impl Drop for FabricLink {
     fn drop(&mut self) {
+        // Replies given up on that are on their way (or already here) are taken before
+        // the endpoints close (see `forget_request`); a server that sends nothing within
+        // the bound is not waited for.
+        let deadline = Instant::now() + CANCEL_DRAIN;
+        while !self.poisoned && self.pending.values().any(|p| p.abandoned) && Instant::now() < deadline {
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
         if self.poisoned {
             // Endpoints, registrations and the buffers they may still write are leaked
             // on purpose (see `retire`).
