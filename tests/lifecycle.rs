@@ -106,3 +106,47 @@ fn connecting_during_start_is_answered_at_once() {
     let _ = child.wait();
     eprintln!("{refused} connects refused while the server started");
 }
+
+/// A one-shot `rdram` command reaches a UCX server that shares its host, namespaces and
+/// user over shared memory alone (its context then skips tcp discovery, ~25 ms), and
+/// one whose server offers no shared memory over what that server offers, quietly.
+#[test]
+fn one_shot_commands_take_shared_memory_only_where_the_server_offers_it() {
+    use std::process::{Command, Stdio};
+    let value = pattern(8, 3 << 20);
+    for (server_tls, narrowed) in [(None, true), (Some("tcp"), false)] {
+        let mut cmd = Command::new(common::RDRAM);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--memory", "64MiB", "--hugepages", "off"]).env("UCX_NET_DEVICES", "lo");
+        match server_tls {
+            Some(tls) => cmd.env("UCX_TLS", tls),
+            None => cmd.env_remove("UCX_TLS"),
+        };
+        let mut server = ServerProc::spawn_listening(cmd);
+        let cli = |args: &[&str], stdin: Option<&[u8]>| {
+            use std::io::Write;
+            let mut child = Command::new(common::RDRAM)
+                .args(args)
+                .args(["--server", &server.addr])
+                .env_remove("UCX_TLS")
+                .env("UCX_NET_DEVICES", "lo")
+                .env("RUST_LOG", "remote_dram=debug")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(stdin.unwrap_or_default()).unwrap();
+            let out = child.wait_with_output().unwrap();
+            (out.status.code(), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+        };
+        let (put, _, put_log) = cli(&["put", "big"], Some(&value));
+        let (get, got, get_log) = cli(&["get", "big"], None);
+        assert_eq!((put, get), (Some(0), Some(0)), "server UCX_TLS {server_tls:?}:\n{put_log}\n{get_log}");
+        assert!(got == value, "server UCX_TLS {server_tls:?}: the value came back changed");
+        for log in [&put_log, &get_log] {
+            assert_eq!(log.contains("UCX over shared memory only"), narrowed, "server UCX_TLS {server_tls:?}:\n{log}");
+            assert!(!log.contains("ERROR"), "server UCX_TLS {server_tls:?}:\n{log}");
+        }
+        assert_eq!(server.stop().and_then(|s| s.code()), Some(0));
+    }
+}

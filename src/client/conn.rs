@@ -162,16 +162,32 @@ pub struct ConnectOptions {
     /// Upper bound on one operation; a server that does not answer in time is declared gone.
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// See [`crate::ClientOptions::local_shared_memory`].
+    pub local_shared_memory: bool,
 }
 
 impl Connection {
     pub fn connect(addresses: &[String], opts: &ConnectOptions) -> Result<Connection> {
+        match Self::connect_once(addresses, opts) {
+            // Shared memory could not reach the server (another IPC namespace, say):
+            // once more, with every transport.
+            Err(e) if opts.local_shared_memory && e.status == Status::Transport => {
+                tracing::debug!("shared memory did not reach {}: {}; trying every transport", addresses.join(","), e.message);
+                Self::connect_once(addresses, &ConnectOptions { local_shared_memory: false, ..opts.clone() })
+            }
+            r => r,
+        }
+    }
+
+    fn connect_once(addresses: &[String], opts: &ConnectOptions) -> Result<Connection> {
         if addresses.is_empty() {
             return Err(Error::new(Status::Invalid, "no server address given"));
         }
         let mut welcomes: Vec<Welcome> = Vec::new();
         let mut bootstraps = Vec::new();
         let mut local_ip = None;
+        let scope = if opts.local_shared_memory { crate::transport::ucx::shared_memory_scope() } else { None };
+        let mut all_local = scope.is_some();
         for addr in addresses {
             let (welcome, stream) = handshake(addr, opts)?;
             let ip = stream.local_addr()?.ip();
@@ -187,13 +203,17 @@ impl Connection {
                     ));
                 }
             }
+            all_local &= welcome.shared_memory_scope.is_some() && welcome.shared_memory_scope == scope;
             local_ip.get_or_insert(ip);
             welcomes.push(welcome);
         }
         let liveness = Liveness::new(bootstraps)?;
         let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
-            "ucx" => Box::new(UcxLink::connect(&welcomes, liveness, opts)?),
+            "ucx" => {
+                let opts = ConnectOptions { local_shared_memory: all_local, ..opts.clone() };
+                Box::new(UcxLink::connect(&welcomes, liveness, &opts)?)
+            }
             "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts)?),
             other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
         };

@@ -23,6 +23,12 @@ pub struct ClientOptions {
     pub spin: Duration,
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// For UCX servers whose shared memory this process reaches (same boot, IPC and PID
+    /// namespaces, and user, as their welcome says): a UCX context with shared-memory
+    /// transports only (unless `UCX_TLS` is set), all transports if that fails. It starts
+    /// about 25 ms sooner (no tcp interface discovery): worth it to a one-shot command
+    /// such as `rdram get`, not to a long-lived client.
+    pub local_shared_memory: bool,
 }
 
 impl Default for ClientOptions {
@@ -33,6 +39,7 @@ impl Default for ClientOptions {
             spin: DEFAULT_SPIN,
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            local_shared_memory: false,
         }
     }
 }
@@ -164,6 +171,7 @@ impl Client {
             spin: opts.spin,
             timeout: opts.timeout,
             connect_timeout: opts.connect_timeout,
+            local_shared_memory: opts.local_shared_memory,
         };
         let conn = Connection::connect(&list, &copts)?;
         Ok(Client { conn, addresses: list, opts: copts, regions: Vec::new(), reconnect_at: std::time::Instant::now(), backoff: RECONNECT_BACKOFF_MIN })

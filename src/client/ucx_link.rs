@@ -121,7 +121,10 @@ pub struct UcxLink {
 
 impl UcxLink {
     pub fn connect(welcomes: &[Welcome], liveness: Liveness, poll: &ConnectOptions) -> Result<UcxLink> {
-        let worker = Box::new(Worker::new()?);
+        if poll.local_shared_memory {
+            tracing::debug!("UCX over shared memory only: the servers share this process's host, namespaces and user");
+        }
+        let worker = Box::new(Worker::with_transports(poll.local_shared_memory.then_some(ucx::SHARED_MEMORY_TLS))?);
         let state =
             StatePtr::new(State { worker: &*worker, pending: FxHashMap::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
         let state_ptr: *mut State = state.0;

@@ -52,6 +52,11 @@ pub struct Welcome {
     /// rail joined by commas (libfabric).
     #[serde(default)]
     pub shards: Vec<String>,
+    /// Set by a UCX server whose transports include shared memory: where its shared
+    /// memory reaches (see `transport::ucx::shared_memory_scope`). A client in the same
+    /// scope may connect over shared memory alone.
+    #[serde(default)]
+    pub shared_memory_scope: Option<String>,
 }
 
 impl Welcome {
@@ -65,6 +70,7 @@ impl Welcome {
             node: String::new(),
             session: 0,
             shards: Vec::new(),
+            shared_memory_scope: None,
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct Shared {
     pub node: String,
     pub transport: &'static str,
     pub provider: String,
+    /// See [`Welcome::shared_memory_scope`].
+    pub shared_memory_scope: Option<String>,
     /// Each shard worker's address(es), encoded for the Welcome.
     pub shards: Vec<super::ShardAddress>,
     pub token: Option<String>,
@@ -228,6 +230,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
             node: shared.node.clone(),
             session,
             shards: shared.shards.iter().map(super::ShardAddress::get).collect(),
+            shared_memory_scope: shared.shared_memory_scope.clone(),
         },
     );
     if let Err(e) = welcomed {

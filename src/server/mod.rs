@@ -338,6 +338,10 @@ impl Server {
                 TransportChoice::Fabric { provider, .. } => provider.clone(),
                 _ => String::new(),
             },
+            shared_memory_scope: match &transport {
+                TransportChoice::Fabric { .. } => None,
+                _ => crate::transport::ucx::shared_memory_scope(),
+            },
             shards: addresses,
             token: cfg.auth_token.clone(),
             stop: server.stop.clone(),

@@ -78,7 +78,7 @@ impl ServerProc {
     }
 
     /// Spawns `cmd` and waits for the "listening on ADDR" line it prints when ready.
-    fn spawn_listening(mut cmd: Command) -> ServerProc {
+    pub fn spawn_listening(mut cmd: Command) -> ServerProc {
         let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn rdram");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
