@@ -68,7 +68,9 @@ pub fn shared_memory_scope() -> Option<String> {
     let ns = |n: &str| std::fs::read_link(format!("/proc/self/ns/{n}")).ok().map(|p| p.to_string_lossy().into_owned());
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    Some(format!("{} {} {} uid:{uid}", boot.trim(), ns("ipc")?, ns("pid")?))
+    // Hashed: peers compare it, and need not learn the host's boot id or namespaces.
+    let scope = format!("{} {} {} uid:{uid}", boot.trim(), ns("ipc")?, ns("pid")?);
+    Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(scope.as_bytes())))
 }
 
 /// UCX's configuration from the environment, and whether shared-memory transports detect a
