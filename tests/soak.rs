@@ -201,8 +201,13 @@ fn soak_one(transport: &str, seconds: u64) {
     }
     let (keys, used, pinned) = shard_totals(&mut observer);
     observer.delete_range(&remote_dram::client::KeyRange::prefix(b"soak/")).unwrap();
-    // Departed clients' resources come back within a moment.
-    let settled = common::wait_until(Duration::from_secs(10), || shard_totals(&mut observer) == (0, 0, 0));
+    // Departed clients' resources come back within a moment; extents that a libfabric shm
+    // shard's replaced endpoints may still be read through stay pinned for 30 s after the
+    // replacement (`fabric_worker::RETIRED_GRACE`).
+    let settled = common::wait_until(Duration::from_secs(40), || shard_totals(&mut observer) == (0, 0, 0));
+    // Closed libfabric shm endpoints are parked (mapped, their fds open) for 30 s more
+    // (`transport::fabric::ShmEndpoints`).
+    let _ = common::wait_until(Duration::from_secs(40), || server_resources(pid).1 <= fds0 + 2);
     let (rss1, fds1) = server_resources(pid);
     let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
     let scraped = ureq::get(&url).call().unwrap().into_string().unwrap();

@@ -266,7 +266,7 @@ fn a_large_get_given_up_on_is_received_and_dropped_not_left_unanswered() {
     let mut hasty = remote_dram::Client::connect(&server.addr, ClientOptions { timeout: Duration::from_millis(300), ..common::options() }).unwrap();
     let mut out = vec![0u8; LEN];
     for round in 0..3 {
-        common::signal(server.child.id(), common::SIGSTOP);
+        common::stop_process(server.child.id());
         let got = hasty.get_into(b"big", &GetOptions::default(), &mut out);
         out.fill(0x11);
         common::signal(server.child.id(), common::SIGCONT);

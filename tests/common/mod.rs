@@ -158,6 +158,18 @@ pub fn signal(pid: u32, sig: i32) {
     assert_eq!(unsafe { libc_kill(pid as i32, sig) }, 0, "kill({pid}, {sig})");
 }
 
+/// Stops a process and returns once every thread of it is stopped (a thread busy on
+/// another core can still run for a moment after `kill` returns).
+pub fn stop_process(pid: u32) {
+    signal(pid, SIGSTOP);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).map_or(false, |tasks| {
+            tasks.flatten().all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| st.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))))
+        })
+    };
+    assert!(wait_until(std::time::Duration::from_secs(5), stopped), "process {pid} did not stop");
+}
+
 pub fn options() -> ClientOptions {
     ClientOptions { timeout: Duration::from_secs(20), ..Default::default() }
 }

@@ -537,15 +537,10 @@ pub fn clients_recover(transport: &str) {
     let mut c = Client::connect(&server.addr, quick).unwrap();
     c.put(b"k", b"v1").unwrap();
 
-    let pid = server.child.id().to_string();
-    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
-    signal("-STOP");
-    // kill returns before the process has stopped: wait until it shows as stopped.
-    let stopped = || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')));
-    assert!(wait_until(Duration::from_secs(5), stopped), "the server did not stop");
+    common::stop_process(server.child.id());
     let stalled = c.get(b"k").unwrap_err();
     assert_eq!(stalled.status, Status::Timeout, "{stalled}");
-    signal("-CONT");
+    common::signal(server.child.id(), common::SIGCONT);
     assert!(
         wait_until(Duration::from_secs(10), || matches!(c.get(b"k"), Ok(Some(v)) if v.data == b"v1")),
         "the handle did not recover after the server resumed"

@@ -623,11 +623,23 @@ impl ShmEndpoints {
         close_now
     }
 
-    /// Whether the lock watchdog goes on: while shm endpoints are open.
+    /// Whether the lock watchdog goes on: while shm endpoints are open. Asked every tick,
+    /// it also closes the parked endpoints that are due, so that they go on time in a
+    /// process that opens and closes no other (a server after a replacement).
     fn keep_watching() -> bool {
-        let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-        shm.watching = shm.open > 0;
-        shm.watching
+        let (watching, due) = {
+            let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+            shm.watching = shm.open > 0;
+            let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut shm.parked).into_iter().partition(|(since, _)| since.elapsed() >= SHM_PARK);
+            shm.parked = kept;
+            (shm.watching, due)
+        };
+        for (_, handles) in due {
+            // SAFETY: parked handles, opened by `open_rail` and used by nothing any more;
+            // taken out of the list above, so closed once.
+            unsafe { handles.close() };
+        }
+        watching
     }
 }
 
