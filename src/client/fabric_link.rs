@@ -478,27 +478,33 @@ impl FabricLink {
         p.abandoned = true;
         // A payload still to come goes into our own buffer from now on.
         let into_sink = p.sink.take().is_some() && p.data_op.is_some();
+        let payload_len = match &p.reply {
+            Some(Ok(r)) => r.len,
+            _ => 0,
+        };
+        let reads_caller_memory = p.remote_payload;
         if into_sink {
-            let payload_len = match &p.reply {
-                Some(Ok(r)) => r.len,
-                _ => 0,
-            };
             self.cancel_receives(&[id]);
-            let Some(p) = self.pending.get(&id) else { return };
-            if p.data_op.is_some() {
+            if self.pending.get(&id).is_some_and(|p| p.data_op.is_some()) {
                 // Neither completed nor cancelled: only closing the link ends it.
                 if let Some(fresh) = self.retire(id) {
                     self.pool.push(fresh);
                 }
                 return;
             }
-            if matches!(p.reply, Some(Err(_))) && !self.poisoned {
-                // Cancelled before it matched: the payload is still on its way.
-                let mut p = self.pending.remove(&id).unwrap();
-                self.receive_payload(id, &mut p, payload_len);
-                self.pending.insert(id, p);
+        }
+        let Some(mut p) = self.pending.remove(&id) else { return };
+        if reads_caller_memory || into_sink {
+            // The caller's memory is registered no longer (a payload the worker read, a sink).
+            for mrs in p.temp_mr.drain(..) {
+                self.rails.deregister(mrs);
             }
         }
+        if into_sink && matches!(p.reply, Some(Err(_))) && !self.poisoned {
+            // Cancelled before it matched: the payload is still on its way.
+            self.receive_payload(id, &mut p, payload_len);
+        }
+        self.pending.insert(id, p);
         self.release_if_abandoned(id);
     }
 }
