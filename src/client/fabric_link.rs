@@ -287,6 +287,7 @@ impl FabricLink {
     fn finished(&mut self, f: Finished<LinkOp>) {
         let id = f.value.request;
         let Some(p) = self.pending.get_mut(&id) else { return };
+        let abandoned = p.abandoned;
         match f.value.step {
             Step::Send => {
                 p.sent = true;
@@ -325,7 +326,9 @@ impl FabricLink {
                 }
             }
         }
-        self.release_if_abandoned(id);
+        if abandoned {
+            self.release_if_abandoned(id);
+        }
     }
 
     /// Releases request `id` once nobody waits for it and the provider holds none of its
@@ -389,10 +392,7 @@ impl FabricLink {
         self.cancel_receives(&ids);
         for id in ids {
             if self.pending.get(&id).is_some_and(|p| p.abandoned) {
-                if let Some(fresh) = self.retire(id) {
-                    self.pool.push(fresh);
-                }
-                self.release_if_abandoned(id);
+                self.discard(id);
                 continue;
             }
             if let Some(fresh) = self.retire(id) {
@@ -459,6 +459,19 @@ impl FabricLink {
         Some(fresh)
     }
 
+    /// Takes request `id` out for good, after its receives were cancelled: released when
+    /// the provider holds none of its buffers, else retired (see `retire`).
+    fn discard(&mut self, id: u64) {
+        match self.retire(id) {
+            Some(fresh) => self.pool.push(fresh),
+            None => {
+                if let Some(p) = self.pending.remove(&id) {
+                    self.release(p);
+                }
+            }
+        }
+    }
+
     /// Drops request `id`, which nobody waits for any more. Once this returns nothing is
     /// written into the caller's buffer. What the server still sends for it is received
     /// into our own buffers and dropped, not left unanswered: libfabric shm's sender of a
@@ -478,12 +491,7 @@ impl FabricLink {
             // A put whose value the worker read from the caller's memory (its reply is a
             // small one): its registration closes now, and nothing of it is driven again.
             self.cancel_receives(&[id]);
-            if self.retire(id).map(|fresh| self.pool.push(fresh)).is_none() {
-                if let Some(p) = self.pending.remove(&id) {
-                    self.release(p);
-                }
-            }
-            return;
+            return self.discard(id);
         }
         let Some(p) = self.pending.get_mut(&id) else { return };
         p.abandoned = true;
@@ -497,10 +505,7 @@ impl FabricLink {
             self.cancel_receives(&[id]);
             if self.pending.get(&id).is_some_and(|p| p.data_op.is_some()) {
                 // Neither completed nor cancelled: only closing the link ends it.
-                if let Some(fresh) = self.retire(id) {
-                    self.pool.push(fresh);
-                }
-                return;
+                return self.discard(id);
             }
         }
         let Some(mut p) = self.pending.remove(&id) else { return };
@@ -725,9 +730,11 @@ impl Drop for FabricLink {
         let left: Vec<u64> = self.pending.iter().filter(|(_, p)| p.abandoned).map(|(&id, _)| id).collect();
         if !self.poisoned && !left.is_empty() {
             self.cancel_receives(&left);
-            for id in left {
-                if let Some(fresh) = self.retire(id) {
-                    self.pool.push(fresh);
+            // One that neither came nor could be cancelled: the endpoints are left alone.
+            self.poisoned = left.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some()));
+            if !self.poisoned {
+                for id in left {
+                    self.discard(id);
                 }
             }
         }

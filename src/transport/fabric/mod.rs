@@ -617,10 +617,15 @@ impl ShmEndpoints {
             }
         }
         let all = shm.open == 0;
-        let (due, kept) = std::mem::take(&mut shm.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
-        shm.parked = kept;
-        close_now.extend(due.into_iter().map(|(_, h): (std::time::Instant, Handles)| h));
+        close_now.extend(shm.take_due(all));
         close_now
+    }
+
+    /// Takes out the parked endpoints whose time is up (all of them with `all`).
+    fn take_due(&mut self, all: bool) -> Vec<Handles> {
+        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
+        self.parked = kept;
+        due.into_iter().map(|(_, h)| h).collect()
     }
 
     /// Whether the lock watchdog goes on: while shm endpoints are open. Asked every tick,
@@ -630,11 +635,9 @@ impl ShmEndpoints {
         let (watching, due) = {
             let mut shm = SHM_ENDPOINTS.lock().unwrap_or_else(|e| e.into_inner());
             shm.watching = shm.open > 0;
-            let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut shm.parked).into_iter().partition(|(since, _)| since.elapsed() >= SHM_PARK);
-            shm.parked = kept;
-            (shm.watching, due)
+            (shm.watching, shm.take_due(false))
         };
-        for (_, handles) in due {
+        for handles in due {
             // SAFETY: parked handles, opened by `open_rail` and used by nothing any more;
             // taken out of the list above, so closed once.
             unsafe { handles.close() };
