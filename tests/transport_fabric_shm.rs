@@ -214,39 +214,81 @@ fn a_client_that_never_receives_does_not_wedge_the_shard() {
     drop(hog);
 }
 
+/// `rdram-bench` getting 3 MiB values (8 keys it stores first) for `seconds`.
+fn large_getter(server: &common::ServerProc, seconds: &str) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+        .args(["--server", &server.addr, "--ops", "get", "--sizes", "3145728", "--keys", "8", "--seconds", seconds])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (40 s at most) for a [`large_getter`] to finish, asserts that it succeeded, and
+/// returns its report.
+fn large_gets_finish(mut getter: std::process::Child) -> String {
+    let finished = common::wait_until(Duration::from_secs(40), || getter.try_wait().unwrap().is_some());
+    if !finished {
+        let _ = getter.kill();
+    }
+    let out = getter.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(finished && out.status.success(), "the next client's large GETs did not finish ({:?}):\n{report}\n{stderr}", out.status);
+    assert!(report.contains("| get | 3145728 |"), "{report}");
+    report
+}
+
 /// libfabric's shm sender of a large message waits for the receiver's answer in one
 /// queue, read in order: a client killed during a large GET never answers, and every
 /// later large send of the shard, to anyone, waited behind it (the next client's large
 /// GETs all timed out). The shard replaces its endpoints when such a client leaves.
 #[test]
 fn a_client_killed_during_a_large_get_does_not_stall_later_large_gets() {
-    use std::process::{Command, Stdio};
     common::init(common::FABRIC_SHM);
     let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
-    let bench = env!("CARGO_BIN_EXE_rdram-bench");
-    let getter = |seconds: &str| {
-        Command::new(bench)
-            .args(["--server", &server.addr, "--ops", "get", "--sizes", "3145728", "--keys", "8", "--seconds", seconds])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let getter = |seconds: &str| large_getter(&server, seconds);
     let mut killed = getter("30");
     std::thread::sleep(Duration::from_millis(1500)); // stored its keys, getting
     common::signal(killed.id(), common::SIGKILL);
     killed.wait().unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let mut next = getter("2");
-    let finished = common::wait_until(Duration::from_secs(40), || next.try_wait().unwrap().is_some());
-    if !finished {
-        let _ = next.kill();
-    }
-    let out = next.wait_with_output().unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(finished && out.status.success(), "the next client's large GETs did not finish ({:?}):\n{report}", out.status);
-    assert!(report.contains("| get | 3145728 |"), "{report}");
+    large_gets_finish(getter("2"));
     assert!(counter_total(&server, "rdram_worker_replacements_total") >= 1, "no endpoint replacement counted");
+}
+
+/// A shard whose endpoint replacement failed (here: the server was out of file
+/// descriptors for a while) tries again until it succeeds. It used to warn once and never
+/// try again: its large sends stayed stalled behind the departed client for good.
+#[test]
+fn a_failed_endpoint_replacement_is_tried_again() {
+    common::init(common::FABRIC_SHM);
+    let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
+    let pid = server.child.id() as libc::pid_t;
+    let getter = |seconds: &str| large_getter(&server, seconds);
+    let nofile = |limit: Option<libc::rlimit>| {
+        let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let new = limit.as_ref().map_or(std::ptr::null(), |l| l as *const libc::rlimit);
+        // SAFETY: pid is our child; new is null or a valid rlimit; old is an out-parameter.
+        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, new, &mut old) }, 0, "prlimit: {}", std::io::Error::last_os_error());
+        old
+    };
+    let mut killed = getter("30");
+    std::thread::sleep(Duration::from_millis(1500)); // stored its keys, getting
+    // No new file descriptor for the server: new endpoints cannot be opened.
+    let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as libc::rlim_t;
+    let saved = nofile(None);
+    nofile(Some(libc::rlimit { rlim_cur: open_fds, rlim_max: saved.rlim_max }));
+    common::signal(killed.id(), common::SIGKILL);
+    killed.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(2)); // the replacement fails, at least once
+    nofile(Some(saved));
+    assert!(
+        common::wait_until(Duration::from_secs(15), || counter_total(&server, "rdram_worker_replacements_total") >= 1),
+        "the failed replacement was not tried again once file descriptors were back"
+    );
+    large_gets_finish(getter("2"));
 }
 
 /// A client whose large GET timed out before any of the reply came (the server was

@@ -124,6 +124,13 @@ impl Collector for ServerCollector {
             MetricType::Counter,
             each_counter(&g(|g| &g.worker_replacements)),
         )?;
+        family(
+            &mut e,
+            "rdram_worker_recycles",
+            "UCX workers whose new clients were moved to a fresh one because departed shared-memory clients' endpoints (freed by UCX only with the worker) piled up",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.worker_recycles)),
+        )?;
 
         let b = &self.bootstrap;
         family(&mut e, "rdram_clients_connected", "Clients connected", MetricType::Gauge, [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))])?;

@@ -59,6 +59,9 @@ pub struct Gauges {
     /// Transport endpoints replaced: a UCX worker whose receive queue got stuck
     /// (`server::queue_probe`), libfabric shm rails stalled by a departed client.
     pub worker_replacements: AtomicU64,
+    /// UCX workers recycled: new clients handed a fresh one because departed
+    /// shared-memory clients' endpoints piled up on the old (`ucx_worker::ReplyEps`).
+    pub worker_recycles: AtomicU64,
 }
 
 /// Adds `n` to a counter only this thread writes.
@@ -115,6 +118,10 @@ impl ShardMetrics {
     /// Counts a replacement of the shard's transport endpoints.
     pub fn worker_replaced(&self) {
         bump(&self.gauges.worker_replacements, 1);
+    }
+
+    pub fn worker_recycled(&self) {
+        bump(&self.gauges.worker_recycles, 1);
     }
 
     /// Publishes the shard's state for scrapes.

@@ -55,6 +55,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// How many times shards moved to new endpoints so far (all shards together).
+    fn moves(&self) -> u64 {
+        self.shards.iter().map(super::ShardAddress::moves).sum()
+    }
+
     fn tell_workers(&self, m: Membership) {
         for tx in &self.members {
             let _ = tx.send(m);
@@ -117,25 +122,21 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
 
 /// Holds welcomed clients' connections until each client closes its end (or the server
 /// stops, which closes them all).
-fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &Shared) {
-    let mut kept: Vec<(TcpStream, u64)> = Vec::new();
-    let moves = || shared.shards.iter().map(|a| a.moves()).sum::<u64>();
-    let mut moves_told = moves();
+fn keep_open(incoming: crossbeam_channel::Receiver<Kept>, shared: &Shared) {
+    let mut kept: Vec<Kept> = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
         kept.extend(incoming.try_iter());
-        // A shard moved to new endpoints: clients learn it here (see MOVED_NOTICE) and
-        // reconnect, instead of each waiting out a timeout on the old ones.
-        let moved = moves();
-        if moved != moves_told {
-            moves_told = moved;
-            for (s, client) in &mut kept {
-                let _ = s.set_write_timeout(Some(Duration::from_millis(10)));
-                if let Err(e) = std::io::Write::write_all(s, &[MOVED_NOTICE]) {
-                    debug!("client {client}: cannot tell it a shard moved: {e}");
-                }
+        // A shard moved to new endpoints: clients welcomed before learn it here (see
+        // MOVED_NOTICE) and reconnect, instead of each waiting out a timeout on the old ones.
+        let moved = shared.moves();
+        for k in kept.iter_mut().filter(|k| k.moves_known < moved) {
+            k.moves_known = moved;
+            let _ = k.stream.set_write_timeout(Some(Duration::from_millis(10)));
+            if let Err(e) = std::io::Write::write_all(&mut k.stream, &[MOVED_NOTICE]) {
+                debug!("client {}: cannot tell it a shard moved: {e}", k.client);
             }
         }
-        let mut fds: Vec<libc::pollfd> = kept.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        let mut fds: Vec<libc::pollfd> = kept.iter().map(|k| libc::pollfd { fd: k.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: `fds` holds one valid pollfd per kept stream.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
         if n <= 0 {
@@ -143,7 +144,7 @@ fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &S
         }
         let mut buf = [0u8; 256];
         let mut i = 0;
-        kept.retain_mut(|(s, client)| {
+        kept.retain_mut(|Kept { stream: s, client, .. }| {
             let ready = fds[i].revents != 0;
             i += 1;
             // Readable means closed (read returns 0) or stray bytes, which are dropped.
@@ -157,12 +158,22 @@ fn keep_open(incoming: crossbeam_channel::Receiver<(TcpStream, u64)>, shared: &S
         });
     }
     // Stopping: every client's session ends with the server.
-    for (_, client) in kept {
-        shared.tell_workers(Membership::Left { client });
+    for k in kept {
+        shared.tell_workers(Membership::Left { client: k.client });
     }
 }
 
-fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)> {
+/// A welcomed client's bootstrap connection, kept open.
+struct Kept {
+    stream: TcpStream,
+    client: u64,
+    /// The shards' moves (see [`Shared::moves`]) its welcome's addresses already reflect:
+    /// it is told of later ones only (one welcomed during a move already has the new
+    /// address, and telling it would fail its first call for nothing).
+    moves_known: u64,
+}
+
+fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<Kept> {
     stream.set_nodelay(true)?;
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -219,6 +230,8 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
     };
     // The workers learn the session before the client does, so its first request finds it.
     shared.tell_workers(Membership::Joined { client: client_id, session });
+    // Read before the addresses: a move in between is told to it (harmless), never missed.
+    let moves_known = shared.moves();
     let welcomed = write_line(
         &mut stream,
         &Welcome {
@@ -241,7 +254,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<(TcpStream, u64)>
     }
     shared.metrics.accepted.fetch_add(1, Ordering::Relaxed);
     info!("client {client_id} connected from {}", peer(&stream));
-    Ok((stream, client_id))
+    Ok(Kept { stream, client: client_id, moves_known })
 }
 
 fn peer(stream: &TcpStream) -> String {

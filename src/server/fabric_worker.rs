@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::service::{self, Answer, Membership, PendingPut, Request, Service};
-use super::WorkerInfo;
+use super::{RetryBackoff, WorkerInfo};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
@@ -126,8 +126,9 @@ pub struct FabricShardWorker {
     rails: Rails,
     /// Endpoints replaced by `replace_rails`, never progressed again, kept for a grace.
     retired: Vec<Retired>,
-    /// Set when the endpoints must be replaced (see `replace_rails`).
+    /// Set when the endpoints must be replaced (see `replace_rails`), until they are.
     replace_due: bool,
+    replace_retry: RetryBackoff,
     /// How the rails were opened, to open their replacements alike.
     provider: String,
     listen: std::net::IpAddr,
@@ -203,6 +204,7 @@ impl FabricShardWorker {
             rails,
             retired: Vec::new(),
             replace_due: false,
+            replace_retry: RetryBackoff::new(),
             provider: provider.to_string(),
             listen,
             address,
@@ -261,10 +263,17 @@ impl FabricShardWorker {
                 self.forget_departed();
                 self.cut_stalled_reads();
                 self.service.publish_metrics(self.reads.len());
-                if self.replace_due {
-                    self.replace_due = false;
-                    if let Err(e) = self.replace_rails() {
-                        warn!("shard {}: could not replace its endpoints: {}", self.service.index, e.message);
+                let now = Instant::now();
+                if self.replace_due && self.replace_retry.ready(now) {
+                    match self.replace_rails() {
+                        Ok(()) => {
+                            self.replace_due = false;
+                            self.replace_retry.succeeded();
+                        }
+                        Err(e) => {
+                            let again = self.replace_retry.failed(now);
+                            warn!("shard {}: could not replace its endpoints ({}); trying again in {again:?}", self.service.index, e.message);
+                        }
                     }
                 }
                 self.retire_expired(false);

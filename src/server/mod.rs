@@ -44,12 +44,20 @@ pub struct ServerConfig {
     /// [`service::MIN_TRANSFER_RATE`]) before the server gives up on it and takes back
     /// what it held: a client that starts a large put and stops progressing.
     pub stall_timeout: Duration,
+    /// UCX: departed shared-memory clients' endpoints a shard worker may hold before new
+    /// clients get a fresh worker. UCX frees such an endpoint (~50 KB, 3 mappings) only
+    /// with its worker when the peer cannot be found dead (shared memory without
+    /// `UCX_MM_ERROR_HANDLING=y`); the old worker serves its clients until they leave.
+    pub stranded_endpoint_limit: usize,
     /// `host:port` to serve Prometheus metrics on (`/metrics`); None: no endpoint.
     pub metrics: Option<String>,
 }
 
 /// Default for [`ServerConfig::stall_timeout`].
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default for [`ServerConfig::stranded_endpoint_limit`]: at most ~25 MB per worker.
+pub const DEFAULT_STRANDED_ENDPOINT_LIMIT: usize = 512;
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 1024;
@@ -104,6 +112,7 @@ impl Default for ServerConfig {
             transport: TransportChoice::Auto,
             max_clients: DEFAULT_MAX_CLIENTS,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            stranded_endpoint_limit: DEFAULT_STRANDED_ENDPOINT_LIMIT,
             metrics: None,
         }
     }
@@ -165,11 +174,54 @@ impl ShardAddress {
         self.0.read().unwrap_or_else(|e| e.into_inner()).0.clone()
     }
 
-    /// The shard moved to new endpoints.
+    /// The shard moved to new endpoints: clients are told (and reconnect).
     pub fn set(&self, address: String) {
-        let mut a = self.0.write().unwrap_or_else(|e| e.into_inner());
-        a.0 = address;
-        a.1 += 1;
+        self.hand_out(address);
+        self.tell_moved();
+    }
+
+    /// New clients get `address`; those connected are not told (the old one still serves them).
+    pub fn hand_out(&self, address: String) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).0 = address;
+    }
+
+    /// Tells every connected client to reconnect (a shard's old endpoints are going).
+    pub fn tell_moved(&self) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).1 += 1;
+    }
+}
+
+/// When to try again a replacement of a shard's endpoints that failed (no memory, no fds
+/// for a moment): soon, then less and less often, never giving up: a shard stalled for good
+/// is worse than a warning every few seconds.
+pub(super) struct RetryBackoff {
+    next_try: Option<std::time::Instant>,
+    delay: Duration,
+}
+
+impl RetryBackoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MOST: Duration = Duration::from_secs(5);
+
+    pub fn new() -> RetryBackoff {
+        RetryBackoff { next_try: None, delay: Self::FIRST }
+    }
+
+    /// Whether an attempt may be made now.
+    pub fn ready(&self, now: std::time::Instant) -> bool {
+        self.next_try.is_none_or(|t| now >= t)
+    }
+
+    /// An attempt failed at `now`; returns how long until the next one.
+    pub fn failed(&mut self, now: std::time::Instant) -> Duration {
+        let delay = self.delay;
+        self.next_try = Some(now + delay);
+        self.delay = (delay * 2).min(Self::MOST);
+        delay
+    }
+
+    pub fn succeeded(&mut self) {
+        *self = RetryBackoff::new();
     }
 }
 
@@ -265,7 +317,7 @@ impl Server {
                             fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout)
                                 .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
-                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout)
+                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout, cfg.stranded_endpoint_limit)
                             .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
                     };
                     match built {
@@ -409,5 +461,27 @@ impl Drop for Server {
         if !self.workers.is_empty() || self.bootstrap.is_some() {
             self.shutdown();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetryBackoff;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_failed_replacement_is_tried_again_ever_later_but_never_given_up() {
+        let mut retry = RetryBackoff::new();
+        let t0 = Instant::now();
+        assert!(retry.ready(t0));
+        let delays: Vec<Duration> = (0..8).map(|_| retry.failed(t0)).collect();
+        assert_eq!(delays[0], Duration::from_millis(100));
+        assert!(delays.windows(2).all(|w| w[1] >= w[0]), "{delays:?}");
+        assert_eq!(*delays.last().unwrap(), Duration::from_secs(5), "the delay is not capped: {delays:?}");
+        assert!(!retry.ready(t0 + Duration::from_millis(4999)));
+        assert!(retry.ready(t0 + Duration::from_secs(5)));
+        retry.succeeded();
+        assert!(retry.ready(t0));
+        assert_eq!(retry.failed(t0), Duration::from_millis(100), "success does not start over");
     }
 }

@@ -15,6 +15,11 @@
 //! [`queue_probe`](super::queue_probe)) is survived by replacing the UCX worker: the old one
 //! is retired (still progressed, so what was in flight on it ends, but no longer handed out
 //! to clients), a new one takes its place under a new address, and clients reconnect.
+//!
+//! The same machinery, without telling anyone, bounds what departed shared-memory clients
+//! leave behind (see [`ReplyEps`]): after [`super::ServerConfig::stranded_endpoint_limit`]
+//! of them, new clients are handed a fresh worker, and the old one serves the clients it
+//! has until the last one leaves, then goes with everything the departed ones left.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -28,7 +33,7 @@ use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};
 use super::service::{self, Answer, Membership, PendingPut, Service};
-use super::{ShardAddress, WorkerInfo};
+use super::{RetryBackoff, ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
@@ -44,6 +49,47 @@ const SWEEP_EVERY: u32 = 1024;
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// A retired UCX worker is destroyed at the first sweep after this with nothing in flight.
 const RETIRED_GRACE: Duration = Duration::from_secs(10);
+/// Recycled workers (see [`ReplyEps`]) that may wait for their last client at once.
+const MAX_RECYCLED: usize = 2;
+
+/// A count of operations in flight per worker generation (a handful at most).
+#[derive(Default)]
+struct PerGeneration(Vec<(u64, usize)>);
+
+impl PerGeneration {
+    fn add(&mut self, generation: u64) {
+        match self.0.iter_mut().find(|(g, _)| *g == generation) {
+            Some((_, n)) => *n += 1,
+            None => self.0.push((generation, 1)),
+        }
+    }
+
+    fn remove(&mut self, generation: u64) {
+        if let Some(i) = self.0.iter().position(|(g, _)| *g == generation) {
+            self.0[i].1 -= 1;
+            if self.0[i].1 == 0 {
+                self.0.swap_remove(i);
+            }
+        }
+    }
+
+    fn count(&self, generation: u64) -> usize {
+        self.0.iter().find(|(g, _)| *g == generation).map_or(0, |(_, n)| *n)
+    }
+
+    fn total(&self) -> usize {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// Bytes of the arena a reply is sent from, and the arena's mapping on the worker that sends.
+#[derive(Clone, Copy)]
+struct ArenaSlice {
+    offset: u64,
+    len: u64,
+    extent: u64,
+    memh: sys::ucp_mem_h,
+}
 
 struct ReplyMsg {
     worker: *mut ShardWorker,
@@ -55,10 +101,14 @@ struct ReplyMsg {
     client: u64,
     /// Owned payload bytes charged to that client while the send is pending.
     charged: u64,
+    /// The worker it is sent by (see [`Arrival`]).
+    generation: u64,
 }
 
 struct PutInFlight {
     worker: *mut ShardWorker,
+    /// The worker it arrives by (see [`Arrival`]).
+    generation: u64,
     /// Null once the endpoint was closed (see [`ShardWorker::cut_stalled_puts`]).
     reply_ep: sys::ucp_ep_h,
     /// When the transfer is cut if it has not finished (its client stopped progressing).
@@ -69,11 +119,55 @@ struct PutInFlight {
     abort: Option<u64>,
 }
 
-/// A UCX worker replaced because its receive queue got stuck, with its mapping of the arena.
+/// A UCX worker no longer handed out to clients, with its mapping of the arena.
 struct Retired {
     worker: Worker,
     memh: sys::ucp_mem_h,
+    /// After `worker`: its callbacks may run until it is destroyed.
+    _arrival: ArrivalBox,
+    generation: u64,
     since: Instant,
+    why: Retirement,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Retirement {
+    /// Its receive queue got stuck: clients were told to reconnect.
+    Stuck,
+    /// Too many departed clients' endpoints stranded on it: it serves the clients it
+    /// has until they leave (nobody was told).
+    Recycled,
+}
+
+/// What a UCX worker's request callbacks are given: the shard, which of its workers the
+/// request came by, and that worker's mapping of the arena (the one a send from or a
+/// receive into the arena must name: mappings belong to a worker's own context).
+#[derive(Clone, Copy)]
+struct Arrival {
+    shard: *mut ShardWorker,
+    generation: u64,
+    memh: sys::ucp_mem_h,
+}
+
+/// Keeps an [`Arrival`] at a stable address for as long as its worker may call back; the
+/// callbacks only copy it out.
+struct ArrivalBox(*mut Arrival);
+
+impl ArrivalBox {
+    fn new(arrival: Arrival) -> ArrivalBox {
+        ArrivalBox(Box::into_raw(Box::new(arrival)))
+    }
+
+    fn arg(&self) -> *mut c_void {
+        self.0 as *mut c_void
+    }
+}
+
+impl Drop for ArrivalBox {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in new(), freed once, here, after the worker it served.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
 }
 
 impl Drop for Retired {
@@ -89,13 +183,17 @@ pub struct ShardWorker {
     worker: Worker,
     service: Service,
     memh: sys::ucp_mem_h,
+    /// What the current worker's callbacks are given; after `worker`.
+    arrival: ArrivalBox,
+    /// The current worker's number: each replacement takes the next.
+    generation: u64,
     /// The current worker's address as the bootstrap hands it out.
     address: ShardAddress,
     probe: QueueProbe,
     /// The last probe nonce received (see [`queue_probe`]).
     probe_seen: u64,
-    /// Replies whose send UCX has not completed yet.
-    replies_in_flight: usize,
+    /// Replies whose send UCX has not completed yet, per worker.
+    replies_in_flight: PerGeneration,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
     /// Rendezvous puts being received, by (client session, request id): what an abort
@@ -109,7 +207,79 @@ pub struct ShardWorker {
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Endpoints closed because a transfer on them stalled, until UCX finishes the close.
-    closing: Vec<sys::ucs_status_ptr_t>,
+    /// With the worker (generation) the endpoint belonged to.
+    closing: Vec<(sys::ucs_status_ptr_t, u64)>,
+    reply_eps: ReplyEps,
+    /// Departed clients' endpoints stranded on the current worker (see [`ReplyEps`]), and
+    /// how many make it hand new clients a fresh one
+    /// ([`super::ServerConfig::stranded_endpoint_limit`]).
+    stranded: usize,
+    stranded_limit: usize,
+    recycle_retry: RetryBackoff,
+}
+
+/// Which worker (generation) each client's requests arrive on, and whether UCX will ever
+/// free that endpoint by itself. Over shared memory without peer-failure detection it
+/// never does: UCX keeps an endpoint its peer connected to until the worker is destroyed
+/// (closing it does not free it), and each keeps mappings of the peer's queues (~50 KB of
+/// memory, 3 mappings; every `rdram get` from a shell left that behind for good). Those a
+/// departed client leaves are counted as stranded on their worker, whose replacement
+/// after [`super::ServerConfig::stranded_endpoint_limit`] of them bounds the total.
+#[derive(Default)]
+struct ReplyEps {
+    by_ep: rustc_hash::FxHashMap<usize, ReplyEp>,
+    /// The endpoint of the last request: most requests come from the same one as the
+    /// request before, and need no lookup.
+    last: usize,
+}
+
+#[derive(Clone, Copy)]
+struct ReplyEp {
+    client: u64,
+    generation: u64,
+    /// Only the worker's destruction frees it.
+    stranded_when_left: bool,
+}
+
+impl ReplyEps {
+    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `generation`.
+    fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, generation: u64) {
+        let key = ep as usize;
+        if key == self.last || client == 0 || self.by_ep.contains_key(&key) {
+            return;
+        }
+        // SAFETY: UCX handed ep to the request callback running now: it is live.
+        let stranded_when_left = unsafe { worker.ep_lacks_failure_detection(ep) };
+        self.by_ep.insert(key, ReplyEp { client, generation, stranded_when_left });
+        self.last = key;
+    }
+
+    /// Forgets the endpoints of clients that left; returns the generations of those left
+    /// stranded, one entry each.
+    fn departed(&mut self, departed: &[u64]) -> Vec<u64> {
+        let mut stranded = Vec::new();
+        self.by_ep.retain(|_, e| {
+            let left = departed.contains(&e.client);
+            if left && e.stranded_when_left {
+                stranded.push(e.generation);
+            }
+            !left
+        });
+        self.last = 0;
+        stranded
+    }
+
+    /// Whether a client that has not left came by worker `generation`.
+    fn serves(&self, generation: u64) -> bool {
+        self.by_ep.values().any(|e| e.generation == generation)
+    }
+
+    /// Worker `generation` was destroyed: its endpoints are gone (their addresses may
+    /// come back for new ones).
+    fn forget_generation(&mut self, generation: u64) {
+        self.by_ep.retain(|_, e| e.generation != generation);
+        self.last = 0;
+    }
 }
 
 #[derive(Default)]
@@ -125,7 +295,7 @@ const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, stall_timeout: Duration) -> Result<Box<ShardWorker>> {
+    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, stall_timeout: Duration, stranded_limit: usize) -> Result<Box<ShardWorker>> {
         let worker = Worker::new()?;
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
@@ -135,29 +305,38 @@ impl ShardWorker {
             retired: Vec::new(),
             worker,
             memh,
+            arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), generation: 0, memh }),
+            generation: 0,
             address: ShardAddress::new(crate::proto::bootstrap::hex_encode(&address)),
             probe: QueueProbe::new()?,
             probe_seen: 0,
-            replies_in_flight: 0,
+            replies_in_flight: PerGeneration::default(),
             reply_pool: Vec::new(),
             puts: HashMap::new(),
             sending: HashMap::new(),
             backlog: HashMap::new(),
             stall_timeout,
             closing: Vec::new(),
+            reply_eps: ReplyEps::default(),
+            stranded: 0,
+            stranded_limit: stranded_limit.max(1),
+            recycle_retry: RetryBackoff::new(),
         });
         let me = &mut *w as *mut ShardWorker;
-        Self::install_handlers(&w.worker, me)?;
+        // SAFETY: the box was allocated just above and is not read by anyone yet.
+        unsafe { (*w.arrival.0).shard = me };
+        Self::install_handlers(&w.worker, &w.arrival)?;
         w.probe.connect(&address)?;
         Ok(w)
     }
 
     /// Serves requests and probes arriving at `worker` (the current one, or its successor)
-    /// with `me`, this ShardWorker.
-    fn install_handlers(worker: &Worker, me: *mut ShardWorker) -> Result<()> {
-        let arg = me as *mut c_void;
+    /// with this ShardWorker, as `arrival` says.
+    fn install_handlers(worker: &Worker, arrival: &ArrivalBox) -> Result<()> {
+        let arg = arrival.arg();
         // SAFETY: the ShardWorker is boxed, never moved out of, and outlives its UCX workers
-        // (destroyed in its drop before the box's memory is freed).
+        // (destroyed in its drop before the box's memory is freed); the arrival is dropped
+        // only after the worker it was installed on.
         unsafe {
             worker.set_am_handler(proto::AM_REQUEST, Some(on_request), arg)?;
             worker.set_am_handler(proto::AM_PROBE, Some(on_probe), arg)
@@ -218,8 +397,8 @@ impl ShardWorker {
         // SAFETY: reclaim the box leaked above; no callback can run after this point
         // because nothing progresses the worker any more.
         let w = unsafe { Box::from_raw(this) };
-        if !w.puts.is_empty() || w.replies_in_flight > 0 {
-            warn!("shard {}: stopping with {} puts and {} replies still in flight", w.service.index, w.puts.len(), w.replies_in_flight);
+        if !w.puts.is_empty() || w.replies_in_flight.total() > 0 {
+            warn!("shard {}: stopping with {} puts and {} replies still in flight", w.service.index, w.puts.len(), w.replies_in_flight.total());
         }
         drop(w);
     }
@@ -246,38 +425,104 @@ impl ShardWorker {
 
     /// Whether anything of ours is still in flight on any UCX worker of this shard.
     fn in_flight(&mut self) -> bool {
-        !self.puts.is_empty() || self.replies_in_flight > 0 || self.reap_closed()
+        !self.puts.is_empty() || self.replies_in_flight.total() > 0 || self.reap_closed()
     }
 
-    /// Probes the receive queue and replaces a stuck worker; destroys retired workers
-    /// once their grace has passed and nothing is in flight.
+    /// Whether anything of ours is still in flight on worker `generation` (which may be
+    /// destroyed only once nothing is: its callbacks would never come).
+    fn in_flight_on(&self, generation: u64) -> bool {
+        // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
+        self.replies_in_flight.count(generation) > 0
+            || self.puts.values().any(|&p| unsafe { (*p).generation } == generation)
+            || self.closing.iter().any(|&(_, g)| g == generation)
+    }
+
+    /// Probes the receive queue and replaces a stuck worker; hands out a fresh worker once
+    /// too many endpoints are stranded on the current one; destroys retired workers once
+    /// nothing is in flight and their time has come (see [`ShardWorker::retirement_over`]).
     fn watch_queue(&mut self, idle: bool) {
         let now = Instant::now();
         if self.probe.tick(self.probe_seen, idle, now) {
-            if let Err(e) = self.replace_stuck_worker() {
+            if let Err(e) = self.replace_worker(Retirement::Stuck) {
                 warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
             }
+        } else if self.stranded >= self.stranded_limit && self.recycle_retry.ready(now) {
+            match self.replace_worker(Retirement::Recycled) {
+                Ok(()) => self.recycle_retry.succeeded(),
+                Err(e) => {
+                    let again = self.recycle_retry.failed(now);
+                    warn!("shard {}: could not start a fresh worker ({}); trying again in {again:?}", self.service.index, e.message);
+                }
+            }
         }
-        if !self.retired.is_empty() && !self.in_flight() {
-            self.retired.retain(|r| now.duration_since(r.since) < RETIRED_GRACE);
+        if !self.retired.is_empty() {
+            self.reap_closed();
+            let over: Vec<bool> = self.retired.iter().map(|r| self.retirement_over(r, now)).collect();
+            let mut over = over.into_iter();
+            let (gone, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
+            self.retired = kept;
+            for r in gone {
+                debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.generation);
+                self.reply_eps.forget_generation(r.generation);
+            }
         }
     }
 
-    /// Replaces the UCX worker whose receive queue is stuck with a new one under a new
-    /// address. The rendezvous puts in flight are cut (their extents come back as the old
-    /// worker fails them); replies in flight end on the old worker, which stays progressed
-    /// until it is retired for good. Clients time out, reconnect, and get the new address.
-    fn replace_stuck_worker(&mut self) -> Result<()> {
-        tracing::error!(
-            "shard {}: its receive queue is stuck (a shared-memory client died while writing into it); \
-             replacing its UCX worker: clients reconnect, stored data is kept",
-            self.service.index
-        );
+    /// Whether a retired worker may be destroyed (with nothing in flight). One that was
+    /// stuck goes after [`RETIRED_GRACE`]. One that was recycled serves its clients until
+    /// the last has left, but at most [`MAX_RECYCLED`] of them wait for that: beyond, the
+    /// oldest goes, and all clients are told to reconnect (as for a stuck worker). A worker
+    /// is destroyed only with nothing of ours in flight on it.
+    fn retirement_over(&self, r: &Retired, now: Instant) -> bool {
+        if now.duration_since(r.since) < RETIRED_GRACE || self.in_flight_on(r.generation) {
+            return false;
+        }
+        match r.why {
+            Retirement::Stuck => true,
+            Retirement::Recycled => {
+                if !self.reply_eps.serves(r.generation) {
+                    return true;
+                }
+                let newer_waiting = self.retired.iter().filter(|o| o.why == Retirement::Recycled && o.generation > r.generation && self.reply_eps.serves(o.generation)).count();
+                if newer_waiting >= MAX_RECYCLED {
+                    warn!("shard {}: clients of a recycled worker told to reconnect ({} recycled workers kept at most)", self.service.index, MAX_RECYCLED);
+                    self.address.tell_moved();
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    /// Replaces the current UCX worker with a new one under a new address, which new
+    /// clients are handed. Stored data is kept.
+    ///
+    /// A stuck worker (its receive queue will never move): the rendezvous puts in flight are
+    /// cut (their extents come back as the old worker fails them); replies in flight end on
+    /// the old worker, which stays progressed until it is destroyed; clients are told, and
+    /// reconnect.
+    ///
+    /// A recycled one (too many stranded endpoints) goes on serving the clients it has.
+    fn replace_worker(&mut self, why: Retirement) -> Result<()> {
+        match why {
+            Retirement::Stuck => tracing::error!(
+                "shard {}: its receive queue is stuck (a shared-memory client died while writing into it); \
+                 replacing its UCX worker: clients reconnect, stored data is kept",
+                self.service.index
+            ),
+            Retirement::Recycled => tracing::info!(
+                "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
+                 new clients get a fresh worker, the old one goes when its last client leaves",
+                self.service.index,
+                self.stranded_limit
+            ),
+        }
         let mut fresh = Worker::new()?;
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
-        let me = self as *mut ShardWorker;
-        let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, me).map(|()| a)) {
+        let generation = self.generation + 1;
+        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, generation, memh });
+        let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, &arrival).map(|()| a)) {
             Ok(a) => a,
             Err(e) => {
                 // SAFETY: mapped just above on this worker, unmapped once.
@@ -285,13 +530,27 @@ impl ShardWorker {
                 return Err(e);
             }
         };
-        self.cut_puts(|_| true);
+        if why == Retirement::Stuck {
+            self.cut_puts(|_| true);
+        }
         self.worker.hand_waker_to(&mut fresh);
         let old = std::mem::replace(&mut self.worker, fresh);
         let old_memh = std::mem::replace(&mut self.memh, memh);
-        self.retired.push(Retired { worker: old, memh: old_memh, since: Instant::now() });
-        self.address.set(crate::proto::bootstrap::hex_encode(&address));
-        self.service.metrics.worker_replaced();
+        let old_arrival = std::mem::replace(&mut self.arrival, arrival);
+        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, generation: self.generation, since: Instant::now(), why });
+        self.generation = generation;
+        self.stranded = 0;
+        let hex = crate::proto::bootstrap::hex_encode(&address);
+        match why {
+            Retirement::Stuck => {
+                self.address.set(hex);
+                self.service.metrics.worker_replaced();
+            }
+            Retirement::Recycled => {
+                self.address.hand_out(hex);
+                self.service.metrics.worker_recycled();
+            }
+        }
         if let Err(e) = self.probe.connect(&address) {
             warn!("shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected", self.service.index, e.message);
         }
@@ -301,7 +560,7 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0, charged: 0 })
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0, charged: 0, generation: 0 })
         });
         m.payload.clear();
         m.pinned = None;
@@ -320,20 +579,22 @@ impl ShardWorker {
         self.reply_pool.push(m);
     }
 
-    /// Sends a reply. `arena`: bytes of the arena to send instead of the owned payload.
-    fn send_reply(&mut self, ep: sys::ucp_ep_h, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<(u64, u64, u64)>) {
+    /// Sends a reply on `ep` of worker `generation`. `arena`: bytes of the arena to send
+    /// instead of the owned payload.
+    fn send_reply(&mut self, ep: sys::ucp_ep_h, generation: u64, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<ArenaSlice>) {
         if ep.is_null() {
             self.finish_reply(m);
             return;
         }
         m.header = header.encode();
+        m.generation = generation;
         let raw = Box::into_raw(m);
         // SAFETY: header and payload live in the box (heap, stable while leaked) or the
         // arena (pinned below while in flight), untouched until the completion; ep is the
         // reply endpoint UCX gave us.
         let started = unsafe {
             let (payload, memh): (&[u8], _) = match arena {
-                Some((offset, len, _)) => (self.service.shard.arena().slice(offset, len), self.memh),
+                Some(a) => (self.service.shard.arena().slice(a.offset, a.len), a.memh),
                 None => ((*raw).payload.as_slice(), ptr::null_mut()),
             };
             self.worker.am_send(ep, proto::AM_REPLY, &(*raw).header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
@@ -342,7 +603,7 @@ impl ShardWorker {
         // the send finished (or failed) inside the call, else in on_reply_sent.
         match started {
             Ok(Started::Pending) => {
-                self.replies_in_flight += 1;
+                self.replies_in_flight.add(generation);
                 // SAFETY: raw is the live box leaked above, owned by the pending send.
                 let (client, owned) = unsafe { ((*raw).client, (*raw).payload.len() as u64) };
                 if client != 0 {
@@ -352,7 +613,7 @@ impl ShardWorker {
                     // SAFETY: as above.
                     unsafe { (*raw).charged = owned };
                 }
-                if let Some((_, _, extent)) = arena {
+                if let Some(ArenaSlice { extent, .. }) = arena {
                     self.service.shard.pin(extent);
                     // SAFETY: raw is the live box leaked above, owned by the pending send.
                     unsafe {
@@ -369,30 +630,36 @@ impl ShardWorker {
         }
     }
 
-    /// Sends what the service answered; `m.payload` holds its owned bytes.
-    fn answer(&mut self, ep: sys::ucp_ep_h, answer: Answer, m: Box<ReplyMsg>) {
+    /// Sends what the service answered to a request that `came_by`; `m.payload` holds its
+    /// owned bytes.
+    fn answer(&mut self, ep: sys::ucp_ep_h, came_by: Arrival, answer: Answer, m: Box<ReplyMsg>) {
         match answer {
-            Answer::Owned(header) => self.send_reply(ep, header, m, None),
-            Answer::Arena { header, offset, len, extent } => self.send_reply(ep, header, m, Some((offset, len, extent))),
+            Answer::Owned(header) => self.send_reply(ep, came_by.generation, header, m, None),
+            Answer::Arena { header, offset, len, extent } => {
+                self.send_reply(ep, came_by.generation, header, m, Some(ArenaSlice { offset, len, extent, memh: came_by.memh }))
+            }
         }
     }
 
-    fn reply_error(&mut self, ep: sys::ucp_ep_h, request_id: u64, err: &Error) {
+    fn reply_error(&mut self, ep: sys::ucp_ep_h, generation: u64, request_id: u64, err: &Error) {
         let mut m = self.take_reply();
         let header = service::error_reply(request_id, err, &mut m.payload);
-        self.send_reply(ep, header, m, None);
+        self.send_reply(ep, generation, header, m, None);
     }
 
     /// Handles one request from the AM callback. `data` is the eager payload, or the
     /// rendezvous descriptor when `rendezvous`.
-    fn handle(&mut self, header: &[u8], data: *mut c_void, length: usize, info: ucx::AmInfo) -> sys::ucs_status_t {
+    fn handle(&mut self, header: &[u8], data: *mut c_void, length: usize, info: ucx::AmInfo, came_by: Arrival) -> sys::ucs_status_t {
         let ep = info.reply_ep;
         let (req, client) = match self.service.admit(header) {
-            Ok(r) => r,
+            Ok(r) => {
+                self.reply_eps.note(&self.worker, ep, r.1, came_by.generation);
+                r
+            }
             Err((id, e)) => {
                 debug!("shard {}: refused request: {}", self.service.index, e.message);
                 if let Some(id) = id {
-                    self.reply_error(ep, id, &e);
+                    self.reply_error(ep, came_by.generation, id, &e);
                 }
                 return sys::UCS_OK;
             }
@@ -405,7 +672,7 @@ impl ShardWorker {
                 None => {
                     let mut m = self.take_reply();
                     let answer = self.service.serve(&req, &[], &mut m.payload);
-                    self.answer(ep, answer, m);
+                    self.answer(ep, came_by, answer, m);
                 }
             }
             return sys::UCS_OK;
@@ -414,8 +681,8 @@ impl ShardWorker {
             // Only puts carry large payloads; returning UCS_OK without receiving drops the
             // descriptor and releases the sender.
             match self.service.begin_put(&req, length as u64) {
-                Ok(p) => self.receive_put(ep, p, data),
-                Err(e) => self.reply_error(ep, req.header.request_id, &e),
+                Ok(p) => self.receive_put(ep, came_by, p, data),
+                Err(e) => self.reply_error(ep, came_by.generation, req.header.request_id, &e),
             }
             return sys::UCS_OK;
         }
@@ -431,7 +698,7 @@ impl ShardWorker {
         let mut m = self.take_reply();
         m.client = client;
         let answer = self.service.serve(&req, payload, &mut m.payload);
-        self.answer(ep, answer, m);
+        self.answer(ep, came_by, answer, m);
         sys::UCS_OK
     }
 
@@ -439,7 +706,13 @@ impl ShardWorker {
     /// extent may never complete (over shared memory the client itself pulls the bytes,
     /// and it is gone): its extent is unpinned now; the send's box stays UCX's.
     fn forget_departed(&mut self) {
-        for client in self.service.take_departed() {
+        let departed = self.service.take_departed();
+        if departed.is_empty() {
+            return;
+        }
+        let generation = self.generation;
+        self.stranded += self.reply_eps.departed(&departed).into_iter().filter(|&g| g == generation).count();
+        for client in departed {
             self.backlog.remove(&client);
             let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
             for m in orphans {
@@ -468,9 +741,9 @@ impl ShardWorker {
     /// endpoints were closed.
     fn cut_puts(&mut self, which: impl Fn(&PutInFlight) -> bool) -> usize {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
-        let doomed: Vec<sys::ucp_ep_h> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| p.reply_ep).collect();
+        let doomed: Vec<(sys::ucp_ep_h, u64)> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| (p.reply_ep, p.generation)).collect();
         let mut closed = 0;
-        for ep in doomed {
+        for (ep, generation) in doomed {
             // Several puts may share the endpoint: close it once.
             // SAFETY: as above.
             let on_ep: Vec<*mut PutInFlight> = self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
@@ -484,7 +757,7 @@ impl ShardWorker {
             // SAFETY: ep is a live endpoint (no put referred to a closed one). Closing goes
             // through the endpoint's own worker whichever `Worker` value starts it.
             if let Some(request) = unsafe { self.worker.close_ep_nb(ep) } {
-                self.closing.push(request);
+                self.closing.push((request, generation));
             }
             closed += 1;
         }
@@ -494,19 +767,19 @@ impl ShardWorker {
     /// Frees the close requests UCX has finished; true while some are still going.
     fn reap_closed(&mut self) -> bool {
         // SAFETY: each request came from close_ep_nb and is freed once, here.
-        self.closing.retain(|&r| unsafe { !ucx::request_done_free(r) });
+        self.closing.retain(|&(r, _)| unsafe { !ucx::request_done_free(r) });
         !self.closing.is_empty()
     }
 
-    fn receive_put(&mut self, ep: sys::ucp_ep_h, put: PendingPut, desc: *mut c_void) {
+    fn receive_put(&mut self, ep: sys::ucp_ep_h, came_by: Arrival, put: PendingPut, desc: *mut c_void) {
         let dest = self.service.put_destination(&put);
         let length = put.arriving as usize;
         let key = (put.header.session, put.header.request_id);
         let deadline = service::transfer_deadline(self.stall_timeout, put.arriving);
-        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, reply_ep: ep, deadline, put, abort: None }));
+        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, generation: came_by.generation, reply_ep: ep, deadline, put, abort: None }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
-        let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, self.memh) };
+        let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh) };
         match started {
             Ok(Started::Pending) => drop(self.puts.insert(key, pending)),
             // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
@@ -528,11 +801,11 @@ impl ShardWorker {
         let wanted = p.abort.is_none() && self.service.client_of(p.put.header.session).is_some();
         let mut m = self.take_reply();
         let header = self.service.finish_put(p.put, status == sys::UCS_OK && wanted, &mut m.payload);
-        self.send_reply(p.reply_ep, header, m, None);
+        self.send_reply(p.reply_ep, p.generation, header, m, None);
         if let Some(abort) = p.abort {
             debug!("shard {}: put abandoned by its client; discarded", self.service.index);
             let m = self.take_reply();
-            self.send_reply(p.reply_ep, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
+            self.send_reply(p.reply_ep, p.generation, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
         }
     }
 }
@@ -552,14 +825,15 @@ unsafe extern "C" fn on_request(
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    // SAFETY: arg is the ShardWorker registered in new(); UCX calls us on its thread,
+    // SAFETY: arg is the Arrival installed with this handler (copied out at once); its
+    // ShardWorker outlives the worker. UCX calls us on its thread, inside progress, when no
+    // other borrow of the ShardWorker is live. header/param are valid for the call.
     unsafe {
-        // inside progress, when no other borrow of the worker is live. header/param are valid
-        // for the duration of the call.
-        let w = &mut *(arg as *mut ShardWorker);
+        let came_by = *(arg as *const Arrival);
+        let w = &mut *came_by.shard;
         let header = ucx::am_header(header, header_length);
         let info = ucx::am_info(param);
-        catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info))).unwrap_or_else(|_| {
+        catch_unwind(AssertUnwindSafe(|| w.handle(header, data, length, info, came_by))).unwrap_or_else(|_| {
             warn!("request handler panicked; request dropped");
             sys::UCS_OK
         })
@@ -576,7 +850,7 @@ unsafe extern "C" fn on_probe(
 ) -> sys::ucs_status_t {
     // SAFETY: as in on_request; only one field is written.
     unsafe {
-        let w = arg as *mut ShardWorker;
+        let w = (*(arg as *const Arrival)).shard;
         (*w).probe_seen = queue_probe::probe_nonce(ucx::am_header(header, header_length));
     }
     sys::UCS_OK
@@ -587,7 +861,7 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
     unsafe {
         let m = Box::from_raw(user_data as *mut ReplyMsg);
         let w = &mut *m.worker;
-        w.replies_in_flight -= 1;
+        w.replies_in_flight.remove(m.generation);
         w.sending.remove(&(&*m as *const ReplyMsg as usize));
         if let Some(b) = w.backlog.get_mut(&m.client) {
             b.replies = b.replies.saturating_sub(1);

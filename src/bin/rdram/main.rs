@@ -170,6 +170,10 @@ struct ServeArgs {
     /// and what it held released: a client that starts a large put and stops progressing.
     #[arg(long, default_value_t = remote_dram::server::DEFAULT_STALL_TIMEOUT.as_millis() as u64)]
     stall_timeout_ms: u64,
+    /// UCX: endpoints of departed shared-memory clients a worker may hold (UCX frees them
+    /// only with the worker) before new clients get a fresh worker.
+    #[arg(long, default_value_t = remote_dram::server::DEFAULT_STRANDED_ENDPOINT_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    stranded_endpoint_limit: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
@@ -398,6 +402,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         },
         max_clients: args.max_clients,
         stall_timeout: Duration::from_millis(args.stall_timeout_ms),
+        stranded_endpoint_limit: args.stranded_endpoint_limit as usize,
         metrics: args.metrics,
     };
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };

@@ -357,6 +357,37 @@ impl Worker {
         (!req.is_null() && ptr_status(req).is_none()).then_some(req)
     }
 
+    /// Whether `ep` runs only over shared-memory transports that cannot detect a dead
+    /// peer here, so was made without peer-failure handling. UCX never fails such an
+    /// endpoint, and keeps one its peer connected to until the worker is destroyed, closed
+    /// or not ("to enable remote endpoints keep sending"): what it holds (mappings of the
+    /// peer's queues, ~50 KB of memory) comes back only with the worker.
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint of this worker.
+    pub unsafe fn ep_lacks_failure_detection(&self, ep: ucp_ep_h) -> bool {
+        if self.shm_detects_failure {
+            return false;
+        }
+        const SHM: [&[u8]; 6] = [b"posix", b"sysv", b"cma", b"self", b"xpmem", b"knem"];
+        let mut entries = [ucp_transport_entry_t::default(); 32];
+        let mut attr = ucp_ep_attr_t {
+            field_mask: UCP_EP_ATTR_FIELD_TRANSPORTS as u64,
+            transports: ucp_transports_t { entries: entries.as_mut_ptr(), num_entries: entries.len() as u32, entry_size: std::mem::size_of::<ucp_transport_entry_t>() },
+            ..Default::default()
+        };
+        // SAFETY: ep is live (caller); entries outlives the call and is as large as said.
+        if unsafe { ucp_ep_query(ep, &mut attr) } != UCS_OK {
+            return false;
+        }
+        let used = &entries[..(attr.transports.num_entries as usize).min(entries.len())];
+        !used.is_empty()
+            && used.iter().all(|t| {
+                // SAFETY: UCX fills transport_name with a NUL-terminated string it owns for the endpoint's life.
+                !t.transport_name.is_null() && SHM.contains(&unsafe { CStr::from_ptr(t.transport_name) }.to_bytes())
+            })
+    }
+
     /// Registers `len` bytes at `base` for zero-copy transfers.
     pub fn mem_map(&self, base: *mut u8, len: usize) -> Result<ucp_mem_h> {
         let params = ucp_mem_map_params_t {
