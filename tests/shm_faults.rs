@@ -81,8 +81,13 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
         let mut once = Client::connect(&server.addr, common::options()).unwrap();
         assert_eq!(once.get(b"kept").unwrap().unwrap().data, b"value", "one-shot client {i}");
         drop(once);
-        // The client that stays is served by its own (older) worker all along.
+        // The client that stays is served by its own (older) worker all along, large
+        // values included: received through that worker and sent from its mapping of the
+        // arena (through the current worker's, a put crashed the server).
         assert_eq!(stays.get(b"kept").unwrap().unwrap().data, b"value", "the staying client failed a call after {i} others left");
+        let big = pattern(i as u64, 256 << 10);
+        stays.put(b"big", &big).unwrap();
+        assert_eq!(stays.get(b"big").unwrap().unwrap().data, big, "the staying client's large value after {i} others left");
     }
     let scraped = || ureq::get(&format!("http://{}/metrics", server.metrics.as_deref().unwrap())).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
     let counter = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name}{{shard=\"0\"}} "))?.parse::<u64>().ok()).unwrap_or(0);

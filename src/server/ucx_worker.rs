@@ -105,6 +105,12 @@ struct ReplyMsg {
     generation: u64,
 }
 
+impl ReplyMsg {
+    fn key(&self) -> usize {
+        self as *const ReplyMsg as usize
+    }
+}
+
 struct PutInFlight {
     worker: *mut ShardWorker,
     /// The worker it arrives by (see [`Arrival`]).
@@ -140,12 +146,14 @@ enum Retirement {
 }
 
 /// What a UCX worker's request callbacks are given: the shard, which of its workers the
-/// request came by, and that worker's mapping of the arena (the one a send from or a
-/// receive into the arena must name: mappings belong to a worker's own context).
+/// request came by, and that worker's handle and mapping of the arena (the one a send from
+/// or a receive into the arena must name: mappings belong to a worker's own context).
 #[derive(Clone, Copy)]
 struct Arrival {
     shard: *mut ShardWorker,
     generation: u64,
+    /// The worker itself: a rendezvous descriptor is received through the worker it came by.
+    worker: ucx::WorkerHandle,
     memh: sys::ucp_mem_h,
 }
 
@@ -199,8 +207,13 @@ pub struct ShardWorker {
     /// Rendezvous puts being received, by (client session, request id): what an abort
     /// names. The boxes are owned by their UCX receive until its callback.
     puts: HashMap<(u64, u64), *mut PutInFlight>,
-    /// Replies sent from a pinned extent and not yet completed, by box address -> client.
+    /// Replies to known clients not yet completed, by box address -> client.
     sending: HashMap<usize, u64>,
+    /// Replies to departed clients not yet completed, by box address -> worker generation:
+    /// they may never complete (over shared memory the client pulls the bytes itself), so
+    /// they keep no worker from being destroyed, and are freed here if the worker's
+    /// destruction did not end them (see [`ShardWorker::reclaim_orphans`]).
+    orphans: HashMap<usize, u64>,
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
     backlog: HashMap<u64, Backlog>,
@@ -300,12 +313,13 @@ impl ShardWorker {
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
         let address = worker.address()?;
+        let handle = worker.handle();
         let mut w = Box::new(ShardWorker {
             service: Service::new(index, shards, membership, shard),
             retired: Vec::new(),
             worker,
             memh,
-            arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), generation: 0, memh }),
+            arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), generation: 0, worker: handle, memh }),
             generation: 0,
             address: ShardAddress::new(crate::proto::bootstrap::hex_encode(&address)),
             probe: QueueProbe::new()?,
@@ -314,6 +328,7 @@ impl ShardWorker {
             reply_pool: Vec::new(),
             puts: HashMap::new(),
             sending: HashMap::new(),
+            orphans: HashMap::new(),
             backlog: HashMap::new(),
             stall_timeout,
             closing: Vec::new(),
@@ -375,7 +390,12 @@ impl ShardWorker {
                     (*this).service.shard.expire_due(SWEEP_BATCH);
                     (*this).forget_departed();
                     (*this).cut_stalled_puts();
-                    (*this).watch_queue(!did_work);
+                    let gone = (*this).watch_queue(!did_work);
+                    let generations: Vec<u64> = gone.iter().map(|r| r.generation).collect();
+                    drop(gone);
+                    for generation in generations {
+                        (*this).reclaim_orphans(generation);
+                    }
                     (*this).service.publish_metrics((*this).puts.len());
                 }
                 last_sweep = Instant::now();
@@ -412,10 +432,10 @@ impl ShardWorker {
     unsafe fn progress_all(this: *mut ShardWorker) -> bool {
         // SAFETY: as the caller promises; each handle is copied out before progressing.
         unsafe {
-            let mut did_work = (*this).worker.progress_handle().progress() != 0;
+            let mut did_work = (*this).worker.handle().progress() != 0;
             let mut i = 0;
             while i < (*this).retired.len() {
-                let handle = (&(*this).retired)[i].worker.progress_handle();
+                let handle = (&(*this).retired)[i].worker.handle();
                 did_work |= handle.progress() != 0;
                 i += 1;
             }
@@ -440,7 +460,12 @@ impl ShardWorker {
     /// Probes the receive queue and replaces a stuck worker; hands out a fresh worker once
     /// too many endpoints are stranded on the current one; destroys retired workers once
     /// nothing is in flight and their time has come (see [`ShardWorker::retirement_over`]).
-    fn watch_queue(&mut self, idle: bool) {
+    ///
+    /// Returns the retired workers to destroy, which the caller drops with no reference into
+    /// this ShardWorker live (destroying a worker may run its callbacks), then passes to
+    /// [`ShardWorker::reclaim_orphans`].
+    #[must_use]
+    fn watch_queue(&mut self, idle: bool) -> Vec<Retired> {
         let now = Instant::now();
         if self.probe.tick(self.probe_seen, idle, now) {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
@@ -461,10 +486,24 @@ impl ShardWorker {
             let mut over = over.into_iter();
             let (gone, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
             self.retired = kept;
-            for r in gone {
+            for r in &gone {
                 debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.generation);
                 self.reply_eps.forget_generation(r.generation);
             }
+            return gone;
+        }
+        Vec::new()
+    }
+
+    /// Frees the replies to departed clients that worker `generation` still had in flight
+    /// when it was destroyed without ending them (their callbacks will never come).
+    fn reclaim_orphans(&mut self, generation: u64) {
+        let left: Vec<usize> = self.orphans.iter().filter(|&(_, &g)| g == generation).map(|(&m, _)| m).collect();
+        for m in left {
+            self.orphans.remove(&m);
+            // SAFETY: an orphan's box is owned by its send until the callback, which never
+            // comes now that the worker is destroyed; reclaimed once (removed just above).
+            self.finish_reply(unsafe { Box::from_raw(m as *mut ReplyMsg) });
         }
     }
 
@@ -521,7 +560,7 @@ impl ShardWorker {
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
         let generation = self.generation + 1;
-        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, generation, memh });
+        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, generation, worker: fresh.handle(), memh });
         let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, &arrival).map(|()| a)) {
             Ok(a) => a,
             Err(e) => {
@@ -612,14 +651,12 @@ impl ShardWorker {
                     b.bytes += owned;
                     // SAFETY: as above.
                     unsafe { (*raw).charged = owned };
+                    self.sending.insert(raw as usize, client);
                 }
                 if let Some(ArenaSlice { extent, .. }) = arena {
                     self.service.shard.pin(extent);
                     // SAFETY: raw is the live box leaked above, owned by the pending send.
-                    unsafe {
-                        (*raw).pinned = Some(extent);
-                        self.sending.insert(raw as usize, (*raw).client);
-                    }
+                    unsafe { (*raw).pinned = Some(extent) };
                 }
             }
             Ok(Started::Done) => self.finish_reply(unsafe { Box::from_raw(raw) }),
@@ -718,10 +755,13 @@ impl ShardWorker {
             for m in orphans {
                 self.sending.remove(&m);
                 // SAFETY: boxes in `sending` are alive until their send's callback, which
-                // removes them from `sending` first.
-                if let Some(extent) = unsafe { (*(m as *mut ReplyMsg)).pinned.take() } {
+                // removes them from `sending` (or `orphans`) first.
+                let msg = unsafe { &mut *(m as *mut ReplyMsg) };
+                if let Some(extent) = msg.pinned.take() {
                     self.service.shard.unpin(extent);
                 }
+                self.replies_in_flight.remove(msg.generation);
+                self.orphans.insert(m, msg.generation);
             }
         }
     }
@@ -779,7 +819,8 @@ impl ShardWorker {
         let pending = Box::into_raw(Box::new(PutInFlight { worker: self, generation: came_by.generation, reply_ep: ep, deadline, put, abort: None }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
-        let started = unsafe { self.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh) };
+        // The descriptor is received through the worker it came by, which may be a retired one.
+        let started = unsafe { came_by.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh) };
         match started {
             Ok(Started::Pending) => drop(self.puts.insert(key, pending)),
             // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
@@ -861,8 +902,11 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
     unsafe {
         let m = Box::from_raw(user_data as *mut ReplyMsg);
         let w = &mut *m.worker;
-        w.replies_in_flight.remove(m.generation);
-        w.sending.remove(&(&*m as *const ReplyMsg as usize));
+        // A reply to a departed client was counted out when it left.
+        if w.orphans.remove(&m.key()).is_none() {
+            w.replies_in_flight.remove(m.generation);
+        }
+        w.sending.remove(&m.key());
         if let Some(b) = w.backlog.get_mut(&m.client) {
             b.replies = b.replies.saturating_sub(1);
             b.bytes = b.bytes.saturating_sub(m.charged);

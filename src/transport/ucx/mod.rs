@@ -124,11 +124,13 @@ fn started(p: ucs_status_ptr_t, what: &str) -> Result<Started> {
     }
 }
 
-/// A worker's raw handle, for [`ProgressHandle::progress`].
+/// A worker's raw handle: for the calls made while the [`Worker`] itself cannot be borrowed
+/// (it is being progressed), or on a worker other than the one at hand (a request that
+/// came by a retired worker is received through that one).
 #[derive(Clone, Copy)]
-pub struct ProgressHandle(ucp_worker_h);
+pub struct WorkerHandle(ucp_worker_h);
 
-impl ProgressHandle {
+impl WorkerHandle {
     /// Runs the worker's callbacks; returns nonzero if anything happened.
     ///
     /// # Safety
@@ -136,6 +138,39 @@ impl ProgressHandle {
     pub unsafe fn progress(self) -> u32 {
         // SAFETY: as the caller promises.
         unsafe { ucp_worker_progress(self.0) }
+    }
+
+    /// Receives a rendezvous active message's data into `dest`.
+    ///
+    /// # Safety
+    /// The worker is alive and this is its thread; `desc` is a rendezvous descriptor from
+    /// this worker's AM callback; `memh` (or null) is a mapping of this worker's context;
+    /// `dest` stays valid and untouched by anyone else until the receive completes.
+    pub unsafe fn am_recv_data(
+        self,
+        desc: *mut c_void,
+        dest: *mut u8,
+        len: usize,
+        cb: ucp_am_recv_data_nbx_callback_t,
+        user_data: *mut c_void,
+        memh: ucp_mem_h,
+    ) -> Result<Started> {
+        // SAFETY: the caller keeps this function's documented contract.
+        unsafe {
+            let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            if !memh.is_null() {
+                mask |= UCP_OP_ATTR_FIELD_MEMH;
+            }
+            let param = ucp_request_param_t {
+                op_attr_mask: mask,
+                cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
+                user_data,
+                memh,
+                ..Default::default()
+            };
+            let p = ucp_am_recv_data_nbx(self.0, desc, dest as *mut c_void, len, &param);
+            started(p, "ucp_am_recv_data_nbx")
+        }
     }
 }
 
@@ -239,8 +274,8 @@ impl Worker {
     /// What progresses this worker without borrowing it: for owners whose callbacks
     /// take `&mut` of a struct that contains the worker (no reference to it may be live
     /// while they run).
-    pub fn progress_handle(&self) -> ProgressHandle {
-        ProgressHandle(self.worker)
+    pub fn handle(&self) -> WorkerHandle {
+        WorkerHandle(self.worker)
     }
 
     /// Runs callbacks for completed communication; returns nonzero if anything happened.
@@ -454,11 +489,12 @@ impl Worker {
         }
     }
 
-    /// Receives a rendezvous active message's data into `dest`.
+    /// Receives a rendezvous active message's data into `dest` (see [`WorkerHandle::am_recv_data`]).
     ///
     /// # Safety
-    /// `desc` is a rendezvous descriptor from this worker's AM callback; `dest` stays valid
-    /// and untouched by anyone else until the receive completes.
+    /// `desc` is a rendezvous descriptor from this worker's AM callback; `memh` (or null) a
+    /// mapping of this worker; `dest` stays valid and untouched by anyone else until the
+    /// receive completes.
     pub unsafe fn am_recv_data(
         &self,
         desc: *mut c_void,
@@ -468,22 +504,8 @@ impl Worker {
         user_data: *mut c_void,
         memh: ucp_mem_h,
     ) -> Result<Started> {
-        // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
-        unsafe {
-            let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-            if !memh.is_null() {
-                mask |= UCP_OP_ATTR_FIELD_MEMH;
-            }
-            let param = ucp_request_param_t {
-                op_attr_mask: mask,
-                cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
-                user_data,
-                memh,
-                ..Default::default()
-            };
-            let p = ucp_am_recv_data_nbx(self.worker, desc, dest as *mut c_void, len, &param);
-            started(p, "ucp_am_recv_data_nbx")
-        }
+        // SAFETY: as the caller promises; this worker is alive while borrowed.
+        unsafe { self.handle().am_recv_data(desc, dest, len, cb, user_data, memh) }
     }
 }
 
