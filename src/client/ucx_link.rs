@@ -477,7 +477,7 @@ unsafe extern "C" fn on_reply(
             // neither read nor freed while `receiving` is set (fail_server closes the endpoint
             // first, which completes this receive).
             let memh = state.memh_for(dest, length);
-            match (*state.worker).am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
+            match (*state.worker).handle().am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
                 Ok(Started::Pending) => {}
                 Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
                 Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),

@@ -488,25 +488,6 @@ impl Worker {
             started(p, "ucp_am_send_nbx")
         }
     }
-
-    /// Receives a rendezvous active message's data into `dest` (see [`WorkerHandle::am_recv_data`]).
-    ///
-    /// # Safety
-    /// `desc` is a rendezvous descriptor from this worker's AM callback; `memh` (or null) a
-    /// mapping of this worker; `dest` stays valid and untouched by anyone else until the
-    /// receive completes.
-    pub unsafe fn am_recv_data(
-        &self,
-        desc: *mut c_void,
-        dest: *mut u8,
-        len: usize,
-        cb: ucp_am_recv_data_nbx_callback_t,
-        user_data: *mut c_void,
-        memh: ucp_mem_h,
-    ) -> Result<Started> {
-        // SAFETY: as the caller promises; this worker is alive while borrowed.
-        unsafe { self.handle().am_recv_data(desc, dest, len, cb, user_data, memh) }
-    }
 }
 
 impl Drop for Worker {
