@@ -155,6 +155,16 @@ impl Service {
         self.sessions.get(&session).copied()
     }
 
+    /// The clients connected as far as this worker has heard.
+    pub fn live_clients(&self) -> impl Iterator<Item = u64> + '_ {
+        self.sessions.values().copied()
+    }
+
+    /// Whether `client` is connected as far as this worker has heard.
+    pub fn is_live(&self, client: u64) -> bool {
+        self.sessions.values().any(|&c| c == client)
+    }
+
     /// Clients that left since the last call (their slots and transfers can go).
     pub fn take_departed(&mut self) -> Vec<u64> {
         self.sync_membership();

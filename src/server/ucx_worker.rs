@@ -134,6 +134,9 @@ struct Retired {
     generation: u64,
     since: Instant,
     why: Retirement,
+    /// Recycled: clients connected when it was, that had sent this shard nothing yet (so
+    /// may hold its address and send their first request to it later).
+    unheard: Vec<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -280,6 +283,11 @@ impl ReplyEps {
         });
         self.last = 0;
         stranded
+    }
+
+    /// Whether a request of `client` has come by any worker (and it has not left).
+    fn knows(&self, client: u64) -> bool {
+        self.by_ep.values().any(|e| e.client == client)
     }
 
     /// Whether a client that has not left came by worker `generation`.
@@ -519,7 +527,8 @@ impl ShardWorker {
         match r.why {
             Retirement::Stuck => true,
             Retirement::Recycled => {
-                if !self.reply_eps.serves(r.generation) {
+                let waited_for = |c: &u64| self.service.is_live(*c) && !self.reply_eps.knows(*c);
+                if !self.reply_eps.serves(r.generation) && !r.unheard.iter().any(waited_for) {
                     return true;
                 }
                 let newer_waiting = self.retired.iter().filter(|o| o.why == Retirement::Recycled && o.generation > r.generation && self.reply_eps.serves(o.generation)).count();
@@ -576,10 +585,8 @@ impl ShardWorker {
         let old = std::mem::replace(&mut self.worker, fresh);
         let old_memh = std::mem::replace(&mut self.memh, memh);
         let old_arrival = std::mem::replace(&mut self.arrival, arrival);
-        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, generation: self.generation, since: Instant::now(), why });
-        self.generation = generation;
-        self.stranded = 0;
         let hex = crate::proto::bootstrap::hex_encode(&address);
+        let mut unheard = Vec::new();
         match why {
             Retirement::Stuck => {
                 self.address.set(hex);
@@ -588,8 +595,15 @@ impl ShardWorker {
             Retirement::Recycled => {
                 self.address.hand_out(hex);
                 self.service.metrics.worker_recycled();
+                // Everyone welcomed with the old address joined before this (the bootstrap
+                // tells the workers before it reads the address).
+                self.service.sync_membership();
+                unheard = self.service.live_clients().filter(|&c| !self.reply_eps.knows(c)).collect();
             }
         }
+        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, generation: self.generation, since: Instant::now(), why, unheard });
+        self.generation = generation;
+        self.stranded = 0;
         if let Err(e) = self.probe.connect(&address) {
             warn!("shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected", self.service.index, e.message);
         }
