@@ -558,13 +558,9 @@ impl ShardWorker {
                  replacing its UCX worker: clients reconnect, stored data is kept",
                 self.service.index
             ),
-            Retirement::Recycled => tracing::info!(
-                "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
-                 new clients get a fresh worker, the old one goes when its last client leaves",
-                self.service.index,
-                self.stranded_limit
-            ),
+            Retirement::Recycled => {}
         }
+        let started = Instant::now();
         let mut fresh = Worker::new()?;
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
@@ -595,6 +591,13 @@ impl ShardWorker {
             Retirement::Recycled => {
                 self.address.hand_out(hex);
                 self.service.metrics.worker_recycled();
+                tracing::info!(
+                    "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
+                     new clients get a fresh worker (started in {:.1} ms), the old one goes when its last client leaves",
+                    self.service.index,
+                    self.stranded,
+                    started.elapsed().as_secs_f64() * 1e3
+                );
                 // Everyone welcomed with the old address joined before this (the bootstrap
                 // tells the workers before it reads the address).
                 self.service.sync_membership();
