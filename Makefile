@@ -47,11 +47,12 @@ redis:
 	@dpkg -s redis-server redis-tools >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 
 # The kill soak (not in CI): writers and readers SIGKILLed every ~2 s against a real
-# server, SOAK_SECS per transport (default 600; the four together take 40 minutes).
+# server, SOAK_SECS per transport (default 600; the four together take 40 minutes), with
+# SOAK_SERVER_ARGS given to `rdram serve` (e.g. --stranded-endpoint-limit 8).
 SOAK_SECS ?= 600
 SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm,fabric:shm
 soak: deps
-	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
+	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" SOAK_SERVER_ARGS="$(SOAK_SERVER_ARGS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
 # starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).

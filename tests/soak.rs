@@ -1,6 +1,7 @@
 //! The kill soak (`make soak`, not in CI): a real server, writer and reader processes
 //! SIGKILLed every ~2 s and restarted, for SOAK_SECS (default 600) per transport in
-//! SOAK_TRANSPORTS (default "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm"). Every acknowledged write is
+//! SOAK_TRANSPORTS (default "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm"), against a server
+//! given SOAK_SERVER_ARGS too. Every acknowledged write is
 //! checked byte-exact at the end; readers check every value they see. The server's RSS,
 //! fds, used bytes and pinned extents are reported at the start and after every key is
 //! deleted, and must come back to the baseline.
@@ -154,7 +155,12 @@ fn shard_totals(c: &mut Client) -> (u64, u64, u64) {
 
 fn soak_one(transport: &str, seconds: u64) {
     common::init(transport);
-    let server = ServerProc::start(&["--workers", "2", "--memory", "1GiB", "--metrics", "127.0.0.1:0"]);
+    // SOAK_SERVER_ARGS: more `rdram serve` arguments, e.g. "--stranded-endpoint-limit 8"
+    // to have UCX shared-memory shards recycle their workers many times over.
+    let extra = std::env::var("SOAK_SERVER_ARGS").unwrap_or_default();
+    let mut args = vec!["--workers", "2", "--memory", "1GiB", "--metrics", "127.0.0.1:0"];
+    args.extend(extra.split_whitespace());
+    let server = ServerProc::start(&args);
     let pid = server.child.id();
     let mut observer = server.client();
     // Baseline after one client has come and gone (libraries' one-time allocations).
