@@ -6,6 +6,7 @@ pub use bootstrap::constant_time_eq;
 mod fabric_worker;
 mod queue_probe;
 pub(crate) mod service;
+mod ucx_generations;
 mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};
+use super::ucx_generations::{PerGeneration, ReplyEps};
 use super::service::{self, Answer, Membership, PendingPut, Service};
 use super::{RetryBackoff, ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
@@ -51,36 +52,6 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 const RETIRED_GRACE: Duration = Duration::from_secs(10);
 /// Recycled workers (see [`ReplyEps`]) that may wait for their last client at once.
 const MAX_RECYCLED: usize = 2;
-
-/// A count of operations in flight per worker generation (a handful at most).
-#[derive(Default)]
-struct PerGeneration(Vec<(u64, usize)>);
-
-impl PerGeneration {
-    fn add(&mut self, generation: u64) {
-        match self.0.iter_mut().find(|(g, _)| *g == generation) {
-            Some((_, n)) => *n += 1,
-            None => self.0.push((generation, 1)),
-        }
-    }
-
-    fn remove(&mut self, generation: u64) {
-        if let Some(i) = self.0.iter().position(|(g, _)| *g == generation) {
-            self.0[i].1 -= 1;
-            if self.0[i].1 == 0 {
-                self.0.swap_remove(i);
-            }
-        }
-    }
-
-    fn count(&self, generation: u64) -> usize {
-        self.0.iter().find(|(g, _)| *g == generation).map_or(0, |(_, n)| *n)
-    }
-
-    fn total(&self) -> usize {
-        self.0.iter().map(|(_, n)| n).sum()
-    }
-}
 
 /// Bytes of the arena a reply is sent from, and the arena's mapping on the worker that sends.
 #[derive(Clone, Copy)]
@@ -232,75 +203,6 @@ pub struct ShardWorker {
     stranded: usize,
     stranded_limit: usize,
     recycle_retry: RetryBackoff,
-}
-
-/// Which worker (generation) each client's requests arrive on, and whether UCX will ever
-/// free that endpoint by itself. Over shared memory without peer-failure detection it
-/// never does: UCX keeps an endpoint its peer connected to until the worker is destroyed
-/// (closing it does not free it), and each keeps mappings of the peer's queues (~50 KB of
-/// memory, 3 mappings; every `rdram get` from a shell left that behind for good). Those a
-/// departed client leaves are counted as stranded on their worker, whose replacement
-/// after [`super::ServerConfig::stranded_endpoint_limit`] of them bounds the total.
-#[derive(Default)]
-struct ReplyEps {
-    by_ep: rustc_hash::FxHashMap<usize, ReplyEp>,
-    /// The endpoint of the last request: most requests come from the same one as the
-    /// request before, and need no lookup.
-    last: usize,
-}
-
-#[derive(Clone, Copy)]
-struct ReplyEp {
-    client: u64,
-    generation: u64,
-    /// Only the worker's destruction frees it.
-    stranded_when_left: bool,
-}
-
-impl ReplyEps {
-    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `generation`.
-    fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, generation: u64) {
-        let key = ep as usize;
-        if key == self.last || client == 0 || self.by_ep.contains_key(&key) {
-            return;
-        }
-        // SAFETY: UCX handed ep to the request callback running now: it is live.
-        let stranded_when_left = unsafe { worker.ep_lacks_failure_detection(ep) };
-        self.by_ep.insert(key, ReplyEp { client, generation, stranded_when_left });
-        self.last = key;
-    }
-
-    /// Forgets the endpoints of clients that left; returns the generations of those left
-    /// stranded, one entry each.
-    fn departed(&mut self, departed: &[u64]) -> Vec<u64> {
-        let mut stranded = Vec::new();
-        self.by_ep.retain(|_, e| {
-            let left = departed.contains(&e.client);
-            if left && e.stranded_when_left {
-                stranded.push(e.generation);
-            }
-            !left
-        });
-        self.last = 0;
-        stranded
-    }
-
-    /// Whether a request of `client` has come by any worker (and it has not left).
-    fn knows(&self, client: u64) -> bool {
-        self.by_ep.values().any(|e| e.client == client)
-    }
-
-    /// Whether a client that has not left came by worker `generation`.
-    fn serves(&self, generation: u64) -> bool {
-        self.by_ep.values().any(|e| e.generation == generation)
-    }
-
-    /// Worker `generation` was destroyed: its endpoints are gone (their addresses may
-    /// come back for new ones).
-    fn forget_generation(&mut self, generation: u64) {
-        self.by_ep.retain(|_, e| e.generation != generation);
-        self.last = 0;
-    }
 }
 
 #[derive(Default)]
