@@ -34,6 +34,11 @@ fn main() {
     }
     shim.compile("rdram_ucx_shim");
     println!("cargo:rerun-if-changed=src/transport/ucx/shim.c");
+    // What older UCX (Debian's 1.13, with RDRAM_UCX=system) lacks, the code does without.
+    println!("cargo::rustc-check-cfg=cfg(ucx_ep_query_transports)");
+    if bindings.to_string().contains("UCP_EP_ATTR_FIELD_TRANSPORTS") {
+        println!("cargo:rustc-cfg=ucx_ep_query_transports");
+    }
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("ucx_bindings.rs");
     bindings.write_to_file(out).expect("write ucx bindings");
     generate_fabric_bindings();

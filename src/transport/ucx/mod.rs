@@ -398,8 +398,20 @@ impl Worker {
     /// or not ("to enable remote endpoints keep sending"): what it holds (mappings of the
     /// peer's queues, ~50 KB of memory) comes back only with the worker.
     ///
+    /// UCX without `UCP_EP_ATTR_FIELD_TRANSPORTS` (Debian's 1.13, with `RDRAM_UCX=system`)
+    /// cannot say which transports an endpoint uses: always false there (such endpoints
+    /// are never counted, and stay as they did before recycling existed).
+    ///
     /// # Safety
     /// `ep` is a live endpoint of this worker.
+    #[cfg(not(ucx_ep_query_transports))]
+    pub unsafe fn ep_lacks_failure_detection(&self, _ep: ucp_ep_h) -> bool {
+        false
+    }
+
+    /// # Safety
+    /// `ep` is a live endpoint of this worker.
+    #[cfg(ucx_ep_query_transports)]
     pub unsafe fn ep_lacks_failure_detection(&self, ep: ucp_ep_h) -> bool {
         if self.shm_detects_failure {
             return false;
