@@ -203,6 +203,8 @@ pub struct ShardWorker {
     stranded: usize,
     stranded_limit: usize,
     recycle_retry: RetryBackoff,
+    /// A fresh worker being started on a helper thread (see [`ShardWorker::prepare_spare`]).
+    spare: Option<std::sync::mpsc::Receiver<Result<Worker>>>,
 }
 
 #[derive(Default)]
@@ -246,6 +248,7 @@ impl ShardWorker {
             stranded: 0,
             stranded_limit: stranded_limit.max(1),
             recycle_retry: RetryBackoff::new(),
+            spare: None,
         });
         let me = &mut *w as *mut ShardWorker;
         // SAFETY: the box was allocated just above and is not read by anyone yet.
@@ -377,6 +380,7 @@ impl ShardWorker {
     #[must_use]
     fn watch_queue(&mut self, idle: bool) -> Vec<Retired> {
         let now = Instant::now();
+        self.prepare_spare();
         if self.probe.tick(self.probe_seen, idle, now) {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
                 warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
@@ -444,6 +448,35 @@ impl ShardWorker {
         }
     }
 
+    /// Starts a fresh worker on a helper thread once the current one is three quarters of
+    /// the way to its stranded limit, so that recycling does not stall the shard for the
+    /// 10-30 ms a UCX context takes to start (a worker is used by one thread at a time,
+    /// not necessarily the one that made it).
+    fn prepare_spare(&mut self) {
+        if self.spare.is_some() || self.stranded * 4 < self.stranded_limit * 3 {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        // Dropped, unused, on the helper thread if the shard no longer wants it.
+        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(move || drop(tx.send(Worker::new())));
+        match spawned {
+            Ok(_) => self.spare = Some(rx),
+            Err(e) => debug!("shard {}: no helper thread for a spare worker ({e}); it will start on the shard's", self.service.index),
+        }
+    }
+
+    /// The spare worker if it is ready, else a new one started here.
+    fn take_fresh_worker(&mut self) -> Result<Worker> {
+        match self.spare.take().map(|rx| rx.try_recv()) {
+            Some(Ok(Ok(worker))) => Ok(worker),
+            Some(Ok(Err(e))) => {
+                debug!("shard {}: the spare worker did not start ({}); starting one here", self.service.index, e.message);
+                Worker::new()
+            }
+            _ => Worker::new(),
+        }
+    }
+
     /// Replaces the current UCX worker with a new one under a new address, which new
     /// clients are handed. Stored data is kept.
     ///
@@ -463,7 +496,7 @@ impl ShardWorker {
             Retirement::Recycled => {}
         }
         let started = Instant::now();
-        let mut fresh = Worker::new()?;
+        let mut fresh = self.take_fresh_worker()?;
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
         let generation = self.generation + 1;
@@ -495,7 +528,7 @@ impl ShardWorker {
                 self.service.metrics.worker_recycled();
                 tracing::info!(
                     "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
-                     new clients get a fresh worker (started in {:.1} ms), the old one goes when its last client leaves",
+                     new clients get a fresh worker (the switch took {:.1} ms), the old one goes when its last client leaves",
                     self.service.index,
                     self.stranded,
                     started.elapsed().as_secs_f64() * 1e3
