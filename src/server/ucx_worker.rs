@@ -203,8 +203,9 @@ pub struct ShardWorker {
     stranded: usize,
     stranded_limit: usize,
     recycle_retry: RetryBackoff,
-    /// A fresh worker being started on a helper thread (see [`ShardWorker::prepare_spare`]).
-    spare: Option<std::sync::mpsc::Receiver<Result<Worker>>>,
+    /// The helper thread starting a fresh worker (see [`ShardWorker::prepare_spare`]);
+    /// joined when the worker is taken, or when the shard stops.
+    spare: Option<std::thread::JoinHandle<Result<Worker>>>,
 }
 
 #[derive(Default)]
@@ -395,7 +396,6 @@ impl ShardWorker {
             }
         }
         if !self.retired.is_empty() {
-            self.reap_closed();
             let over: Vec<bool> = self.retired.iter().map(|r| self.retirement_over(r, now)).collect();
             let mut over = over.into_iter();
             let (gone, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
@@ -456,18 +456,17 @@ impl ShardWorker {
         if self.spare.is_some() || self.stranded * 4 < self.stranded_limit * 3 {
             return;
         }
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        // Dropped, unused, on the helper thread if the shard no longer wants it.
-        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(move || drop(tx.send(Worker::new())));
+        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(Worker::new);
         match spawned {
-            Ok(_) => self.spare = Some(rx),
+            Ok(thread) => self.spare = Some(thread),
             Err(e) => debug!("shard {}: no helper thread for a spare worker ({e}); it will start on the shard's", self.service.index),
         }
     }
 
-    /// The spare worker if it is ready, else a new one started here.
+    /// The spare worker (waiting for the rest of its start if need be: less than starting
+    /// another), else a new one started here.
     fn take_fresh_worker(&mut self) -> Result<Worker> {
-        match self.spare.take().map(|rx| rx.try_recv()) {
+        match self.spare.take().map(|thread| thread.join()) {
             Some(Ok(Ok(worker))) => Ok(worker),
             Some(Ok(Err(e))) => {
                 debug!("shard {}: the spare worker did not start ({}); starting one here", self.service.index, e.message);
@@ -807,6 +806,10 @@ impl Drop for ShardWorker {
     fn drop(&mut self) {
         // SAFETY: mapped in new(), unmapped once here.
         unsafe { self.worker.mem_unmap(self.memh) };
+        // No helper thread outlives the shard (it would be inside UCX as the process exits).
+        if let Some(thread) = self.spare.take() {
+            drop(thread.join());
+        }
     }
 }
 

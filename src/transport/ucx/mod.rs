@@ -403,14 +403,14 @@ impl Worker {
     /// are never counted, and stay as they did before recycling existed).
     ///
     /// # Safety
-    /// `ep` is a live endpoint of this worker.
+    /// As below.
     #[cfg(not(ucx_ep_query_transports))]
     pub unsafe fn ep_lacks_failure_detection(&self, _ep: ucp_ep_h) -> bool {
         false
     }
 
     /// # Safety
-    /// `ep` is a live endpoint of this worker.
+    /// `ep` is a live endpoint of any worker of this process (all share its configuration).
     #[cfg(ucx_ep_query_transports)]
     pub unsafe fn ep_lacks_failure_detection(&self, ep: ucp_ep_h) -> bool {
         if self.shm_detects_failure {
