@@ -108,13 +108,14 @@ fn connecting_during_start_is_answered_at_once() {
 }
 
 /// A one-shot `rdram` command reaches a UCX server that shares its host, namespaces and
-/// user over shared memory alone (its context then skips tcp discovery, ~25 ms), and
-/// one whose server offers no shared memory over what that server offers, quietly.
+/// user over posix shared memory alone (its context then skips tcp discovery, ~25 ms),
+/// and one whose server offers no shared memory, or not the posix kind, over what that
+/// server offers, quietly.
 #[test]
 fn one_shot_commands_take_shared_memory_only_where_the_server_offers_it() {
     use std::process::{Command, Stdio};
     let value = pattern(8, 3 << 20);
-    for (server_tls, narrowed) in [(None, true), (Some("tcp"), false)] {
+    for (server_tls, narrowed) in [(None, true), (Some("tcp"), false), (Some("sysv,cma,self,tcp"), false)] {
         let mut cmd = Command::new(common::RDRAM);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--memory", "64MiB", "--hugepages", "off"]).env("UCX_NET_DEVICES", "lo");
         match server_tls {

@@ -124,7 +124,7 @@ impl UcxLink {
         if poll.local_shared_memory {
             tracing::debug!("UCX over shared memory only: the servers share this process's host, namespaces and user");
         }
-        let worker = Box::new(Worker::with_transports(poll.local_shared_memory.then_some(ucx::SHARED_MEMORY_TLS))?);
+        let worker = Box::new(Worker::with_settings(if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
         let state =
             StatePtr::new(State { worker: &*worker, pending: FxHashMap::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
         let state_ptr: *mut State = state.0;
