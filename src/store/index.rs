@@ -1,8 +1,11 @@
-//! A shard's key index: an ordered map from key to a slot in a slab of entries, the slab's
+//! A shard's key index: a hash map from key to a slot in a slab of entries (point lookups,
+//! the hot path), the same keys in an ordered map (listing and range deletes), the slab's
 //! entries linked in least-recently-used order (for cache mode), and an expiry queue.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::RandomState;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use super::alloc::Extent;
 
@@ -31,13 +34,19 @@ impl Entry {
     }
 }
 
-/// Heap bytes an entry costs beyond its key's bytes (map node share, slot, LRU links):
-/// an estimate, for the index budget.
-pub const ENTRY_OVERHEAD: usize = 128;
+/// Heap bytes an entry costs beyond its key's bytes (the key's shared header, hash and
+/// ordered map shares, slot, LRU links): an estimate, for the index budget.
+pub const ENTRY_OVERHEAD: usize = 160;
 
 #[derive(Default)]
 pub struct Index {
-    keys: BTreeMap<Box<[u8]>, u32>,
+    /// Point lookups. Keys are chosen by clients: the hasher is keyed at random (SipHash),
+    /// so no client can make them collide on purpose. A lookup costs a miss or two
+    /// where the ordered map's costs one per level and key compared: with a million keys a
+    /// GET 8 B took 1.8 µs through the ordered map alone, against 0.53 µs with 64 keys.
+    by_key: HashMap<Arc<[u8]>, u32, RandomState>,
+    /// The same keys (shared bytes), in order.
+    keys: BTreeMap<Arc<[u8]>, u32>,
     /// Heap bytes the index holds (key copies plus [`ENTRY_OVERHEAD`] per key).
     bytes: usize,
     slots: Vec<Option<Entry>>,
@@ -55,7 +64,7 @@ impl Index {
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.by_key.len()
     }
 
     pub fn bytes(&self) -> usize {
@@ -63,11 +72,11 @@ impl Index {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.by_key.is_empty()
     }
 
     pub fn find(&self, key: &[u8]) -> Option<u32> {
-        self.keys.get(key).copied()
+        self.by_key.get(key).copied()
     }
 
     pub fn entry(&self, slot: u32) -> &Entry {
@@ -88,9 +97,11 @@ impl Index {
         }
         self.slots[slot as usize] = Some(entry);
         self.link_front(slot);
-        let old = self.keys.insert(key.into(), slot);
-        debug_assert!(old.is_none());
         self.bytes += key.len() + ENTRY_OVERHEAD;
+        let key: Arc<[u8]> = key.into();
+        let old = self.by_key.insert(key.clone(), slot);
+        debug_assert!(old.is_none());
+        self.keys.insert(key, slot);
         slot
     }
 
@@ -111,7 +122,8 @@ impl Index {
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
-        let slot = self.keys.remove(key)?;
+        let slot = self.by_key.remove(key)?;
+        self.keys.remove(key);
         self.bytes -= key.len() + ENTRY_OVERHEAD;
         self.unlink(slot);
         let old = self.slots[slot as usize].take().expect("live slot");

@@ -53,7 +53,7 @@ fn shared_memory_only(tls: Option<&str>, shm_detects_failure: bool) -> bool {
 /// host, through shared memory (see [`Worker::with_settings`]): what a one-shot command
 /// can skip. A context that looks for no tcp interfaces starts about 25 ms sooner on these
 /// VMs, and one shared-memory transport instead of two (posix, whose queue the server
-/// maps once) saves another 3 ms and a third of the page faults (1,544 -> 1,014 per `rdram
+/// maps once) saves another 2.5 ms and a third of the page faults (1,544 -> 1,014 per `rdram
 /// get`); cma moves large values.
 pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 
