@@ -182,6 +182,40 @@ TEST(Spec, ServerModeHostsAServerAndIsItsClient) {
   EXPECT_EQ(read->value, "in-process server");
 }
 
+TEST(Reads, ConcurrentReadsOfEverySizeAroundTheGuess) {
+  // Reads issued together go out as one batch into 64 KiB guesses; the values on either
+  // side of that size (and empty ones, and byte ranges of large ones) must all come back
+  // whole, whether batched or read alone.
+  auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "64MiB"}, {"workers", 1}});
+  ASSERT_TRUE(r.ok()) << r.status().message;
+  auto store = *r;
+  const std::vector<size_t> sizes = {0, 8, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 1 << 20, 3 << 20};
+  std::vector<std::string> values;
+  for (size_t i = 0; i < sizes.size(); i++) {
+    values.push_back(Value({{"size", sizes[i]}, {"seed", i}}));
+    ASSERT_TRUE(store->Write("mix/" + std::to_string(i), values[i]).get().ok());
+  }
+  for (int round = 0; round < 3; round++) {
+    std::vector<Future<ReadResult>> whole, tails;
+    ReadOptions tail;
+    tail.byte_range = ByteRange{-70000, std::nullopt};
+    for (size_t i = 0; i < sizes.size(); i++) {
+      whole.push_back(store->Read("mix/" + std::to_string(i)));
+      if (sizes[i] >= 70000) tails.push_back(store->Read("mix/" + std::to_string(i), tail));
+    }
+    for (size_t i = 0, t = 0; i < sizes.size(); i++) {
+      auto got = whole[i].get();
+      ASSERT_TRUE(got.ok()) << got.status().message;
+      EXPECT_EQ(got->value.size(), sizes[i]);
+      EXPECT_TRUE(got->value == values[i]) << "value " << i << " differs";
+      if (sizes[i] < 70000) continue;
+      auto got_tail = tails[t++].get();
+      ASSERT_TRUE(got_tail.ok()) << got_tail.status().message;
+      EXPECT_TRUE(got_tail->value == values[i].substr(sizes[i] - 70000)) << "tail of " << i << " differs";
+    }
+  }
+}
+
 // 12.7 from C++: a client-mode driver outlives its server. The server-mode driver that
 // hosts it is destroyed (reads then fail with kUnavailable) and a new one listens on the
 // same address; the first driver reconnects by itself on later calls.

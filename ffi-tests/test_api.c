@@ -129,6 +129,25 @@ int main(int argc, char **argv) {
   rdram_buf_free(NULL, 0);
   CHECK_STATUS(rdram_get_alloc(c, KEY("api/none"), &owned, &owned_len, NULL), RDRAM_MISSING);
   CHECK_STATUS(rdram_get_alloc(c, KEY("api/a"), NULL, &owned_len, NULL), RDRAM_NULL_ARGUMENT);
+  /* ... under conditions and byte ranges: the buffer is sized to what came. */
+  go = (rdram_get_options){0};
+  go.if_not_equal = g2;
+  owned = NULL;
+  g = 0;
+  CHECK_STATUS(rdram_get_cond_alloc(c, KEY("api/a"), &go, &owned, &owned_len, &g), RDRAM_UNCHANGED);
+  CHECK(g == g2 && owned == NULL);
+  go = (rdram_get_options){0};
+  go.has_range = true;
+  go.range_start = -5;
+  go.range_end = -1;
+  CHECK_STATUS(rdram_get_cond_alloc(c, KEY("api/a"), &go, &owned, &owned_len, &g), RDRAM_OK);
+  CHECK(owned_len == 5 && memcmp(owned, "WORLD", 5) == 0 && g == g2);
+  rdram_buf_free(owned, owned_len);
+  go.range_start = 5;
+  go.range_end = 100;
+  CHECK_STATUS(rdram_get_cond_alloc(c, KEY("api/a"), &go, &owned, &owned_len, NULL), RDRAM_OUT_OF_RANGE);
+  CHECK_STATUS(rdram_get_cond_alloc(c, KEY("api/none"), NULL, &owned, &owned_len, NULL), RDRAM_MISSING);
+  CHECK_STATUS(rdram_get_cond_alloc(c, KEY("api/a"), NULL, &owned, NULL, NULL), RDRAM_NULL_ARGUMENT);
 
   /* List (with early stop), stats. */
   struct listing l = {0};

@@ -380,6 +380,20 @@ rdram_status rdram_get_alloc(struct rdram_client *client,
                              uint64_t *generation_out);
 
 /**
+ * `rdram_get_cond` into a buffer the library allocates, as `rdram_get_alloc`: one round
+ * trip whatever the value's size, and no buffer to size (or clear) beforehand.
+ * RDRAM_UNCHANGED: the condition did not match; `*generation_out` then holds the current
+ * generation, and `*buf_out` is left as it was.
+ */
+rdram_status rdram_get_cond_alloc(struct rdram_client *client,
+                                  const uint8_t *key,
+                                  size_t key_len,
+                                  const struct rdram_get_options *options,
+                                  uint8_t **buf_out,
+                                  size_t *len_out,
+                                  uint64_t *generation_out);
+
+/**
  * Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it.
  * NULL is allowed (no-op).
  */

@@ -7,7 +7,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use super::{bytes, c_str, guard, null_arg, rdram_status};
-use crate::client::{ByteRange, DeleteResult, GetInto, GetOptions, KeyRange, PutOptions, WriteCondition, WriteResult};
+use crate::client::{ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use crate::error::{Error, Status};
 use crate::transport::PollMode;
 use crate::{Client, ClientOptions};
@@ -362,6 +362,24 @@ pub unsafe extern "C" fn rdram_get_alloc(
     generation_out: *mut u64,
 ) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    unsafe { rdram_get_cond_alloc(client, key, key_len, std::ptr::null(), buf_out, len_out, generation_out) }
+}
+
+/// `rdram_get_cond` into a buffer the library allocates, as `rdram_get_alloc`: one round
+/// trip whatever the value's size, and no buffer to size (or clear) beforehand.
+/// RDRAM_UNCHANGED: the condition did not match; `*generation_out` then holds the current
+/// generation, and `*buf_out` is left as it was.
+#[no_mangle]
+pub unsafe extern "C" fn rdram_get_cond_alloc(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    options: *const rdram_get_options,
+    buf_out: *mut *mut u8,
+    len_out: *mut usize,
+    generation_out: *mut u64,
+) -> rdram_status {
+    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
         guard(|| {
             let c = handle(client)?;
@@ -369,15 +387,20 @@ pub unsafe extern "C" fn rdram_get_alloc(
             if buf_out.is_null() || len_out.is_null() {
                 return Err(null_arg("buf_out/len_out"));
             }
-            match c.get(key)? {
-                Some(v) => {
+            let opts = get_options(options)?;
+            match c.get_with(key, &opts)? {
+                GetResult::Value(v) => {
                     let data = v.data.into_boxed_slice();
                     len_out.write(data.len());
                     buf_out.write(Box::into_raw(data) as *mut u8);
                     write(generation_out, v.generation);
                     Ok(RDRAM_OK)
                 }
-                None => Ok(RDRAM_MISSING),
+                GetResult::Missing => Ok(RDRAM_MISSING),
+                GetResult::Unchanged { generation } => {
+                    write(generation_out, generation);
+                    Ok(RDRAM_UNCHANGED)
+                }
             }
         })
     }
