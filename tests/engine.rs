@@ -143,7 +143,7 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     h.version = 9;
     let (status, msg) = send(&mut c, h, b"keep", &[]);
     assert_eq!(status, Status::VersionMismatch);
-    assert!(msg.contains("server speaks v2, request is v9"), "{msg}");
+    assert!(msg.contains("server speaks v3, request is v9"), "{msg}");
     // Unknown op, unknown flags, key length not matching the bytes sent, bad session.
     let mut h = header(&c, Op::Get, 4);
     h.op = 77;
@@ -178,7 +178,7 @@ fn bootstrap_version_mismatch() {
     s.write_all(b"{\"magic\":\"remote_dram\",\"version\":99}\n").unwrap();
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("protocol version mismatch: server speaks v2, client v99"), "{line}");
+    assert!(line.contains("protocol version mismatch: server speaks v3, client v99"), "{line}");
     let mut s = TcpStream::connect(&server.addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut line = String::new();

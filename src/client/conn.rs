@@ -9,7 +9,7 @@ use super::fabric_link::FabricLink;
 use super::ucx_link::UcxLink;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
-use crate::proto::{self, ReplyHeader, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
+use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN, VALUE_ALIGN};
 use crate::transport::PollMode;
 
 pub struct Reply {
@@ -261,6 +261,10 @@ impl Connection {
     pub fn submit_into(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
         h.request_id = self.next_id;
         h.session = self.servers[server].session;
+        if h.op == Op::Put as u8 && h.flags & flags::KEY_IN_PAYLOAD == 0 {
+            // The value is sent from where it is: the server places it alike (VALUE_ALIGN).
+            h.aux_len = (payload.as_ptr() as u64 % VALUE_ALIGN) as u32;
+        }
         let mut header = [0u8; REQUEST_HEADER_LEN];
         h.encode(&mut header);
         self.submit_raw(server, shard, &header, header_tail, payload, sink)

@@ -26,7 +26,7 @@ pub mod fabric;
 
 use crate::error::Status;
 
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 pub const MAGIC: u16 = 0x5244; // "RD"
 
 pub const AM_REQUEST: u16 = 11;
@@ -37,6 +37,12 @@ pub const MAX_KEY_LEN: usize = 64 * 1024;
 pub const MAX_VALUE_LEN: u64 = 1 << 30;
 /// Keys up to this length travel in the AM header; longer ones are prepended to the payload.
 pub const INLINE_KEY_MAX: usize = 1024;
+/// A put tells the server where its value sits in the writer's memory, modulo this; the
+/// server stores a large value at the same offset within a cache line, so that copying it
+/// (over shared memory, the kernel's cross-process copy) is mutually aligned. Copies whose
+/// destination lies 1 to 15 bytes past the source, modulo 64, ran at a third of the speed
+/// (1 MiB puts over UCX cma: 4.4 against 11.6 GB/s on this project's VM).
+pub const VALUE_ALIGN: u64 = 64;
 /// Entries per list reply; the client asks again from the last key for more.
 pub const LIST_BATCH: u32 = 16 * 1024;
 /// Key bytes per list reply (at least one key): a reply the server builds and holds
@@ -111,7 +117,8 @@ pub struct RequestHeader {
     pub ttl_or_limit: u64,
     /// Key length (or range_min length for range ops).
     pub key_len: u32,
-    /// Range ops: range_max length. Put: reserved, zero.
+    /// Range ops: range_max length. Put: the value's address in the writer's memory
+    /// modulo [`VALUE_ALIGN`] (see there). Other ops: zero.
     pub aux_len: u32,
 }
 
@@ -195,8 +202,11 @@ impl RequestHeader {
                 if key_len == 0 || key_len > MAX_KEY_LEN {
                     return fail(Status::KeyTooLarge, format!("key length {key_len} outside 1..={MAX_KEY_LEN}"));
                 }
-                if h.aux_len != 0 {
-                    return fail(Status::Invalid, "aux_len must be 0 for single-key ops".into());
+                if op == Op::Put && u64::from(h.aux_len) >= VALUE_ALIGN {
+                    return fail(Status::Invalid, format!("a put's value alignment must be below {VALUE_ALIGN}, not {}", h.aux_len));
+                }
+                if op != Op::Put && h.aux_len != 0 {
+                    return fail(Status::Invalid, "aux_len must be 0 for gets and deletes".into());
                 }
             }
             Op::DeleteRange | Op::List => {
@@ -336,6 +346,19 @@ mod tests {
         bad[64..68].copy_from_slice(&(MAX_KEY_LEN as u32 + 1).to_le_bytes());
         assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::KeyTooLarge);
         assert_eq!(RequestHeader::decode(&buf[..10]).unwrap_err().request_id, None);
+        // A put's aux_len is its value's alignment: below VALUE_ALIGN; other single-key
+        // ops carry none.
+        let mut aligned = buf;
+        aligned[68..72].copy_from_slice(&(VALUE_ALIGN as u32 - 1).to_le_bytes());
+        assert_eq!(RequestHeader::decode(&aligned).unwrap().0.aux_len, VALUE_ALIGN as u32 - 1);
+        let mut bad = buf;
+        bad[68..72].copy_from_slice(&(VALUE_ALIGN as u32).to_le_bytes());
+        assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::Invalid);
+        let mut get = RequestHeader::new(Op::Get, 43, 7);
+        get.key_len = 5;
+        get.aux_len = 1;
+        get.encode(&mut bad);
+        assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::Invalid);
     }
 
     #[test]

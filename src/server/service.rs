@@ -11,7 +11,7 @@ use crate::metrics::ShardMetrics;
 use tracing::{info, warn};
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
 use crate::store::alloc::Extent;
-use crate::store::{ByteRange, Condition, GetOutcome, Shard};
+use crate::store::{ByteRange, Condition, GetOutcome, Layout, Shard};
 
 /// A decoded, authenticated request.
 pub struct Request<'a> {
@@ -44,6 +44,7 @@ pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::t
 pub struct PendingPut {
     pub header: RequestHeader,
     pub extent: Extent,
+    pub layout: Layout,
     /// Where, from the extent's start, the arriving bytes go, and how many arrive.
     pub dest_offset: u64,
     pub arriving: u64,
@@ -261,13 +262,18 @@ impl Service {
             self.check_shard(req.inline)?;
             self.shard.precheck_put(req.inline, &condition(&h))?;
         }
-        // A key arriving in the payload is not known yet: no overwrite hint then.
-        let extent = if in_payload { self.shard.reserve(key_len + value_len)? } else { self.shard.reserve_for_put(req.inline, key_len + value_len)? };
-        let dest_offset = if in_payload { 0 } else { key_len };
-        if !in_payload {
+        // A key arriving in the payload is not known yet: no overwrite hint then; and the
+        // value arrives right behind it.
+        let (layout, extent, dest_offset) = if in_payload {
+            let layout = Layout::packed(key_len as usize, value_len);
+            (layout, self.shard.reserve(layout.extent_len())?, 0)
+        } else {
+            let layout = Layout::aligned_to(key_len as usize, value_len, u64::from(h.aux_len));
+            let extent = self.shard.reserve_for_put(req.inline, layout.extent_len())?;
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
-        }
-        Ok(PendingPut { header: h, extent, dest_offset, arriving, value_len, cut: None, arrived })
+            (layout, extent, u64::from(layout.value_at))
+        };
+        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, value_len, cut: None, arrived })
     }
 
     /// Where a pending put's bytes go.
@@ -304,7 +310,7 @@ impl Service {
             self.shard.release(p.extent);
             return error_reply(id, &e, out);
         }
-        match self.shard.commit_put(p.extent, key_len as u32, p.value_len, &condition(&p.header), ttl(&p.header)) {
+        match self.shard.commit_put(p.extent, p.layout, &condition(&p.header), ttl(&p.header)) {
             Ok(generation) => ok_reply(id, generation, p.value_len),
             Err(e) => error_reply(id, &e, out),
         }
@@ -333,11 +339,11 @@ impl Service {
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
         let cond = condition(h);
         self.shard.precheck_put(key, &cond)?;
-        let extent = self.shard.reserve_for_put(key, (key.len() + value.len()) as u64)?;
-        let slot = self.shard.extent_mut(extent);
-        slot[..key.len()].copy_from_slice(key);
-        slot[key.len()..key.len() + value.len()].copy_from_slice(value);
-        let generation = self.shard.commit_put(extent, key.len() as u32, value.len() as u64, &cond, ttl(h))?;
+        // Copied here from the receive buffer: aligned to where the value sits in it.
+        let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
+        let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
+        self.shard.write_put(extent, layout, key, value);
+        let generation = self.shard.commit_put(extent, layout, &cond, ttl(h))?;
         Ok(ok_reply(h.request_id, generation, value.len() as u64))
     }
 

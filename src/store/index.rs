@@ -13,9 +13,12 @@ const NIL: u32 = u32::MAX;
 
 #[derive(Clone, Debug)]
 pub struct Entry {
-    /// Arena extent holding `key || value`.
+    /// Arena extent holding the key at its start and the value at `value_at`.
     pub extent: Extent,
     pub key_len: u32,
+    /// Where the value starts, from the extent's start: right after the key, or a little
+    /// further for a large value (see `shard::Layout`).
+    pub value_at: u32,
     pub value_len: u64,
     pub generation: u64,
     /// Monotonic nanoseconds; 0 = never expires.
@@ -25,12 +28,12 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn new(extent: Extent, key_len: u32, value_len: u64, generation: u64, expires_at: u64) -> Self {
-        Entry { extent, key_len, value_len, generation, expires_at, prev: NIL, next: NIL }
+    pub fn new(extent: Extent, key_len: u32, value_at: u32, value_len: u64, generation: u64, expires_at: u64) -> Self {
+        Entry { extent, key_len, value_at, value_len, generation, expires_at, prev: NIL, next: NIL }
     }
 
     pub fn value_offset(&self) -> u64 {
-        self.extent.offset + self.key_len as u64
+        self.extent.offset + self.value_at as u64
     }
 }
 
@@ -201,7 +204,7 @@ mod tests {
     use super::*;
 
     fn e(gen: u64) -> Entry {
-        Entry::new(Extent { offset: 0, len: 64 }, 1, 1, gen, 0)
+        Entry::new(Extent { offset: 0, len: 64 }, 1, 1, 1, gen, 0)
     }
 
     #[test]

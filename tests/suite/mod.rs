@@ -85,6 +85,27 @@ pub fn sizes_and_ranges(tls: &str) {
             assert_eq!(v.data, value[size - 7..]);
         }
     }
+    // Large values from sources at every offset within a cache line (the server stores
+    // them alike, a few bytes past their key) and keys of several lengths: whole, ranged,
+    // and into a caller's buffer at an odd offset.
+    let backing = pattern(7, (300 << 10) + 64);
+    for (shift, key) in [(0, "a"), (1, "bb/1"), (15, "ccc/15"), (16, "d/16"), (17, "eeeee/17"), (63, "f/63")] {
+        let value = &backing[shift..shift + (300 << 10)];
+        let g = c.put(key.as_bytes(), value).unwrap();
+        let got = c.get(key.as_bytes()).unwrap().expect("value present");
+        assert!(got.data == value, "source offset {shift}");
+        let mut buf = vec![0u8; value.len() + 5];
+        let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut buf[5..]).unwrap();
+        assert_eq!(r, GetInto::Value { len: value.len(), generation: g, size: value.len() as u64 });
+        assert!(buf[5..] == *value, "source offset {shift}, into a buffer at offset 5");
+        let tail = ByteRange { start: -100_000, end: -1 };
+        let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(tail), ..Default::default() }).unwrap() else { panic!() };
+        assert!(v.data == value[value.len() - 100_000..], "source offset {shift}, suffix");
+    }
+    let listed = c.list(&KeyRange::prefix(b"")).unwrap();
+    for key in ["a", "bb/1", "ccc/15", "d/16", "eeeee/17", "f/63"] {
+        assert!(listed.iter().any(|e| e.key == key.as_bytes() && e.size == 300 << 10), "{key} listed intact");
+    }
 }
 
 /// A client killed in the middle of a large put: the server frees the slot and keeps
