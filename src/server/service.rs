@@ -48,7 +48,6 @@ pub struct PendingPut {
     /// Where, from the extent's start, the arriving bytes go, and how many arrive.
     pub dest_offset: u64,
     pub arriving: u64,
-    pub value_len: u64,
     /// Set when the server cut the transfer (it stalled): the extent's other bytes are
     /// already free, and these parts of it, still being written into, go when it ends.
     pub cut: Option<Vec<Extent>>,
@@ -273,7 +272,7 @@ impl Service {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
             (layout, extent, u64::from(layout.value_at))
         };
-        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, value_len, cut: None, arrived })
+        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived })
     }
 
     /// Where a pending put's bytes go.
@@ -284,7 +283,7 @@ impl Service {
     /// Publishes a put whose bytes arrived (`arrived`), or frees its slot when the
     /// transfer failed (the client vanished): the server keeps serving either way.
     pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
-        let (since, value_len) = (p.arrived, p.value_len);
+        let (since, value_len) = (p.arrived, p.layout.value_len);
         let reply = self.publish_put(p, arrived, out);
         let received = if reply.status() == Status::Ok { value_len } else { 0 };
         self.metrics.record(Some(Op::Put), reply.status(), received, 0, since);
@@ -300,7 +299,7 @@ impl Service {
             return error_reply(id, &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"), out);
         }
         if !arrived {
-            info!("shard {}: a put of {} bytes was aborted in transfer (its client failed or went away); its space is freed", self.index, p.value_len);
+            info!("shard {}: a put of {} bytes was aborted in transfer (its client failed or went away); its space is freed", self.index, p.layout.value_len);
             self.shard.release(p.extent);
             return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);
         }
@@ -311,7 +310,7 @@ impl Service {
             return error_reply(id, &e, out);
         }
         match self.shard.commit_put(p.extent, p.layout, &condition(&p.header), ttl(&p.header)) {
-            Ok(generation) => ok_reply(id, generation, p.value_len),
+            Ok(generation) => ok_reply(id, generation, p.layout.value_len),
             Err(e) => error_reply(id, &e, out),
         }
     }
