@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
+
 use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};
@@ -190,7 +192,7 @@ pub struct ShardWorker {
     orphans: HashMap<usize, u64>,
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
-    backlog: HashMap<u64, Backlog>,
+    backlog: FxHashMap<u64, Backlog>,
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Endpoints closed because a transfer on them stalled, until UCX finishes the close.
@@ -242,7 +244,7 @@ impl ShardWorker {
             puts: HashMap::new(),
             sending: HashMap::new(),
             orphans: HashMap::new(),
-            backlog: HashMap::new(),
+            backlog: FxHashMap::default(),
             stall_timeout,
             closing: Vec::new(),
             reply_eps: ReplyEps::default(),

@@ -187,6 +187,9 @@ impl Shard {
     }
 
     fn write_condition_holds(&mut self, key: &[u8], cond: &Condition) -> bool {
+        if !cond.if_absent && cond.if_equal.is_none() {
+            return true;
+        }
         let current = self.live_slot(key).map(|s| self.index.entry(s).generation);
         match (current, cond) {
             (Some(_), Condition { if_absent: true, .. }) => false,
@@ -543,6 +546,7 @@ mod tests {
             s.release(k);
         }
         assert_eq!(s.stats().free_bytes, free);
+        s.alloc.merge_listed();
         assert_eq!(s.stats().largest_free_bytes, free, "freed parts merged back into one extent");
     }
 
