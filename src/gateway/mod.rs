@@ -30,6 +30,8 @@ pub struct GatewayConfig {
     pub client: ClientOptions,
     /// Engine clients, each on its own thread: the requests in flight toward the servers.
     pub engine_clients: usize,
+    /// Threads for gRPC (HTTP/2 framing, and the copies in and out of its frames).
+    pub grpc_threads: usize,
     /// Largest value a Write may stream; larger ones get INVALID_ARGUMENT.
     pub max_value: usize,
     /// Bytes of unfinished Write streams buffered at once, across all connections.
@@ -74,7 +76,7 @@ pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAddr>), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
     let engine = Arc::new(EnginePool::connect(&config.servers, &config.client, config.engine_clients)?);
     let io = |e: std::io::Error| Error::new(Status::Io, e.to_string());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(config.grpc_threads.max(1)).enable_all().build().map_err(io)?;
     if !config.listen.ip().is_loopback() {
         tracing::warn!(
             "the gateway listens on {}, beyond loopback: anyone who reaches it reads and writes the servers' data{}",

@@ -113,6 +113,10 @@ struct GatewayArgs {
     /// Engine clients (each on its own thread): the requests in flight toward the servers.
     #[arg(long, default_value_t = 8)]
     engine_clients: usize,
+    /// Threads for gRPC: HTTP/2 framing and the copies in and out of its frames, which
+    /// take most of the gateway's CPU (default: the CPUs this process may run on).
+    #[arg(long)]
+    grpc_threads: Option<usize>,
     /// Largest value a Write may stream (it is buffered whole before it is stored).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_value: u64,
@@ -421,10 +425,10 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
 
 /// The gateway receives each value into a fresh buffer of its size (tonic hands every
 /// decoded message over whole), and glibc gives buffers of MiBs back to the kernel when
-/// they are freed, so the next one is zero-filled page by page again: a fifth of the gRPC
-/// threads' time went to page faults. Freed buffers stay in the heap instead (up to 32 MiB
-/// each; the heap is never trimmed, so the gateway keeps its high-water mark, which
-/// --max-buffered and the HTTP/2 windows bound).
+/// they are freed, so the next one is zero-filled page by page again: about a quarter of
+/// the gRPC threads' time went to page faults. Freed buffers stay in the heap instead (up
+/// to 32 MiB each; the heap is never trimmed, so the gateway keeps its high-water mark,
+/// which --max-buffered and the HTTP/2 windows bound).
 fn keep_freed_buffers() {
     // SAFETY: mallopt only sets malloc's thresholds; it is called before any other thread
     // of this process starts.
@@ -450,6 +454,7 @@ fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
         servers: args.conn.server.clone(),
         client: args.conn.options(),
         engine_clients: args.engine_clients,
+        grpc_threads: args.grpc_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
         max_value: usize::try_from(args.max_value.min(remote_dram::proto::MAX_VALUE_LEN)).unwrap_or(usize::MAX),
         max_buffered: usize::try_from(args.max_buffered).unwrap_or(usize::MAX),
         token: match args.gateway_token_file.as_deref() {
