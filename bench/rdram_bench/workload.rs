@@ -1,7 +1,8 @@
 //! What each bench thread does next: which key, which op, and (open loop) when.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use quanta::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
