@@ -61,8 +61,8 @@ impl tonic::service::Interceptor for TokenCheck {
 /// Requests in flight on one gRPC connection.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// HTTP/2 flow-control window of one stream: a whole message (as large as the decoder
-/// accepts) is sent without waiting for a window update.
-pub const STREAM_WINDOW: u32 = MAX_MESSAGE as u32;
+/// accepts, with gRPC's 5-byte prefix) is sent without waiting for a window update.
+pub const STREAM_WINDOW: u32 = MAX_MESSAGE as u32 + 5;
 /// HTTP/2 flow-control window of one connection: the most bytes a client can have sent
 /// that the gateway has not read yet.
 pub const CONNECTION_WINDOW: u32 = 32 << 20;

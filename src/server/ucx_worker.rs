@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-
 use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};

@@ -71,10 +71,15 @@ impl ExtentAllocator {
             self.free_bytes -= len;
             return Some(Extent { offset, len });
         }
-        if self.by_size.range((len, 0)..).next().is_none() && self.listed > 0 {
-            self.merge_listed();
-        }
-        let &(size, offset) = self.by_size.range((len, 0)..).next()?;
+        let best_fit = |a: &Self| a.by_size.range((len, 0)..).next().copied();
+        let (size, offset) = match best_fit(self) {
+            Some(found) => found,
+            None if self.listed > 0 => {
+                self.merge_listed();
+                best_fit(self)?
+            }
+            None => return None,
+        };
         self.remove_free(offset, size);
         if size > len {
             self.insert_free(offset + len, size - len);
