@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-python redis soak fuzz
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench device-bundle bench-python redis soak fuzz
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -36,6 +36,11 @@ test-rust: deps
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).
 bench: deps redis
 	bench/compare
+
+# The same comparison on a machine without Rust, UCX, libfabric or Redis (the 16-core GPU
+# machine): packs .device-bundle for `bench/compare --device-bundle` (see bench/device-bundle).
+device-bundle: deps redis
+	bench/device-bundle
 
 # The Python client next to rdram-bench and redis-py (bench/python_client.py).
 bench-python: build redis
