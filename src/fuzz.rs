@@ -38,10 +38,14 @@ pub fn bootstrap_line(data: &[u8]) {
     }
 }
 
-/// A libfabric hello and the remote-value reference a large request ends with.
+/// A libfabric hello, the remote-value reference a large request ends with, and the
+/// header of a request's later part.
 pub fn fabric_hello(data: &[u8]) {
     if let Ok(h) = fabric::Hello::decode(data) {
         assert_eq!(fabric::Hello::decode(&h.encode()).unwrap(), h);
+    }
+    if let Some(p) = fabric::PartHeader::decode(data) {
+        assert_eq!(fabric::PartHeader::decode(&p.encode()), Some(p));
     }
     for rails in 1..=4 {
         if let Ok((head, v)) = RemoteValue::decode_tail(data, rails) {

@@ -135,6 +135,8 @@ fn write_seed_corpus() {
     let mut rv = b"key".to_vec();
     RemoteValue { len: 1 << 20, rails: vec![(0x7f00_0000_0000, 42)] }.encode(&mut rv);
     write("fabric_hello", "remote-value", &rv);
+    let part = fabric::PartHeader { request_id: 9, credential: 0x5e55_1011, last: true };
+    write("fabric_hello", "part", &[&part.encode()[..], b"tail"].concat());
     use prost::Message;
     use remote_dram::gateway::pb;
     let read = pb::ReadRequest {

@@ -322,3 +322,73 @@ fn a_large_get_given_up_on_is_received_and_dropped_not_left_unanswered() {
     assert!(common::wait_until(Duration::from_secs(2), || counter_total(&server, "rdram_shm_locks_released") == 0));
     assert_eq!(counter_total(&server, "rdram_worker_replacements_total"), 0, "the shard replaced its endpoints");
 }
+
+/// shm moves messages up to its 4 KiB inject size inline and longer ones by a slower
+/// protocol, so a request between 4 and 16 KiB travels in inline parts that the worker
+/// joins (proto::fabric::split_request). Values and keys around every boundary, from one
+/// client and from several at once, and parts that do not add up.
+#[test]
+fn requests_longer_than_the_inline_size_travel_in_parts() {
+    use remote_dram::proto::fabric::{PartHeader, PART_HEADER_LEN};
+    use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
+    common::init(common::FABRIC_SHM);
+    let server = common::ServerProc::start(&[]);
+    let mut c = server.client();
+    // A 3-byte key: 72 + 3 + 4021 is exactly 4096 bytes, one message; one more, two parts.
+    let sizes = [4000, 4020, 4021, 4022, 4096, 4097, 6000, 8100, 8150, 12_000, 16_000, 16_200, 16_309, 16_310, 16_384, 20_000];
+    for (i, size) in sizes.into_iter().enumerate() {
+        let value = common::pattern(i as u64, size);
+        let key = format!("k{:02}", i % 100);
+        let key = &key.as_bytes()[..3];
+        let g = c.put(key, &value).unwrap();
+        let got = c.get(key).unwrap().expect("stored");
+        assert!(got.data == value && got.generation == g, "{size}-byte value");
+    }
+    // A key long enough to travel in the payload, itself longer than one message.
+    let long_key = common::pattern(99, 6000);
+    c.put(&long_key, b"under a long key").unwrap();
+    assert_eq!(c.get(&long_key).unwrap().expect("stored").data, b"under a long key");
+    // Requests in flight together, from several clients at once: the worker joins each
+    // client's parts apart.
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let addr = server.addr.clone();
+            s.spawn(move || {
+                let mut c = common::connect(&addr);
+                let values: Vec<Vec<u8>> = (0..40).map(|i| common::pattern(t * 100 + i, 5000 + 97 * i as usize)).collect();
+                let keys: Vec<String> = (0..40).map(|i| format!("t{t}/{i}")).collect();
+                let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (k.as_bytes(), &v[..])).collect();
+                for r in c.put_many(&items, 8) {
+                    r.unwrap();
+                }
+                for (k, v) in keys.iter().zip(&values) {
+                    assert!(c.get(k.as_bytes()).unwrap().expect("stored").data == *v, "{k}");
+                }
+            });
+        }
+    });
+    // Parts that do not add up are dropped or refused; the server goes on serving.
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(Op::Put, id, session);
+    h.key_len = 3;
+    h.flags = flags::IN_PARTS;
+    let mut first = [0u8; REQUEST_HEADER_LEN].to_vec();
+    h.encode((&mut first[..]).try_into().unwrap());
+    first.extend_from_slice(b"bad");
+    c.raw_submit(0, &first, &[7u8; 4000]).unwrap();
+    // More parts than a request may hold (16 KiB in all): the request is refused.
+    for _ in 0..4 {
+        let part = PartHeader { request_id: id, credential: 0, last: false }.encode();
+        c.raw_submit(0, &part, &[7u8; 4096 - PART_HEADER_LEN]).unwrap();
+    }
+    // A part whose start never came: dropped, unanswered.
+    let (_, orphan) = c.raw_session();
+    let part = PartHeader { request_id: orphan + 1000, credential: 0, last: true }.encode();
+    let err = c.raw_request(0, &part, b"stray", Duration::from_millis(300)).unwrap_err();
+    assert_eq!(err.status, remote_dram::Status::Timeout, "{err}");
+    assert!(c.get(b"bad").unwrap().is_none(), "the refused request stored nothing");
+    assert_eq!(c.get(b"k00").unwrap().expect("still there").data, common::pattern(0, 4000));
+    let mut fresh = server.client();
+    fresh.put(b"after", &common::pattern(5, 9000)).unwrap();
+    assert_eq!(fresh.get(b"after").unwrap().expect("stored").data, common::pattern(5, 9000));
+}

@@ -63,6 +63,9 @@ struct Pending {
     /// Its payload stays in the caller's memory, registered for the worker to read.
     remote_payload: bool,
     msg: Vec<u8>,
+    /// Where each part of `msg` ends when it travels in parts (see
+    /// `proto::fabric::split_request`); empty when it goes as one message.
+    part_ends: Vec<usize>,
     reply_buf: Vec<u8>,
     /// Registrations of `msg` and `reply_buf` when the provider requires local ones.
     own_mr: Option<(Vec<MemoryRegion>, Vec<MemoryRegion>)>,
@@ -181,6 +184,7 @@ impl FabricLink {
                 shard: 0,
                 remote_payload: false,
                 msg,
+                part_ends: Vec::new(),
                 reply_buf,
                 own_mr,
                 temp_mr: Vec::new(),
@@ -196,6 +200,7 @@ impl FabricLink {
         p.server = server;
         p.remote_payload = false;
         p.msg.clear();
+        p.part_ends.clear();
         p.sink = None;
         p.sent = false;
         p.header_op = None;
@@ -241,15 +246,30 @@ impl FabricLink {
             return Err(e);
         }
         p.header_op = Some(header_op);
-        let send_op = self.ops.start(LinkOp { request: id, step: Step::Send }, 1);
-        let ctx = self.ops.ctx(send_op, 0);
+        let whole = [p.msg.len()];
+        let ends = if p.part_ends.is_empty() { &whole[..] } else { &p.part_ends[..] };
+        let send_op = self.ops.start(LinkOp { request: id, step: Step::Send }, ends.len());
         let tag = kind | if kind == wire::HELLO { 0 } else { slot as u64 };
-        // SAFETY: msg lives in the boxed Pending until the send completes (`sent`).
-        let sent = unsafe { self.rails.eps[0].send(p.msg.as_ptr(), p.msg.len(), msg_desc, peer, tag, ctx) };
+        let mut failed = None;
+        for (k, &end) in ends.iter().enumerate() {
+            let start = if k == 0 { 0 } else { ends[k - 1] };
+            let ctx = self.ops.ctx(send_op, k);
+            // SAFETY: msg lives in the boxed Pending until every part's send completes
+            // (`sent`); start..end lies within it.
+            if let Err(e) = unsafe { self.rails.eps[0].send(p.msg.as_ptr().add(start), end - start, msg_desc, peer, tag, ctx) } {
+                self.ops.not_posted(send_op, ends.len() - k, e.clone());
+                failed = Some((k, e));
+                break;
+            }
+        }
         self.pending.insert(id, p);
-        if let Err(e) = sent {
-            self.ops.not_posted(send_op, 1, e.clone());
+        if let Some((k, e)) = failed {
             self.fail_server(server, Status::Unavailable, format!("sending to {} failed: {e}", self.servers[server].node));
+            if k > 0 {
+                // Parts are on their way from `msg`: the request stays pending (failed)
+                // until their sends complete, and its waiter gets the error then.
+                return Ok(());
+            }
             let p = self.pending.remove(&id);
             if let Some(p) = p {
                 self.release(p);
@@ -635,8 +655,11 @@ impl Link for FabricLink {
                 p.msg[56..64].copy_from_slice(&(s.cap as u64 + 1).to_le_bytes());
             }
         }
-        if p.msg.len() + payload.len() <= wire::REQUEST_MSG_MAX {
+        let part_max = self.rails.one_message_max(wire::REQUEST_MSG_MAX);
+        if wire::split_len(p.msg.len() + payload.len(), part_max) <= wire::REQUEST_MSG_MAX {
             p.msg.extend_from_slice(payload);
+            // Longer than shm's inline size: in parts that each go inline.
+            wire::split_request(&mut p.msg, part_max, &mut p.part_ends);
         } else {
             // Too long for one message: the worker reads it from our memory.
             let mut temp = std::mem::take(&mut p.temp_mr);

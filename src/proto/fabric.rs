@@ -6,6 +6,13 @@
 //!   (flag REMOTE_VALUE; the payload is then a [`RemoteValue`]) and the worker reads it
 //!   from the client's registered memory with one-sided reads, striped over the rails.
 //!   A client that vanishes mid-transfer fails those reads, so its reserved slot is freed.
+//!   On shm, whose messages up to its inject size (4 KiB) go through an inline queue and
+//!   longer ones by a protocol three times slower, a request longer than the inject size
+//!   travels in parts of at most that size instead ([`split_request`]): its first bytes,
+//!   with flag IN_PARTS set in the header, then parts that each start with a
+//!   [`PartHeader`]. The worker joins them (at most [`REQUEST_MSG_MAX`] bytes in all)
+//!   before reading the request. A client sends the parts back to back and the provider
+//!   delivers one sender's messages in order (FI_ORDER_SAS).
 //! Client → shard worker, tag = [`HELLO`]: a [`Hello`] with the session the bootstrap
 //!   issued to this client (after its token check) and the client's rail addresses; a
 //!   hello without a live session is dropped unanswered. The worker binds the slot to
@@ -19,6 +26,7 @@
 //!   message striped over the rails — unless the client's GET declared a smaller buffer
 //!   (`ttl_or_limit` = capacity + 1), then no payload is sent: it stays on the server.
 
+use super::REQUEST_HEADER_LEN;
 use crate::error::{Error, Result, Status};
 
 pub const REQUEST: u64 = 0;
@@ -33,6 +41,89 @@ pub const ID_MASK: u64 = (1 << 62) - 1;
 
 pub const REQUEST_MSG_MAX: usize = 16 << 10;
 pub const REPLY_MSG_MAX: usize = 16 << 10;
+
+/// The start of a request's second or later part. The request id and the slot's
+/// credential sit where a request header has them (bytes 8..16 and 16..24), so the worker
+/// checks a part's credential as it checks a request's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartHeader {
+    pub request_id: u64,
+    pub credential: u64,
+    /// The request's last part.
+    pub last: bool,
+}
+
+pub const PART_HEADER_LEN: usize = 24;
+const PART_MAGIC: u16 = 0x5052; // "RP"
+
+impl PartHeader {
+    pub fn encode(&self) -> [u8; PART_HEADER_LEN] {
+        let mut out = [0u8; PART_HEADER_LEN];
+        out[0..2].copy_from_slice(&PART_MAGIC.to_le_bytes());
+        out[2] = super::PROTOCOL_VERSION;
+        out[3] = self.last as u8;
+        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        out[16..24].copy_from_slice(&self.credential.to_le_bytes());
+        out
+    }
+
+    /// The part header `msg` starts with; None when `msg` is not a part (a request header
+    /// starts with another magic).
+    pub fn decode(msg: &[u8]) -> Option<PartHeader> {
+        let h = msg.get(..PART_HEADER_LEN)?;
+        if u16::from_le_bytes([h[0], h[1]]) != PART_MAGIC || h[2] != super::PROTOCOL_VERSION || h[3] > 1 {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap());
+        Some(PartHeader { request_id: word(8), credential: word(16), last: h[3] == 1 })
+    }
+}
+
+/// Whether `msg` is the first part of a request that continues in parts.
+pub fn starts_parts(msg: &[u8]) -> bool {
+    msg.get(4..8).is_some_and(|f| u32::from_le_bytes(f.try_into().unwrap()) & super::flags::IN_PARTS != 0)
+}
+
+/// Clears IN_PARTS in a joined request's header.
+pub fn clear_in_parts(msg: &mut [u8]) {
+    if let Some(f) = msg.get_mut(4..8) {
+        let flags = u32::from_le_bytes((&*f).try_into().unwrap()) & !super::flags::IN_PARTS;
+        f.copy_from_slice(&flags.to_le_bytes());
+    }
+}
+
+/// The bytes a `len`-byte request takes on the wire in parts of at most `part_max` bytes
+/// (see [`split_request`]).
+pub fn split_len(len: usize, part_max: usize) -> usize {
+    if len <= part_max || part_max <= PART_HEADER_LEN {
+        return len;
+    }
+    let rest = len - part_max;
+    len + rest.div_ceil(part_max - PART_HEADER_LEN) * PART_HEADER_LEN
+}
+
+/// Rewrites `msg`, a whole request (header with the request id and credential, then the
+/// rest), into the parts it travels in when longer than `part_max` bytes, laid end to
+/// end; `ends` gets where each part ends. A request that fits is left as it is, with
+/// `ends` empty: it travels as one message.
+pub fn split_request(msg: &mut Vec<u8>, part_max: usize, ends: &mut Vec<usize>) {
+    ends.clear();
+    if msg.len() <= part_max || msg.len() < REQUEST_HEADER_LEN || part_max <= PART_HEADER_LEN {
+        return;
+    }
+    let word = |at: usize| u64::from_le_bytes(msg[at..at + 8].try_into().unwrap());
+    let (request_id, credential) = (word(8), word(16));
+    let rest = msg.split_off(part_max);
+    let flags = u32::from_le_bytes(msg[4..8].try_into().unwrap()) | super::flags::IN_PARTS;
+    msg[4..8].copy_from_slice(&flags.to_le_bytes());
+    ends.push(msg.len());
+    let mut chunks = rest.chunks(part_max - PART_HEADER_LEN).peekable();
+    while let Some(chunk) = chunks.next() {
+        msg.extend_from_slice(&PartHeader { request_id, credential, last: chunks.peek().is_none() }.encode());
+        msg.extend_from_slice(chunk);
+        ends.push(msg.len());
+    }
+}
 
 /// A payload left in the client's memory for the worker to read: its length and, per
 /// rail, the address and key of the client's registration on that rail's domain.
@@ -130,6 +221,39 @@ pub fn decode_addresses(s: &str) -> Result<Vec<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_request_splits_into_parts_that_join_back() {
+        let mut h = crate::proto::RequestHeader::new(crate::proto::Op::Put, 77, 0xC0DE);
+        h.key_len = 3;
+        let mut whole = [0u8; REQUEST_HEADER_LEN].to_vec();
+        h.encode((&mut whole[..REQUEST_HEADER_LEN]).try_into().unwrap());
+        whole.extend((0..9000u32).map(|i| i as u8));
+        let mut msg = whole.clone();
+        let mut ends = Vec::new();
+        split_request(&mut msg, 4096, &mut ends);
+        assert_eq!(msg.len(), split_len(whole.len(), 4096));
+        assert_eq!(ends.len(), 3, "4096 bytes, then two parts of at most 4096 - 24");
+        assert_eq!(*ends.last().unwrap(), msg.len());
+        assert!(starts_parts(&msg[..ends[0]]) && !starts_parts(&whole));
+        // Joined as the worker joins them: the first part, then each part past its header.
+        let mut joined = msg[..ends[0]].to_vec();
+        for (k, w) in ends.windows(2).enumerate() {
+            let part = &msg[w[0]..w[1]];
+            assert!(part.len() <= 4096);
+            let ph = PartHeader::decode(part).unwrap();
+            assert_eq!((ph.request_id, ph.credential, ph.last), (77, 0xC0DE, k == ends.len() - 2));
+            assert!(PartHeader::decode(&whole).is_none(), "a request header is not a part");
+            joined.extend_from_slice(&part[PART_HEADER_LEN..]);
+        }
+        clear_in_parts(&mut joined);
+        assert_eq!(joined, whole);
+
+        let mut short = whole[..4000].to_vec();
+        split_request(&mut short, 4096, &mut ends);
+        assert!(ends.is_empty() && short == whole[..4000] && !starts_parts(&short), "a request that fits stays whole");
+        assert_eq!(split_len(4000, 4096), 4000);
+    }
 
     #[test]
     fn hello_and_remote_value_round_trip_and_reject_garbage() {

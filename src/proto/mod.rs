@@ -68,7 +68,12 @@ pub mod flags {
     /// Put over libfabric: the payload ends with a [`crate::proto::fabric::RemoteValue`]
     /// that the server reads the value through (one-sided), instead of the value itself.
     pub const REMOTE_VALUE: u32 = 1 << 7;
+    /// Every flag a request may carry once it is whole.
     pub const ALL: u32 = (1 << 8) - 1;
+    /// Over libfabric's shm: this message is the first part of a longer request, whose
+    /// other parts follow (see [`crate::proto::fabric::split_request`]). The worker joins
+    /// the parts and clears the flag before it reads the request, so nothing else accepts it.
+    pub const IN_PARTS: u32 = 1 << 8;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -119,6 +119,9 @@ struct Peer {
     credential: u64,
     /// Its bootstrap connection: when that closes, the slot is freed.
     client_id: u64,
+    /// A request arriving in parts (see `proto::fabric`): its id and the bytes so far,
+    /// at most REQUEST_MSG_MAX. One per client, freed with its slot.
+    joining: Option<(u64, Vec<u8>)>,
 }
 
 pub struct FabricShardWorker {
@@ -420,7 +423,7 @@ impl FabricShardWorker {
             return warn!("shard {}: no randomness for a credential: {e}", self.service.index);
         }
         let credential = u64::from_le_bytes(random) | 1;
-        self.peers[slot as usize] = Some(Peer { addrs, credential, client_id });
+        self.peers[slot as usize] = Some(Peer { addrs, credential, client_id, joining: None });
         *self.service.clients.get_or_insert(0) += 1;
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
@@ -533,9 +536,41 @@ impl FabricShardWorker {
         }
         let msg = &self.recv_slab[at..at + len];
         if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
-            // Not from that slot's client: answering would send to someone else.
+            // Not from that slot's client (a request or one of its parts): answering
+            // would send to someone else.
             return debug!("shard {}: request naming slot {slot} without its credential", self.service.index);
         }
+        let joined;
+        let msg = match (wire::PartHeader::decode(msg), self.peers[slot as usize].as_mut()) {
+            (Some(part), Some(peer)) => {
+                let Some((id, bytes)) = peer.joining.as_mut().filter(|(id, _)| *id == part.request_id) else {
+                    return debug!("shard {}: a request part from client {client_id} without the parts before it; dropped", self.service.index);
+                };
+                let id = *id;
+                if bytes.len() + (len - wire::PART_HEADER_LEN) > wire::REQUEST_MSG_MAX {
+                    peer.joining = None;
+                    let e = Error::new(Status::Invalid, format!("a request in parts longer than {} bytes", wire::REQUEST_MSG_MAX));
+                    self.scratch.clear();
+                    let header = service::error_reply(id, &e, &mut self.scratch);
+                    return self.reply(to, Answer::Owned(header), None);
+                }
+                bytes.extend_from_slice(&msg[wire::PART_HEADER_LEN..]);
+                if !part.last {
+                    return;
+                }
+                joined = peer.joining.take().unwrap().1;
+                &joined[..]
+            }
+            (None, Some(peer)) if wire::starts_parts(msg) => {
+                // Replaces one left unfinished: that client moved on without it.
+                let mut bytes = Vec::with_capacity(wire::REQUEST_MSG_MAX);
+                bytes.extend_from_slice(msg);
+                wire::clear_in_parts(&mut bytes);
+                peer.joining = Some((u64::from_le_bytes(msg[8..16].try_into().unwrap()), bytes));
+                return;
+            }
+            _ => msg,
+        };
         let mut out = std::mem::take(&mut self.scratch);
         let (answer, capacity) = match self.service.admit_message(msg, credential) {
             Err((Some(id), e)) => (Answer::Owned(service::error_reply(id, &e, &mut out)), None),
