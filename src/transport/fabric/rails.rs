@@ -22,6 +22,8 @@ pub struct Rails {
     register_local: bool,
     /// An epoll set over every rail's completion fd, or -1 when a provider has none.
     epoll: RawFd,
+    /// shm's inject size: see [`Rails::one_message_max`].
+    inline_max: Option<usize>,
 }
 
 impl Rails {
@@ -49,7 +51,8 @@ impl Rails {
         }
         let forced = std::env::var("RDRAM_FABRIC_REGISTER_LOCAL").is_ok_and(|v| v == "1");
         let register_local = forced || eps[0].mr_mode & super::sys::FI_MR_LOCAL != 0;
-        let mut rails = Rails { eps, register_local, epoll: -1 };
+        let inline_max = Some(eps[0].inject_size).filter(|&size| eps[0].provider == "shm" && size > 0);
+        let mut rails = Rails { eps, register_local, epoll: -1, inline_max };
         if rails.eps.iter().all(|e| e.wait_fd >= 0) {
             // SAFETY: plain epoll syscalls on fds the endpoints own for their lifetime.
             unsafe {
@@ -112,16 +115,12 @@ impl Rails {
         self.register_local
     }
 
-    /// The largest reply (header and payload) worth sending as one message. shm copies
-    /// messages up to its inject size (4 KiB) through its inline queue and moves longer
-    /// ones by a slower protocol, so there a 4 KiB value goes as header + payload, two
-    /// inline messages; other providers send up to `max` in one eager message.
+    /// The longest message worth sending as one. shm copies messages up to its inject
+    /// size (4 KiB) through its inline queue and moves longer ones by a protocol three
+    /// times slower, so there a reply with a 4 KiB value goes as header, then payload, and
+    /// a longer request in parts; other providers send up to `max` in one eager message.
     pub fn one_message_max(&self, max: usize) -> usize {
-        if self.eps[0].provider == "shm" && self.eps[0].inject_size > 0 {
-            self.eps[0].inject_size.min(max)
-        } else {
-            max
-        }
+        self.inline_max.map_or(max, |inline| inline.min(max))
     }
 
     /// Reaps completions from every rail into `out`; returns how many.
