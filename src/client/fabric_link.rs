@@ -336,11 +336,17 @@ impl FabricLink {
                 p.data_op = None;
                 if let Some(Ok(r)) = &mut p.reply {
                     match f.result {
-                        Ok(()) => {
+                        Ok(()) if f.len == r.len => {
                             if p.sink.is_none() {
+                                // SAFETY: data_buf was allocated with room for r.len bytes
+                                // (receive_payload), and its stripes' receives, none of
+                                // which can overrun its own range, delivered r.len bytes
+                                // in all: every byte is written.
+                                unsafe { p.data_buf.set_len(r.len) };
                                 r.payload = std::mem::take(&mut p.data_buf);
                             }
                         }
+                        Ok(()) => p.reply = Some(Err(Error::new(Status::Transport, format!("reply payload of {} bytes, {} announced", f.len, r.len)))),
                         Err(e) => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply payload failed: {e}")))),
                     }
                 }
@@ -367,7 +373,8 @@ impl FabricLink {
         let dest = match sink {
             Some(s) => s.ptr,
             None => {
-                p.data_buf = vec![0u8; payload_len];
+                // Not zero-filled: the receive writes every byte before the length is set.
+                p.data_buf = Vec::with_capacity(payload_len);
                 p.data_buf.as_mut_ptr()
             }
         };
