@@ -103,26 +103,32 @@ pub fn split_len(len: usize, part_max: usize) -> usize {
 }
 
 /// Rewrites `msg`, a whole request (header with the request id and credential, then the
-/// rest), into the parts it travels in when longer than `part_max` bytes, laid end to
-/// end; `ends` gets where each part ends. A request that fits is left as it is, with
-/// `ends` empty: it travels as one message.
+/// rest), in place into the parts it travels in when longer than `part_max` bytes, laid
+/// end to end; `ends` gets where each part ends. A request that fits is left as it is,
+/// with `ends` empty: it travels as one message. `msg` grows to
+/// [`split_len`] bytes (within its capacity when that is at least as large).
 pub fn split_request(msg: &mut Vec<u8>, part_max: usize, ends: &mut Vec<usize>) {
     ends.clear();
-    if msg.len() <= part_max || msg.len() < REQUEST_HEADER_LEN || part_max <= PART_HEADER_LEN {
+    let len = msg.len();
+    if len <= part_max || len < REQUEST_HEADER_LEN || part_max <= PART_HEADER_LEN {
         return;
     }
     let word = |at: usize| u64::from_le_bytes(msg[at..at + 8].try_into().unwrap());
     let (request_id, credential) = (word(8), word(16));
-    let rest = msg.split_off(part_max);
     let flags = u32::from_le_bytes(msg[4..8].try_into().unwrap()) | super::flags::IN_PARTS;
     msg[4..8].copy_from_slice(&flags.to_le_bytes());
-    ends.push(msg.len());
-    let mut chunks = rest.chunks(part_max - PART_HEADER_LEN).peekable();
-    while let Some(chunk) = chunks.next() {
-        msg.extend_from_slice(&PartHeader { request_id, credential, last: chunks.peek().is_none() }.encode());
-        msg.extend_from_slice(chunk);
-        ends.push(msg.len());
+    let chunk = part_max - PART_HEADER_LEN;
+    let parts = (len - part_max).div_ceil(chunk);
+    msg.resize(split_len(len, part_max), 0);
+    // Later part k's bytes move PART_HEADER_LEN * (k + 1) forward. Last part first: no
+    // move or header then lands on bytes still to be moved.
+    for k in (0..parts).rev() {
+        let from = part_max + k * chunk;
+        let to = from + (k + 1) * PART_HEADER_LEN;
+        msg.copy_within(from..(from + chunk).min(len), to);
+        msg[to - PART_HEADER_LEN..to].copy_from_slice(&PartHeader { request_id, credential, last: k + 1 == parts }.encode());
     }
+    ends.extend((0..=parts).map(|k| (part_max * (k + 1)).min(msg.len())));
 }
 
 /// A payload left in the client's memory for the worker to read: its length and, per
@@ -253,6 +259,23 @@ mod tests {
         split_request(&mut short, 4096, &mut ends);
         assert!(ends.is_empty() && short == whole[..4000] && !starts_parts(&short), "a request that fits stays whole");
         assert_eq!(split_len(4000, 4096), 4000);
+
+        // Every length around the part boundaries, split in place and joined back.
+        let mut whole = whole;
+        whole.extend((0..8000u32).map(|i| (i * 7) as u8));
+        for len in [4097, 4096 + 4072, 4096 + 4072 + 1, 4096 + 2 * 4072, 16_000, 16_384] {
+            let mut msg = whole[..len].to_vec();
+            split_request(&mut msg, 4096, &mut ends);
+            assert_eq!((msg.len(), *ends.last().unwrap()), (split_len(len, 4096), split_len(len, 4096)), "{len}");
+            let mut joined = msg[..ends[0]].to_vec();
+            for w in ends.windows(2) {
+                assert!(w[1] - w[0] <= 4096 && w[1] > w[0] + PART_HEADER_LEN, "{len}: part {w:?}");
+                assert!(PartHeader::decode(&msg[w[0]..w[1]]).unwrap().last == (w[1] == msg.len()), "{len}");
+                joined.extend_from_slice(&msg[w[0] + PART_HEADER_LEN..w[1]]);
+            }
+            clear_in_parts(&mut joined);
+            assert!(joined == whole[..len], "{len}");
+        }
     }
 
     #[test]
