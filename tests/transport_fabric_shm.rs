@@ -103,13 +103,34 @@ fn rdram_within(limit: Duration, args: &[&str]) -> (i32, Vec<u8>) {
     (out.status.code().unwrap_or(-1), out.stdout)
 }
 
+/// The server's metrics page, or why it could not be had (with the server's state, for a
+/// server that died).
+fn scrape(server: &common::ServerProc) -> Result<String, String> {
+    let url = format!("http://{}/metrics", server.metrics.as_ref().expect("started with --metrics"));
+    let pid = server.child.id();
+    let state = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or_else(|e| format!("no /proc/{pid}/stat: {e}"), |s| s);
+    ureq::get(&url).timeout(Duration::from_secs(5)).call().and_then(|r| Ok(r.into_string()?)).map_err(|e| format!("scraping {url}: {e}; server: {}", state()))
+}
+
+/// The sum of a metric's samples whose line starts with `name` and contains `labels`;
+/// `None` when there is no such sample (a counter appears once it counted something).
+fn samples_total(text: &str, name: &str, labels: &str) -> Option<u64> {
+    let lines = text.lines().filter(|l| l.starts_with(name) && l.contains(labels));
+    let samples: Vec<u64> = lines.filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
 /// The sum of a counter's samples (all label sets) on the server's metrics endpoint.
 fn counter_total(server: &common::ServerProc, name: &str) -> u64 {
-    let url = format!("http://{}/metrics", server.metrics.as_ref().expect("started with --metrics"));
-    let text = ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
-    let samples: Vec<u64> = text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
-    assert!(!samples.is_empty(), "no {name} in\n{text}");
-    samples.iter().sum()
+    let text = scrape(server).unwrap_or_else(|e| panic!("{e}"));
+    samples_total(&text, name, "").unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// Waits (30 s at most) until `server` has answered a GET: a [`large_getter`] has stored
+/// its keys and is getting them (a slow machine takes longer than any fixed sleep).
+fn until_getting(server: &common::ServerProc) {
+    let answered_gets = || scrape(server).is_ok_and(|t| samples_total(&t, "rdram_requests_total", "op=\"get\"").is_some_and(|n| n > 0));
+    assert!(common::wait_until(Duration::from_secs(30), answered_gets), "the large getter never got");
 }
 
 /// A local sender that dies or stalls while it copies a message into a shard's region
@@ -250,7 +271,8 @@ fn a_client_killed_during_a_large_get_does_not_stall_later_large_gets() {
     let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let getter = |seconds: &str| large_getter(&server, seconds);
     let mut killed = getter("30");
-    std::thread::sleep(Duration::from_millis(1500)); // stored its keys, getting
+    until_getting(&server);
+    std::thread::sleep(Duration::from_millis(300)); // in the middle of a large GET
     common::signal(killed.id(), common::SIGKILL);
     killed.wait().unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -275,7 +297,8 @@ fn a_failed_endpoint_replacement_is_tried_again() {
         old
     };
     let mut killed = getter("30");
-    std::thread::sleep(Duration::from_millis(1500)); // stored its keys, getting
+    until_getting(&server);
+    std::thread::sleep(Duration::from_millis(300)); // in the middle of a large GET
     // No new file descriptor for the server: new endpoints cannot be opened.
     let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as libc::rlim_t;
     let saved = nofile(None);
@@ -284,10 +307,14 @@ fn a_failed_endpoint_replacement_is_tried_again() {
     killed.wait().unwrap();
     std::thread::sleep(Duration::from_secs(2)); // the replacement fails, at least once
     nofile(Some(saved));
-    assert!(
-        common::wait_until(Duration::from_secs(15), || counter_total(&server, "rdram_worker_replacements_total") >= 1),
-        "the failed replacement was not tried again once file descriptors were back"
-    );
+    // Scraping may fail for a moment after the descriptors come back (the endpoint's accept
+    // loop retries); the server must still be there and count the replacement.
+    let mut last = Err(String::new());
+    let replaced = common::wait_until(Duration::from_secs(15), || {
+        last = scrape(&server).map(|t| samples_total(&t, "rdram_worker_replacements_total", ""));
+        last.as_ref().is_ok_and(|n| n.is_some_and(|n| n >= 1))
+    });
+    assert!(replaced, "the failed replacement was not tried again once file descriptors were back: {last:?}");
     large_gets_finish(getter("2"));
 }
 

@@ -21,6 +21,8 @@ const MAX_CONNECTIONS: usize = 16;
 /// `CONNECTION_LIFETIME` (a scraper reconnects), so no peer holds a slot for ever.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long the accept loop pauses after a failed accept (out of fds: EMFILE).
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -77,7 +79,15 @@ impl Drop for Endpoint {
 async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let (stream, peer) = match listener.accept().await {
+            Ok(connection) => connection,
+            Err(e) => {
+                // Out of fds (or memory): retrying at once would spin this thread and free none.
+                debug!("metrics endpoint: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // At debug: a connection flood must not become a log flood.
             debug!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing the one from {peer}");
