@@ -95,7 +95,8 @@ fn connecting_during_start_is_answered_at_once() {
             Ok(_) => break,
             Err(e) => {
                 assert_eq!(e.status, Status::Unavailable, "{e}");
-                assert!(t.elapsed() < Duration::from_millis(500), "a connect during start waited {:?}: {e}", t.elapsed());
+                // Well under the 5 s connect timeout (a loaded CI machine is slow to fail too).
+                assert!(t.elapsed() < Duration::from_secs(2), "a connect during start waited {:?}: {e}", t.elapsed());
                 refused += 1;
             }
         }
