@@ -108,8 +108,10 @@ fn rdram_within(limit: Duration, args: &[&str]) -> (i32, Vec<u8>) {
 fn scrape(server: &common::ServerProc) -> Result<String, String> {
     let url = format!("http://{}/metrics", server.metrics.as_ref().expect("started with --metrics"));
     let pid = server.child.id();
-    let state = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or_else(|e| format!("no /proc/{pid}/stat: {e}"), |s| s);
-    ureq::get(&url).timeout(Duration::from_secs(5)).call().and_then(|r| Ok(r.into_string()?)).map_err(|e| format!("scraping {url}: {e}; server: {}", state()))
+    let state = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| format!("no /proc/{pid}/stat: {e}"));
+    let failed = |e: &dyn std::fmt::Display| format!("scraping {url}: {e}; server: {}", state());
+    let response = ureq::get(&url).timeout(Duration::from_secs(5)).call().map_err(|e| failed(&e))?;
+    response.into_string().map_err(|e| failed(&e))
 }
 
 /// The sum of a metric's samples whose line starts with `name` and contains `labels`;

@@ -261,7 +261,6 @@ mod tests {
         assert_eq!(split_len(4000, 4096), 4000);
 
         // Every length around the part boundaries, split in place and joined back.
-        let mut whole = whole;
         whole.extend((0..8000u32).map(|i| (i * 7) as u8));
         for len in [4097, 4096 + 4072, 4096 + 4072 + 1, 4096 + 2 * 4072, 16_000, 16_384] {
             let mut msg = whole[..len].to_vec();

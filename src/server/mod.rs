@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Serialize;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::{Error, Result, Status};
 use crate::metrics;
@@ -290,6 +290,13 @@ impl Server {
         let mut cores = Vec::new();
         let mut bytes = 0;
         let transport = cfg.transport.clone().resolve();
+        if matches!(transport, TransportChoice::Ucx) && ucx::may_use_tcp() {
+            // What no setting of ours closes (README, Security): said where operators look.
+            warn!(
+                "UCX's tcp transport carries out a peer's one-sided writes to this process's memory before any token \
+                 check; let only trusted hosts reach its tcp ports, or use --transport fabric (or UCX_TLS without tcp)"
+            );
+        }
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         let mut members = Vec::new();
         for index in 0..cfg.workers {

@@ -57,6 +57,36 @@ fn shared_memory_only(tls: Option<&str>, shm_detects_failure: bool) -> bool {
 /// get`); cma moves large values.
 pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 
+/// UCX settings every worker of this crate has (unless the environment says otherwise).
+///
+/// UCX carries out a peer's puts and gets on this process's memory without a key that
+/// means anything: its tcp transport writes a put wherever the peer says, and UCP emulates
+/// RMA over active messages (copying to and from any address named) for contexts with
+/// `UCP_FEATURE_RMA`. remote_dram moves every byte with active messages, so its contexts
+/// ask for no RMA (see [`Worker::with_settings`]), and tcp interfaces do not advertise
+/// puts: a peer's stock UCX then has no way to name our memory (tests/ucx_rma.rs). UCX's
+/// rendezvous over tcp does not use them by default either, so nothing is slower. What
+/// remains is UCX's tcp receiver itself, which honours a hand-made put message from any
+/// peer that reaches its port whatever it advertised (see README, Security).
+const HARDENING: &[(&str, &str)] = &[("TCP_PUT_ENABLE", "n")];
+
+/// Whether `UCX_TLS` lets UCX use its tcp transport (unset, `all`, a list naming `tcp`,
+/// or an exclusion list that does not exclude it).
+pub fn may_use_tcp() -> bool {
+    tls_may_use_tcp(&std::env::var("UCX_TLS").unwrap_or_default())
+}
+
+fn tls_may_use_tcp(tls: &str) -> bool {
+    let names = |list: &str| list.split(',').map(str::trim).any(|t| t == "tcp" || t == "all");
+    match tls.trim() {
+        "" => true,
+        tls => match tls.strip_prefix('^') {
+            Some(excluded) => !excluded.split(',').any(|t| t.trim() == "tcp"),
+            None => names(tls),
+        },
+    }
+}
+
 /// Where this process's UCX shared memory reaches, when its transports (`UCX_TLS`)
 /// include posix shared memory (what [`LOCAL_SHARED_MEMORY`] keeps): the boot, the IPC
 /// and PID namespaces (what UCX's sysv and posix transports need in common) and the user
@@ -202,9 +232,10 @@ pub struct Worker {
 unsafe impl Send for Worker {}
 
 impl Worker {
-    /// A context and a worker with active messages, RMA and wakeup, in serialized mode: used
+    /// A context and a worker with active messages and wakeup, in serialized mode: used
     /// by one thread at a time, which need not be the thread that created it (a client
-    /// handle may move between threads; single-thread mode would forbid that).
+    /// handle may move between threads; single-thread mode would forbid that). No RMA: a
+    /// peer must not read or write this process's memory one-sidedly (see [`HARDENING`]).
     pub fn new() -> Result<Worker> {
         Self::with_settings(&[])
     }
@@ -214,7 +245,7 @@ impl Worker {
     pub fn with_settings(settings: &[(&str, &str)]) -> Result<Worker> {
         let params = ucp_params_t {
             field_mask: (UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
-            features: (UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP) as u64,
+            features: (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP) as u64,
             mt_workers_shared: 0,
             ..Default::default()
         };
@@ -222,7 +253,7 @@ impl Worker {
         let mut context: ucp_context_h = ptr::null_mut();
         let (config, shm_detects_failure) = read_config()?;
         let mut tls = std::env::var("UCX_TLS").ok();
-        for &(name, value) in settings {
+        for &(name, value) in HARDENING.iter().chain(settings) {
             if std::env::var_os(format!("UCX_{name}")).is_some() {
                 continue;
             }
@@ -605,6 +636,19 @@ pub unsafe fn request_free(req: *mut c_void) {
     unsafe {
         if !req.is_null() {
             ucp_request_free(req);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn which_transport_lists_let_ucx_use_tcp() {
+        for tls in ["", "all", "tcp", "posix,tcp", " tcp , cma", "^posix", "^sysv,cma"] {
+            assert!(super::tls_may_use_tcp(tls), "{tls:?}");
+        }
+        for tls in ["posix,sysv,cma,self", "posix,cma,self", "^tcp", "^posix,tcp", "rc,ud"] {
+            assert!(!super::tls_may_use_tcp(tls), "{tls:?}");
         }
     }
 }
