@@ -92,7 +92,25 @@ fn open_loop_counts_every_scheduled_request() {
 }
 
 #[test]
+fn requests_rotate_through_the_buffers_asked_for() {
+    common::init(TCP);
+    let server = ServerProc::start(&[]);
+    let out = tempdir("buffers");
+    // 3 buffers at depth 2 round up to 4: each batch takes the next two.
+    let rows = bench(&server, &out, &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"]);
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let svg = std::fs::read_to_string(out.join("latency.svg")).unwrap();
+    assert!(svg.contains("4 buffer(s)"), "the title names the buffers used");
+}
+
+#[test]
 fn bad_arguments_are_refused_clearly() {
+    let out = Command::new(BENCH).args(["--embedded", "--depth", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--depth must be at least 1"));
     let out = Command::new(BENCH).args(["--embedded", "--rate", "100", "--depth", "4"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--depth 1"));

@@ -58,6 +58,13 @@ struct Args {
     /// time its window took.
     #[arg(long, default_value_t = 1)]
     depth: usize,
+    /// Value buffers per thread that requests rotate through: GETs read into them, PUTs
+    /// write from them (default: --depth, one per request in flight; rounded up to a
+    /// multiple of it). Depth 1 with as many buffers as a deeper run has compares the two
+    /// with the same working set: 16 MiB of distinct buffers does not stay in a cache that
+    /// one 1 MiB buffer does.
+    #[arg(long)]
+    buffers: Option<usize>,
     /// Open loop: total requests per second over all threads (depth 1).
     #[arg(long)]
     rate: Option<f64>,
@@ -88,8 +95,16 @@ struct Args {
 
 const KEY_BYTES: u64 = 128 << 20;
 
+/// Value buffers per thread: --buffers rounded up to a multiple of --depth.
+fn buffer_count(args: &Args) -> usize {
+    args.buffers.unwrap_or(args.depth).max(1).div_ceil(args.depth) * args.depth
+}
+
 fn main() {
     let args = Args::parse();
+    if args.depth == 0 {
+        fail("--depth must be at least 1");
+    }
     if args.rate.is_some() && args.depth != 1 {
         fail("--rate (open loop) issues one request at a time: use --depth 1");
     }
@@ -116,8 +131,9 @@ fn main() {
         None => format!("closed loop depth {}", args.depth),
     };
     let title = format!(
-        "rdram-bench: {} thread(s), {loop_kind}, {:?} keys, poll {:?}, UCX_TLS={}",
+        "rdram-bench: {} thread(s), {loop_kind}, {} buffer(s), {:?} keys, poll {:?}, UCX_TLS={}",
         args.threads,
+        buffer_count(&args),
         args.distribution,
         args.poll,
         std::env::var("UCX_TLS").unwrap_or_default()
@@ -211,14 +227,17 @@ fn bench_thread(args: &Args, addr: &str, op: &str, size: u64, t: usize, barrier:
     }
     let opts = ClientOptions { poll: args.poll, ..Default::default() };
     let mut c = Client::connect(addr, opts).unwrap_or_else(|e| fail(&format!("connect {addr}: {e}")));
-    let value = vec![0xA5u8; size as usize];
-    // Reused receive buffers, one per request in flight, as a throughput-minded caller
-    // would keep them (fresh buffers would measure page faults).
-    let mut sinks = vec![vec![0u8; size as usize]; args.depth];
+    // Reused buffers, at least one per request in flight, as a throughput-minded caller
+    // would keep them (fresh buffers would measure page faults); each batch takes the next
+    // `depth` of them.
+    let buffers = buffer_count(args);
+    let values = vec![vec![0xA5u8; size as usize]; buffers];
+    let mut sinks = vec![vec![0u8; size as usize]; buffers];
+    let mut next_buffer = 0;
     let nkeys = args.keys.min((KEY_BYTES / size.max(1)) as usize).max(1);
     let keys: Vec<Vec<u8>> = (0..nkeys).map(|k| format!("bench/{t}/{size}/{k}").into_bytes()).collect();
     for k in &keys {
-        c.put(k, &value).unwrap_or_else(|e| fail(&format!("prefill: {e}")));
+        c.put(k, &values[0]).unwrap_or_else(|e| fail(&format!("prefill: {e}")));
     }
     let mut chooser = KeyChooser::new(nkeys, args.distribution, args.zipf_exponent, 0x5eed + t as u64);
     let mut m = Measured { hists: [report::new_histogram(), report::new_histogram()], ops: [0; 2], elapsed: Duration::ZERO };
@@ -250,10 +269,12 @@ fn bench_thread(args: &Args, addr: &str, op: &str, size: u64, t: usize, barrier:
         };
         batch.clear();
         batch.extend((0..args.depth).map(|_| keys[chooser.next()].as_slice()));
+        let window = next_buffer..next_buffer + args.depth;
+        next_buffer = window.end % buffers;
         if kind == GET {
-            get_batch(&mut c, &batch, &mut sinks);
+            get_batch(&mut c, &batch, &mut sinks[window]);
         } else {
-            put_batch(&mut c, &batch, &value);
+            put_batch(&mut c, &batch, &values[window]);
         }
         let ns = due.elapsed().as_nanos() as u64;
         if measuring {
@@ -284,11 +305,11 @@ fn get_batch(c: &mut Client, keys: &[&[u8]], sinks: &mut [Vec<u8>]) {
     }
 }
 
-fn put_batch(c: &mut Client, keys: &[&[u8]], value: &[u8]) {
-    if let [key] = keys {
+fn put_batch(c: &mut Client, keys: &[&[u8]], values: &[Vec<u8>]) {
+    if let ([key], [value]) = (keys, values) {
         c.put(key, value).unwrap_or_else(|e| fail(&format!("put: {e}")));
     } else {
-        let items: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (*k, value)).collect();
+        let items: Vec<(&[u8], &[u8])> = keys.iter().zip(values).map(|(k, v)| (*k, v.as_slice())).collect();
         for r in c.put_many(&items, keys.len()) {
             r.unwrap_or_else(|e| fail(&format!("put: {e}")));
         }
