@@ -111,6 +111,8 @@ impl Index {
     }
 
     /// Replaces the entry in `slot`; returns the old one.
+    /// Puts `entry` in a live slot and returns what it held. The slot keeps its place in
+    /// least-recently-used order: a caller that keeps that order (cache mode) touches it.
     pub fn replace(&mut self, slot: u32, mut entry: Entry) -> Entry {
         let old = self.slots[slot as usize].take().expect("live slot");
         if old.expires_at != 0 {
@@ -122,7 +124,6 @@ impl Index {
         entry.prev = old.prev;
         entry.next = old.next;
         self.slots[slot as usize] = Some(entry);
-        self.touch(slot);
         old
     }
 
@@ -214,10 +215,16 @@ mod tests {
         let mut ix = Index::new();
         let a = ix.insert(b"a", e(1));
         let b = ix.insert(b"b", e(2));
-        let _c = ix.insert(b"c", e(3));
+        let c = ix.insert(b"c", e(3));
         assert_eq!(ix.least_recently_used(), Some(a));
         ix.touch(a);
         assert_eq!(ix.least_recently_used(), Some(b));
+        // A replaced entry keeps its place until touched.
+        let b_old = ix.replace(b, e(4));
+        assert_eq!((b_old.generation, ix.entry(b).generation), (2, 4));
+        assert_eq!(ix.least_recently_used(), Some(b));
+        ix.touch(b);
+        assert_eq!(ix.least_recently_used(), Some(c));
         ix.remove(b"b");
         ix.remove(b"c");
         assert_eq!(ix.least_recently_used(), Some(a));

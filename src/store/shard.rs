@@ -284,6 +284,11 @@ impl Shard {
         match self.index.find(key) {
             Some(slot) => {
                 let old = self.index.replace(slot, entry);
+                // Only eviction reads the recency order: store mode leaves the list (and
+                // the cache lines of the entry's neighbours) alone.
+                if self.mode == Mode::Cache {
+                    self.index.touch(slot);
+                }
                 self.release(old.extent);
             }
             None => {
@@ -646,9 +651,12 @@ mod tests {
             put(&mut c, format!("k{i}").as_bytes(), &big, Condition::default(), 0).unwrap();
         }
         value(&mut c, b"k0"); // k1 is now least recently used
-        put(&mut c, b"k9", &vec![1u8; 20 * 1024], Condition::default(), 0).unwrap();
-        assert!(value(&mut c, b"k1").is_none());
-        assert!(value(&mut c, b"k0").is_some());
+        // An overwrite (small enough to need no eviction) makes k1 the most recently used
+        // and k2 the least.
+        put(&mut c, b"k1", b"small", Condition::default(), 0).unwrap();
+        put(&mut c, b"k9", &vec![1u8; 24 * 1024], Condition::default(), 0).unwrap();
+        assert!(value(&mut c, b"k2").is_none());
+        assert!(value(&mut c, b"k0").is_some() && value(&mut c, b"k1").is_some());
         assert!(c.stats().counters.evictions >= 1);
     }
 
