@@ -193,6 +193,44 @@ async fn unfinished_writes_are_bounded_globally() {
     assert!(ok.is_ok(), "the buffer budget did not come back");
 }
 
+/// Read replies count against --max-buffered too, from the engine's answer until their
+/// stream ends or is dropped: a client that leaves its replies untaken cannot make the
+/// gateway hold values without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsent_reads_are_bounded_globally() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
+    let mut c = connect(&gateway).await;
+    let value: Vec<u8> = (0..6u32 << 20).map(|i| (i % 251) as u8).collect();
+    write(&mut c, b"big", &value, &[]).await.unwrap();
+    let req = || pb::ReadRequest { key: b"big".to_vec().into(), ..Default::default() };
+    // A read that takes one message of six and keeps its stream open (HTTP/2 flow control
+    // keeps the rest in the gateway): 6 MiB held.
+    let mut parked = connect(&gateway).await.read(req()).await.unwrap().into_inner();
+    let first = parked.message().await.unwrap().expect("a first part");
+    assert_eq!(&first.value_part[..], &value[..1 << 20]);
+    // Another 6 MiB read would take the budget to 12 MiB.
+    assert_eq!(read(&mut c, req()).await.unwrap_err().code(), Code::ResourceExhausted);
+    // A value-less answer holds nothing and still gets through.
+    let missing = read(&mut c, pb::ReadRequest { key: b"absent".to_vec().into(), ..Default::default() }).await.unwrap();
+    assert_eq!(missing[0].state, State::Missing as i32);
+    // Dropping the parked stream gives its budget back.
+    drop(parked);
+    let whole = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match read(&mut c, req()).await {
+                Ok(parts) => break parts.into_iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>(),
+                Err(e) => assert_eq!(e.code(), Code::ResourceExhausted, "{e}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the buffer budget did not come back");
+    assert!(whole == value, "the value read back differs");
+}
+
 /// Issue 13.7: with a gateway token, calls without it are refused; with it they work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_token_is_required_when_set() {

@@ -1,5 +1,5 @@
 //! What the gateway counts, for `rdram gateway --metrics`: RPCs by method and gRPC code,
-//! bytes, streams in flight and bytes buffered for unfinished writes.
+//! bytes, streams in flight and bytes held for unfinished writes and unsent reads.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -93,7 +93,7 @@ impl Collector for GatewayMetrics {
         family(&mut e, "rdram_gateway_sent_bytes", "Value bytes read through the gateway", MetricType::Counter, [(vec![], counter(self.sent_bytes.load(Relaxed)))])?;
         family(&mut e, "rdram_gateway_streams_in_flight", "Calls being served", MetricType::Gauge, [(vec![], gauge(self.streams.load(Relaxed).max(0) as u64))])?;
         let held = self.permits.saturating_sub(self.buffered.available_permits());
-        family(&mut e, "rdram_gateway_buffered_bytes", "Bytes of unfinished writes held (at most --max-buffered)", MetricType::Gauge, [(vec![], gauge((held * self.permit_bytes) as u64))])?;
+        family(&mut e, "rdram_gateway_buffered_bytes", "Bytes of unfinished writes and unsent reads held (at most --max-buffered)", MetricType::Gauge, [(vec![], gauge((held * self.permit_bytes) as u64))])?;
         process_metrics(&mut e)
     }
 }

@@ -34,7 +34,8 @@ pub struct GatewayConfig {
     pub grpc_threads: usize,
     /// Largest value a Write may stream; larger ones get INVALID_ARGUMENT.
     pub max_value: usize,
-    /// Bytes of unfinished Write streams buffered at once, across all connections.
+    /// Bytes held for clients at once, across all connections: unfinished Write streams
+    /// and Read replies not yet sent.
     pub max_buffered: usize,
     /// When set, every call must carry `authorization: Bearer <token>` metadata.
     pub token: Option<String>,

@@ -5,7 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use tokio_stream::Stream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
@@ -28,8 +29,9 @@ pub struct Gateway {
     pub engine: Arc<EnginePool>,
     /// Largest value a Write may stream (bytes buffered per request).
     pub max_value: usize,
-    /// Bytes of unfinished Write streams buffered across all connections, in KiB permits:
-    /// beyond it a Write is refused with RESOURCE_EXHAUSTED (which TensorStore retries).
+    /// Bytes held for clients across all connections, in KiB permits: unfinished Write
+    /// streams and Read replies not yet sent. Beyond it a call is refused with
+    /// RESOURCE_EXHAUSTED (which TensorStore retries).
     pub buffered: Arc<tokio::sync::Semaphore>,
     pub metrics: Arc<GatewayMetrics>,
 }
@@ -132,6 +134,8 @@ impl Gateway {
         let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;
         let key = r.key;
+        // Held while the reply stream lives (dropped once sent, or when the client goes).
+        let mut held: Option<OwnedSemaphorePermit> = None;
         let result = if key.is_empty() {
             GetResult::Missing // the engine stores no empty key
         } else {
@@ -144,6 +148,9 @@ impl Gateway {
                 // each message while its gathered bytes are still empty.
                 let g = Generation::Engine(v.generation);
                 let data = Bytes::from(v.data);
+                // A client that does not take its reply would otherwise make the gateway
+                // keep the value for as long as the stream stays open.
+                held = self.hold(data.len())?;
                 self.metrics.sent_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 let chunks = data.len().div_ceil(READ_CHUNK).max(1);
                 (0..chunks)
@@ -157,7 +164,21 @@ impl Gateway {
                 vec![read_response(State::Unspecified, Generation::Engine(generation), bound.as_ref(), Bytes::new())]
             }
         };
-        Ok(Response::new(Box::pin(tokio_stream::iter(messages.into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(messages).map(move |m| {
+            let _held = &held;
+            Ok(m)
+        }))))
+    }
+
+    /// Takes `bytes` of the buffer budget, or refuses the call when it is spent.
+    fn hold(&self, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, GrpcStatus> {
+        let permits = u32::try_from(bytes.div_ceil(BUFFER_PERMIT)).unwrap_or(u32::MAX);
+        if permits == 0 {
+            return Ok(None);
+        }
+        self.buffered.clone().try_acquire_many_owned(permits).map(Some).map_err(|_| {
+            GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry")
+        })
     }
 
     async fn serve_write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
@@ -174,7 +195,7 @@ impl Gateway {
         let mut total = 0usize;
         let mut next = Some(first.value_part);
         // Held until the value is stored: what this stream has buffered.
-        let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let mut held: Option<OwnedSemaphorePermit> = None;
         while let Some(part) = next {
             total += part.len();
             if total > self.max_value {
@@ -183,11 +204,8 @@ impl Gateway {
                     self.max_value
                 )));
             }
-            let want = total.div_ceil(BUFFER_PERMIT) as u32 - held.as_ref().map_or(0, |p| p.num_permits() as u32);
-            if want > 0 {
-                let more = self.buffered.clone().try_acquire_many_owned(want).map_err(|_| {
-                    GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes is full (rdram gateway --max-buffered); retry")
-                })?;
+            let have = held.as_ref().map_or(0, |p| p.num_permits() * BUFFER_PERMIT);
+            if let Some(more) = self.hold(total.div_ceil(BUFFER_PERMIT) * BUFFER_PERMIT - have)? {
                 match held.as_mut() {
                     Some(h) => h.merge(more),
                     None => held = Some(more),

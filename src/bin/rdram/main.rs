@@ -120,8 +120,8 @@ struct GatewayArgs {
     /// Largest value a Write may stream (it is buffered whole before it is stored).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_value: u64,
-    /// Bytes of unfinished Write streams buffered at once, across all connections;
-    /// beyond it Writes get RESOURCE_EXHAUSTED.
+    /// Bytes held for clients at once, across all connections: unfinished Write streams
+    /// and Read replies not yet sent; beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_buffered: u64,
     /// File whose first line is a token every gRPC call must carry as
