@@ -164,10 +164,11 @@ impl Gateway {
                 vec![read_response(State::Unspecified, Generation::Engine(generation), bound.as_ref(), Bytes::new())]
             }
         };
-        Ok(Response::new(Box::pin(tokio_stream::iter(messages).map(move |m| {
+        let replies = tokio_stream::iter(messages).map(move |m| {
             let _held = &held;
-            Ok(m)
-        }))))
+            m
+        });
+        Ok(Response::new(Box::pin(replies.map(Ok))))
     }
 
     /// Takes `bytes` of the buffer budget, or refuses the call when it is spent.
