@@ -150,7 +150,7 @@ impl Gateway {
                 let data = Bytes::from(v.data);
                 // A client that does not take its reply would otherwise make the gateway
                 // keep the value for as long as the stream stays open.
-                held = self.hold(data.len())?;
+                held = self.hold(data.len().div_ceil(BUFFER_PERMIT))?;
                 self.metrics.sent_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 let chunks = data.len().div_ceil(READ_CHUNK).max(1);
                 (0..chunks)
@@ -171,12 +171,13 @@ impl Gateway {
         Ok(Response::new(Box::pin(replies.map(Ok))))
     }
 
-    /// Takes `bytes` of the buffer budget, or refuses the call when it is spent.
-    fn hold(&self, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, GrpcStatus> {
-        let permits = u32::try_from(bytes.div_ceil(BUFFER_PERMIT)).unwrap_or(u32::MAX);
+    /// Takes `permits` (of [`BUFFER_PERMIT`] bytes) of the buffer budget, or refuses the
+    /// call when it is spent.
+    fn hold(&self, permits: usize) -> Result<Option<OwnedSemaphorePermit>, GrpcStatus> {
         if permits == 0 {
             return Ok(None);
         }
+        let permits = u32::try_from(permits).unwrap_or(u32::MAX);
         self.buffered.clone().try_acquire_many_owned(permits).map(Some).map_err(|_| {
             GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry")
         })
@@ -205,8 +206,8 @@ impl Gateway {
                     self.max_value
                 )));
             }
-            let have = held.as_ref().map_or(0, |p| p.num_permits() * BUFFER_PERMIT);
-            if let Some(more) = self.hold(total.div_ceil(BUFFER_PERMIT) * BUFFER_PERMIT - have)? {
+            let have = held.as_ref().map_or(0, |p| p.num_permits());
+            if let Some(more) = self.hold(total.div_ceil(BUFFER_PERMIT) - have)? {
                 match held.as_mut() {
                     Some(h) => h.merge(more),
                     None => held = Some(more),

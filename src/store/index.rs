@@ -110,7 +110,6 @@ impl Index {
         slot
     }
 
-    /// Replaces the entry in `slot`; returns the old one.
     /// Puts `entry` in a live slot and returns what it held. The slot keeps its place in
     /// least-recently-used order: a caller that keeps that order (cache mode) touches it.
     pub fn replace(&mut self, slot: u32, mut entry: Entry) -> Entry {
