@@ -231,6 +231,47 @@ async fn unsent_reads_are_bounded_globally() {
     assert!(whole == value, "the value read back differs");
 }
 
+/// A value longer than the gateway's read window (8 MiB) is fetched one window at a time,
+/// each pinned to the generation the read started with: whole and ranged reads return the
+/// value, and an overwrite in the middle of a read ends it with UNAVAILABLE (which
+/// TensorStore retries from the start) instead of a mix of the two values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_values_are_read_in_windows_of_one_generation() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "256MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "48MiB"]);
+    let mut c = connect(&gateway).await;
+    let old = common::pattern(1, 20 << 20);
+    let g = write(&mut c, b"long", &old, &[]).await.unwrap();
+    let joined = |parts: &[pb::ReadResponse]| parts.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>();
+    let whole = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
+    assert!(whole.iter().all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
+    assert!(joined(&whole) == old, "the value read back differs");
+    let range = |min, max| Some(pb::ByteRange { inclusive_min: min, exclusive_max: max });
+    for (min, max, want) in [(5 << 20, Some(19 << 20), &old[5 << 20..19 << 20]), (-(9 << 20), None, &old[old.len() - (9 << 20)..])] {
+        let parts = read(&mut c, pb::ReadRequest { key: "long".into(), byte_range: range(min, max), ..Default::default() }).await.unwrap();
+        assert!(joined(&parts) == want, "range [{min}, {max:?}) differs");
+    }
+
+    // Three windows (8 + 8 + 4 MiB). After one part, at most a few more are in flight
+    // (HTTP/2 windows), so the third window is fetched after the overwrite.
+    let mut parked = connect(&gateway).await.read(pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap().into_inner();
+    let mut got = parked.message().await.unwrap().expect("a first part").value_part.to_vec();
+    let new = common::pattern(2, 20 << 20);
+    write(&mut c, b"long", &new, &[]).await.unwrap();
+    let end = loop {
+        match parked.message().await {
+            Ok(Some(m)) => got.extend_from_slice(&m.value_part),
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    assert_eq!(end.map(|e| e.code()), Some(Code::Unavailable), "the read of an overwritten value did not fail");
+    assert!(got.len() < old.len() && got[..] == old[..got.len()], "the read mixed two values ({} bytes)", got.len());
+    let again = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
+    assert!(joined(&again) == new, "the new value read back differs");
+}
+
 /// Issue 13.7: with a gateway token, calls without it are refused; with it they work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_token_is_required_when_set() {

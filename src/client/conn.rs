@@ -16,15 +16,16 @@ pub struct Reply {
     pub header: ReplyHeader,
     /// The payload, unless it went to the request's sink.
     pub payload: Vec<u8>,
-    /// Payload length. With a sink: bytes written there, or the size needed when the
-    /// sink was too small (then `sink_too_small` is set and nothing was written).
+    /// Payload length: bytes received, or the length of a payload that was `withheld`.
     pub len: usize,
-    pub sink_too_small: bool,
+    /// The payload was longer than the request takes (its sink, or its
+    /// [`Receive::OwnedAtMost`] limit): it stayed on the server and nothing was written.
+    pub withheld: bool,
 }
 
 impl Reply {
     pub(super) fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
-        Reply { header, len: payload.len(), payload, sink_too_small: false }
+        Reply { header, len: payload.len(), payload, withheld: false }
     }
 }
 
@@ -43,12 +44,43 @@ impl Sink {
     }
 }
 
+/// Where a request's successful reply payload goes.
+#[derive(Clone, Copy)]
+pub enum Receive {
+    /// Into a `Vec` the link allocates for it.
+    Owned,
+    /// The same when it is at most this many bytes; a longer one stays on the server and
+    /// the reply gives only its length (`Reply::withheld`), so a caller bounds what one
+    /// request can make it hold before knowing the value's size.
+    OwnedAtMost(usize),
+    /// Straight into a caller's buffer; a payload longer than the buffer is withheld alike.
+    Into(Sink),
+}
+
+impl Receive {
+    pub(super) fn sink(self) -> Option<Sink> {
+        match self {
+            Receive::Into(s) => Some(s),
+            Receive::Owned | Receive::OwnedAtMost(_) => None,
+        }
+    }
+
+    /// The longest payload the request takes.
+    pub(super) fn limit(self) -> Option<usize> {
+        match self {
+            Receive::Owned => None,
+            Receive::OwnedAtMost(n) => Some(n),
+            Receive::Into(s) => Some(s.cap),
+        }
+    }
+}
+
 /// What a transport does for a connection: one thread drives it, through `&mut self`.
 pub(super) trait Link {
     /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and
     /// `payload` must stay valid until `wait_for(id)` returns.
     #[allow(clippy::too_many_arguments)]
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()>;
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()>;
     /// Waits for request `id` to complete; a server that does not answer in `timeout` is
     /// declared gone (as is one whose connection failed).
     fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply>;
@@ -254,11 +286,11 @@ impl Connection {
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
     pub fn submit(&mut self, server: usize, shard: usize, h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
-        self.submit_into(server, shard, h, header_tail, payload, None)
+        self.submit_into(server, shard, h, header_tail, payload, Receive::Owned)
     }
 
-    /// Like `submit`; a successful reply's payload goes straight into `sink`.
-    pub fn submit_into(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+    /// Like `submit`; a successful reply's payload goes where `receive` says.
+    pub fn submit_into(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
         h.request_id = self.next_id;
         h.session = self.servers[server].session;
         if h.op == Op::Put as u8 && h.flags & flags::KEY_IN_PAYLOAD == 0 {
@@ -267,18 +299,18 @@ impl Connection {
         }
         let mut header = [0u8; REQUEST_HEADER_LEN];
         h.encode(&mut header);
-        self.submit_raw(server, shard, &header, header_tail, payload, sink)
+        self.submit_raw(server, shard, &header, header_tail, payload, receive)
     }
 
     /// Sends header bytes as given (after the id was written into them by `submit`, or
     /// verbatim for protocol tests) and registers the next request id as waiting.
-    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
         if shard >= self.servers[server].shards {
             return Err(Error::new(Status::Invalid, format!("no shard {shard}")));
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.link.submit(id, server, shard, header, header_tail, payload, sink)?;
+        self.link.submit(id, server, shard, header, header_tail, payload, receive)?;
         Ok(id)
     }
 

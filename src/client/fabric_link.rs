@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -72,6 +72,8 @@ struct Pending {
     /// A registration made just for this request (a remote payload or a sink).
     temp_mr: Vec<Vec<MemoryRegion>>,
     sink: Option<Sink>,
+    /// The longest successful payload this request takes (see `Receive::limit`).
+    limit: Option<usize>,
     sent: bool,
     header_op: Option<u32>,
     data_op: Option<(u32, usize)>,
@@ -189,6 +191,7 @@ impl FabricLink {
                 own_mr,
                 temp_mr: Vec::new(),
                 sink: None,
+                limit: None,
                 sent: false,
                 header_op: None,
                 data_op: None,
@@ -202,6 +205,7 @@ impl FabricLink {
         p.msg.clear();
         p.part_ends.clear();
         p.sink = None;
+        p.limit = None;
         p.sent = false;
         p.header_op = None;
         p.data_op = None;
@@ -619,15 +623,15 @@ fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
     };
     let payload_len = h.payload_len as usize;
     let sink = p.sink.filter(|_| h.status() == Status::Ok);
-    if sink.is_some_and(|s| payload_len > s.cap) {
-        // Too small: report the size needed; the value stays on the server.
-        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: true }));
+    if h.status() == Status::Ok && p.limit.is_some_and(|limit| payload_len > limit) {
+        // Longer than the request takes: report its length; the server withheld it.
+        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: true }));
         return None;
     }
     // The worker sends the payload after the header in one message, or (longer than one
     // message takes on this provider) as its own message: the length says which.
     if len == REPLY_HEADER_LEN && payload_len > 0 {
-        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false }));
+        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: false }));
         return Some(payload_len);
     }
     let bytes = &p.reply_buf[REPLY_HEADER_LEN.min(len)..len];
@@ -636,7 +640,7 @@ fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
     } else if let Some(s) = sink {
         // SAFETY: the sink holds at least payload_len bytes (checked above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr, payload_len) };
-        Ok(Reply { header: h, payload: Vec::new(), len: payload_len, sink_too_small: false })
+        Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: false })
     } else {
         Ok(Reply::owned(h, bytes.to_vec()))
     });
@@ -644,22 +648,23 @@ fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
 }
 
 impl Link for FabricLink {
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()> {
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()> {
         if let Some(why) = &self.servers[server].dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", self.servers[server].node)));
         }
         let mut p = self.take_pending(server);
-        p.sink = sink;
+        p.sink = receive.sink();
+        p.limit = receive.limit();
         p.msg.extend_from_slice(header);
         p.msg.extend_from_slice(header_tail);
         if p.msg.len() >= 24 {
             let credential = self.servers[server].shards.get(shard).map_or(0, |s| s.credential);
             p.msg[16..24].copy_from_slice(&credential.to_le_bytes());
         }
-        if let (Some(s), Some(&op)) = (sink, header.get(3)) {
+        if let (Some(limit), Some(&op)) = (p.limit, header.get(3)) {
             if op == Op::Get as u8 && p.msg.len() >= REQUEST_HEADER_LEN {
-                // Declare the sink's capacity: a larger value is not sent, only its size.
-                p.msg[56..64].copy_from_slice(&(s.cap as u64 + 1).to_le_bytes());
+                // Declare what the request takes: a longer value is not sent, only its size.
+                p.msg[56..64].copy_from_slice(&(limit as u64 + 1).to_le_bytes());
             }
         }
         let part_max = self.rails.one_message_max(wire::REQUEST_MSG_MAX);

@@ -14,7 +14,7 @@ use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::store::ByteRange;
 use crate::transport::{PollMode, DEFAULT_SPIN};
-use conn::{ConnectOptions, Connection, Reply, Sink};
+use conn::{ConnectOptions, Connection, Receive, Reply, Sink};
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -81,6 +81,15 @@ pub enum GetResult {
     Value(Value),
     Missing,
     Unchanged { generation: u64 },
+}
+
+/// The result of [`Client::get_at_most`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GetAtMost {
+    Got(GetResult),
+    /// The value (or its requested range) is `len` bytes, more than was asked for; it
+    /// stayed on the server. `size` is the whole stored value's.
+    TooLong { len: usize, generation: u64, size: u64 },
 }
 
 /// The result of [`Client::get_into`].
@@ -263,13 +272,22 @@ impl Client {
 
     pub fn get_with(&mut self, key: &[u8], opts: &GetOptions) -> Result<GetResult> {
         check_key(key)?;
-        let reply = self.call_key(key, get_header(opts), &[])?;
-        match reply.header.status() {
-            Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
-            Status::Missing => Ok(GetResult::Missing),
-            Status::Unchanged => Ok(GetResult::Unchanged { generation: reply.header.generation }),
-            s => Err(error_of(s, &reply)),
+        get_result(self.call_key(key, get_header(opts), &[])?)
+    }
+
+    /// Like [`Client::get_with`], but receives the value (or its range) only when it is at
+    /// most `max_len` bytes: a longer one stays on the server, and the answer gives its
+    /// length and generation, so that the caller can read it in ranges pinned to that
+    /// generation. What one call can make the caller hold is bounded before it knows the
+    /// value's size.
+    pub fn get_at_most(&mut self, key: &[u8], opts: &GetOptions, max_len: usize) -> Result<GetAtMost> {
+        check_key(key)?;
+        let reply = self.call_key_into(key, get_header(opts), &[], Receive::OwnedAtMost(max_len))?;
+        if reply.withheld {
+            let h = &reply.header;
+            return Ok(GetAtMost::TooLong { len: reply.len, generation: h.generation, size: h.value_size });
         }
+        get_result(reply).map(GetAtMost::Got)
     }
 
     /// Reads a value (or a byte range of it) straight into `buf`, without an intermediate
@@ -278,7 +296,7 @@ impl Client {
     pub fn get_into(&mut self, key: &[u8], opts: &GetOptions, buf: &mut [u8]) -> Result<GetInto> {
         check_key(key)?;
         let h = get_header(opts);
-        get_into_result(self.call_key_into(key, h, &[], Some(Sink::new(buf)))?)
+        get_into_result(self.call_key_into(key, h, &[], Receive::Into(Sink::new(buf)))?)
     }
 
     /// Stores many values with up to `depth` requests in flight: one wait for many
@@ -289,7 +307,7 @@ impl Client {
             if value.len() as u64 > MAX_VALUE_LEN {
                 return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
             }
-            c.submit_batched(Op::Put, key, value, None)
+            c.submit_batched(Op::Put, key, value, Receive::Owned)
         })
         .into_iter()
         .map(|r| {
@@ -304,7 +322,7 @@ impl Client {
 
     /// Reads many values with up to `depth` requests in flight. `None`: missing.
     pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
-        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], None))
+        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Receive::Owned))
         .into_iter()
         .map(|r| {
             let reply = r?;
@@ -361,7 +379,7 @@ impl Client {
     pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
         assert_eq!(keys.len(), bufs.len(), "one buffer per key");
         let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
-        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Some(sinks[i])))
+        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Receive::Into(sinks[i])))
         .into_iter()
         .map(|r| get_into_result(r?))
         .collect()
@@ -369,7 +387,7 @@ impl Client {
 
     /// Starts one request of a batch: keys travel inline, so batches take keys up to
     /// `INLINE_KEY_MAX`.
-    fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<u64> {
+    fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
         check_key(key)?;
         if key.len() > INLINE_KEY_MAX {
             return Err(Error::new(Status::Invalid, format!("batched operations take keys up to {INLINE_KEY_MAX} bytes")));
@@ -378,7 +396,7 @@ impl Client {
         h.key_len = key.len() as u32;
         let conn = self.live()?;
         let (server, shard) = conn.route(key);
-        conn.submit_into(server, shard, h, key, payload, sink)
+        conn.submit_into(server, shard, h, key, payload, receive)
     }
 
     /// Deletes a key; `true` if it existed.
@@ -468,7 +486,7 @@ impl Client {
     /// payload text. For protocol tests: it lets a test speak malformed requests.
     #[doc(hidden)]
     pub fn raw_request(&mut self, shard: usize, header: &[u8], payload: &[u8], timeout: Duration) -> Result<(Status, String)> {
-        let id = self.conn.submit_raw(0, shard, header, &[], payload, None)?;
+        let id = self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)?;
         let reply = self.conn.wait_for(id, timeout)?;
         Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
     }
@@ -477,7 +495,7 @@ impl Client {
     /// never read): for tests that play a client that does not receive.
     #[doc(hidden)]
     pub fn raw_submit(&mut self, shard: usize, header: &[u8], payload: &[u8]) -> Result<u64> {
-        self.conn.submit_raw(0, shard, header, &[], payload, None)
+        self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)
     }
 
     /// The session credential and next request id, for building raw requests.
@@ -499,19 +517,19 @@ impl Client {
     /// Sends a single-key request to the key's shard; the key goes inline in the header
     /// when short, else the caller has put it at the front of `payload`.
     fn call_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8]) -> Result<Reply> {
-        self.call_key_into(key, h, payload, None)
+        self.call_key_into(key, h, payload, Receive::Owned)
     }
 
-    fn call_key_into(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], sink: Option<Sink>) -> Result<Reply> {
+    fn call_key_into(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive) -> Result<Reply> {
         self.live()?;
         let (server, shard) = self.conn.route(key);
         h.key_len = key.len() as u32;
         let id = if key.len() <= INLINE_KEY_MAX {
-            self.conn.submit_into(server, shard, h, key, payload, sink)?
+            self.conn.submit_into(server, shard, h, key, payload, receive)?
         } else {
             h.flags |= flags::KEY_IN_PAYLOAD;
             let payload = if payload.is_empty() { key } else { payload };
-            self.conn.submit_into(server, shard, h, &[], payload, sink)?
+            self.conn.submit_into(server, shard, h, &[], payload, receive)?
         };
         self.conn.wait(id)
     }
@@ -548,9 +566,18 @@ fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
+fn get_result(reply: Reply) -> Result<GetResult> {
+    match reply.header.status() {
+        Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
+        Status::Missing => Ok(GetResult::Missing),
+        Status::Unchanged => Ok(GetResult::Unchanged { generation: reply.header.generation }),
+        s => Err(error_of(s, &reply)),
+    }
+}
+
 fn get_into_result(reply: Reply) -> Result<GetInto> {
     match reply.header.status() {
-        Status::Ok if reply.sink_too_small => Ok(GetInto::TooSmall { needed: reply.len }),
+        Status::Ok if reply.withheld => Ok(GetInto::TooSmall { needed: reply.len }),
         Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
         Status::Missing => Ok(GetInto::Missing),
         Status::Unchanged => Ok(GetInto::Unchanged { generation: reply.header.generation }),

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
@@ -30,6 +30,8 @@ struct Pending {
     sent: bool,
     receiving: bool,
     sink: Option<Sink>,
+    /// The longest successful payload this request takes (see `Receive::limit`).
+    limit: Option<usize>,
     reply: Option<Result<Reply>>,
 }
 
@@ -201,7 +203,7 @@ impl UcxLink {
             h.ttl_or_limit = id;
             h.encode(&mut header);
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
-            let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], None).is_ok()
+            let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], Receive::Owned).is_ok()
                 && self.progress_until(server, ABORT_GRACE, |st| {
                     st.pending.get(&id).is_some_and(|p| p.sent) || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
                 });
@@ -273,7 +275,7 @@ impl UcxLink {
 }
 
 impl Link for UcxLink {
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], sink: Option<Sink>) -> Result<()> {
+    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()> {
         let conn = &self.servers[server];
         if let Some(why) = &conn.dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
@@ -290,6 +292,7 @@ impl Link for UcxLink {
                 sent: false,
                 receiving: false,
                 sink: None,
+                limit: None,
                 reply: None,
             })
         });
@@ -299,7 +302,8 @@ impl Link for UcxLink {
         p.is_put = header.get(3) == Some(&(proto::Op::Put as u8)) && !payload.is_empty();
         p.sent = false;
         p.receiving = false;
-        p.sink = sink;
+        p.sink = receive.sink();
+        p.limit = receive.limit();
         p.reply = None;
         p.msg.clear();
         p.msg.extend_from_slice(header);
@@ -444,15 +448,13 @@ unsafe extern "C" fn on_reply(
             if p.reply.is_some() {
                 return sys::UCS_OK;
             }
+            if h.status() == Status::Ok && p.limit.is_some_and(|limit| length > limit) {
+                // Longer than the request takes: report its length; it stays on the server.
+                p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, withheld: true }));
+                return sys::UCS_OK;
+            }
             let (dest, buf) = match p.sink {
-                Some(sink) if h.status() == Status::Ok => {
-                    if length > sink.cap {
-                        // Too small: report the size needed; the value stays on the server.
-                        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, sink_too_small: true }));
-                        return sys::UCS_OK;
-                    }
-                    (sink.ptr, Vec::new())
-                }
+                Some(sink) if h.status() == Status::Ok => (sink.ptr, Vec::new()),
                 _ if !info.rendezvous => {
                     let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
                     p.reply = Some(Ok(Reply::owned(h, payload)));
@@ -463,7 +465,7 @@ unsafe extern "C" fn on_reply(
                     (buf.as_mut_ptr(), buf)
                 }
             };
-            p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, sink_too_small: false }));
+            p.reply = Some(Ok(Reply { header: h, payload: buf, len: length, withheld: false }));
             if !info.rendezvous {
                 if length > 0 {
                     // SAFETY: eager data holds `length` bytes; the sink holds at least as many.

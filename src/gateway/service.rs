@@ -1,7 +1,9 @@
 //! `tensorstore_grpc.kvstore.KvStoreService` over the engine, with the memory driver's
 //! semantics (the reference TensorStore's client expects).
 
+use std::ops::Range;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -14,12 +16,17 @@ use super::metrics::{GatewayMetrics, Method};
 use super::pool::EnginePool;
 use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
-    ByteRange, DeleteResult, GetOptions, GetResult, KeyRange, PutOptions, Value, WriteCondition, WriteResult,
+    ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, PutOptions, Value, WriteCondition, WriteResult,
 };
+use crate::store::shard::resolve_range;
 use crate::proto::MAX_KEY_LEN;
 
 /// Value bytes per streamed ReadResponse, as upstream sends them.
 const READ_CHUNK: usize = 1 << 20;
+/// The most value bytes a Read fetches from the engine at once. A longer value (or range)
+/// is read in windows of this size, so that one read holds at most one window whatever
+/// the value's size, and the engine clients hold at most one window each while fetching.
+const READ_WINDOW: usize = 8 << 20;
 /// Key bytes per ListResponse batch, as upstream.
 const LIST_BATCH_BYTES: usize = 16 << 10;
 
@@ -98,6 +105,44 @@ fn read_response(state: State, g: Generation, bound: Option<&pb::Timestamp>, par
     }
 }
 
+/// A value's bytes as ReadResponses of up to [`READ_CHUNK`] bytes. Every message repeats
+/// state and generation: the client takes them from each message while its gathered bytes
+/// are still empty.
+fn value_messages(data: Bytes, generation: u64, bound: Option<&pb::Timestamp>) -> impl Iterator<Item = pb::ReadResponse> + '_ {
+    let chunks = data.len().div_ceil(READ_CHUNK).max(1);
+    (0..chunks).map(move |i| {
+        let part = data.slice((i * READ_CHUNK).min(data.len())..((i + 1) * READ_CHUNK).min(data.len()));
+        read_response(State::Value, Generation::Engine(generation), bound, part)
+    })
+}
+
+/// One window of a value read in windows: exactly `range`, or UNAVAILABLE when the value
+/// is no longer at `generation`.
+async fn fetch_window(engine: &EnginePool, key: Bytes, generation: u64, range: Range<u64>) -> Result<Bytes, GrpcStatus> {
+    let want = (range.end - range.start) as usize;
+    let range = ByteRange { start: range.start as i64, end: range.end as i64 };
+    let opts = GetOptions { if_equal: Some(generation), range: Some(range), ..Default::default() };
+    match engine.run(move |c| c.get_with(&key, &opts)).await.map_err(|e| status_of(&e))? {
+        GetResult::Value(v) if v.data.len() == want => Ok(Bytes::from(v.data)),
+        GetResult::Value(v) => Err(GrpcStatus::internal(format!("the engine answered {} bytes for a window of {want}", v.data.len()))),
+        GetResult::Unchanged { .. } | GetResult::Missing => {
+            Err(GrpcStatus::unavailable("the value changed while the gateway streamed it; read it again"))
+        }
+    }
+}
+
+/// Takes `permits` (of [`BUFFER_PERMIT`] bytes) of the buffer budget, or refuses the call
+/// when it is spent.
+fn hold(buffered: &Arc<tokio::sync::Semaphore>, permits: usize) -> Result<Option<OwnedSemaphorePermit>, GrpcStatus> {
+    if permits == 0 {
+        return Ok(None);
+    }
+    let permits = u32::try_from(permits).unwrap_or(u32::MAX);
+    buffered.clone().try_acquire_many_owned(permits).map(Some).map_err(|_| {
+        GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry")
+    })
+}
+
 #[tonic::async_trait]
 impl KvStoreService for Gateway {
     type ReadStream = ReplyStream<pb::ReadResponse>;
@@ -133,54 +178,76 @@ impl Gateway {
         let r = request.into_inner();
         let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;
-        let key = r.key;
-        // Held while the reply stream lives (dropped once sent, or when the client goes).
-        let mut held: Option<OwnedSemaphorePermit> = None;
-        let result = if key.is_empty() {
-            GetResult::Missing // the engine stores no empty key
-        } else {
-            self.engine.run(move |c| c.get_with(&key, &opts)).await.map_err(|e| status_of(&e))?
+        let only = |state, g| -> Response<ReplyStream<pb::ReadResponse>> {
+            let message = read_response(state, g, bound.as_ref(), Bytes::new());
+            Response::new(Box::pin(tokio_stream::once(Ok(message))))
         };
-        let messages = match result {
-            GetResult::Missing => vec![read_response(State::Missing, Generation::NoValue, bound.as_ref(), Bytes::new())],
-            GetResult::Value(v) if !never_equal => {
-                // Every message repeats state and generation: the client takes them from
-                // each message while its gathered bytes are still empty.
-                let g = Generation::Engine(v.generation);
-                let data = Bytes::from(v.data);
+        if r.key.is_empty() {
+            return Ok(only(State::Missing, Generation::NoValue)); // the engine stores no empty key
+        }
+        let key = r.key.clone();
+        let first = self.engine.run(move |c| c.get_at_most(&key, &opts, READ_WINDOW)).await.map_err(|e| status_of(&e))?;
+        match first {
+            GetAtMost::Got(GetResult::Missing) => Ok(only(State::Missing, Generation::NoValue)),
+            GetAtMost::Got(GetResult::Value(v)) if !never_equal => {
                 // A client that does not take its reply would otherwise make the gateway
                 // keep the value for as long as the stream stays open.
-                held = self.hold(data.len().div_ceil(BUFFER_PERMIT))?;
-                self.metrics.sent_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                let chunks = data.len().div_ceil(READ_CHUNK).max(1);
-                (0..chunks)
-                    .map(|i| {
-                        let part = data.slice((i * READ_CHUNK).min(data.len())..((i + 1) * READ_CHUNK).min(data.len()));
-                        read_response(State::Value, g, bound.as_ref(), part)
-                    })
-                    .collect()
+                let held = hold(&self.buffered, v.data.len().div_ceil(BUFFER_PERMIT))?;
+                self.metrics.sent_bytes.fetch_add(v.data.len() as u64, Relaxed);
+                let messages: Vec<_> = value_messages(Bytes::from(v.data), v.generation, bound.as_ref()).collect();
+                // Held while the reply stream lives (dropped once sent, or when the client goes).
+                let replies = tokio_stream::iter(messages).map(move |m| {
+                    let _held = &held;
+                    m
+                });
+                Ok(Response::new(Box::pin(replies.map(Ok))))
             }
-            GetResult::Unchanged { generation } | GetResult::Value(Value { generation, .. }) => {
-                vec![read_response(State::Unspecified, Generation::Engine(generation), bound.as_ref(), Bytes::new())]
+            GetAtMost::Got(GetResult::Unchanged { generation } | GetResult::Value(Value { generation, .. })) => {
+                Ok(only(State::Unspecified, Generation::Engine(generation)))
             }
-        };
-        let replies = tokio_stream::iter(messages).map(move |m| {
-            let _held = &held;
-            m
-        });
-        Ok(Response::new(Box::pin(replies.map(Ok))))
+            // A never-equal read asks for no bytes, so only a value read gets here.
+            GetAtMost::TooLong { len, generation, size } => {
+                let asked = r.byte_range.map_or(ByteRange { start: 0, end: -1 }, |b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
+                let (start, end) = resolve_range(asked, size).map_err(|e| status_of(&e))?;
+                debug_assert_eq!(end - start, len as u64);
+                Ok(Response::new(self.read_in_windows(r.key, generation, start..end, bound)))
+            }
+        }
     }
 
-    /// Takes `permits` (of [`BUFFER_PERMIT`] bytes) of the buffer budget, or refuses the
-    /// call when it is spent.
-    fn hold(&self, permits: usize) -> Result<Option<OwnedSemaphorePermit>, GrpcStatus> {
-        if permits == 0 {
-            return Ok(None);
-        }
-        let permits = u32::try_from(permits).unwrap_or(u32::MAX);
-        self.buffered.clone().try_acquire_many_owned(permits).map(Some).map_err(|_| {
-            GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry")
-        })
+    /// Streams `range` of a value longer than [`READ_WINDOW`] one window at a time, each
+    /// fetched once the previous one is handed to gRPC, and each pinned to `generation`:
+    /// an overwrite or delete meanwhile ends the stream with UNAVAILABLE (TensorStore then
+    /// reads again from the start) rather than with a mix of two values.
+    fn read_in_windows(&self, key: Bytes, generation: u64, range: Range<u64>, bound: Option<pb::Timestamp>) -> ReplyStream<pb::ReadResponse> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let (engine, buffered, metrics) = (self.engine.clone(), self.buffered.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            let mut at = range.start;
+            while at < range.end {
+                let end = (at + READ_WINDOW as u64).min(range.end);
+                // Taken before the fetch, given back once the window is handed on.
+                let window = match hold(&buffered, (end - at).div_ceil(BUFFER_PERMIT as u64) as usize) {
+                    Ok(held) => fetch_window(&engine, key.clone(), generation, at..end).await.map(|data| (data, held)),
+                    Err(refused) => Err(refused),
+                };
+                let (data, _held) = match window {
+                    Ok(w) => w,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                metrics.sent_bytes.fetch_add(data.len() as u64, Relaxed);
+                for message in value_messages(data, generation, bound.as_ref()) {
+                    if tx.send(Ok(message)).await.is_err() {
+                        return; // the client went
+                    }
+                }
+                at = end;
+            }
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 
     async fn serve_write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
@@ -207,7 +274,7 @@ impl Gateway {
                 )));
             }
             let have = held.as_ref().map_or(0, |p| p.num_permits());
-            if let Some(more) = self.hold(total.div_ceil(BUFFER_PERMIT) - have)? {
+            if let Some(more) = hold(&self.buffered, total.div_ceil(BUFFER_PERMIT) - have)? {
                 match held.as_mut() {
                     Some(h) => h.merge(more),
                     None => held = Some(more),
@@ -236,7 +303,7 @@ impl Gateway {
             .run(move |c| c.put_with(&key, &value, &PutOptions { condition, ttl: None }))
             .await
             .map_err(|e| status_of(&e))?;
-        self.metrics.received_bytes.fetch_add(total as u64, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.received_bytes.fetch_add(total as u64, Relaxed);
         let g = match result {
             WriteResult::Written { generation } => Generation::Engine(generation),
             WriteResult::ConditionFailed => Generation::Unknown,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::common::{self, pattern, rdram, wait_until, ServerProc};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use remote_dram::client::{ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use remote_dram::client::{ByteRange, DeleteResult, GetAtMost, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::{Client, ClientOptions, Status};
 
 pub const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 64 << 20];
@@ -69,6 +69,16 @@ pub fn sizes_and_ranges(tls: &str) {
             let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut small).unwrap();
             assert_eq!(r, GetInto::TooSmall { needed: *size });
         }
+        // A get capped below the value's length: only its length and generation come back;
+        // at or above it, the value.
+        if *size > 0 {
+            let r = c.get_at_most(key.as_bytes(), &GetOptions::default(), size - 1).unwrap();
+            assert_eq!(r, GetAtMost::TooLong { len: *size, generation: g1, size: *size as u64 }, "size {size}");
+        }
+        match c.get_at_most(key.as_bytes(), &GetOptions::default(), *size).unwrap() {
+            GetAtMost::Got(GetResult::Value(v)) => assert!(v.data == value && v.generation == g1, "size {size}, capped get"),
+            other => panic!("size {size}, capped get: {other:?}"),
+        }
         let mut buf = vec![0u8; size + 3];
         let r = c.get_into(key.as_bytes(), &GetOptions::default(), &mut buf).unwrap();
         assert_eq!(r, GetInto::Value { len: *size, generation: g1, size: *size as u64 });
@@ -80,6 +90,11 @@ pub fn sizes_and_ranges(tls: &str) {
             let r = c.get_with(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }).unwrap();
             let GetResult::Value(v) = r else { panic!("range get: {r:?}") };
             assert!(v.data == value[size / 4..size / 2]);
+            // The cap applies to the range, not the whole value.
+            let capped = c.get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4).unwrap();
+            assert!(matches!(capped, GetAtMost::Got(GetResult::Value(ref v)) if v.data == value[size / 4..size / 2]), "capped range: {capped:?}");
+            let capped = c.get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4 - 1).unwrap();
+            assert_eq!(capped, GetAtMost::TooLong { len: size / 2 - size / 4, generation: g2, size: *size as u64 });
             let suffix = ByteRange { start: -7, end: -1 };
             let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(suffix), ..Default::default() }).unwrap() else { panic!() };
             assert_eq!(v.data, value[size - 7..]);

@@ -117,7 +117,8 @@ struct GatewayArgs {
     /// take most of the gateway's CPU (default: the CPUs this process may run on).
     #[arg(long)]
     grpc_threads: Option<usize>,
-    /// Largest value a Write may stream (it is buffered whole before it is stored).
+    /// Largest value a Write may stream (it is buffered whole before it is stored; reads
+    /// stream any size, 8 MiB at a time).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_value: u64,
     /// Bytes held for clients at once, across all connections: unfinished Write streams
