@@ -54,7 +54,8 @@ fn parse_hgrm(path: &Path) -> u64 {
 fn closed_loop_mix_with_zipf_keys() {
     common::init(TCP);
     let server = ServerProc::start(&[]);
-    let out = tempdir("closed");
+    let dir = tempdir("closed");
+    let out = dir.path();
     let rows = bench(
         &server,
         &out,
@@ -83,7 +84,8 @@ fn closed_loop_mix_with_zipf_keys() {
 fn open_loop_counts_every_scheduled_request() {
     common::init(TCP);
     let server = ServerProc::start(&[]);
-    let out = tempdir("open");
+    let dir = tempdir("open");
+    let out = dir.path();
     let rows = bench(&server, &out, &["--ops", "get", "--sizes", "64", "--rate", "2000", "--count", "300", "--warmup", "0"]);
     assert_eq!(rows.len(), 1);
     assert_eq!(parse_hgrm(&out.join("get-64.hgrm")), 300);
@@ -95,7 +97,8 @@ fn open_loop_counts_every_scheduled_request() {
 fn requests_rotate_through_the_buffers_asked_for() {
     common::init(TCP);
     let server = ServerProc::start(&[]);
-    let out = tempdir("buffers");
+    let dir = tempdir("buffers");
+    let out = dir.path();
     // 3 buffers at depth 2 round up to 4: each batch takes the next two.
     let rows = bench(&server, &out, &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"]);
     assert_eq!(rows.len(), 2);
@@ -119,9 +122,7 @@ fn bad_arguments_are_refused_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("scan"));
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("rdram-bench-smoke-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch folder for the bench's files, removed when dropped.
+fn tempdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rdram-bench-smoke-{name}-")).tempdir().unwrap()
 }

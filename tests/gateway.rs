@@ -277,7 +277,7 @@ async fn long_values_are_read_in_windows_of_one_generation() {
 async fn a_gateway_token_is_required_when_set() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "64MiB"]);
-    let path = std::env::temp_dir().join(format!("rdram-gw-token-{}", std::process::id()));
+    let path = tempfile::Builder::new().prefix("rdram-gw-token-").tempfile().unwrap().into_temp_path();
     std::fs::write(&path, "gw-secret\n").unwrap();
     let gateway = ServerProc::gateway(&server.addr, &["--gateway-token-file", path.to_str().unwrap()]);
     let mut c = connect(&gateway).await;

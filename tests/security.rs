@@ -18,14 +18,12 @@ use remote_dram::{Client, ClientOptions, Status};
 
 const FABRIC_TCP: [&str; 4] = ["--transport", "fabric", "--provider", "tcp;ofi_rxm"];
 
-fn token_file(token: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("rdram-token-{}-{n}", std::process::id()));
-    std::fs::write(&path, format!("{token}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    path
+/// A token file, owner-only (as the server requires), removed when dropped.
+fn token_file(token: &str) -> tempfile::TempPath {
+    // tempfile creates it 0600.
+    let file = tempfile::Builder::new().prefix("rdram-token-").tempfile().unwrap();
+    std::fs::write(file.path(), format!("{token}\n")).unwrap();
+    file.into_temp_path()
 }
 
 fn with_token(token: &str) -> ClientOptions {
@@ -233,8 +231,7 @@ fn empty_tokens_refuse_to_start_and_loose_token_files_warn() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
 
-    let empty = std::env::temp_dir().join(format!("rdram-empty-token-{}", std::process::id()));
-    std::fs::write(&empty, "\n").unwrap();
+    let empty = token_file("");
     let out = std::process::Command::new(common::RDRAM)
         .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--auth-token-file", empty.to_str().unwrap()])
         .output()
