@@ -58,7 +58,7 @@ fn closed_loop_mix_with_zipf_keys() {
     let out = dir.path();
     let rows = bench(
         &server,
-        &out,
+        out,
         &["--ops", "get,put,mix", "--sizes", "8,4KiB", "--depth", "4", "--distribution", "zipf", "--seconds", "0.3", "--warmup", "0.05"],
     );
     let names: Vec<String> = rows.iter().map(|r| format!("{}-{}", r["op"].as_str().unwrap(), r["size"])).collect();
@@ -86,7 +86,7 @@ fn open_loop_counts_every_scheduled_request() {
     let server = ServerProc::start(&[]);
     let dir = tempdir("open");
     let out = dir.path();
-    let rows = bench(&server, &out, &["--ops", "get", "--sizes", "64", "--rate", "2000", "--count", "300", "--warmup", "0"]);
+    let rows = bench(&server, out, &["--ops", "get", "--sizes", "64", "--rate", "2000", "--count", "300", "--warmup", "0"]);
     assert_eq!(rows.len(), 1);
     assert_eq!(parse_hgrm(&out.join("get-64.hgrm")), 300);
     // 300 requests at 2000/s take at least 150 ms however fast each one is.
@@ -100,7 +100,7 @@ fn requests_rotate_through_the_buffers_asked_for() {
     let dir = tempdir("buffers");
     let out = dir.path();
     // 3 buffers at depth 2 round up to 4: each batch takes the next two.
-    let rows = bench(&server, &out, &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"]);
+    let rows = bench(&server, out, &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"]);
     assert_eq!(rows.len(), 2);
     for r in &rows {
         assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
