@@ -91,6 +91,14 @@ fn oversize_and_boundary_inputs() {
     assert_eq!(c.get(&max_key).unwrap().unwrap().generation, g);
     assert_eq!(c.list(&KeyRange::prefix(b"kkkk")).unwrap()[0].key.len(), proto::MAX_KEY_LEN);
     assert!(c.delete(&max_key).unwrap());
+    // Longest keys across list pages (a reply carries at most 1 MiB of keys): a page that
+    // ends on one goes on at the least key after it, which is no longer than it.
+    let longest: Vec<Vec<u8>> = (0..40u8).map(|i| [&[b'p', i][..], &vec![b'x'; proto::MAX_KEY_LEN - 2]].concat()).collect();
+    for k in &longest {
+        c.put(k, b"").unwrap();
+    }
+    let listed: Vec<Vec<u8>> = c.list(&KeyRange::prefix(b"p")).unwrap().into_iter().map(|e| e.key).collect();
+    assert!(listed == longest, "listed {} of the {} longest keys", listed.len(), longest.len());
     let too_long = vec![b'k'; proto::MAX_KEY_LEN + 1];
     assert_eq!(c.put(&too_long, b"v").unwrap_err().status, Status::KeyTooLarge);
     assert_eq!(c.get(&too_long).unwrap_err().status, Status::KeyTooLarge);

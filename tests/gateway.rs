@@ -272,6 +272,34 @@ async fn long_values_are_read_in_windows_of_one_generation() {
     assert!(joined(&again) == new, "the new value read back differs");
 }
 
+/// A List longer than one engine reply (1 MiB of keys) streams page by page, shard by
+/// shard: every key once, prefixes stripped, sizes kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_list_streams_every_key_once() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "256MiB", "--workers", "2"]);
+    let gateway = ServerProc::gateway(&server.addr, &[]);
+    let mut engine = server.client();
+    let mut want: Vec<(Vec<u8>, i64)> = (0..3000usize).map(|i| (format!("many/{i:05}/{}", "k".repeat(700)).into_bytes(), (i % 7) as i64)).collect();
+    for (key, size) in &want {
+        engine.put(key, &vec![1u8; *size as usize]).unwrap();
+    }
+    engine.put(b"other", b"not listed").unwrap();
+    let mut c = connect(&gateway).await;
+    let listed = c.list(pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: "many/".into(), exclusive_max: "many0".into() }), strip_prefix_length: 5, ..Default::default() });
+    let mut stream = listed.await.unwrap().into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        got.extend(m.entry.into_iter().map(|e| (e.key.to_vec(), e.size)));
+    }
+    got.sort();
+    for (key, _) in &mut want {
+        key.drain(..5);
+    }
+    assert_eq!(got.len(), want.len(), "keys listed");
+    assert!(got == want, "the listed keys or sizes differ");
+}
+
 /// Issue 13.7: with a gateway token, calls without it are refused; with it they work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_token_is_required_when_set() {

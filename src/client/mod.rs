@@ -120,6 +120,14 @@ pub struct ListEntry {
     pub size: u64,
 }
 
+/// Where a listing paged with [`Client::list_page`] goes on: a shard, and the key to list
+/// it from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListCursor {
+    shard: usize,
+    min: Vec<u8>,
+}
+
 /// Keys in `[min, max)`; `max = None` is unbounded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyRange {
@@ -435,26 +443,39 @@ impl Client {
         Ok(removed)
     }
 
-    /// Keys in the range with their value sizes, in key order.
+    /// Every key in `range`, in order, with sizes. (Holds them all: for a range that may
+    /// hold many keys, page through it with [`Client::list_page`].)
     pub fn list(&mut self, range: &KeyRange) -> Result<Vec<ListEntry>> {
         let mut all = Vec::new();
-        for (server, shard) in self.all_shards() {
-            let mut min = range.min.clone();
-            loop {
-                let reply = self.call_range(server, shard, Op::List, &min, range.max.as_deref(), proto::LIST_BATCH as u64)?;
-                let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
-                if reply.header.more == 0 || entries.is_empty() {
-                    all.extend(entries.into_iter().map(|(key, size)| ListEntry { key, size }));
-                    break;
-                }
-                // Continue just after the last key returned.
-                min = entries.last().unwrap().0.clone();
-                min.push(0);
-                all.extend(entries.into_iter().map(|(key, size)| ListEntry { key, size }));
+        let mut from = None;
+        loop {
+            let (page, next) = self.list_page(range, from.as_ref())?;
+            all.extend(page);
+            match next {
+                Some(cursor) => from = Some(cursor),
+                None => break,
             }
         }
         all.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(all)
+    }
+
+    /// One page of the keys in `range` (`from` `None` for the first): one shard's, in key
+    /// order, as many as one reply carries (at most 1 MiB of keys), and where the next page
+    /// starts (`None` after the last). The pages list each key once; across shards they
+    /// are not in order. A cursor belongs to this client's view of the servers' shards.
+    pub fn list_page(&mut self, range: &KeyRange, from: Option<&ListCursor>) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
+        let shards = self.all_shards();
+        let (index, min) = from.map_or((0, &range.min), |c| (c.shard, &c.min));
+        let &(server, shard) = shards.get(index).ok_or_else(|| Error::new(Status::Invalid, format!("list cursor at shard {index} of {}", shards.len())))?;
+        let reply = self.call_range(server, shard, Op::List, min, range.max.as_deref(), proto::LIST_BATCH as u64)?;
+        let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
+        let after_last = entries.last().filter(|_| reply.header.more != 0).and_then(|(last, _)| key_after(last));
+        let next = match after_last {
+            Some(min) => Some(ListCursor { shard: index, min }),
+            None => (index + 1 < shards.len()).then(|| ListCursor { shard: index + 1, min: range.min.clone() }),
+        };
+        Ok((entries.into_iter().map(|(key, size)| ListEntry { key, size }).collect(), next))
     }
 
     /// Per-server, per-shard statistics and totals, as JSON.
@@ -566,6 +587,22 @@ fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The least key greater than `key` (`None`: there is none): `key` and a 0 byte, or for
+/// a key of the longest length, `key` with its trailing 0xff bytes dropped and the last
+/// byte left incremented.
+fn key_after(key: &[u8]) -> Option<Vec<u8>> {
+    if key.len() < MAX_KEY_LEN {
+        return Some([key, &[0]].concat());
+    }
+    let mut next = key.to_vec();
+    while next.last() == Some(&0xff) {
+        next.pop();
+    }
+    let last = next.last_mut()?;
+    *last += 1;
+    Some(next)
+}
+
 fn get_result(reply: Reply) -> Result<GetResult> {
     match reply.header.status() {
         Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
@@ -617,4 +654,21 @@ fn apply_write_condition(h: &mut RequestHeader, c: WriteCondition) {
 fn error_of(status: Status, reply: &Reply) -> Error {
     let status = if status as i8 >= 0 { Status::Internal } else { status };
     Error::new(status, String::from_utf8_lossy(&reply.payload).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_after_is_the_least_greater_key() {
+        assert_eq!(key_after(b"a"), Some(b"a\0".to_vec()));
+        assert_eq!(key_after(&[0xff]), Some(vec![0xff, 0]));
+        // At the longest length a 0 byte cannot be added: the key is incremented instead.
+        let mut longest = vec![b'k'; MAX_KEY_LEN];
+        assert_eq!(key_after(&longest), Some([&longest[..MAX_KEY_LEN - 1], b"l"].concat()));
+        longest[MAX_KEY_LEN - 2..].fill(0xff);
+        assert_eq!(key_after(&longest), Some([&longest[..MAX_KEY_LEN - 3], b"l"].concat()));
+        assert_eq!(key_after(&vec![0xff; MAX_KEY_LEN]), None);
+    }
 }

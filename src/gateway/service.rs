@@ -16,7 +16,7 @@ use super::metrics::{GatewayMetrics, Method};
 use super::pool::EnginePool;
 use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
-    ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, PutOptions, Value, WriteCondition, WriteResult,
+    ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, ListEntry, PutOptions, Value, WriteCondition, WriteResult,
 };
 use crate::store::shard::resolve_range;
 use crate::proto::MAX_KEY_LEN;
@@ -114,6 +114,28 @@ fn value_messages(data: Bytes, generation: u64, bound: Option<&pb::Timestamp>) -
         let part = data.slice((i * READ_CHUNK).min(data.len())..((i + 1) * READ_CHUNK).min(data.len()));
         read_response(State::Value, Generation::Engine(generation), bound, part)
     })
+}
+
+/// ListResponses of about [`LIST_BATCH_BYTES`] of keys each, `strip` bytes cut from each
+/// key's front.
+fn list_batches(entries: Vec<ListEntry>, strip: usize) -> Vec<pb::ListResponse> {
+    let mut batches = Vec::new();
+    let mut batch = pb::ListResponse::default();
+    let mut batch_bytes = 0;
+    for e in entries {
+        let key = Bytes::from(e.key);
+        let key = key.slice(strip.min(key.len())..);
+        batch_bytes += key.len();
+        batch.entry.push(pb::list_response::Entry { key, size: e.size as i64 });
+        if batch_bytes >= LIST_BATCH_BYTES {
+            batches.push(std::mem::take(&mut batch));
+            batch_bytes = 0;
+        }
+    }
+    if !batch.entry.is_empty() {
+        batches.push(batch);
+    }
+    batches
 }
 
 /// One window of a value read in windows: exactly `range`, or UNAVAILABLE when the value
@@ -340,28 +362,49 @@ impl Gateway {
         Ok(Response::new(pb::DeleteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
     }
 
+    /// Streams the listing page by page (one engine reply, at most 1 MiB of keys, at a
+    /// time; each counted against `--max-buffered` until handed on), so a List of a large
+    /// key space holds one page, not every key. Pages come shard by shard, which is not
+    /// key order: TensorStore takes List entries in any order.
     async fn serve_list(&self, request: Request<pb::ListRequest>) -> Result<Response<ReplyStream<pb::ListResponse>>, GrpcStatus> {
         let r = request.into_inner();
         let range = key_range(r.range.unwrap_or_default());
         let strip = usize::try_from(r.strip_prefix_length).unwrap_or(usize::MAX);
-        let entries = self.engine.run(move |c| c.list(&range)).await.map_err(|e| status_of(&e))?;
-        let mut batches = Vec::new();
-        let mut batch = pb::ListResponse::default();
-        let mut batch_bytes = 0;
-        for e in entries {
-            let key = Bytes::from(e.key);
-            let key = key.slice(strip.min(key.len())..);
-            batch_bytes += key.len();
-            batch.entry.push(pb::list_response::Entry { key, size: e.size as i64 });
-            if batch_bytes >= LIST_BATCH_BYTES {
-                batches.push(std::mem::take(&mut batch));
-                batch_bytes = 0;
+        let first = {
+            let range = range.clone();
+            self.engine.run(move |c| c.list_page(&range, None)).await.map_err(|e| status_of(&e))?
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let (engine, buffered) = (self.engine.clone(), self.buffered.clone());
+        tokio::spawn(async move {
+            let mut page = Ok(first);
+            loop {
+                let (entries, next) = match page {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(status_of(&e))).await;
+                        return;
+                    }
+                };
+                let held = match hold(&buffered, entries.iter().map(|e| e.key.len()).sum::<usize>().div_ceil(BUFFER_PERMIT)) {
+                    Ok(held) => held,
+                    Err(refused) => {
+                        let _ = tx.send(Err(refused)).await;
+                        return;
+                    }
+                };
+                for batch in list_batches(entries, strip) {
+                    if tx.send(Ok(batch)).await.is_err() {
+                        return; // the client went
+                    }
+                }
+                drop(held);
+                let Some(cursor) = next else { return };
+                let range = range.clone();
+                page = engine.run(move |c| c.list_page(&range, Some(&cursor))).await;
             }
-        }
-        if !batch.entry.is_empty() {
-            batches.push(batch);
-        }
-        Ok(Response::new(Box::pin(tokio_stream::iter(batches.into_iter().map(Ok)))))
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 }
 
