@@ -42,6 +42,22 @@ async fn read(c: &mut Grpc, req: pb::ReadRequest) -> Result<Vec<pb::ReadResponse
     Ok(out)
 }
 
+/// The gateway's count of `method` calls that ended with `code` (`rdram_gateway_rpcs_total`),
+/// once it settles on `want` (a streamed call is counted when tonic drops its stream, just
+/// after the client saw its end); the last count seen otherwise.
+fn settled_rpcs(gateway: &ServerProc, method: &str, code: &str, want: u64) -> u64 {
+    let url = format!("http://{}/metrics", gateway.metrics.as_ref().expect("gateway started with --metrics"));
+    let line = format!("rdram_gateway_rpcs_total{{method=\"{method}\",code=\"{code}\"}} ");
+    let count = || {
+        let text = ureq::get(&url).call().expect("scrape the gateway's metrics").into_string().unwrap();
+        text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    tokio::task::block_in_place(|| {
+        common::wait_until(std::time::Duration::from_secs(5), || count() == want);
+        count()
+    })
+}
+
 fn now_seconds() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
 }
@@ -160,7 +176,7 @@ async fn many_concurrent_requests_over_several_connections() {
 async fn unfinished_writes_are_bounded_globally() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB", "--metrics", "127.0.0.1:0"]);
     let part = |key: &str| pb::WriteRequest { key: key.as_bytes().to_vec().into(), value_part: vec![7u8; 3 << 20].into(), ..Default::default() };
     // Three streams of 3 MiB each that never finish: 9 MiB > 8 MiB.
     let mut senders = Vec::new();
@@ -200,7 +216,7 @@ async fn unfinished_writes_are_bounded_globally() {
 async fn unsent_reads_are_bounded_globally() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB", "--metrics", "127.0.0.1:0"]);
     let mut c = connect(&gateway).await;
     let value: Vec<u8> = (0..6u32 << 20).map(|i| (i % 251) as u8).collect();
     write(&mut c, b"big", &value, &[]).await.unwrap();
@@ -215,8 +231,9 @@ async fn unsent_reads_are_bounded_globally() {
     // A value-less answer holds nothing and still gets through.
     let missing = read(&mut c, pb::ReadRequest { key: b"absent".to_vec().into(), ..Default::default() }).await.unwrap();
     assert_eq!(missing[0].state, State::Missing as i32);
-    // Dropping the parked stream gives its budget back.
+    // Dropping the parked stream gives its budget back, and counts its call as cancelled.
     drop(parked);
+    assert_eq!(settled_rpcs(&gateway, "Read", "CANCELLED", 1), 1, "the abandoned read is counted as cancelled");
     let whole = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         loop {
             match read(&mut c, req()).await {
@@ -239,7 +256,7 @@ async fn unsent_reads_are_bounded_globally() {
 async fn long_values_are_read_in_windows_of_one_generation() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "256MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "48MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "48MiB", "--metrics", "127.0.0.1:0"]);
     let mut c = connect(&gateway).await;
     let old = common::pattern(1, 20 << 20);
     let g = write(&mut c, b"long", &old, &[]).await.unwrap();
@@ -270,6 +287,9 @@ async fn long_values_are_read_in_windows_of_one_generation() {
     assert!(got.len() < old.len() && got[..] == old[..got.len()], "the read mixed two values ({} bytes)", got.len());
     let again = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
     assert!(joined(&again) == new, "the new value read back differs");
+    // The metrics count the failed read by how its stream ended, not as the OK it started as.
+    assert_eq!(settled_rpcs(&gateway, "Read", "UNAVAILABLE", 1), 1, "reads that failed partway");
+    assert_eq!(settled_rpcs(&gateway, "Read", "OK", 4), 4, "reads that completed");
 }
 
 /// A List longer than one engine reply (1 MiB of keys) streams page by page, shard by

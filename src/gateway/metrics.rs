@@ -35,12 +35,27 @@ pub struct GatewayMetrics {
     permit_bytes: usize,
 }
 
-/// Counts a stream in flight while it lives.
-pub struct InFlight<'a>(&'a GatewayMetrics);
+/// One call, in flight while it lives and counted once by its outcome when it goes: the
+/// code given to [`Call::finish`], or CANCELLED when the client left before the answer
+/// (or the streamed reply) was complete.
+pub struct Call {
+    metrics: Arc<GatewayMetrics>,
+    method: Method,
+    code: Option<tonic::Code>,
+}
 
-impl Drop for InFlight<'_> {
+impl Call {
+    /// The call's outcome; the first one given counts.
+    pub fn finish(&mut self, code: tonic::Code) {
+        self.code.get_or_insert(code);
+    }
+}
+
+impl Drop for Call {
     fn drop(&mut self) {
-        self.0.streams.fetch_sub(1, Relaxed);
+        self.metrics.streams.fetch_sub(1, Relaxed);
+        let code = self.code.unwrap_or(tonic::Code::Cancelled);
+        self.metrics.rpcs[self.method as usize][(code as usize).min(CODES - 1)].fetch_add(1, Relaxed);
     }
 }
 
@@ -57,13 +72,9 @@ impl GatewayMetrics {
         }
     }
 
-    pub fn stream(&self) -> InFlight<'_> {
+    pub fn call(self: &Arc<Self>, method: Method) -> Call {
         self.streams.fetch_add(1, Relaxed);
-        InFlight(self)
-    }
-
-    pub fn rpc(&self, method: Method, code: tonic::Code) {
-        self.rpcs[method as usize][(code as usize).min(CODES - 1)].fetch_add(1, Relaxed);
+        Call { metrics: self.clone(), method, code: None }
     }
 }
 
@@ -88,7 +99,7 @@ impl Collector for GatewayMetrics {
                 (vec![("method", METHODS[m].to_string()), ("code", code_label(code))], counter(n.load(Relaxed)))
             })
         });
-        family(&mut e, "rdram_gateway_rpcs", "gRPC calls answered, by method and code", MetricType::Counter, rpcs.collect::<Vec<_>>())?;
+        family(&mut e, "rdram_gateway_rpcs", "gRPC calls by method and outcome; a streamed reply counts when it ends (CANCELLED: the client left first)", MetricType::Counter, rpcs.collect::<Vec<_>>())?;
         family(&mut e, "rdram_gateway_received_bytes", "Value bytes written through the gateway", MetricType::Counter, [(vec![], counter(self.received_bytes.load(Relaxed)))])?;
         family(&mut e, "rdram_gateway_sent_bytes", "Value bytes read through the gateway", MetricType::Counter, [(vec![], counter(self.sent_bytes.load(Relaxed)))])?;
         family(&mut e, "rdram_gateway_streams_in_flight", "Calls being served", MetricType::Gauge, [(vec![], gauge(self.streams.load(Relaxed).max(0) as u64))])?;

@@ -12,7 +12,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
-use super::metrics::{GatewayMetrics, Method};
+use super::metrics::{Call, GatewayMetrics, Method};
 use super::pool::EnginePool;
 use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
@@ -31,6 +31,29 @@ const READ_WINDOW: usize = 8 << 20;
 const LIST_BATCH_BYTES: usize = 16 << 10;
 
 type ReplyStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+/// A streamed reply with its call: the call is counted by how the stream ends (its first
+/// error, OK at its end, or CANCELLED when tonic drops it unfinished because the client
+/// left), not when the stream starts.
+struct Observed<T> {
+    replies: ReplyStream<T>,
+    call: Call,
+}
+
+impl<T> Stream for Observed<T> {
+    type Item = Result<T, GrpcStatus>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let next = this.replies.as_mut().poll_next(cx);
+        match &next {
+            std::task::Poll::Ready(Some(Err(status))) => this.call.finish(status.code()),
+            std::task::Poll::Ready(None) => this.call.finish(tonic::Code::Ok),
+            _ => {}
+        }
+        next
+    }
+}
 
 pub struct Gateway {
     pub engine: Arc<EnginePool>,
@@ -171,7 +194,7 @@ impl KvStoreService for Gateway {
     type ListStream = ReplyStream<pb::ListResponse>;
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
-        self.observed(Method::Read, self.serve_read(request)).await
+        self.observed_stream(Method::Read, self.serve_read(request)).await
     }
 
     async fn write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
@@ -183,17 +206,31 @@ impl KvStoreService for Gateway {
     }
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
-        self.observed(Method::List, self.serve_list(request)).await
+        self.observed_stream(Method::List, self.serve_list(request)).await
     }
 }
 
 impl Gateway {
-    /// Runs one call, counted in the metrics: in flight while it runs, then by its code.
-    async fn observed<T>(&self, method: Method, call: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
-        let _in_flight = self.metrics.stream();
-        let result = call.await;
-        self.metrics.rpc(method, result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
+    /// Runs one unary call, counted in the metrics: in flight while it runs, then by its
+    /// code (CANCELLED if the client left before the answer).
+    async fn observed<T>(&self, method: Method, serve: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
+        let mut call = self.metrics.call(method);
+        let result = serve.await;
+        call.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
         result
+    }
+
+    /// Runs one call with a streamed reply, counted in the metrics: in flight until its
+    /// stream ends, then by how it ended (see [`Observed`]).
+    async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<Response<ReplyStream<T>>, GrpcStatus>>) -> Result<Response<ReplyStream<T>>, GrpcStatus> {
+        let mut call = self.metrics.call(method);
+        match serve.await {
+            Ok(response) => Ok(response.map(|replies| Box::pin(Observed { replies, call }) as ReplyStream<T>)),
+            Err(status) => {
+                call.finish(status.code());
+                Err(status)
+            }
+        }
     }
 
     async fn serve_read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReplyStream<pb::ReadResponse>>, GrpcStatus> {
