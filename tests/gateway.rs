@@ -292,6 +292,22 @@ async fn long_values_are_read_in_windows_of_one_generation() {
     assert_eq!(settled_rpcs(&gateway, "Read", "OK", 4), 4, "reads that completed");
 }
 
+/// A read holds one window of budget at a time: with room for one window, a long read
+/// completes, and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_read_fits_a_budget_of_one_window() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-buffered", "9MiB"]);
+    let value = common::pattern(3, 20 << 20);
+    server.client().put(b"long", &value).unwrap();
+    let mut c = connect(&gateway).await;
+    for _ in 0..3 {
+        let parts = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
+        assert!(parts.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>() == value, "the value read back differs");
+    }
+}
+
 /// A List longer than one engine reply (1 MiB of keys) streams page by page, shard by
 /// shard: every key once, prefixes stripped, sizes kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
