@@ -176,7 +176,7 @@ async fn many_concurrent_requests_over_several_connections() {
 async fn unfinished_writes_are_bounded_globally() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB", "--metrics", "127.0.0.1:0"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
     let part = |key: &str| pb::WriteRequest { key: key.as_bytes().to_vec().into(), value_part: vec![7u8; 3 << 20].into(), ..Default::default() };
     // Three streams of 3 MiB each that never finish: 9 MiB > 8 MiB.
     let mut senders = Vec::new();
