@@ -110,6 +110,28 @@ fn requests_rotate_through_the_buffers_asked_for() {
 }
 
 #[test]
+fn keys_are_as_long_as_asked() {
+    common::init(TCP);
+    let server = ServerProc::start(&[]);
+    let dir = tempdir("key-len");
+    let limit = remote_dram::proto::MAX_KEY_LEN;
+    // The longest key the protocol takes works; one byte more is refused by the client
+    // library, which shows the keys really are that long.
+    let rows = bench(&server, dir.path(), &["--ops", "get,put", "--sizes", "64", "--key-len", &limit.to_string(), "--count", "20", "--warmup", "0"]);
+    assert_eq!(rows.len(), 2);
+    let out = Command::new(BENCH)
+        .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "64", "--count", "5", "--key-len"])
+        .arg((limit + 1).to_string())
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("prefill") && stderr.contains("key"), "{stderr}");
+}
+
+#[test]
 fn bad_arguments_are_refused_clearly() {
     let out = Command::new(BENCH).args(["--embedded", "--depth", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -71,6 +71,11 @@ struct Args {
     /// Keys per thread (capped so that a thread's values stay under 128 MiB).
     #[arg(long, default_value_t = 64)]
     keys: usize,
+    /// Key length in bytes: keys are padded with '.' to it (at least as long as
+    /// `bench/THREAD/SIZE/N`, which is what they are by default). Model keys such as
+    /// checkpoint tensor names run to 40-100 bytes.
+    #[arg(long, default_value_t = 0)]
+    key_len: usize,
     #[arg(long, value_enum, default_value = "uniform")]
     distribution: KeyDistribution,
     #[arg(long, default_value_t = 0.99)]
@@ -235,7 +240,13 @@ fn bench_thread(args: &Args, addr: &str, op: &str, size: u64, t: usize, barrier:
     let mut sinks = vec![vec![0u8; size as usize]; buffers];
     let mut next_buffer = 0;
     let nkeys = args.keys.min((KEY_BYTES / size.max(1)) as usize).max(1);
-    let keys: Vec<Vec<u8>> = (0..nkeys).map(|k| format!("bench/{t}/{size}/{k}").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0..nkeys)
+        .map(|k| {
+            let mut key = format!("bench/{t}/{size}/{k}").into_bytes();
+            key.resize(key.len().max(args.key_len), b'.');
+            key
+        })
+        .collect();
     for k in &keys {
         c.put(k, &values[0]).unwrap_or_else(|e| fail(&format!("prefill: {e}")));
     }
