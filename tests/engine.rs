@@ -151,7 +151,7 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     h.version = 9;
     let (status, msg) = send(&mut c, h, b"keep", &[]);
     assert_eq!(status, Status::VersionMismatch);
-    assert!(msg.contains("server speaks v3, request is v9"), "{msg}");
+    assert!(msg.contains(&format!("server speaks v{}, request is v9", proto::PROTOCOL_VERSION)), "{msg}");
     // Unknown op, unknown flags, key length not matching the bytes sent, bad session.
     let mut h = header(&c, Op::Get, 4);
     h.op = 77;
@@ -166,6 +166,23 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     assert_eq!(send(&mut c, h, b"keep", &[]).0, Status::AuthFailed);
     let h = header(&c, Op::List, 3);
     assert_eq!(send(&mut c, h, &[], b"ab").0, Status::Invalid, "range bounds shorter than declared");
+    // The short form (what UCX clients send) is read and checked like the full one.
+    let shard = proto::shard_of(b"keep", 2); // ServerProc's two workers
+    let send_short = |c: &mut Client, h: RequestHeader, tail: &[u8]| {
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        let len = h.encode_short(&mut buf);
+        assert_eq!(len, proto::SHORT_REQUEST_HEADER_LEN);
+        let mut msg = buf[..len].to_vec();
+        msg.extend_from_slice(tail);
+        c.raw_request(shard, &msg, &[], Duration::from_secs(10)).unwrap()
+    };
+    let h = header(&c, Op::Get, 4);
+    assert_eq!(send_short(&mut c, h, b"keep").0, Status::Ok);
+    let h = header(&c, Op::Get, 5);
+    assert_eq!(send_short(&mut c, h, b"keep").0, Status::Invalid);
+    let mut h = header(&c, Op::Get, 4);
+    h.session ^= 1;
+    assert_eq!(send_short(&mut c, h, b"keep").0, Status::AuthFailed);
     // Pure garbage has no request id to answer: nothing comes back, and the server lives on.
     let junk = pattern(5, 40);
     let id = c.raw_session().1;
@@ -186,7 +203,7 @@ fn bootstrap_version_mismatch() {
     s.write_all(b"{\"magic\":\"remote_dram\",\"version\":99}\n").unwrap();
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("protocol version mismatch: server speaks v3, client v99"), "{line}");
+    assert!(line.contains(&format!("protocol version mismatch: server speaks v{}, client v99", proto::PROTOCOL_VERSION)), "{line}");
     let mut s = TcpStream::connect(&server.addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut line = String::new();

@@ -89,6 +89,12 @@ pub(super) trait Link {
     unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
     fn deregister(&mut self, base: *mut u8) -> Result<()>;
     fn is_dead(&self, server: usize) -> bool;
+    /// Whether requests may go with their header in its short form (see
+    /// [`proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
+    /// the full form in place (the credential, a read's limit).
+    fn takes_short_headers(&self) -> bool {
+        false
+    }
 }
 
 /// A waiting call's deadline, started at its first clock read rather than at the call:
@@ -298,8 +304,13 @@ impl Connection {
             h.aux_len = (payload.as_ptr() as u64 % VALUE_ALIGN) as u32;
         }
         let mut header = [0u8; REQUEST_HEADER_LEN];
-        h.encode(&mut header);
-        self.submit_raw(server, shard, &header, header_tail, payload, receive)
+        let len = if self.link.takes_short_headers() {
+            h.encode_short(&mut header)
+        } else {
+            h.encode(&mut header);
+            REQUEST_HEADER_LEN
+        };
+        self.submit_raw(server, shard, &header[..len], header_tail, payload, receive)
     }
 
     /// Sends header bytes as given (after the id was written into them by `submit`, or

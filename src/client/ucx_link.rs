@@ -385,6 +385,10 @@ impl Link for UcxLink {
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
     }
+
+    fn takes_short_headers(&self) -> bool {
+        true
+    }
 }
 
 impl Drop for UcxLink {

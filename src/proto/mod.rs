@@ -4,6 +4,11 @@
 //! Request (AM id [`AM_REQUEST`], client → shard worker):
 //!   header  = RequestHeader (72 B) || key            when the key fits the inline budget
 //!           = RequestHeader (72 B)                   with FLAG_KEY_IN_PAYLOAD otherwise
+//!   The header may instead take its short form (32 B, [`flags::SHORT_FORM`]): the first
+//!   24 bytes, then key_len and aux_len, all other fields at their defaults (no condition,
+//!   range or TTL). UCX clients send it when it says everything: over UCX's shared memory
+//!   a message travels inline in the receiver's queue only up to about 92 bytes, and the
+//!   40 bytes saved keep requests with keys up to about 50 bytes there.
 //!   payload = value                                  (put, key inline)
 //!           = key || value                           (put, FLAG_KEY_IN_PAYLOAD)
 //!           = range_min || range_max                 (list, delete-range; lengths in the header)
@@ -26,7 +31,8 @@ pub mod fabric;
 
 use crate::error::Status;
 
-pub const PROTOCOL_VERSION: u8 = 3;
+/// 4: requests may come in [`flags::SHORT_FORM`].
+pub const PROTOCOL_VERSION: u8 = 4;
 pub const MAGIC: u16 = 0x5244; // "RD"
 
 pub const AM_REQUEST: u16 = 11;
@@ -53,6 +59,8 @@ pub const LIST_REPLY_MAX_KEY_BYTES: usize = 1 << 20;
 pub const DELETE_RANGE_BATCH: usize = 4096;
 
 pub const REQUEST_HEADER_LEN: usize = 72;
+/// A request header in its short form ([`flags::SHORT_FORM`]).
+pub const SHORT_REQUEST_HEADER_LEN: usize = 32;
 pub const REPLY_HEADER_LEN: usize = 40;
 
 /// Request flags.
@@ -68,8 +76,11 @@ pub mod flags {
     /// Put over libfabric: the payload ends with a [`crate::proto::fabric::RemoteValue`]
     /// that the server reads the value through (one-sided), instead of the value itself.
     pub const REMOTE_VALUE: u32 = 1 << 7;
+    /// The header is in its short form: 32 bytes, with key_len and aux_len at 24..32 and
+    /// the fields in between at their defaults (see [`crate::proto::RequestHeader::encode_short`]).
+    pub const SHORT_FORM: u32 = 1 << 9;
     /// Every flag a request may carry once it is whole.
-    pub const ALL: u32 = (1 << 8) - 1;
+    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM;
     /// Over libfabric's shm: this message is the first part of a longer request, whose
     /// other parts follow (see [`crate::proto::fabric::split_request`]). The worker joins
     /// the parts and clears the flag before it reads the request, so nothing else accepts it.
@@ -103,7 +114,8 @@ impl Op {
     }
 }
 
-/// A fixed-size request header. Field meaning depends on `op`; unused fields are zero.
+/// A request header: 72 bytes, or 32 in its short form. Field meaning depends on `op`;
+/// unused fields are zero (`range_end`: -1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestHeader {
     pub version: u8,
@@ -166,31 +178,63 @@ impl RequestHeader {
         out[68..72].copy_from_slice(&self.aux_len.to_le_bytes());
     }
 
-    /// Parses and validates a request header. On error, returns the request id when it
-    /// could be read (so the sender still gets an answer) and a message.
+    /// Writes the header in its short form when that says everything (no condition, range
+    /// or TTL), else in full; returns how many bytes of `out` it took.
+    pub fn encode_short(&self, out: &mut [u8; REQUEST_HEADER_LEN]) -> usize {
+        let defaults = RequestHeader::new(Op::Get, 0, 0);
+        let fits = (self.if_equal, self.if_not_equal, self.range_start, self.range_end, self.ttl_or_limit)
+            == (defaults.if_equal, defaults.if_not_equal, defaults.range_start, defaults.range_end, defaults.ttl_or_limit);
+        if !fits {
+            self.encode(out);
+            return REQUEST_HEADER_LEN;
+        }
+        let short = RequestHeader { flags: self.flags | flags::SHORT_FORM, ..*self };
+        short.encode(out);
+        out.copy_within(64..72, 24);
+        SHORT_REQUEST_HEADER_LEN
+    }
+
+    /// How many bytes the header took on the wire (decoded headers only).
+    pub fn encoded_len(&self) -> usize {
+        if self.flags & flags::SHORT_FORM != 0 {
+            SHORT_REQUEST_HEADER_LEN
+        } else {
+            REQUEST_HEADER_LEN
+        }
+    }
+
+    /// Parses and validates a request header, in full or in its short form (see
+    /// [`RequestHeader::encoded_len`]). On error, returns the request id when it could be
+    /// read (so the sender still gets an answer) and a message.
     pub fn decode(buf: &[u8]) -> Result<(RequestHeader, Op), DecodeError> {
-        if buf.len() < REQUEST_HEADER_LEN {
-            return Err(DecodeError::new(None, Status::Invalid, format!("request header is {} bytes, need {}", buf.len(), REQUEST_HEADER_LEN)));
+        let short = buf.len() >= SHORT_REQUEST_HEADER_LEN && u32::from_le_bytes(buf[4..8].try_into().unwrap()) & flags::SHORT_FORM != 0;
+        let need = if short { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
+        if buf.len() < need {
+            return Err(DecodeError::new(None, Status::Invalid, format!("request header is {} bytes, need {need}", buf.len())));
         }
         let request_id = u64_at(buf, 8);
         let fail = |status, msg: String| Err(DecodeError::new(Some(request_id), status, msg));
         if u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
             return Err(DecodeError::new(None, Status::Invalid, "bad magic: not a remote_dram request".into()));
         }
-        let h = RequestHeader {
+        let lengths_at = if short { 24 } else { 64 };
+        let mut h = RequestHeader {
             version: buf[2],
             op: buf[3],
             flags: u32::from_le_bytes(buf[4..8].try_into().unwrap()),
             request_id,
             session: u64_at(buf, 16),
-            if_equal: u64_at(buf, 24),
-            if_not_equal: u64_at(buf, 32),
-            range_start: u64_at(buf, 40) as i64,
-            range_end: u64_at(buf, 48) as i64,
-            ttl_or_limit: u64_at(buf, 56),
-            key_len: u32::from_le_bytes(buf[64..68].try_into().unwrap()),
-            aux_len: u32::from_le_bytes(buf[68..72].try_into().unwrap()),
+            key_len: u32::from_le_bytes(buf[lengths_at..lengths_at + 4].try_into().unwrap()),
+            aux_len: u32::from_le_bytes(buf[lengths_at + 4..lengths_at + 8].try_into().unwrap()),
+            ..RequestHeader::new(Op::Get, 0, 0)
         };
+        if !short {
+            h.if_equal = u64_at(buf, 24);
+            h.if_not_equal = u64_at(buf, 32);
+            h.range_start = u64_at(buf, 40) as i64;
+            h.range_end = u64_at(buf, 48) as i64;
+            h.ttl_or_limit = u64_at(buf, 56);
+        }
         if h.version != PROTOCOL_VERSION {
             return fail(
                 Status::VersionMismatch,
@@ -364,6 +408,40 @@ mod tests {
         get.aux_len = 1;
         get.encode(&mut bad);
         assert_eq!(RequestHeader::decode(&bad).unwrap_err().status, Status::Invalid);
+    }
+
+    #[test]
+    fn short_form_carries_what_it_may_and_decodes_alike() {
+        let mut put = RequestHeader::new(Op::Put, 42, 7);
+        put.key_len = 48;
+        put.aux_len = 3;
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        assert_eq!(put.encode_short(&mut buf), SHORT_REQUEST_HEADER_LEN);
+        let (d, op) = RequestHeader::decode(&buf[..SHORT_REQUEST_HEADER_LEN]).unwrap();
+        assert_eq!((d, op), (RequestHeader { flags: flags::SHORT_FORM, ..put }, Op::Put));
+        assert_eq!(d.encoded_len(), SHORT_REQUEST_HEADER_LEN);
+        // The bytes after it are the key's, not header fields.
+        buf[SHORT_REQUEST_HEADER_LEN..].fill(0xff);
+        assert_eq!(RequestHeader::decode(&buf).unwrap().0, d);
+        assert_eq!(RequestHeader::decode(&buf[..SHORT_REQUEST_HEADER_LEN - 1]).unwrap_err().status, Status::Invalid);
+        // Validation is the same: a key too long is refused in either form.
+        let mut long = put;
+        long.key_len = MAX_KEY_LEN as u32 + 1;
+        long.encode_short(&mut buf);
+        assert_eq!(RequestHeader::decode(&buf[..SHORT_REQUEST_HEADER_LEN]).unwrap_err().status, Status::KeyTooLarge);
+        // A condition, a range or a TTL needs the full form.
+        let mut conditional = RequestHeader::new(Op::Get, 43, 7);
+        conditional.flags = flags::IF_NOT_EQUAL;
+        conditional.if_not_equal = 5;
+        conditional.key_len = 1;
+        let mut list = RequestHeader::new(Op::List, 44, 7);
+        list.key_len = 1;
+        list.ttl_or_limit = 10;
+        for h in [conditional, list] {
+            assert_eq!(h.encode_short(&mut buf), REQUEST_HEADER_LEN);
+            let (d, _) = RequestHeader::decode(&buf).unwrap();
+            assert_eq!((d, d.encoded_len()), (h, REQUEST_HEADER_LEN));
+        }
     }
 
     #[test]

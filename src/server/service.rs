@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use tracing::{info, warn};
-use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
+use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::store::alloc::Extent;
 use crate::store::{ByteRange, Condition, GetOutcome, Layout, Shard};
 
@@ -185,7 +185,7 @@ impl Service {
     /// the one the client's slot got at its hello). Returns the request and its payload.
     pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
         let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
-        let (header, payload) = msg.split_at((REQUEST_HEADER_LEN + inline_key_len(&h, op)).min(msg.len()));
+        let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
         Ok((checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?, payload))
     }
 
@@ -446,7 +446,7 @@ fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::re
     if !authorized {
         return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
     }
-    let inline = &header[REQUEST_HEADER_LEN..];
+    let inline = &header[h.encoded_len()..];
     let expected = inline_key_len(&h, op);
     if inline.len() != expected {
         return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
