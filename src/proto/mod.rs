@@ -185,7 +185,7 @@ impl RequestHeader {
         let fits = (self.if_equal, self.if_not_equal, self.range_start, self.range_end, self.ttl_or_limit)
             == (defaults.if_equal, defaults.if_not_equal, defaults.range_start, defaults.range_end, defaults.ttl_or_limit);
         if !fits {
-            self.encode(out);
+            RequestHeader { flags: self.flags & !flags::SHORT_FORM, ..*self }.encode(out);
             return REQUEST_HEADER_LEN;
         }
         let short = RequestHeader { flags: self.flags | flags::SHORT_FORM, ..*self };
@@ -437,8 +437,10 @@ mod tests {
         let mut list = RequestHeader::new(Op::List, 44, 7);
         list.key_len = 1;
         list.ttl_or_limit = 10;
-        for h in [conditional, list] {
+        for mut h in [conditional, list] {
+            h.flags |= flags::SHORT_FORM; // not trusted: the full form clears it
             assert_eq!(h.encode_short(&mut buf), REQUEST_HEADER_LEN);
+            h.flags &= !flags::SHORT_FORM;
             let (d, _) = RequestHeader::decode(&buf).unwrap();
             assert_eq!((d, d.encoded_len()), (h, REQUEST_HEADER_LEN));
         }
