@@ -8,16 +8,21 @@ use std::cell::RefCell;
 use crate::gateway::pb;
 use crate::proto::bootstrap::{hex_decode, Hello, Welcome};
 use crate::proto::fabric::{self, RemoteValue};
-use crate::proto::{decode_list_entries, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
+use crate::proto::{decode_list_entries, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN, SHORT_REQUEST_HEADER_LEN};
 use crate::server::service::{Membership, Service};
 use crate::store::{HugePages, Mode, Shard};
 
-/// The 72-byte request header (and reply header, list entries) decoders.
+/// The request header (full or short form), reply header and list entries decoders.
 pub fn request_header(data: &[u8]) {
     if let Ok((h, op)) = RequestHeader::decode(data) {
         let mut buf = [0u8; REQUEST_HEADER_LEN];
-        h.encode(&mut buf);
-        assert_eq!(RequestHeader::decode(&buf).map_err(|e| e.message).unwrap(), (h, op));
+        let len = if h.encoded_len() == SHORT_REQUEST_HEADER_LEN {
+            h.encode_short(&mut buf)
+        } else {
+            h.encode(&mut buf);
+            REQUEST_HEADER_LEN
+        };
+        assert_eq!(RequestHeader::decode(&buf[..len]).map_err(|e| e.message).unwrap(), (h, op));
     }
     if let Ok(h) = ReplyHeader::decode(data) {
         assert_eq!(ReplyHeader::decode(&h.encode()).unwrap(), h);

@@ -101,6 +101,14 @@ fn write_seed_corpus() {
         v.extend_from_slice(key);
         v
     };
+    // What UCX clients send: the 32-byte short form.
+    let short = |op: Op, key: &[u8]| {
+        let mut h = RequestHeader::new(op, 8, 0x5e55_1011);
+        h.key_len = key.len() as u32;
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        let len = h.encode_short(&mut buf);
+        [&buf[..len], key].concat()
+    };
     let requests: Vec<(&str, Vec<u8>)> = vec![
         ("put", [header(Op::Put, b"key", &|_| {}), b"value".to_vec()].concat()),
         ("put-ttl-if-absent", [header(Op::Put, b"k2", &|h| { h.flags = flags::HAS_TTL | flags::IF_ABSENT; h.ttl_or_limit = 5 }), b"v".to_vec()].concat()),
@@ -113,6 +121,8 @@ fn write_seed_corpus() {
         ("stats", header(Op::Stats, b"", &|_| {})),
         ("abort", header(Op::Abort, b"", &|h| h.ttl_or_limit = 3)),
         ("key-in-payload", [header(Op::Put, b"", &|h| { h.flags = flags::KEY_IN_PAYLOAD; h.key_len = 4 }), b"longvalue".to_vec()].concat()),
+        ("get-short", short(Op::Get, b"key")),
+        ("put-short", [short(Op::Put, b"key"), b"value".to_vec()].concat()),
     ];
     for (name, bytes) in &requests {
         write("request_header", name, bytes);
