@@ -16,12 +16,7 @@ use crate::store::{HugePages, Mode, Shard};
 pub fn request_header(data: &[u8]) {
     if let Ok((h, op)) = RequestHeader::decode(data) {
         let mut buf = [0u8; REQUEST_HEADER_LEN];
-        let len = if h.encoded_len() == SHORT_REQUEST_HEADER_LEN {
-            h.encode_short(&mut buf)
-        } else {
-            h.encode(&mut buf);
-            REQUEST_HEADER_LEN
-        };
+        let len = if h.encoded_len() == SHORT_REQUEST_HEADER_LEN { h.encode_short(&mut buf) } else { h.encode(&mut buf) };
         assert_eq!(RequestHeader::decode(&buf[..len]).map_err(|e| e.message).unwrap(), (h, op));
     }
     if let Ok(h) = ReplyHeader::decode(data) {

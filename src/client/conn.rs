@@ -304,12 +304,7 @@ impl Connection {
             h.aux_len = (payload.as_ptr() as u64 % VALUE_ALIGN) as u32;
         }
         let mut header = [0u8; REQUEST_HEADER_LEN];
-        let len = if self.link.takes_short_headers() {
-            h.encode_short(&mut header)
-        } else {
-            h.encode(&mut header);
-            REQUEST_HEADER_LEN
-        };
+        let len = if self.link.takes_short_headers() { h.encode_short(&mut header) } else { h.encode(&mut header) };
         self.submit_raw(server, shard, &header[..len], header_tail, payload, receive)
     }
 

@@ -162,11 +162,12 @@ impl RequestHeader {
         RequestHeader { version: PROTOCOL_VERSION, op: op as u8, request_id, session, range_end: -1, ..Default::default() }
     }
 
-    pub fn encode(&self, out: &mut [u8; REQUEST_HEADER_LEN]) {
+    /// Writes the header in full, whatever `flags` says of the form; returns its length.
+    pub fn encode(&self, out: &mut [u8; REQUEST_HEADER_LEN]) -> usize {
         out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
         out[2] = self.version;
         out[3] = self.op;
-        out[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        out[4..8].copy_from_slice(&(self.flags & !flags::SHORT_FORM).to_le_bytes());
         out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         out[16..24].copy_from_slice(&self.session.to_le_bytes());
         out[24..32].copy_from_slice(&self.if_equal.to_le_bytes());
@@ -176,6 +177,7 @@ impl RequestHeader {
         out[56..64].copy_from_slice(&self.ttl_or_limit.to_le_bytes());
         out[64..68].copy_from_slice(&self.key_len.to_le_bytes());
         out[68..72].copy_from_slice(&self.aux_len.to_le_bytes());
+        REQUEST_HEADER_LEN
     }
 
     /// Writes the header in its short form when that says everything (no condition, range
@@ -184,12 +186,11 @@ impl RequestHeader {
         let defaults = RequestHeader::new(Op::Get, 0, 0);
         let fits = (self.if_equal, self.if_not_equal, self.range_start, self.range_end, self.ttl_or_limit)
             == (defaults.if_equal, defaults.if_not_equal, defaults.range_start, defaults.range_end, defaults.ttl_or_limit);
+        let full = self.encode(out);
         if !fits {
-            RequestHeader { flags: self.flags & !flags::SHORT_FORM, ..*self }.encode(out);
-            return REQUEST_HEADER_LEN;
+            return full;
         }
-        let short = RequestHeader { flags: self.flags | flags::SHORT_FORM, ..*self };
-        short.encode(out);
+        out[4..8].copy_from_slice(&(self.flags | flags::SHORT_FORM).to_le_bytes());
         out.copy_within(64..72, 24);
         SHORT_REQUEST_HEADER_LEN
     }
