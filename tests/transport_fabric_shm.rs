@@ -239,9 +239,14 @@ fn a_client_that_never_receives_does_not_wedge_the_shard() {
 
 /// `rdram-bench` getting 3 MiB values (8 keys it stores first) for `seconds`.
 fn large_getter(server: &common::ServerProc, seconds: &str) -> std::process::Child {
+    getter_of(server, seconds, "3145728", "8")
+}
+
+/// `rdram-bench` getting `keys` values of `size` bytes for `seconds`.
+fn getter_of(server: &common::ServerProc, seconds: &str, size: &str, keys: &str) -> std::process::Child {
     use std::process::{Command, Stdio};
     Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
-        .args(["--server", &server.addr, "--ops", "get", "--sizes", "3145728", "--keys", "8", "--seconds", seconds])
+        .args(["--server", &server.addr, "--ops", "get", "--sizes", size, "--keys", keys, "--seconds", seconds])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -272,7 +277,9 @@ fn a_client_killed_during_a_large_get_does_not_stall_later_large_gets() {
     common::init(common::FABRIC_SHM);
     let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let getter = |seconds: &str| large_getter(&server, seconds);
-    let mut killed = getter("30");
+    // 16 MiB GETs back to back: a kill lands between two of them (nothing in flight, so
+    // nothing to replace) far less often than with 3 MiB ones, which a loaded CI run hit.
+    let mut killed = getter_of(&server, "30", "16777216", "1");
     until_getting(&server);
     std::thread::sleep(Duration::from_millis(300)); // in the middle of a large GET
     common::signal(killed.id(), common::SIGKILL);
