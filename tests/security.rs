@@ -372,6 +372,47 @@ fn client_that_never_receives(transport: &[&str]) {
     drop(hog);
 }
 
+/// Small replies go by inject over libfabric (copied by the provider, with no completion
+/// to count against the client): a client that sends 20,000 small GETs and takes none of
+/// their replies is bounded by the provider's own send queue and the socket buffers. The
+/// server's RSS stays put and the others are served. (Over shm, a receive queue that
+/// fills is `transport_fabric_shm`'s `a_client_that_never_receives_does_not_wedge_the_shard`.)
+#[test]
+fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
+    common::init(common::TCP);
+    let mut args = vec!["--workers", "1", "--memory", "256MiB"];
+    args.extend_from_slice(&FABRIC_TCP);
+    let server = ServerProc::start(&args);
+    let mut c = server.client();
+    c.put(b"small", b"12345678").unwrap();
+    let rss = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+    };
+    let before = rss();
+    let mut hog = server.client();
+    let mut sent = 0;
+    while sent < 20_000 {
+        let (session, id) = hog.raw_session();
+        let mut h = RequestHeader::new(Op::Get, id, session);
+        h.key_len = 5;
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut buf);
+        if hog.raw_submit(0, &buf, b"small").is_err() {
+            break; // its own queues are full
+        }
+        sent += 1;
+    }
+    assert!(sent >= 1000, "the hog sent only {sent} requests");
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss();
+    for _ in 0..3 {
+        assert_eq!(c.get(b"small").expect("others are served").expect("stored").data, b"12345678");
+    }
+    assert!(after < before + (64 << 10), "server RSS grew from {before} KiB to {after} KiB for a client that never receives {sent} replies");
+    drop(hog);
+}
+
 /// A client that starts a large put and then stops progressing (SIGSTOP: alive, silent)
 /// holds its reserved extent only until the server's stall deadline: then the transfer is
 /// cut, the space comes back, and the server goes on serving everyone else. When the

@@ -250,28 +250,42 @@ impl FabricLink {
             return Err(e);
         }
         p.header_op = Some(header_op);
+        let tag = kind | if kind == wire::HELLO { 0 } else { slot as u64 };
         let whole = [p.msg.len()];
         let ends = if p.part_ends.is_empty() { &whole[..] } else { &p.part_ends[..] };
-        let send_op = self.ops.start(LinkOp { request: id, step: Step::Send }, ends.len());
-        let tag = kind | if kind == wire::HELLO { 0 } else { slot as u64 };
+        let part = |k: usize| (if k == 0 { 0 } else { ends[k - 1] })..ends[k];
         let mut failed = None;
-        for (k, &end) in ends.iter().enumerate() {
-            let start = if k == 0 { 0 } else { ends[k - 1] };
-            let ctx = self.ops.ctx(send_op, k);
-            // SAFETY: msg lives in the boxed Pending until every part's send completes
-            // (`sent`); start..end lies within it.
-            if let Err(e) = unsafe { self.rails.eps[0].send(p.msg.as_ptr().add(start), end - start, msg_desc, peer, tag, ctx) } {
-                self.ops.not_posted(send_op, ends.len() - k, e.clone());
-                failed = Some((k, e));
-                break;
+        if (0..ends.len()).all(|k| part(k).len() <= self.rails.eps[0].inject_size) {
+            // Copied by the provider before each call returns: sent, and no completion
+            // follows (one less to reap on each side of a small request's round trip).
+            for k in 0..ends.len() {
+                if let Err(e) = self.rails.eps[0].inject(&p.msg[part(k)], peer, tag) {
+                    failed = Some((k, e));
+                    break;
+                }
+            }
+            p.sent = true;
+        } else {
+            let send_op = self.ops.start(LinkOp { request: id, step: Step::Send }, ends.len());
+            for k in 0..ends.len() {
+                let range = part(k);
+                let ctx = self.ops.ctx(send_op, k);
+                // SAFETY: msg lives in the boxed Pending until every part's send completes
+                // (`sent`); the range lies within it.
+                if let Err(e) = unsafe { self.rails.eps[0].send(p.msg.as_ptr().add(range.start), range.len(), msg_desc, peer, tag, ctx) } {
+                    self.ops.not_posted(send_op, ends.len() - k, e.clone());
+                    failed = Some((k, e));
+                    break;
+                }
             }
         }
         self.pending.insert(id, p);
         if let Some((k, e)) = failed {
             self.fail_server(server, Status::Unavailable, format!("sending to {} failed: {e}", self.servers[server].node));
             if k > 0 {
-                // Parts are on their way from `msg`: the request stays pending (failed)
-                // until their sends complete, and its waiter gets the error then.
+                // Parts are on their way from `msg` (or were injected): the request stays
+                // pending (failed) until their sends complete, and its waiter gets the
+                // error then.
                 return Ok(());
             }
             let p = self.pending.remove(&id);

@@ -14,7 +14,8 @@
 //!   in the index; when every stripe's read completed it is committed, and when one failed
 //!   (the client vanished) the extent is released.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -154,12 +155,13 @@ pub struct FabricShardWorker {
     /// Reply payloads being sent from pinned extents, by (client, request id).
     sends: HashMap<(u64, u64), u32>,
     /// Per client: reply messages not yet completed and their owned bytes. A client that
-    /// does not receive stops being served at the bounds below.
-    backlog: HashMap<u64, (usize, u64)>,
+    /// does not receive stops being served at the bounds below. (Client ids are ours,
+    /// counted up: a fast hash is safe.)
+    backlog: FxHashMap<u64, (usize, u64)>,
     /// Clients a send to which found their queue full for `fabric::POST_STALL_LIMIT` (dead
     /// or stalled): their further requests and replies are dropped at once, not waited on
     /// again, until they depart. One that was only stalled times out and reconnects.
-    unresponsive: HashSet<u64>,
+    unresponsive: FxHashSet<u64>,
     /// See [`super::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Bytes of reply payloads sent since the last poll pass: the receiver copies them
@@ -222,8 +224,8 @@ impl FabricShardWorker {
             ops: InFlight::default(),
             reads: HashMap::new(),
             sends: HashMap::new(),
-            backlog: HashMap::new(),
-            unresponsive: HashSet::new(),
+            backlog: FxHashMap::default(),
+            unresponsive: FxHashSet::default(),
             stall_timeout,
             sent_payload: 0,
         });
@@ -879,24 +881,48 @@ impl FabricShardWorker {
             }
         }
         let tag = wire::REPLY | (header.request_id & wire::ID_MASK);
-        let desc = msg.mr.as_ref().map_or(std::ptr::null_mut(), |m| m[0].desc);
-        let (ptr, len) = (msg.bytes.as_ptr(), msg.bytes.len());
-        self.charge(to.id, len as u64);
-        let id = self.ops.start(WorkerOp::Reply { msg, owner: to.id, charged: len as u64 }, 1);
-        let ctx = self.ops.ctx(id, 0);
-        // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
-        if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
-            debug!("shard {}: reply not sent: {e}", self.service.index);
-            self.note_unresponsive(to.id, &e);
-            if let Some(f) = self.ops.not_posted(id, 1, e) {
-                self.finished(f);
+        // Messages up to the inject size are copied by the provider before the call
+        // returns: nothing of them stays in flight, and no completion follows.
+        let inject_size = self.rails.eps[0].inject_size;
+        if msg.bytes.len() <= inject_size {
+            let sent = self.rails.eps[0].inject(&msg.bytes, peer0, tag);
+            self.reply_pool.push(msg);
+            if let Err(e) = sent {
+                debug!("shard {}: reply not sent: {e}", self.service.index);
+                return self.note_unresponsive(to.id, &e);
             }
-            return;
+        } else {
+            let desc = msg.mr.as_ref().map_or(std::ptr::null_mut(), |m| m[0].desc);
+            let (ptr, len) = (msg.bytes.as_ptr(), msg.bytes.len());
+            self.charge(to.id, len as u64);
+            let id = self.ops.start(WorkerOp::Reply { msg, owner: to.id, charged: len as u64 }, 1);
+            let ctx = self.ops.ctx(id, 0);
+            // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
+            if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
+                debug!("shard {}: reply not sent: {e}", self.service.index);
+                self.note_unresponsive(to.id, &e);
+                if let Some(f) = self.ops.not_posted(id, 1, e) {
+                    self.finished(f);
+                }
+                return;
+            }
         }
         if inline || capacity.is_some_and(|c| payload_len > c) {
             return; // all sent, or withheld: the client's buffer is too small
         }
         let data_tag = wire::DATA | (header.request_id & wire::ID_MASK);
+        if payload_len as usize <= inject_size {
+            // One message on the first rail, as `stripes` gives a payload this short.
+            let bytes = match arena {
+                Some((offset, len, _)) => self.service.shard.arena().slice(offset, len),
+                None => &self.scratch[..],
+            };
+            if let Err(e) = self.rails.eps[0].inject(bytes, peer0, data_tag) {
+                debug!("shard {}: reply data not sent: {e}", self.service.index);
+                self.note_unresponsive(to.id, &e);
+            }
+            return;
+        }
         let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let (ptr, descs, value) = match arena {
             Some((offset, len, extent)) => {

@@ -419,6 +419,14 @@ impl Endpoint {
         }
     }
 
+    /// Sends a message of at most [`Endpoint::inject_size`] bytes, copied before this
+    /// returns: no completion follows, and `buf` is free again at once.
+    pub fn inject(&self, buf: &[u8], peer: PeerAddr, tag: u64) -> Result<()> {
+        debug_assert!(buf.len() <= self.inject_size);
+        // SAFETY: libfabric copies `buf` before fi_tinject returns and keeps no reference.
+        self.retry_on_eagain("fi_tinject", || unsafe { sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag) })
+    }
+
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
     /// peer.
     ///

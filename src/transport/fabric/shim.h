@@ -28,6 +28,7 @@ int rdram_fi_getname(struct fid *fid, void *addr, size_t *addrlen);
 int rdram_fi_av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context);
 int rdram_fi_control(struct fid *fid, int command, void *arg);
 ssize_t rdram_fi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag, void *context);
+ssize_t rdram_fi_tinject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag);
 ssize_t rdram_fi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag, uint64_t ignore, void *context);
 ssize_t rdram_fi_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr, uint64_t key, void *context);
 ssize_t rdram_fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr, uint64_t key, void *context);
