@@ -373,7 +373,7 @@ fn client_that_never_receives(transport: &[&str]) {
 }
 
 /// Small replies go by inject over libfabric (copied by the provider, with no completion
-/// to count against the client): a client that sends 20,000 small GETs and takes none of
+/// to count against the client): a client that sends 5,000 small GETs and takes none of
 /// their replies is bounded by the provider's own send queue and the socket buffers. The
 /// server's RSS stays put and the others are served. (Over shm, a receive queue that
 /// fills is `transport_fabric_shm`'s `a_client_that_never_receives_does_not_wedge_the_shard`.)
@@ -392,7 +392,7 @@ fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
     let before = rss();
     let mut hog = server.client();
     let mut sent = 0;
-    while sent < 20_000 {
+    while sent < 5_000 {
         let (session, id) = hog.raw_session();
         let mut h = RequestHeader::new(Op::Get, id, session);
         h.key_len = 5;
