@@ -132,7 +132,10 @@ impl Service {
         }
     }
 
-    /// Applies what the bootstrap said about clients since the last call.
+    /// Applies what the bootstrap said about clients since the last call. Rare (a client
+    /// came or went): kept out of line, off the request path it is reached from.
+    #[cold]
+    #[inline(never)]
     pub fn sync_membership(&mut self) {
         while let Ok(m) = self.membership.try_recv() {
             match m {
@@ -190,6 +193,7 @@ impl Service {
     }
 
     /// Counts a request refused before it was served.
+    #[cold]
     fn refused(&self, op: Option<Op>, (id, e): (Option<u64>, Error)) -> (Option<u64>, Error) {
         self.metrics.record(op, e.status, 0, 0, self.metrics.clock());
         (id, e)
