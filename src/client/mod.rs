@@ -4,7 +4,6 @@
 
 mod conn;
 mod fabric_link;
-mod requests;
 mod ucx_link;
 
 use std::time::Duration;
