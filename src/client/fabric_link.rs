@@ -12,7 +12,7 @@
 //! RDM endpoints do not report a peer that died, so while waiting the link watches each
 //! server's bootstrap connection ([`Liveness`]).
 
-use rustc_hash::FxHashMap;
+use super::requests::Requests;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -99,8 +99,8 @@ pub struct FabricLink {
     /// these endpoints again (see `retire`).
     poisoned: bool,
     servers: Vec<Server>,
-    /// By request id (ids are ours, dense and never chosen by a peer: a fast hash is safe).
-    pending: FxHashMap<u64, Box<Pending>>,
+    /// By request id.
+    pending: Requests<Box<Pending>>,
     #[allow(clippy::vec_box)] // boxed: the provider holds their buffers' addresses
     pool: Vec<Box<Pending>>,
     ops: InFlight<LinkOp>,
@@ -117,7 +117,7 @@ impl FabricLink {
         let rails = Rails::open(provider, local_ip, first_shard.len())?;
         let mut link = FabricLink {
             servers: Vec::new(),
-            pending: FxHashMap::default(),
+            pending: Requests::default(),
             pool: Vec::new(),
             ops: InFlight::default(),
             registered: Vec::new(),

@@ -4,6 +4,7 @@
 
 mod conn;
 mod fabric_link;
+mod requests;
 mod ucx_link;
 
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! return before both the send and the reply have completed (or the endpoint was closed,
 //! which completes everything in flight with an error).
 
-use rustc_hash::FxHashMap;
+use super::requests::Requests;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -48,8 +48,8 @@ struct EpTag {
 /// Shared with UCX callbacks through a raw pointer; only touched on the client's thread.
 struct State {
     worker: *const Worker,
-    /// By request id (ids are ours, dense and never chosen by a peer: a fast hash is safe).
-    pending: FxHashMap<u64, Box<Pending>>,
+    /// By request id.
+    pending: Requests<Box<Pending>>,
     /// Set by an endpoint's error callback: the connection to that server is lost.
     failed: Vec<Option<String>>,
     /// Caller memory registered with UCX: (base, len, handle).
@@ -128,7 +128,7 @@ impl UcxLink {
         }
         let worker = Box::new(Worker::with_settings(if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
         let state =
-            StatePtr::new(State { worker: &*worker, pending: FxHashMap::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
+            StatePtr::new(State { worker: &*worker, pending: Requests::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
