@@ -9,7 +9,8 @@
 
 use rustc_hash::FxHashMap;
 
-/// Slots in the ring: more than any depth a caller keeps in flight (the map takes the rest).
+/// Slots in the ring: 1 KiB of them, which stays in L1 as the ids sweep it; a caller that
+/// keeps more than 64 requests in flight spills the rest to the map.
 const RING: usize = 64;
 
 pub(super) struct Requests<T> {
