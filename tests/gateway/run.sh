@@ -18,30 +18,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tensorstore, n
 fi
 PY="$VENV/bin/python"
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# start NAME CMD...: runs CMD in the background, waits for its "listening on ADDR" and
-# sets NAME_pid and NAME_addr.
-start() {
-  local name=$1; shift
-  "$@" >"$work/$name.log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  for _ in $(seq 200); do
-    grep -q "^listening on" "$work/$name.log" && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log"; echo "$name exited"; exit 1; }
-    sleep 0.05
-  done
-  printf -v "${name}_pid" %s "$pid"
-  printf -v "${name}_addr" %s "$(sed -n 's/^listening on //p' "$work/$name.log")"
-}
+# shellcheck source=../../scripts/background.sh
+source "$root/scripts/background.sh"
 
 start server "$RDRAM" serve --listen 127.0.0.1:0 --workers 2 --memory 256MiB --hugepages off "$@"
 head -1 "$work/server.log"
