@@ -206,9 +206,7 @@ struct ConnArgs {
 
 impl ConnArgs {
     fn options(&self) -> ClientOptions {
-        // One call and out: a local server is reached over shared memory without the
-        // ~25 ms UCX spends looking for tcp interfaces.
-        ClientOptions { auth_token: self.auth_token.clone(), timeout: Duration::from_millis(self.timeout_ms), local_shared_memory: true, ..Default::default() }
+        ClientOptions { auth_token: self.auth_token.clone(), timeout: Duration::from_millis(self.timeout_ms), ..Default::default() }
     }
 
     fn connect(&self) -> Result<Client, Error> {
