@@ -30,7 +30,7 @@ pub struct ClientOptions {
     /// default. With every transport, UCX picks tcp even on the same host: the endpoints
     /// ask for peer-failure detection, which its shared-memory transports lack (a server's
     /// death is seen on the bootstrap connection either way). GET 8 B then took 7.2 µs
-    /// instead of 0.62 on the 2-vCPU VM, 11-12 µs instead of 1.1 on the 16-core GPU host.
+    /// instead of 0.62 on the 2-vCPU VM, 9-12 µs instead of 1.1 on the 16-core GPU host.
     /// Such a context also starts about 25 ms sooner (no tcp interface discovery).
     pub local_shared_memory: bool,
 }
