@@ -170,11 +170,7 @@ fn a_default_library_client_reaches_a_local_server_over_shared_memory() {
         .env_remove("UCX_TLS")
         .env("UCX_NET_DEVICES", "lo");
     let mut server = ServerProc::spawn_listening(cmd);
-    let recycles = || {
-        let text = ureq::get(&format!("http://{}/metrics", server.metrics.as_deref().unwrap())).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
-        text.lines().find_map(|l| l.strip_prefix("rdram_worker_recycles_total{shard=\"0\"} ")?.parse::<u64>().ok()).unwrap_or(0)
-    };
-    assert_eq!(recycles(), 0);
+    assert_eq!(server.shard_metric("rdram_worker_recycles_total", 0), 0);
     // rdram-bench: a long-lived client of the library, its options the defaults but for polling.
     let plots = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
@@ -186,7 +182,7 @@ fn a_default_library_client_reaches_a_local_server_over_shared_memory() {
         .unwrap();
     assert!(out.status.success(), "rdram-bench failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        common::wait_until(Duration::from_secs(10), || recycles() >= 1),
+        common::wait_until(Duration::from_secs(10), || server.shard_metric("rdram_worker_recycles_total", 0) >= 1),
         "the departed client's endpoint was not stranded: it did not come over shared memory"
     );
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");

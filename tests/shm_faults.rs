@@ -53,9 +53,7 @@ fn a_client_dying_inside_a_shared_memory_send_does_not_wedge_its_shard() {
     assert_eq!(served(&mut after).as_deref(), Some(&value[..]), "a new client is not served");
     after.put(b"new", b"v").unwrap();
     assert_eq!(after.get(b"new").unwrap().unwrap().data, b"v");
-    let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
-    let scraped = ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
-    assert!(scraped.lines().any(|l| l == "rdram_worker_replacements_total{shard=\"0\"} 1"), "the replacement is not counted once:\n{scraped}");
+    assert_eq!(server.shard_metric("rdram_worker_replacements_total", 0), 1, "the replacement is not counted once:\n{}", server.scrape());
     let mut server = server;
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
 }
@@ -89,11 +87,9 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
         stays.put(b"big", &big).unwrap();
         assert_eq!(stays.get(b"big").unwrap().unwrap().data, big, "the staying client's large value after {i} others left");
     }
-    let scraped = || ureq::get(&format!("http://{}/metrics", server.metrics.as_deref().unwrap())).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap();
-    let counter = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name}{{shard=\"0\"}} "))?.parse::<u64>().ok()).unwrap_or(0);
     // One every LIMIT departures from the current worker (a client welcomed just before a
     // recycle departs from the old one, and counts there).
-    assert!(common::wait_until(Duration::from_secs(10), || counter(&scraped(), "rdram_worker_recycles_total") >= 3), "no fresh workers handed out:\n{}", scraped());
+    assert!(common::wait_until(Duration::from_secs(10), || server.shard_metric("rdram_worker_recycles_total", 0) >= 3), "no fresh workers handed out:\n{}", server.scrape());
 
     // Without recycling, each one-shot client's 3 mappings stayed: +288 here. Workers
     // without clients go after their grace (10 s); what stays does not grow with the
@@ -106,7 +102,7 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
     assert_eq!(stays.get(b"kept").unwrap().unwrap().data, b"value");
     let mut late = Client::connect(&server.addr, common::options()).unwrap();
     assert_eq!(late.get(b"kept").unwrap().unwrap().data, b"value", "a new client is not served");
-    assert_eq!(counter(&scraped(), "rdram_worker_replacements_total"), 0, "clients were told to reconnect");
+    assert_eq!(server.shard_metric("rdram_worker_replacements_total", 0), 0, "clients were told to reconnect");
     drop((stays, late));
     let mut server = server;
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
@@ -172,3 +168,4 @@ unsafe extern "C" fn pack_and_die(_state: *mut c_void, _offset: usize, _dest: *m
 }
 
 unsafe extern "C" fn finish(_state: *mut c_void) {}
+

@@ -99,6 +99,18 @@ impl ServerProc {
         ServerProc { child, addr, metrics }
     }
 
+    /// The server's Prometheus text (it must have been started with `--metrics`).
+    pub fn scrape(&self) -> String {
+        let url = format!("http://{}/metrics", self.metrics.as_deref().expect("server started without --metrics"));
+        ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap()
+    }
+
+    /// A per-shard counter or gauge from [`ServerProc::scrape`] (0 while absent).
+    pub fn shard_metric(&self, name: &str, shard: usize) -> u64 {
+        let prefix = format!("{name}{{shard=\"{shard}\"}} ");
+        self.scrape().lines().find_map(|l| l.strip_prefix(&prefix)?.parse::<u64>().ok()).unwrap_or(0)
+    }
+
     pub fn client(&self) -> Client {
         connect(&self.addr)
     }
