@@ -8,6 +8,7 @@ pub mod metrics;
 mod pool;
 pub(crate) mod service;
 pub(crate) mod wire;
+mod write;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,17 +46,24 @@ pub struct GatewayConfig {
 
 /// Checks the optional bearer token of each call (constant-time compare).
 #[derive(Clone)]
-struct TokenCheck(Option<Arc<String>>);
+pub(crate) struct TokenCheck(Option<Arc<String>>);
 
-impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, request: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
-        let Some(expected) = &self.0 else { return Ok(request) };
-        let given = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            Some(t) if crate::server::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(request),
+impl TokenCheck {
+    /// `authorization` is the call's header of that name, if it has one.
+    fn verify(&self, authorization: Option<&str>) -> std::result::Result<(), tonic::Status> {
+        let Some(expected) = &self.0 else { return Ok(()) };
+        match authorization.and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(t) if crate::server::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
             Some(_) => Err(tonic::Status::unauthenticated("wrong gateway token")),
             None => Err(tonic::Status::unauthenticated("this gateway requires 'authorization: Bearer <token>' metadata")),
         }
+    }
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        self.verify(request.metadata().get("authorization").and_then(|v| v.to_str().ok()))?;
+        Ok(request)
     }
 }
 
@@ -74,7 +82,7 @@ pub const CONNECTION_WINDOW: u32 = 32 << 20;
 /// (16 MiB did no better).
 pub const MAX_FRAME: u32 = 1 << 20;
 /// Largest gRPC message the gateway decodes.
-const MAX_MESSAGE: usize = 8 << 20;
+pub(crate) const MAX_MESSAGE: usize = 8 << 20;
 /// Default for [`GatewayConfig::max_buffered`].
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 
@@ -105,7 +113,11 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(io)?;
         ready(listener.local_addr().map_err(io)?, endpoint.as_ref().map(|e| e.local_addr()));
-        let service = service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics };
+        let gateway = Arc::new(service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics });
+        let grpc = pb::kv_store_service_server::KvStoreServiceServer::from_arc(gateway.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(usize::MAX);
+        let routes = write::Routes { grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()), gateway, token: check };
         let shutdown = async {
             let _ = stop.await;
             tracing::info!("gateway shutting down");
@@ -123,12 +135,7 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                pb::kv_store_service_server::KvStoreServiceServer::new(service)
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(usize::MAX),
-                check,
-            ))
+            .add_service(routes)
             .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
@@ -188,6 +188,65 @@ fn hold(buffered: &Arc<tokio::sync::Semaphore>, permits: usize) -> Result<Option
     })
 }
 
+/// A Write's value as its messages arrive: one buffer, grown fourfold at a time (a value of
+/// four parts is copied once more at most, not at each part), its bytes counted against
+/// the gateway's buffer budget until it is dropped.
+pub(crate) struct WriteValue {
+    data: Vec<u8>,
+    /// The bytes of the messages decoded so far; a message's part goes after them.
+    committed: usize,
+    max_value: usize,
+    buffered: Arc<tokio::sync::Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl WriteValue {
+    pub(crate) fn new(max_value: usize, buffered: Arc<tokio::sync::Semaphore>) -> WriteValue {
+        WriteValue { data: Vec::new(), committed: 0, max_value, buffered, held: None }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Copies `len` bytes of `from` as the current message's part (replacing what an
+    /// earlier part field of the same message left: protobuf keeps the last one).
+    pub(crate) fn copy_part(&mut self, from: &mut impl bytes::Buf, len: usize) -> Result<(), GrpcStatus> {
+        let total = self.committed + len;
+        if total > self.max_value {
+            return Err(GrpcStatus::invalid_argument(format!(
+                "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
+                self.max_value
+            )));
+        }
+        let have = self.held.as_ref().map_or(0, |p| p.num_permits());
+        if let Some(more) = hold(&self.buffered, total.div_ceil(BUFFER_PERMIT).saturating_sub(have))? {
+            match self.held.as_mut() {
+                Some(h) => h.merge(more),
+                None => self.held = Some(more),
+            }
+        }
+        self.data.truncate(self.committed);
+        if total > self.data.capacity() {
+            let grown = total.max(self.data.capacity().saturating_mul(4)).min(self.max_value);
+            self.data.reserve_exact(grown - self.data.len());
+        }
+        let mut left = len;
+        while left > 0 {
+            let chunk = &from.chunk()[..left.min(from.chunk().len())];
+            self.data.extend_from_slice(chunk);
+            left -= chunk.len();
+            from.advance(chunk.len());
+        }
+        Ok(())
+    }
+
+    /// Ends the current message: its part stays.
+    pub(crate) fn commit(&mut self) {
+        self.committed = self.data.len();
+    }
+}
+
 #[tonic::async_trait]
 impl KvStoreService for Gateway {
     type ReadStream = ReplyStream<pb::ReadResponse>;
@@ -197,8 +256,9 @@ impl KvStoreService for Gateway {
         self.observed_stream(Method::Read, self.serve_read(request)).await
     }
 
-    async fn write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
-        self.observed(Method::Write, self.serve_write(request)).await
+    /// Never called: [`super::write::Routes`] serves Write from its HTTP/2 frames.
+    async fn write(&self, _: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
+        Err(GrpcStatus::internal("Write is routed to the gateway's frame decoder"))
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
@@ -213,7 +273,7 @@ impl KvStoreService for Gateway {
 impl Gateway {
     /// Runs one unary call, counted in the metrics: in flight while it runs, then by its
     /// code (CANCELLED if the client left before the answer).
-    async fn observed<T>(&self, method: Method, serve: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
+    pub(crate) async fn observed<T>(&self, method: Method, serve: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
         let mut call = self.metrics.call(method);
         let result = serve.await;
         call.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
@@ -309,57 +369,30 @@ impl Gateway {
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 
-    async fn serve_write(&self, request: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
-        let mut stream = request.into_inner();
-        // Key and condition come from the first message (the client repeats them).
-        let first = stream.message().await?.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
-        check_key(&first.key)?;
-        if first.key.is_empty() {
+    /// A Write's key, checked before its value is buffered.
+    pub(crate) fn check_write_key(&self, key: &[u8]) -> Result<(), GrpcStatus> {
+        check_key(key)?;
+        if key.is_empty() {
             return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
         }
-        // Parts are kept as received and joined once at the end (a single part, the
-        // common case for chunks up to 1 MiB, is not copied at all).
-        let mut parts: Vec<Bytes> = Vec::new();
-        let mut total = 0usize;
-        let mut next = Some(first.value_part);
-        // Held until the value is stored: what this stream has buffered.
-        let mut held: Option<OwnedSemaphorePermit> = None;
-        while let Some(part) = next {
-            total += part.len();
-            if total > self.max_value {
-                return Err(GrpcStatus::invalid_argument(format!(
-                    "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
-                    self.max_value
-                )));
-            }
-            let have = held.as_ref().map_or(0, |p| p.num_permits());
-            if let Some(more) = hold(&self.buffered, total.div_ceil(BUFFER_PERMIT) - have)? {
-                match held.as_mut() {
-                    Some(h) => h.merge(more),
-                    None => held = Some(more),
-                }
-            }
-            parts.push(part);
-            next = stream.message().await?.map(|m| m.value_part);
-        }
-        let value = match parts.len() {
-            1 => parts.pop().unwrap(),
-            _ => {
-                let mut joined = BytesMut::with_capacity(total);
-                parts.iter().for_each(|p| joined.extend_from_slice(p));
-                joined.freeze()
-            }
+        Ok(())
+    }
+
+    /// An empty value for a Write stream to fill, within `--max-value` and the buffer budget.
+    pub(crate) fn new_value(&self) -> WriteValue {
+        WriteValue::new(self.max_value, self.buffered.clone())
+    }
+
+    /// Stores a Write's value under `generation_if_equal`'s condition.
+    pub(crate) async fn store(&self, key: Bytes, generation_if_equal: &[u8], value: WriteValue) -> Result<pb::WriteResponse, GrpcStatus> {
+        let Some(condition) = write_condition(generation_if_equal) else {
+            return Ok(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(Generation::Unknown, None)) });
         };
-        let Some(condition) = write_condition(&first.generation_if_equal) else {
-            return Ok(Response::new(pb::WriteResponse {
-                status: None,
-                generation_and_timestamp: Some(generation_and_timestamp(Generation::Unknown, None)),
-            }));
-        };
-        let key = first.key;
+        let total = value.bytes().len();
+        // The budget is held until the engine has the value (the closure owns it).
         let result = self
             .engine
-            .run(move |c| c.put_with(&key, &value, &PutOptions { condition, ttl: None }))
+            .run(move |c| c.put_with(&key, value.bytes(), &PutOptions { condition, ttl: None }))
             .await
             .map_err(|e| status_of(&e))?;
         self.metrics.received_bytes.fetch_add(total as u64, Relaxed);
@@ -367,7 +400,7 @@ impl Gateway {
             WriteResult::Written { generation } => Generation::Engine(generation),
             WriteResult::ConditionFailed => Generation::Unknown,
         };
-        Ok(Response::new(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
+        Ok(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) })
     }
 
     async fn serve_delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
