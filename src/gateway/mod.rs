@@ -8,7 +8,7 @@ pub mod metrics;
 mod pool;
 pub(crate) mod service;
 pub(crate) mod wire;
-mod write;
+mod frames;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -117,7 +117,7 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
         let grpc = pb::kv_store_service_server::KvStoreServiceServer::from_arc(gateway.clone())
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(usize::MAX);
-        let routes = write::Routes { grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()), gateway, token: check };
+        let routes = frames::Routes { grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()), gateway, token: check };
         let shutdown = async {
             let _ = stop.await;
             tracing::info!("gateway shutting down");

@@ -30,7 +30,7 @@ const READ_WINDOW: usize = 8 << 20;
 /// Key bytes per ListResponse batch, as upstream.
 const LIST_BATCH_BYTES: usize = 16 << 10;
 
-type ReplyStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+pub(crate) type ReplyStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// A streamed reply with its call: the call is counted by how the stream ends (its first
 /// error, OK at its end, or CANCELLED when tonic drops it unfinished because the client
@@ -252,11 +252,12 @@ impl KvStoreService for Gateway {
     type ReadStream = ReplyStream<pb::ReadResponse>;
     type ListStream = ReplyStream<pb::ListResponse>;
 
-    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
-        self.observed_stream(Method::Read, self.serve_read(request)).await
+    /// Never called: [`super::frames::Routes`] sends Read's value into HTTP/2 frames itself.
+    async fn read(&self, _: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, GrpcStatus> {
+        Err(GrpcStatus::internal("Read is routed to the gateway's frame encoder"))
     }
 
-    /// Never called: [`super::write::Routes`] serves Write from its HTTP/2 frames.
+    /// Never called: [`super::frames::Routes`] serves Write from its HTTP/2 frames.
     async fn write(&self, _: Request<Streaming<pb::WriteRequest>>) -> Result<Response<pb::WriteResponse>, GrpcStatus> {
         Err(GrpcStatus::internal("Write is routed to the gateway's frame decoder"))
     }
@@ -282,7 +283,7 @@ impl Gateway {
 
     /// Runs one call with a streamed reply, counted in the metrics: in flight until its
     /// stream ends, then by how it ended (see [`Observed`]).
-    async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<Response<ReplyStream<T>>, GrpcStatus>>) -> Result<Response<ReplyStream<T>>, GrpcStatus> {
+    pub(crate) async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<Response<ReplyStream<T>>, GrpcStatus>>) -> Result<Response<ReplyStream<T>>, GrpcStatus> {
         let mut call = self.metrics.call(method);
         match serve.await {
             Ok(response) => Ok(response.map(|replies| Box::pin(Observed { replies, call }) as ReplyStream<T>)),
@@ -293,7 +294,7 @@ impl Gateway {
         }
     }
 
-    async fn serve_read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReplyStream<pb::ReadResponse>>, GrpcStatus> {
+    pub(crate) async fn serve_read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReplyStream<pb::ReadResponse>>, GrpcStatus> {
         let r = request.into_inner();
         let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;

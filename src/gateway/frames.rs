@@ -1,20 +1,26 @@
-//! Write calls decoded straight from their HTTP/2 frames.
+//! Write and Read, the calls that carry values, served straight from and into HTTP/2
+//! frames; [`Routes`] sends them here and every other call to tonic.
 //!
 //! tonic copies every received frame into its decode buffer (growing it by reallocation),
 //! and a value streamed in several messages must then be joined: three copies of every
 //! byte, 44 % of the gateway's CPU in a TensorStore write. Here each frame is kept as h2
 //! handed it over until its gRPC message is complete, the message's small fields are
 //! decoded with prost, and its `value_part` is copied once, straight into the value.
-//! [`Routes`] sends Write calls here and every other call to tonic.
+//! Going out, tonic encodes each message into a buffer of its own, value and all (a fifth
+//! of the gateway's CPU in reads); here a ReadResponse goes out as two frames, its encoded
+//! fields and the value bytes as the engine returned them, which h2 writes from where they
+//! are.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body::Frame;
 use http_body_util::BodyExt;
-use prost::encoding::{decode_key, decode_varint, DecodeContext, WireType};
+use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType};
 use prost::Message;
 use tonic::body::BoxBody;
 use tonic::codegen::{http, BoxFuture, Service};
@@ -23,18 +29,21 @@ use tonic::Status as GrpcStatus;
 
 use super::metrics::Method;
 use super::pb::{self, kv_store_service_server::KvStoreServiceServer};
-use super::service::{Gateway, WriteValue};
+use super::service::{Gateway, ReplyStream, WriteValue};
 use super::{TokenCheck, MAX_MESSAGE};
 
-/// The path of `KvStoreService.Write`.
+/// The paths of `KvStoreService.Write` and `.Read`.
 const WRITE_PATH: &str = "/tensorstore_grpc.kvstore.KvStoreService/Write";
-/// `WriteRequest.value_part`'s field number (proto/tsgrpc_kvstore.proto).
-const VALUE_PART: u32 = 3;
+const READ_PATH: &str = "/tensorstore_grpc.kvstore.KvStoreService/Read";
+/// `WriteRequest.value_part`'s and `ReadResponse.value_part`'s field numbers
+/// (proto/tsgrpc_kvstore.proto).
+const WRITE_VALUE_PART: u32 = 3;
+const READ_VALUE_PART: u32 = 4;
 /// gRPC's message prefix: a compressed flag and a 4-byte big-endian length.
 const PREFIX: usize = 5;
 
-/// The gateway's gRPC service: Write calls to [`serve`], the rest to tonic's generated
-/// server (which checks the token with the same [`TokenCheck`]).
+/// The gateway's gRPC service: Write and Read calls to this module, the rest to tonic's
+/// generated server (which checks the token with the same [`TokenCheck`]).
 #[derive(Clone)]
 pub(crate) struct Routes {
     pub grpc: InterceptedService<KvStoreServiceServer<Gateway>, TokenCheck>,
@@ -56,9 +65,11 @@ impl Service<http::Request<BoxBody>> for Routes {
     }
 
     fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
-        if request.uri().path() != WRITE_PATH {
-            return Box::pin(self.grpc.call(request));
-        }
+        let write = match request.uri().path() {
+            WRITE_PATH => true,
+            READ_PATH => false,
+            _ => return Box::pin(self.grpc.call(request)),
+        };
         let (gateway, token) = (self.gateway.clone(), self.token.clone());
         Box::pin(async move {
             let reply = async {
@@ -67,31 +78,50 @@ impl Service<http::Request<BoxBody>> for Routes {
                     None | Some(b"identity") => {}
                     Some(other) => {
                         let other = String::from_utf8_lossy(other);
-                        return Err(GrpcStatus::unimplemented(format!("the gateway takes uncompressed writes, not {other}")));
+                        return Err(GrpcStatus::unimplemented(format!("the gateway takes uncompressed messages, not {other}")));
                     }
                 }
-                gateway.observed(Method::Write, serve(&gateway, request.into_body())).await
+                let body = request.into_body();
+                if write {
+                    let message = gateway.observed(Method::Write, serve_write(&gateway, body)).await?;
+                    Ok(reply_body(Replies::one(message)))
+                } else {
+                    let read = read_request(body).await?;
+                    let replies = gateway.observed_stream(Method::Read, gateway.serve_read(tonic::Request::new(read))).await?;
+                    Ok(reply_body(Replies { replies: replies.into_inner(), value: None, done: false }))
+                }
             };
-            Ok(match reply.await {
-                Ok(message) => unary_reply(&message),
-                Err(status) => status.into_http(),
-            })
+            Ok(reply.await.unwrap_or_else(GrpcStatus::into_http))
         })
     }
 }
 
+/// A Read's one request message.
+async fn read_request(mut body: BoxBody) -> Result<pb::ReadRequest, GrpcStatus> {
+    let mut messages = Messages::default();
+    let mut request = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else { continue };
+        messages.push(data);
+        while let Some(mut message) = messages.next()? {
+            if request.is_some() {
+                return Err(GrpcStatus::invalid_argument("a Read carries one request message"));
+            }
+            request = Some(pb::ReadRequest::decode(&mut message).map_err(|e| GrpcStatus::internal(format!("malformed ReadRequest: {e}")))?);
+        }
+    }
+    messages.finish()?;
+    request.ok_or_else(|| GrpcStatus::invalid_argument("a Read without its request message"))
+}
+
 /// Receives one Write stream: key and condition from its first message (TensorStore repeats
 /// them in every message), the value from all of them, and stores it.
-async fn serve(gateway: &Gateway, mut body: BoxBody) -> Result<pb::WriteResponse, GrpcStatus> {
+async fn serve_write(gateway: &Gateway, mut body: BoxBody) -> Result<pb::WriteResponse, GrpcStatus> {
     let mut messages = Messages::default();
     let mut value = gateway.new_value();
     let mut first: Option<pb::WriteRequest> = None;
-    loop {
-        let frame = match body.frame().await {
-            Some(frame) => frame?,
-            None => break,
-        };
-        let Ok(data) = frame.into_data() else { continue }; // trailers: none are expected
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else { continue }; // trailers: none are expected
         messages.push(data);
         while let Some(mut message) = messages.next()? {
             let mut head = pb::WriteRequest::default();
@@ -114,7 +144,7 @@ fn decode(message: &mut impl Buf, head: &mut pb::WriteRequest, value: &mut Write
     let bad = |e: prost::DecodeError| GrpcStatus::internal(format!("malformed WriteRequest: {e}"));
     while message.has_remaining() {
         let (tag, wire_type) = decode_key(message).map_err(bad)?;
-        if tag == VALUE_PART && wire_type == WireType::LengthDelimited {
+        if tag == WRITE_VALUE_PART && wire_type == WireType::LengthDelimited {
             let len = decode_varint(message).map_err(bad)?;
             let len = usize::try_from(len).ok().filter(|&l| l <= message.remaining());
             let len = len.ok_or_else(|| GrpcStatus::internal("malformed WriteRequest: value_part runs past its message"))?;
@@ -149,7 +179,7 @@ impl Messages {
                 return Ok(None);
             }
             if self.frames.get_u8() != 0 {
-                return Err(GrpcStatus::unimplemented("the gateway takes uncompressed writes"));
+                return Err(GrpcStatus::unimplemented("the gateway takes uncompressed messages"));
             }
             let len = self.frames.get_u32() as usize;
             if len > MAX_MESSAGE {
@@ -170,7 +200,7 @@ impl Messages {
     fn finish(&self) -> Result<(), GrpcStatus> {
         match (self.body, self.frames.remaining()) {
             (None, 0) => Ok(()),
-            _ => Err(GrpcStatus::internal("the write stream ended inside a message")),
+            _ => Err(GrpcStatus::internal("the request ended inside a message")),
         }
     }
 }
@@ -234,17 +264,89 @@ impl Buf for Frames {
     }
 }
 
-/// An HTTP response carrying one gRPC message and an OK status, as tonic sends it.
-fn unary_reply(message: &impl Message) -> http::Response<BoxBody> {
-    let len = message.encoded_len();
-    let mut data = BytesMut::with_capacity(PREFIX + len);
-    data.put_u8(0);
-    data.put_u32(len as u32);
-    message.encode(&mut data).expect("the buffer has the message's length");
-    let mut trailers = http::HeaderMap::new();
-    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    let frames: [Result<_, GrpcStatus>; 2] = [Ok(http_body::Frame::data(data.freeze())), Ok(http_body::Frame::trailers(trailers))];
-    let body = http_body_util::StreamBody::new(tokio_stream::iter(frames));
+/// A reply's messages, each encoded as gRPC frames it: the value part of a ReadResponse in
+/// a frame of its own, without a copy; then the call's status as trailers.
+struct Replies<T> {
+    replies: ReplyStream<T>,
+    /// The value part of the message whose other fields just went out.
+    value: Option<Bytes>,
+    done: bool,
+}
+
+impl Replies<pb::WriteResponse> {
+    fn one(message: pb::WriteResponse) -> Self {
+        Replies { replies: Box::pin(tokio_stream::once(Ok(message))), value: None, done: false }
+    }
+}
+
+/// A message that [`Replies`] can send, its bytes field `value_part` (if it has one)
+/// apart from the rest.
+trait Reply: Message + Sized {
+    /// Takes the value part out of the message: its field number and bytes.
+    fn take_value(&mut self) -> Option<(u32, Bytes)>;
+}
+
+impl Reply for pb::ReadResponse {
+    fn take_value(&mut self) -> Option<(u32, Bytes)> {
+        Some((READ_VALUE_PART, std::mem::take(&mut self.value_part))).filter(|(_, v)| !v.is_empty())
+    }
+}
+
+impl Reply for pb::WriteResponse {
+    fn take_value(&mut self) -> Option<(u32, Bytes)> {
+        None
+    }
+}
+
+/// `message` as the frames of one gRPC message: its prefix and fields, then its value's
+/// bytes as they are (protobuf takes fields in any order).
+fn encode<T: Reply>(mut message: T) -> (Bytes, Option<Bytes>) {
+    let value = message.take_value();
+    let value_len = value.as_ref().map_or(0, |(tag, v)| key_len(*tag) + encoded_len_varint(v.len() as u64) + v.len());
+    let fields = message.encoded_len();
+    let mut head = BytesMut::with_capacity(PREFIX + fields + 16);
+    head.put_u8(0);
+    head.put_u32((fields + value_len) as u32);
+    message.encode(&mut head).expect("the buffer holds the message");
+    if let Some((tag, v)) = &value {
+        encode_key(*tag, WireType::LengthDelimited, &mut head);
+        encode_varint(v.len() as u64, &mut head);
+    }
+    (head.freeze(), value.map(|(_, v)| v))
+}
+
+impl<T: Reply> http_body::Body for Replies<T> {
+    type Data = Bytes;
+    type Error = GrpcStatus;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, GrpcStatus>>> {
+        let this = self.get_mut();
+        if let Some(value) = this.value.take() {
+            return Poll::Ready(Some(Ok(Frame::data(value))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let status = match std::task::ready!(this.replies.as_mut().poll_next(cx)) {
+            Some(Ok(message)) => {
+                let (head, value) = encode(message);
+                this.value = value;
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
+            Some(Err(status)) => status,
+            None => GrpcStatus::new(tonic::Code::Ok, ""),
+        };
+        this.done = true;
+        let mut trailers = http::HeaderMap::new();
+        if status.add_header(&mut trailers).is_err() {
+            trailers.insert("grpc-status", http::HeaderValue::from(tonic::Code::Internal as i32));
+        }
+        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+    }
+}
+
+/// The HTTP response of a call whose reply is `body`.
+fn reply_body<T: Reply + Send + 'static>(body: Replies<T>) -> http::Response<BoxBody> {
     let mut response = http::Response::new(tonic::body::boxed(body));
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
     response
@@ -255,8 +357,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_write_path_is_the_generated_services() {
+    fn the_paths_are_the_generated_services() {
         assert_eq!(WRITE_PATH, format!("/{}/Write", pb::kv_store_service_server::SERVICE_NAME));
+        assert_eq!(READ_PATH, format!("/{}/Read", pb::kv_store_service_server::SERVICE_NAME));
     }
 
     /// Messages cut anywhere across frames come out whole, in order, without a copy of
