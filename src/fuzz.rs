@@ -56,10 +56,30 @@ pub fn fabric_hello(data: &[u8]) {
     }
 }
 
-/// The gateway's gRPC requests, decoded as tonic does and converted to engine requests.
+/// The gateway's gRPC requests: decoded as tonic does and converted to engine requests, and
+/// as request bodies (the first byte says where to cut the rest into HTTP/2 frames) through
+/// the decoders that Write and Read use.
 pub fn gateway_request(data: &[u8]) {
+    use crate::gateway::frames::{ReadDecoder, WriteDecoder};
     use crate::gateway::{service, wire};
     use prost::Message;
+    if let Some((&cut, body)) = data.split_first() {
+        let frames = || body.chunks(usize::from(cut) + 1).map(bytes::Bytes::copy_from_slice);
+        let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+        {
+            let mut write = WriteDecoder::new(service::WriteValue::new(32 << 10, budget.clone()));
+            if frames().try_for_each(|f| write.push(f)).is_ok() {
+                if let Ok((first, value)) = write.finish() {
+                    assert!(!first.key.is_empty() && value.bytes().len() <= 32 << 10);
+                }
+            }
+        }
+        assert_eq!(budget.available_permits(), 64, "a decoded write's budget comes back");
+        let mut read = ReadDecoder::default();
+        if frames().try_for_each(|f| read.push(f)).is_ok() {
+            let _ = read.finish().map(|r| service::read_options(&r));
+        }
+    }
     if let Ok(r) = pb::ReadRequest::decode(data) {
         let _ = service::read_options(&r);
         let _ = wire::reply_timestamp(r.staleness_bound.as_ref());

@@ -29,7 +29,7 @@ use tonic::Status as GrpcStatus;
 
 use super::metrics::Method;
 use super::pb::{self, kv_store_service_server::KvStoreServiceServer};
-use super::service::{Gateway, ReplyStream, WriteValue};
+use super::service::{check_write_key, Gateway, ReplyStream, WriteValue};
 use super::{TokenCheck, MAX_MESSAGE};
 
 /// The paths of `KvStoreService.Write` and `.Read`.
@@ -98,44 +98,86 @@ impl Service<http::Request<BoxBody>> for Routes {
 
 /// A Read's one request message.
 async fn read_request(mut body: BoxBody) -> Result<pb::ReadRequest, GrpcStatus> {
-    let mut messages = Messages::default();
-    let mut request = None;
+    let mut decoder = ReadDecoder::default();
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else { continue };
-        messages.push(data);
-        while let Some(mut message) = messages.next()? {
-            if request.is_some() {
-                return Err(GrpcStatus::invalid_argument("a Read carries one request message"));
-            }
-            request = Some(pb::ReadRequest::decode(&mut message).map_err(|e| GrpcStatus::internal(format!("malformed ReadRequest: {e}")))?);
+        if let Ok(data) = frame?.into_data() {
+            decoder.push(data)?;
         }
     }
-    messages.finish()?;
-    request.ok_or_else(|| GrpcStatus::invalid_argument("a Read without its request message"))
+    decoder.finish()
 }
 
-/// Receives one Write stream: key and condition from its first message (TensorStore repeats
-/// them in every message), the value from all of them, and stores it.
+/// Receives one Write stream and stores its value.
 async fn serve_write(gateway: &Gateway, mut body: BoxBody) -> Result<pb::WriteResponse, GrpcStatus> {
-    let mut messages = Messages::default();
-    let mut value = gateway.new_value();
-    let mut first: Option<pb::WriteRequest> = None;
+    let mut decoder = WriteDecoder::new(gateway.new_value());
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else { continue }; // trailers: none are expected
-        messages.push(data);
-        while let Some(mut message) = messages.next()? {
-            let mut head = pb::WriteRequest::default();
-            decode(&mut message, &mut head, &mut value)?;
-            if first.is_none() {
-                gateway.check_write_key(&head.key)?;
-                first = Some(head);
-            }
-            value.commit();
+        if let Ok(data) = frame?.into_data() {
+            decoder.push(data)?;
         }
     }
-    messages.finish()?;
-    let first = first.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
+    let (first, value) = decoder.finish()?;
     gateway.store(first.key, &first.generation_if_equal, value).await
+}
+
+/// A Read request body, decoded as its frames arrive.
+#[derive(Default)]
+pub(crate) struct ReadDecoder {
+    messages: Messages,
+    request: Option<pb::ReadRequest>,
+}
+
+impl ReadDecoder {
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), GrpcStatus> {
+        self.messages.push(data);
+        while let Some(mut message) = self.messages.next()? {
+            if self.request.is_some() {
+                return Err(GrpcStatus::invalid_argument("a Read carries one request message"));
+            }
+            let request = pb::ReadRequest::decode(&mut message).map_err(|e| GrpcStatus::internal(format!("malformed ReadRequest: {e}")))?;
+            self.request = Some(request);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn finish(self) -> Result<pb::ReadRequest, GrpcStatus> {
+        self.messages.finish()?;
+        self.request.ok_or_else(|| GrpcStatus::invalid_argument("a Read without its request message"))
+    }
+}
+
+/// A Write stream decoded as its frames arrive: key and condition from its first message
+/// (TensorStore repeats them in every message), the value from all of them.
+pub(crate) struct WriteDecoder {
+    messages: Messages,
+    first: Option<pb::WriteRequest>,
+    value: WriteValue,
+}
+
+impl WriteDecoder {
+    pub(crate) fn new(value: WriteValue) -> WriteDecoder {
+        WriteDecoder { messages: Messages::default(), first: None, value }
+    }
+
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), GrpcStatus> {
+        self.messages.push(data);
+        while let Some(mut message) = self.messages.next()? {
+            let mut head = pb::WriteRequest::default();
+            decode(&mut message, &mut head, &mut self.value)?;
+            if self.first.is_none() {
+                check_write_key(&head.key)?; // before more of its value is buffered
+                self.first = Some(head);
+            }
+            self.value.commit();
+        }
+        Ok(())
+    }
+
+    /// The first message (its key and condition) and the value.
+    pub(crate) fn finish(self) -> Result<(pb::WriteRequest, WriteValue), GrpcStatus> {
+        self.messages.finish()?;
+        let first = self.first.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
+        Ok((first, self.value))
+    }
 }
 
 /// Decodes one WriteRequest from `message`: its value part is copied to the end of `value`,

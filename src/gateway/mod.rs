@@ -8,7 +8,7 @@ pub mod metrics;
 mod pool;
 pub(crate) mod service;
 pub(crate) mod wire;
-mod frames;
+pub(crate) mod frames;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -71,9 +71,12 @@ pub const BUFFER_PERMIT: usize = 1024;
 
 /// The engine client checks keys too; a Write checks first so that a bad key is refused
 /// before its value is buffered.
-fn check_key(key: &[u8]) -> Result<(), GrpcStatus> {
+pub(crate) fn check_write_key(key: &[u8]) -> Result<(), GrpcStatus> {
     if key.len() > MAX_KEY_LEN {
         return Err(GrpcStatus::invalid_argument(format!("key of {} bytes exceeds {MAX_KEY_LEN}", key.len())));
+    }
+    if key.is_empty() {
+        return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
     }
     Ok(())
 }
@@ -368,15 +371,6 @@ impl Gateway {
             }
         });
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
-    }
-
-    /// A Write's key, checked before its value is buffered.
-    pub(crate) fn check_write_key(&self, key: &[u8]) -> Result<(), GrpcStatus> {
-        check_key(key)?;
-        if key.is_empty() {
-            return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
-        }
-        Ok(())
     }
 
     /// An empty value for a Write stream to fill, within `--max-value` and the buffer budget.
