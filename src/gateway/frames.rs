@@ -41,6 +41,8 @@ const WRITE_VALUE_PART: u32 = 3;
 const READ_VALUE_PART: u32 = 4;
 /// gRPC's message prefix: a compressed flag and a 4-byte big-endian length.
 const PREFIX: usize = 5;
+/// The longest ReadRequest taken: a key of the engine's longest and small fields.
+const READ_REQUEST_LIMIT: usize = crate::proto::MAX_KEY_LEN + 4096;
 
 /// The gateway's gRPC service: Write and Read calls to this module, the rest to tonic's
 /// generated server (which checks the token with the same [`TokenCheck`]).
@@ -120,10 +122,15 @@ async fn serve_write(gateway: &Gateway, mut body: BoxBody) -> Result<pb::WriteRe
 }
 
 /// A Read request body, decoded as its frames arrive.
-#[derive(Default)]
 pub(crate) struct ReadDecoder {
     messages: Messages,
     request: Option<pb::ReadRequest>,
+}
+
+impl Default for ReadDecoder {
+    fn default() -> Self {
+        ReadDecoder { messages: Messages::new(READ_REQUEST_LIMIT), request: None }
+    }
 }
 
 impl ReadDecoder {
@@ -155,9 +162,11 @@ pub(crate) struct WriteDecoder {
 
 impl WriteDecoder {
     pub(crate) fn new(value: WriteValue) -> WriteDecoder {
-        WriteDecoder { messages: Messages::default(), first: None, value }
+        WriteDecoder { messages: Messages::new(MAX_MESSAGE), first: None, value }
     }
 
+    /// Takes one frame's bytes. Those of a message not yet complete count against the
+    /// gateway's buffer budget, as the value's bytes do.
     pub(crate) fn push(&mut self, data: Bytes) -> Result<(), GrpcStatus> {
         self.messages.push(data);
         while let Some(mut message) = self.messages.next()? {
@@ -169,7 +178,7 @@ impl WriteDecoder {
             }
             self.value.commit();
         }
-        Ok(())
+        self.value.hold_also(self.messages.pending())
     }
 
     /// The first message (its key and condition) and the value.
@@ -202,16 +211,26 @@ fn decode(message: &mut impl Buf, head: &mut pb::WriteRequest, value: &mut Write
 
 /// The gRPC messages of one request body, cut from its DATA frames as they arrive. A
 /// message's bytes stay in the frames h2 received them in (no copy) until it is complete.
-#[derive(Default)]
 struct Messages {
     frames: Frames,
     /// The length of the message being received, once its prefix is in.
     body: Option<usize>,
+    /// The longest message taken.
+    limit: usize,
 }
 
 impl Messages {
+    fn new(limit: usize) -> Messages {
+        Messages { frames: Frames::default(), body: None, limit }
+    }
+
     fn push(&mut self, data: Bytes) {
         self.frames.push(data);
+    }
+
+    /// Bytes received and not yet taken as messages.
+    fn pending(&self) -> usize {
+        self.frames.remaining()
     }
 
     /// The next complete message, if all its bytes are in.
@@ -224,8 +243,8 @@ impl Messages {
                 return Err(GrpcStatus::unimplemented("the gateway takes uncompressed messages"));
             }
             let len = self.frames.get_u32() as usize;
-            if len > MAX_MESSAGE {
-                return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {MAX_MESSAGE}")));
+            if len > self.limit {
+                return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {} for this call", self.limit)));
             }
             self.body = Some(len);
         }
@@ -418,7 +437,7 @@ mod tests {
             })
             .collect();
         for cut in [1, 4, 5, 6, 7, 333, 1000, encoded.len()] {
-            let mut messages = Messages::default();
+            let mut messages = Messages::new(MAX_MESSAGE);
             let mut got = Vec::new();
             for piece in encoded.chunks(cut) {
                 messages.push(Bytes::copy_from_slice(piece));
@@ -432,11 +451,11 @@ mod tests {
                 assert_eq!((m.key.as_ref(), m.value_part.as_ref()), (&b"kkk"[..], &vec![i as u8; 1000][..]), "cut {cut}");
             }
         }
-        let mut compressed = Messages::default();
+        let mut compressed = Messages::new(MAX_MESSAGE);
         compressed.push(Bytes::from_static(&[1, 0, 0, 0, 0]));
         assert_eq!(compressed.next().err().map(|e| e.code()), Some(tonic::Code::Unimplemented));
 
-        let mut truncated = Messages::default();
+        let mut truncated = Messages::new(MAX_MESSAGE);
         truncated.push(Bytes::copy_from_slice(&encoded[..encoded.len() - 1]));
         while let Some(mut m) = truncated.next().unwrap() {
             m.advance(m.remaining());
@@ -468,5 +487,27 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         drop(value);
         assert_eq!(budget.available_permits(), 1024, "the budget comes back");
+    }
+
+    /// The bytes of a message still arriving count against the buffer budget, and a Read's
+    /// request may not be longer than a key and its small fields.
+    #[test]
+    fn unfinished_messages_count_and_reads_are_short() {
+        let budget = Arc::new(tokio::sync::Semaphore::new(4));
+        let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        let mut start = vec![0u8];
+        start.extend_from_slice(&(64u32 << 10).to_be_bytes());
+        start.extend_from_slice(&[0x1a; 3000]);
+        write.push(Bytes::from(start)).unwrap();
+        assert_eq!(budget.available_permits(), 1, "3 KiB of an unfinished message hold 3 permits");
+        let err = write.push(Bytes::from(vec![0u8; 2000])).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        drop(write);
+        assert_eq!(budget.available_permits(), 4);
+
+        let mut read = ReadDecoder::default();
+        let mut long = vec![0u8];
+        long.extend_from_slice(&(READ_REQUEST_LIMIT as u32 + 1).to_be_bytes());
+        assert_eq!(read.push(Bytes::from(long)).unwrap_err().code(), tonic::Code::OutOfRange);
     }
 }

@@ -222,13 +222,7 @@ impl WriteValue {
                 self.max_value
             )));
         }
-        let have = self.held.as_ref().map_or(0, |p| p.num_permits());
-        if let Some(more) = hold(&self.buffered, total.div_ceil(BUFFER_PERMIT).saturating_sub(have))? {
-            match self.held.as_mut() {
-                Some(h) => h.merge(more),
-                None => self.held = Some(more),
-            }
-        }
+        self.hold_up_to(total)?;
         self.data.truncate(self.committed);
         if total > self.data.capacity() {
             let grown = total.max(self.data.capacity().saturating_mul(4)).min(self.max_value);
@@ -240,6 +234,24 @@ impl WriteValue {
             self.data.extend_from_slice(chunk);
             left -= chunk.len();
             from.advance(chunk.len());
+        }
+        Ok(())
+    }
+
+    /// Counts `pending` bytes received for a message not yet decoded against the budget,
+    /// beside the value's.
+    pub(crate) fn hold_also(&mut self, pending: usize) -> Result<(), GrpcStatus> {
+        self.hold_up_to(self.committed + pending)
+    }
+
+    /// Holds budget for `bytes` in all (what is held already included).
+    fn hold_up_to(&mut self, bytes: usize) -> Result<(), GrpcStatus> {
+        let have = self.held.as_ref().map_or(0, |p| p.num_permits());
+        if let Some(more) = hold(&self.buffered, bytes.div_ceil(BUFFER_PERMIT).saturating_sub(have))? {
+            match self.held.as_mut() {
+                Some(h) => h.merge(more),
+                None => self.held = Some(more),
+            }
         }
         Ok(())
     }
