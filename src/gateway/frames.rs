@@ -325,8 +325,8 @@ impl Buf for Frames {
     }
 }
 
-/// A reply's messages, each encoded as gRPC frames it: the value part of a ReadResponse in
-/// a frame of its own, without a copy; then the call's status as trailers.
+/// A reply body: each message as gRPC frames (the value part of a ReadResponse in
+/// a frame of its own, without a copy), then the call's status as trailers.
 struct Replies<T> {
     replies: ReplyStream<T>,
     /// The value part of the message whose other fields just went out.
