@@ -209,6 +209,35 @@ async fn unfinished_writes_are_bounded_globally() {
     assert!(ok.is_ok(), "the buffer budget did not come back");
 }
 
+/// A Write the client abandons mid-stream (its call dropped: HTTP/2 resets the stream)
+/// stores nothing, neither a new key nor a part over an old value, and is counted as
+/// cancelled; one ended normally stores exactly what it sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_write_stores_nothing() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--metrics", "127.0.0.1:0"]);
+    let mut c = connect(&gateway).await;
+    let old = write(&mut c, b"kept", b"old value", &[]).await.unwrap();
+    let part = |key: &'static str| pb::WriteRequest { key: key.into(), value_part: vec![7u8; 1 << 20].into(), ..Default::default() };
+    for key in ["kept", "fresh"] {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(part(key)).await.unwrap();
+        let mut writer = connect(&gateway).await;
+        let call = tokio::spawn(async move { writer.write(tokio_stream::wrappers::ReceiverStream::new(rx)).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        call.abort(); // the client goes mid-stream, its sender still open
+        let _ = call.await;
+        drop(tx);
+    }
+    assert_eq!(settled_rpcs(&gateway, "Write", "CANCELLED", 2), 2, "both abandoned writes counted as cancelled");
+    let kept = read(&mut c, pb::ReadRequest { key: "kept".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(kept[0].generation_and_timestamp.as_ref().unwrap().generation.to_vec(), old, "the old value's generation");
+    assert_eq!(kept[0].value_part.as_ref(), b"old value");
+    let fresh = read(&mut c, pb::ReadRequest { key: "fresh".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(fresh[0].state(), State::Missing);
+}
+
 /// Read replies count against --max-buffered too, from the engine's answer until their
 /// stream ends or is dropped: a client that leaves its replies untaken cannot make the
 /// gateway hold values without bound.
