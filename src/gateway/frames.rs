@@ -86,11 +86,11 @@ impl Service<http::Request<BoxBody>> for Routes {
                 let body = request.into_body();
                 if write {
                     let message = gateway.observed(Method::Write, serve_write(&gateway, body)).await?;
-                    Ok(reply_body(Replies::one(message)))
+                    Ok(reply_body(Replies::new(Box::pin(tokio_stream::once(Ok(message))))))
                 } else {
                     let read = read_request(body).await?;
-                    let replies = gateway.observed_stream(Method::Read, gateway.serve_read(tonic::Request::new(read))).await?;
-                    Ok(reply_body(Replies { replies: replies.into_inner(), value: None, done: false }))
+                    let replies = gateway.observed_stream(Method::Read, gateway.serve_read(read)).await?;
+                    Ok(reply_body(Replies::new(replies)))
                 }
             };
             Ok(reply.await.unwrap_or_else(GrpcStatus::into_http))
@@ -334,9 +334,9 @@ struct Replies<T> {
     done: bool,
 }
 
-impl Replies<pb::WriteResponse> {
-    fn one(message: pb::WriteResponse) -> Self {
-        Replies { replies: Box::pin(tokio_stream::once(Ok(message))), value: None, done: false }
+impl<T> Replies<T> {
+    fn new(replies: ReplyStream<T>) -> Self {
+        Replies { replies, value: None, done: false }
     }
 }
 

@@ -33,7 +33,7 @@ const LIST_BATCH_BYTES: usize = 16 << 10;
 pub(crate) type ReplyStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// A streamed reply with its call: the call is counted by how the stream ends (its first
-/// error, OK at its end, or CANCELLED when tonic drops it unfinished because the client
+/// error, OK at its end, or CANCELLED when it is dropped unfinished because the client
 /// left), not when the stream starts.
 struct Observed<T> {
     replies: ReplyStream<T>,
@@ -282,7 +282,7 @@ impl KvStoreService for Gateway {
     }
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<Self::ListStream>, GrpcStatus> {
-        self.observed_stream(Method::List, self.serve_list(request)).await
+        self.observed_stream(Method::List, self.serve_list(request.into_inner())).await.map(Response::new)
     }
 }
 
@@ -298,10 +298,10 @@ impl Gateway {
 
     /// Runs one call with a streamed reply, counted in the metrics: in flight until its
     /// stream ends, then by how it ended (see [`Observed`]).
-    pub(crate) async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<Response<ReplyStream<T>>, GrpcStatus>>) -> Result<Response<ReplyStream<T>>, GrpcStatus> {
+    pub(crate) async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<ReplyStream<T>, GrpcStatus>>) -> Result<ReplyStream<T>, GrpcStatus> {
         let mut call = self.metrics.call(method);
         match serve.await {
-            Ok(response) => Ok(response.map(|replies| Box::pin(Observed { replies, call }) as ReplyStream<T>)),
+            Ok(replies) => Ok(Box::pin(Observed { replies, call })),
             Err(status) => {
                 call.finish(status.code());
                 Err(status)
@@ -309,13 +309,12 @@ impl Gateway {
         }
     }
 
-    pub(crate) async fn serve_read(&self, request: Request<pb::ReadRequest>) -> Result<Response<ReplyStream<pb::ReadResponse>>, GrpcStatus> {
-        let r = request.into_inner();
+    pub(crate) async fn serve_read(&self, r: pb::ReadRequest) -> Result<ReplyStream<pb::ReadResponse>, GrpcStatus> {
         let (opts, never_equal) = read_options(&r);
         let bound = r.staleness_bound;
-        let only = |state, g| -> Response<ReplyStream<pb::ReadResponse>> {
+        let only = |state, g| -> ReplyStream<pb::ReadResponse> {
             let message = read_response(state, g, bound.as_ref(), Bytes::new());
-            Response::new(Box::pin(tokio_stream::once(Ok(message))))
+            Box::pin(tokio_stream::once(Ok(message)))
         };
         if r.key.is_empty() {
             return Ok(only(State::Missing, Generation::NoValue)); // the engine stores no empty key
@@ -335,7 +334,7 @@ impl Gateway {
                     let _held = &held;
                     m
                 });
-                Ok(Response::new(Box::pin(replies.map(Ok))))
+                Ok(Box::pin(replies.map(Ok)))
             }
             GetAtMost::Got(GetResult::Unchanged { generation } | GetResult::Value(Value { generation, .. })) => {
                 Ok(only(State::Unspecified, Generation::Engine(generation)))
@@ -345,7 +344,7 @@ impl Gateway {
                 let asked = r.byte_range.map_or(ByteRange { start: 0, end: -1 }, |b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
                 let (start, end) = resolve_range(asked, size).map_err(|e| status_of(&e))?;
                 debug_assert_eq!(end - start, len as u64);
-                Ok(Response::new(self.read_in_windows(r.key, generation, start..end, bound)))
+                Ok(self.read_in_windows(r.key, generation, start..end, bound))
             }
         }
     }
@@ -443,8 +442,7 @@ impl Gateway {
     /// time; each counted against `--max-buffered` until handed on), so a List of a large
     /// key space holds one page, not every key. Pages come shard by shard, which is not
     /// key order: TensorStore takes List entries in any order.
-    async fn serve_list(&self, request: Request<pb::ListRequest>) -> Result<Response<ReplyStream<pb::ListResponse>>, GrpcStatus> {
-        let r = request.into_inner();
+    async fn serve_list(&self, r: pb::ListRequest) -> Result<ReplyStream<pb::ListResponse>, GrpcStatus> {
         let range = key_range(r.range.unwrap_or_default());
         let strip = usize::try_from(r.strip_prefix_length).unwrap_or(usize::MAX);
         let first = {
@@ -481,7 +479,7 @@ impl Gateway {
                 page = engine.run(move |c| c.list_page(&range, Some(&cursor))).await;
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 }
 
