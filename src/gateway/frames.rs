@@ -3,15 +3,15 @@
 //!
 //! tonic copies every received frame into its decode buffer (growing it by reallocation),
 //! and a value streamed in several messages must then be joined: three copies of every
-//! byte, 44 % of the gateway's CPU in a TensorStore write. Here each frame is kept as h2
-//! handed it over until its gRPC message is complete, the message's small fields are
-//! decoded with prost, and its `value_part` is copied once, straight into the value.
-//! Going out, tonic encodes each message into a buffer of its own, value and all (a fifth
-//! of the gateway's CPU in reads); here a ReadResponse goes out as two frames, its encoded
-//! fields and the value bytes as the engine returned them, which h2 writes from where they
-//! are.
+//! byte, 44 % of the gateway's CPU in a TensorStore write. Here a Write is decoded as its
+//! frames arrive: the small fields with prost, and `value_part`'s bytes copied once, from
+//! each frame straight into the value. No frame is kept: a kept frame keeps h2's whole
+//! read buffer alive, and a client sending a byte per frame made the gateway hold ~64
+//! times the bytes it counted. Going out, tonic encodes each message into a buffer of its
+//! own, value and all (a fifth of the gateway's CPU in reads); here a ReadResponse goes
+//! out as two frames, its encoded fields and the value bytes as the engine returned them,
+//! which h2 writes from where they are.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -135,7 +135,7 @@ impl Default for ReadDecoder {
 
 impl ReadDecoder {
     pub(crate) fn push(&mut self, data: Bytes) -> Result<(), GrpcStatus> {
-        self.messages.push(data);
+        self.messages.push(&data)?;
         while let Some(mut message) = self.messages.next()? {
             if self.request.is_some() {
                 return Err(GrpcStatus::invalid_argument("a Read carries one request message"));
@@ -153,66 +153,170 @@ impl ReadDecoder {
 }
 
 /// A Write stream decoded as its frames arrive: key and condition from its first message
-/// (TensorStore repeats them in every message), the value from all of them.
+/// (TensorStore repeats them in every message), the value from all of them. Value bytes
+/// go straight from each frame into the value; no frame is held, so what a client makes
+/// the gateway keep is the value (counted against the buffer budget) and at most one small
+/// field of the message in progress (`FIELD_LIMIT`), however it cuts its frames.
 pub(crate) struct WriteDecoder {
-    messages: Messages,
+    /// Bytes of the message in progress not yet decoded: its prefix, or a field's key and
+    /// length, or a small field whole. Never value bytes past the first few.
+    head: BytesMut,
+    /// Bytes of the message in progress not yet taken into `head` or the value; `None`
+    /// between messages (the prefix not yet all in).
+    message_left: Option<usize>,
+    /// Bytes of the value part in progress still to come.
+    part_left: usize,
+    /// The small fields of the message in progress.
+    fields: pb::WriteRequest,
     first: Option<pb::WriteRequest>,
     value: WriteValue,
 }
 
+/// The longest field key and length: two varints.
+const FIELD_HEAD_MAX: usize = 20;
+/// The longest WriteRequest field other than the value part: a key of the engine's
+/// longest (a generation and the rest are a few bytes).
+const FIELD_LIMIT: usize = crate::proto::MAX_KEY_LEN + 4096;
+
 impl WriteDecoder {
     pub(crate) fn new(value: WriteValue) -> WriteDecoder {
-        WriteDecoder { messages: Messages::new(MAX_MESSAGE), first: None, value }
+        WriteDecoder { head: BytesMut::new(), message_left: None, part_left: 0, fields: Default::default(), first: None, value }
     }
 
-    /// Takes one frame's bytes. Those of a message not yet complete count against the
-    /// gateway's buffer budget, as the value's bytes do.
-    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), GrpcStatus> {
-        self.messages.push(data);
-        while let Some(mut message) = self.messages.next()? {
-            let mut head = pb::WriteRequest::default();
-            decode(&mut message, &mut head, &mut self.value)?;
-            if self.first.is_none() {
-                check_write_key(&head.key)?; // before more of its value is buffered
-                self.first = Some(head);
+    /// Takes one frame's bytes. The bytes of a field not yet decoded count against the
+    /// gateway's buffer budget, as the value's do.
+    pub(crate) fn push(&mut self, mut data: Bytes) -> Result<(), GrpcStatus> {
+        loop {
+            if self.part_left > 0 {
+                if data.is_empty() {
+                    break;
+                }
+                let n = self.part_left.min(data.len());
+                self.value.append(&data[..n]);
+                data.advance(n);
+                self.part_left -= n;
+                if let Some(left) = self.message_left.as_mut() {
+                    *left -= n;
+                }
+                self.end_message_if_done()?;
+                continue;
             }
-            self.value.commit();
+            let Some(left) = self.message_left else {
+                if data.is_empty() {
+                    break;
+                }
+                self.take_into_head(&mut data, PREFIX);
+                if self.head.len() == PREFIX {
+                    self.start_message()?;
+                }
+                continue;
+            };
+            // A field: its key and length first (all of them, or what the message has).
+            let want = FIELD_HEAD_MAX.min(self.head.len() + left);
+            self.take_into_head(&mut data, want);
+            if self.head.len() < want || !self.decode_field(&mut data)? {
+                break; // more of it is in the next frames
+            }
+            self.end_message_if_done()?;
         }
-        self.value.hold_also(self.messages.pending())
+        self.value.hold_also(self.head.len())
     }
 
     /// The first message (its key and condition) and the value.
     pub(crate) fn finish(self) -> Result<(pb::WriteRequest, WriteValue), GrpcStatus> {
-        self.messages.finish()?;
+        if self.message_left.is_some() || !self.head.is_empty() {
+            return Err(GrpcStatus::internal("the request ended inside a message"));
+        }
         let first = self.first.ok_or_else(|| GrpcStatus::invalid_argument("write stream had no message"))?;
         Ok((first, self.value))
     }
-}
 
-/// Decodes one WriteRequest from `message`: its value part is copied to the end of `value`,
-/// everything else into `head`.
-fn decode(message: &mut impl Buf, head: &mut pb::WriteRequest, value: &mut WriteValue) -> Result<(), GrpcStatus> {
-    let bad = |e: prost::DecodeError| GrpcStatus::internal(format!("malformed WriteRequest: {e}"));
-    while message.has_remaining() {
-        let (tag, wire_type) = decode_key(message).map_err(bad)?;
-        if tag == WRITE_VALUE_PART && wire_type == WireType::LengthDelimited {
-            let len = decode_varint(message).map_err(bad)?;
-            let len = usize::try_from(len).ok().filter(|&l| l <= message.remaining());
-            let len = len.ok_or_else(|| GrpcStatus::internal("malformed WriteRequest: value_part runs past its message"))?;
-            // A field given twice counts once, as its last occurrence (protobuf's rule).
-            value.copy_part(message, len)?;
-        } else {
-            // prost's own per-field decoding (what Message::decode runs for each field).
-            head.merge_field(tag, wire_type, message, DecodeContext::default()).map_err(bad)?;
+    /// Moves bytes of `data` into `head` until it holds `want` (at most the message's).
+    fn take_into_head(&mut self, data: &mut Bytes, want: usize) {
+        let n = want.saturating_sub(self.head.len()).min(data.len());
+        self.head.extend_from_slice(&data[..n]);
+        data.advance(n);
+        if let Some(left) = self.message_left.as_mut() {
+            *left -= n;
         }
     }
-    Ok(())
+
+    /// `head` holds a whole prefix: a message begins.
+    fn start_message(&mut self) -> Result<(), GrpcStatus> {
+        if self.head.get_u8() != 0 {
+            return Err(GrpcStatus::unimplemented("the gateway takes uncompressed messages"));
+        }
+        let len = self.head.get_u32() as usize;
+        if len > MAX_MESSAGE {
+            return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {MAX_MESSAGE} for this call")));
+        }
+        self.message_left = Some(len);
+        self.fields = pb::WriteRequest::default();
+        self.end_message_if_done()
+    }
+
+    /// Decodes the field at the start of `head`, which holds its key and length (or the
+    /// rest of the message, if shorter). A value part's bytes go to the value (the first
+    /// few from `head`, the rest as they arrive); another field is decoded once `head`
+    /// holds it whole, with bytes taken from `data` as needed. False: it is not all in yet.
+    fn decode_field(&mut self, data: &mut Bytes) -> Result<bool, GrpcStatus> {
+        let bad = |e: prost::DecodeError| GrpcStatus::internal(format!("malformed WriteRequest: {e}"));
+        let mut rest = &self.head[..];
+        let (tag, wire_type) = decode_key(&mut rest).map_err(bad)?;
+        let key_len = self.head.len() - rest.len();
+        if wire_type == WireType::LengthDelimited {
+            let len = decode_varint(&mut rest).map_err(bad)?;
+            let header = self.head.len() - rest.len();
+            let in_message = rest.len() + self.message_left.unwrap_or(0);
+            let len = usize::try_from(len).ok().filter(|&l| l <= in_message);
+            let len = len.ok_or_else(|| GrpcStatus::internal("malformed WriteRequest: a field runs past its message"))?;
+            if tag == WRITE_VALUE_PART {
+                // A field given twice counts once, as its last occurrence (protobuf's rule).
+                self.value.start_part(len)?;
+                let now = len.min(rest.len());
+                self.value.append(&rest[..now]);
+                self.head.advance(header + now);
+                self.part_left = len - now;
+                return Ok(true);
+            }
+            if len > FIELD_LIMIT {
+                return Err(GrpcStatus::invalid_argument(format!("a WriteRequest field of {len} bytes (field {tag}) exceeds the gateway's {FIELD_LIMIT}")));
+            }
+            self.take_into_head(data, header + len);
+            if self.head.len() < header + len {
+                return Ok(false);
+            }
+        }
+        // Varints and fixed-size fields fit in what `head` holds; a length-delimited one is
+        // in whole (above). prost's own per-field decoding, as Message::decode runs it.
+        let mut field = &self.head[key_len..];
+        self.fields.merge_field(tag, wire_type, &mut field, DecodeContext::default()).map_err(bad)?;
+        let used = self.head.len() - field.len();
+        self.head.advance(used);
+        Ok(true)
+    }
+
+    /// Ends the message in progress if all its bytes are decoded.
+    fn end_message_if_done(&mut self) -> Result<(), GrpcStatus> {
+        if self.message_left != Some(0) || self.part_left > 0 || !self.head.is_empty() {
+            return Ok(());
+        }
+        self.message_left = None;
+        if self.first.is_none() {
+            check_write_key(&self.fields.key)?; // before more of the value is buffered
+            self.first = Some(std::mem::take(&mut self.fields));
+        }
+        self.value.commit();
+        Ok(())
+    }
 }
 
-/// The gRPC messages of one request body, cut from its DATA frames as they arrive. A
-/// message's bytes stay in the frames h2 received them in (no copy) until it is complete.
+/// The gRPC messages of one small request body (a Read's), cut from its DATA frames as
+/// they arrive. Frames are copied: a frame kept as h2 handed it over keeps h2's whole read
+/// buffer alive, and a client sending a byte per frame would make the gateway hold ~64
+/// times what it sent.
 struct Messages {
-    frames: Frames,
+    received: BytesMut,
     /// The length of the message being received, once its prefix is in.
     body: Option<usize>,
     /// The longest message taken.
@@ -221,37 +325,36 @@ struct Messages {
 
 impl Messages {
     fn new(limit: usize) -> Messages {
-        Messages { frames: Frames::default(), body: None, limit }
+        Messages { received: BytesMut::new(), body: None, limit }
     }
 
-    fn push(&mut self, data: Bytes) {
-        self.frames.push(data);
-    }
-
-    /// Bytes received and not yet taken as messages.
-    fn pending(&self) -> usize {
-        self.frames.remaining()
+    fn push(&mut self, data: &[u8]) -> Result<(), GrpcStatus> {
+        if self.received.len() + data.len() > PREFIX + self.limit {
+            return Err(GrpcStatus::out_of_range(format!("a message longer than the gateway's {} for this call", self.limit)));
+        }
+        self.received.extend_from_slice(data);
+        Ok(())
     }
 
     /// The next complete message, if all its bytes are in.
-    fn next(&mut self) -> Result<Option<bytes::buf::Take<&mut Frames>>, GrpcStatus> {
+    fn next(&mut self) -> Result<Option<Bytes>, GrpcStatus> {
         if self.body.is_none() {
-            if self.frames.remaining() < PREFIX {
+            if self.received.len() < PREFIX {
                 return Ok(None);
             }
-            if self.frames.get_u8() != 0 {
+            if self.received.get_u8() != 0 {
                 return Err(GrpcStatus::unimplemented("the gateway takes uncompressed messages"));
             }
-            let len = self.frames.get_u32() as usize;
+            let len = self.received.get_u32() as usize;
             if len > self.limit {
                 return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {} for this call", self.limit)));
             }
             self.body = Some(len);
         }
         match self.body {
-            Some(len) if self.frames.remaining() >= len => {
+            Some(len) if self.received.len() >= len => {
                 self.body = None;
-                Ok(Some((&mut self.frames).take(len)))
+                Ok(Some(self.received.split_to(len).freeze()))
             }
             _ => Ok(None),
         }
@@ -259,68 +362,9 @@ impl Messages {
 
     /// At the end of the body: nothing may be left over.
     fn finish(&self) -> Result<(), GrpcStatus> {
-        match (self.body, self.frames.remaining()) {
+        match (self.body, self.received.len()) {
             (None, 0) => Ok(()),
             _ => Err(GrpcStatus::internal("the request ended inside a message")),
-        }
-    }
-}
-
-/// Received bytes not yet decoded, in the frames they came in.
-#[derive(Default)]
-struct Frames {
-    parts: VecDeque<Bytes>,
-    len: usize,
-}
-
-impl Frames {
-    fn push(&mut self, data: Bytes) {
-        if !data.is_empty() {
-            self.len += data.len();
-            self.parts.push_back(data);
-        }
-    }
-}
-
-impl Buf for Frames {
-    fn remaining(&self) -> usize {
-        self.len
-    }
-
-    fn chunk(&self) -> &[u8] {
-        self.parts.front().map_or(&[], |b| b)
-    }
-
-    fn advance(&mut self, mut n: usize) {
-        assert!(n <= self.len, "advance past the received bytes");
-        self.len -= n;
-        while n > 0 {
-            let front = self.parts.front_mut().expect("len counts the parts' bytes");
-            if n < front.len() {
-                front.advance(n);
-                return;
-            }
-            n -= front.len();
-            self.parts.pop_front();
-        }
-    }
-
-    /// Keys and generations come out as slices of their frame when they lie in one.
-    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
-        match self.parts.front_mut() {
-            Some(front) if front.len() >= len => {
-                self.len -= len;
-                let out = front.split_to(len);
-                if front.is_empty() {
-                    self.parts.pop_front();
-                }
-                out
-            }
-            _ => {
-                let mut out = BytesMut::with_capacity(len);
-                out.put((&mut *self).take(len));
-                out.freeze()
-            }
         }
     }
 }
@@ -423,44 +467,62 @@ mod tests {
         assert_eq!(READ_PATH, format!("/{}/Read", pb::kv_store_service_server::SERVICE_NAME));
     }
 
-    /// Messages cut anywhere across frames come out whole, in order, without a copy of
-    /// a part that lies in one frame.
-    #[test]
-    fn messages_are_cut_from_frames_split_anywhere() {
-        let encoded: Vec<u8> = (0..3u8)
-            .flat_map(|i| {
-                let m = pb::WriteRequest { key: Bytes::from(vec![b'k'; 3]), generation_if_equal: Bytes::new(), value_part: Bytes::from(vec![i; 1000]) };
+    /// `messages` as a gRPC request body.
+    fn body(messages: &[pb::WriteRequest]) -> Vec<u8> {
+        messages
+            .iter()
+            .flat_map(|m| {
                 let mut out = vec![0u8];
                 out.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
                 out.extend_from_slice(&m.encode_to_vec());
                 out
             })
+            .collect()
+    }
+
+    /// A write body cut into frames anywhere decodes to its first message and the whole
+    /// value; so does a small body for `Messages` (a Read's).
+    #[test]
+    fn messages_are_decoded_from_frames_cut_anywhere() {
+        let messages: Vec<_> = (0..3u8)
+            .map(|i| pb::WriteRequest { key: Bytes::from(vec![b'k'; 3]), generation_if_equal: Bytes::from_static(b"g"), value_part: Bytes::from(vec![i; 1000]) })
             .collect();
-        for cut in [1, 4, 5, 6, 7, 333, 1000, encoded.len()] {
-            let mut messages = Messages::new(MAX_MESSAGE);
+        let encoded = body(&messages);
+        let whole: Vec<u8> = (0..3u8).flat_map(|i| vec![i; 1000]).collect();
+        for cut in [1, 2, 4, 5, 6, 7, 19, 20, 21, 333, 1000, encoded.len()] {
+            let budget = Arc::new(tokio::sync::Semaphore::new(64));
+            let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+            for piece in encoded.chunks(cut) {
+                write.push(Bytes::copy_from_slice(piece)).unwrap();
+            }
+            let (first, value) = write.finish().unwrap();
+            assert_eq!((first.key.as_ref(), first.generation_if_equal.as_ref(), first.value_part.len()), (&b"kkk"[..], &b"g"[..], 0), "cut {cut}");
+            assert_eq!(value.bytes(), &whole[..], "cut {cut}");
+
+            let mut small = Messages::new(MAX_MESSAGE);
             let mut got = Vec::new();
             for piece in encoded.chunks(cut) {
-                messages.push(Bytes::copy_from_slice(piece));
-                while let Some(mut m) = messages.next().unwrap() {
+                small.push(piece).unwrap();
+                while let Some(mut m) = small.next().unwrap() {
                     got.push(pb::WriteRequest::decode(&mut m).unwrap());
                 }
             }
-            messages.finish().unwrap();
-            assert_eq!(got.len(), 3, "cut {cut}");
-            for (i, m) in got.iter().enumerate() {
-                assert_eq!((m.key.as_ref(), m.value_part.as_ref()), (&b"kkk"[..], &vec![i as u8; 1000][..]), "cut {cut}");
-            }
+            small.finish().unwrap();
+            assert_eq!(got, messages, "cut {cut}");
         }
-        let mut compressed = Messages::new(MAX_MESSAGE);
-        compressed.push(Bytes::from_static(&[1, 0, 0, 0, 0]));
-        assert_eq!(compressed.next().err().map(|e| e.code()), Some(tonic::Code::Unimplemented));
-
-        let mut truncated = Messages::new(MAX_MESSAGE);
-        truncated.push(Bytes::copy_from_slice(&encoded[..encoded.len() - 1]));
-        while let Some(mut m) = truncated.next().unwrap() {
-            m.advance(m.remaining());
-        }
+        let budget = Arc::new(tokio::sync::Semaphore::new(64));
+        let mut compressed = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        assert_eq!(compressed.push(Bytes::from_static(&[1, 0, 0, 0, 0])).err().map(|e| e.code()), Some(tonic::Code::Unimplemented));
+        let mut truncated = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        truncated.push(Bytes::copy_from_slice(&encoded[..encoded.len() - 1])).unwrap();
         assert!(truncated.finish().is_err());
+        let mut past = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        let mut short = encoded[..PREFIX + 8].to_vec();
+        short[1..PREFIX].copy_from_slice(&7u32.to_be_bytes()); // the key field runs past the message
+        assert_eq!(past.push(Bytes::from(short)).err().map(|e| e.code()), Some(tonic::Code::Internal));
+        let mut small = Messages::new(MAX_MESSAGE);
+        small.push(&[1, 0, 0, 0, 0]).unwrap();
+        assert_eq!(small.next().err().map(|e| e.code()), Some(tonic::Code::Unimplemented));
     }
 
     /// A part given twice in one message counts once, as the last (protobuf's rule); fields
@@ -472,35 +534,51 @@ mod tests {
         first.extend_from_slice(&pb::WriteRequest { value_part: Bytes::from_static(b"abc"), ..Default::default() }.encode_to_vec());
         prost::encoding::uint64::encode(9, &77, &mut first); // an unknown field
         let second = pb::WriteRequest { key: Bytes::from_static(b"key"), value_part: Bytes::from_static(b"defg"), ..Default::default() }.encode_to_vec();
+        let framed = |m: &[u8]| [&[0u8][..], &(m.len() as u32).to_be_bytes(), m].concat();
 
         let budget = Arc::new(tokio::sync::Semaphore::new(1024));
-        let mut value = WriteValue::new(7, budget.clone());
-        let mut head = pb::WriteRequest::default();
-        decode(&mut &first[..], &mut head, &mut value).unwrap();
-        value.commit();
-        assert_eq!((head.key.as_ref(), value.bytes()), (&b"key"[..], &b"abc"[..]));
-        decode(&mut &second[..], &mut pb::WriteRequest::default(), &mut value).unwrap();
-        value.commit();
-        assert_eq!(value.bytes(), b"abcdefg");
+        let mut write = WriteDecoder::new(WriteValue::new(7, budget.clone()));
+        write.push(Bytes::from(framed(&first))).unwrap();
+        assert_eq!(write.value.bytes(), b"abc");
+        write.push(Bytes::from(framed(&second))).unwrap();
+        assert_eq!(write.value.bytes(), b"abcdefg");
         assert_eq!(budget.available_permits(), 1023, "7 bytes hold one permit");
-        let err = decode(&mut &second[..], &mut pb::WriteRequest::default(), &mut value).unwrap_err();
+        let err = write.push(Bytes::from(framed(&second))).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-        drop(value);
+        drop(write);
         assert_eq!(budget.available_permits(), 1024, "the budget comes back");
     }
 
-    /// The bytes of a message still arriving count against the buffer budget, and a Read's
-    /// request may not be longer than a key and its small fields.
+    /// A value part counts against the buffer budget from its start, a field not yet
+    /// decoded as its bytes arrive; a Read's request may not be longer than a key and its
+    /// small fields.
     #[test]
     fn unfinished_messages_count_and_reads_are_short() {
+        let framed_part = |len: u32, have: usize| {
+            let mut m = vec![0u8];
+            m.extend_from_slice(&(1 + encoded_len_varint(u64::from(len)) as u32 + len).to_be_bytes());
+            m.push(0x1a); // value_part
+            prost::encoding::encode_varint(u64::from(len), &mut m);
+            m.extend(std::iter::repeat_n(7, have));
+            m
+        };
         let budget = Arc::new(tokio::sync::Semaphore::new(4));
         let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
-        let mut start = vec![0u8];
-        start.extend_from_slice(&(64u32 << 10).to_be_bytes());
-        start.extend_from_slice(&[0x1a; 3000]);
-        write.push(Bytes::from(start)).unwrap();
-        assert_eq!(budget.available_permits(), 1, "3 KiB of an unfinished message hold 3 permits");
-        let err = write.push(Bytes::from(vec![0u8; 2000])).unwrap_err();
+        write.push(Bytes::from(framed_part(3000, 30))).unwrap();
+        assert_eq!(budget.available_permits(), 1, "a 3,000-byte part holds 3 permits as it begins");
+        drop(write);
+        let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        let err = write.push(Bytes::from(framed_part(64 << 10, 30))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        drop(write);
+        let mut key = vec![0u8];
+        key.extend_from_slice(&(6003u32).to_be_bytes());
+        key.extend_from_slice(&[0x0a, 0xf0, 0x2e]); // key, 6,000 bytes
+        key.extend_from_slice(&[b'k'; 3000]);
+        let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        write.push(Bytes::from(key)).unwrap();
+        assert_eq!(budget.available_permits(), 1, "3 KiB of a key still arriving hold 3 permits");
+        let err = write.push(Bytes::from(vec![b'k'; 2000])).unwrap_err();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
         drop(write);
         assert_eq!(budget.available_permits(), 4);
@@ -509,5 +587,29 @@ mod tests {
         let mut long = vec![0u8];
         long.extend_from_slice(&(READ_REQUEST_LIMIT as u32 + 1).to_be_bytes());
         assert_eq!(read.push(Bytes::from(long)).unwrap_err().code(), tonic::Code::OutOfRange);
+        let request = pb::ReadRequest { key: Bytes::from_static(b"some/key"), ..Default::default() }.encode_to_vec();
+        let mut slow = ReadDecoder::default();
+        for byte in [&[0u8][..], &(request.len() as u32).to_be_bytes(), &request].concat() {
+            slow.push(Bytes::copy_from_slice(&[byte])).unwrap();
+        }
+        assert_eq!(slow.finish().unwrap().key.as_ref(), b"some/key");
+    }
+
+    /// A value sent a byte per frame holds the value and nothing per frame: frames are not
+    /// kept (each would keep h2's read buffer alive), and the budget counts the buffer.
+    #[test]
+    fn tiny_frames_hold_only_their_bytes() {
+        let value = vec![5u8; 100_000];
+        let encoded = body(&[pb::WriteRequest { key: Bytes::from_static(b"k"), value_part: Bytes::from(value.clone()), ..Default::default() }]);
+        let budget = Arc::new(tokio::sync::Semaphore::new(1024));
+        let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
+        for (i, byte) in encoded.iter().enumerate() {
+            write.push(Bytes::copy_from_slice(&[*byte])).unwrap();
+            assert!(write.head.len() <= FIELD_HEAD_MAX && write.value.bytes().len() <= i, "byte {i}");
+            let counted = (1024 - budget.available_permits()) * super::super::service::BUFFER_PERMIT;
+            assert!(write.value.capacity() <= counted, "byte {i}: {} bytes of buffer, {counted} counted", write.value.capacity());
+        }
+        let (_, got) = write.finish().unwrap();
+        assert_eq!(got.bytes(), &value[..]);
     }
 }

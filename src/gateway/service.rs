@@ -212,36 +212,44 @@ impl WriteValue {
         &self.data
     }
 
-    /// Copies `len` bytes of `from` as the current message's part (replacing what an
-    /// earlier part field of the same message left: protobuf keeps the last one).
-    pub(crate) fn copy_part(&mut self, from: &mut impl bytes::Buf, len: usize) -> Result<(), GrpcStatus> {
-        let total = self.committed + len;
-        if total > self.max_value {
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.data.capacity()
+    }
+
+    /// Begins the current message's part, of `len` bytes (replacing what an earlier part
+    /// field of the same message left: protobuf keeps the last one). Room for all of it is
+    /// made now, and counted against the budget now (memory follows what fields declare,
+    /// within the budget, not how frames are cut), and its bytes are copied once as they
+    /// arrive.
+    pub(crate) fn start_part(&mut self, len: usize) -> Result<(), GrpcStatus> {
+        self.data.truncate(self.committed);
+        let end = self.committed.saturating_add(len);
+        if end > self.max_value {
             return Err(GrpcStatus::invalid_argument(format!(
                 "value exceeds the gateway's limit of {} bytes (rdram gateway --max-value)",
                 self.max_value
             )));
         }
-        self.hold_up_to(total)?;
-        self.data.truncate(self.committed);
-        if total > self.data.capacity() {
-            let grown = total.max(self.data.capacity().saturating_mul(4)).min(self.max_value);
+        self.hold_up_to(end)?;
+        if end > self.data.capacity() {
+            // Fourfold: a value of four parts is copied once more at most, not at each part.
+            let grown = end.max(self.data.capacity().saturating_mul(4)).min(self.max_value);
             self.data.reserve_exact(grown - self.data.len());
-        }
-        let mut left = len;
-        while left > 0 {
-            let chunk = &from.chunk()[..left.min(from.chunk().len())];
-            self.data.extend_from_slice(chunk);
-            left -= chunk.len();
-            from.advance(chunk.len());
         }
         Ok(())
     }
 
-    /// Counts `pending` bytes received for a message not yet decoded against the budget,
-    /// beside the value's.
+    /// Appends bytes of the current part as they arrive (within the length it began with).
+    pub(crate) fn append(&mut self, bytes: &[u8]) {
+        debug_assert!(self.data.len() + bytes.len() <= self.data.capacity(), "start_part made room for the part");
+        self.data.extend_from_slice(bytes);
+    }
+
+    /// Counts `pending` bytes received and not yet decoded against the budget, beside the
+    /// value's.
     pub(crate) fn hold_also(&mut self, pending: usize) -> Result<(), GrpcStatus> {
-        self.hold_up_to(self.committed + pending)
+        self.hold_up_to(self.data.len() + pending)
     }
 
     /// Holds budget for `bytes` in all (what is held already included).
