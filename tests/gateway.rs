@@ -120,6 +120,12 @@ async fn protocol_edge_cases() {
     assert_eq!(c.delete(pb::DeleteRequest::default()).await.unwrap_err().code(), Code::InvalidArgument);
     let long_key = vec![b'k'; 64 * 1024 + 1];
     assert_eq!(write(&mut c, &long_key, b"v", b"").await.unwrap_err().code(), Code::InvalidArgument);
+    // A Delete or List longer than two keys and small fields is refused before it is
+    // buffered whole (it was taken up to 8 MiB, outside the --max-buffered budget).
+    let del = pb::DeleteRequest { key: Some(vec![b'k'; 1 << 20].into()), ..Default::default() };
+    assert_eq!(c.delete(del).await.unwrap_err().code(), Code::OutOfRange);
+    let list = pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: vec![b'a'; 1 << 20].into(), ..Default::default() }), ..Default::default() };
+    assert_eq!(c.list(list).await.unwrap_err().code(), Code::OutOfRange);
 
     // The engine stores no empty key: writing it is refused clearly, and a single-key
     // delete of it (recognised by presence, not by being non-empty) finds it absent.

@@ -81,8 +81,12 @@ pub const CONNECTION_WINDOW: u32 = 32 << 20;
 /// TensorStore's messages, writes went from 0.98-1.13 to 0.65-0.78 CPU-seconds per GB
 /// (16 MiB did no better).
 pub const MAX_FRAME: u32 = 1 << 20;
-/// Largest gRPC message the gateway decodes.
+/// Largest gRPC message the gateway decodes (a Write's, with its value part).
 pub(crate) const MAX_MESSAGE: usize = 8 << 20;
+/// Largest message of the calls tonic decodes for the gateway (Delete, List): two keys of
+/// the engine's longest and small fields. tonic buffers a message whole before decoding it,
+/// outside the `--max-buffered` budget, so a call that carries no value gets no more room.
+pub(crate) const RANGE_REQUEST_LIMIT: usize = 2 * crate::proto::MAX_KEY_LEN + 4096;
 /// Default for [`GatewayConfig::max_buffered`].
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 
@@ -115,7 +119,7 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
         ready(listener.local_addr().map_err(io)?, endpoint.as_ref().map(|e| e.local_addr()));
         let gateway = Arc::new(service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics });
         let grpc = pb::kv_store_service_server::KvStoreServiceServer::from_arc(gateway.clone())
-            .max_decoding_message_size(MAX_MESSAGE)
+            .max_decoding_message_size(RANGE_REQUEST_LIMIT)
             .max_encoding_message_size(usize::MAX);
         let routes = frames::Routes { grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()), gateway, token: check };
         let shutdown = async {
