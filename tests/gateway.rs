@@ -288,6 +288,52 @@ async fn tiny_frames_hold_no_more_than_their_bytes() {
     drop(streams);
 }
 
+/// User and system CPU time of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read the process stat");
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat has its command in parentheses").1.split_whitespace().collect();
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks (100 per second on Linux).
+    (fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()) as f64 / 100.0
+}
+
+/// Clients that hold the gateway at its file-descriptor limit neither stop it nor make it
+/// spin: it tries accepting again every 100 ms, and serves again once they go. On 3f1aae8
+/// the gateway stopped accepting at the limit and exited (status 0) once its connections
+/// closed: tonic 0.12 ends its accept loop on EMFILE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_at_its_descriptor_limit_keeps_serving() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let mut cmd = std::process::Command::new("prlimit");
+    cmd.args(["--nofile=48:48", common::RDRAM, "gateway", "--listen", "127.0.0.1:0", "--server", &server.addr, "--engine-clients", "1"]);
+    let mut gateway = ServerProc::spawn_listening(cmd);
+    let pid = gateway.child.id();
+    // More connections than descriptors left: the rest wait in the listen backlog.
+    let held: Vec<_> = (0..64).map(|_| std::net::TcpStream::connect(&gateway.addr).expect("connect")).collect();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = cpu_seconds(pid);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let used = cpu_seconds(pid) - before;
+    assert!(used < 0.5, "the gateway at its descriptor limit used {used:.2} s of CPU in 2 s");
+    assert!(gateway.child.try_wait().unwrap().is_none(), "the gateway ended at its descriptor limit");
+    drop(held);
+    // The connections it had accepted close as their clients went, freeing descriptors.
+    let served = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let attempt = async {
+                let mut c = KvStoreServiceClient::connect(format!("http://{}", gateway.addr)).await.map_err(|e| e.to_string())?;
+                write(&mut c, b"after-the-limit", b"v", b"").await.map_err(|e| e.to_string())
+            };
+            match attempt.await {
+                Ok(generation) => return generation,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "the gateway did not serve again within 10 s");
+}
+
 /// A Write the client abandons mid-stream (its call dropped: HTTP/2 resets the stream)
 /// stores nothing, neither a new key nor a part over an old value, and is counted as
 /// cancelled; one ended normally stores exactly what it sent.

@@ -90,6 +90,28 @@ pub(crate) const RANGE_REQUEST_LIMIT: usize = 2 * crate::proto::MAX_KEY_LEN + 40
 /// Default for [`GatewayConfig::max_buffered`].
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 
+/// How long the accept loop pauses after a failed accept (out of fds: EMFILE).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The connections the gateway accepts. A failed accept is logged, paused on for
+/// [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on any error but a
+/// few (EMFILE among them), and with it the gateway, so clients holding all its fds could
+/// stop it.
+fn incoming(listener: tokio::net::TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener).then(|accepted| async move {
+        match accepted {
+            Ok(connection) => Some(connection),
+            Err(e) => {
+                tracing::warn!("gateway: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                None
+            }
+        }
+    });
+    accepted.filter_map(|connection| connection.map(Ok))
+}
+
 /// Serves until `stop` fires (or its sender is dropped). Calls `ready` with the bound
 /// address, and the metrics endpoint's, once listening.
 pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAddr>), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
@@ -140,7 +162,7 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))
             .add_service(routes)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming(listener), shutdown)
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))
     })
