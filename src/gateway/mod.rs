@@ -94,9 +94,9 @@ pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The connections the gateway accepts. A failed accept is logged, paused on for
-/// [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on any error but a
-/// few (EMFILE among them), and with it the gateway, so clients holding all its fds could
-/// stop it.
+/// [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on every error but
+/// a few transient ones (EMFILE is not one of them), and with it the gateway, so clients
+/// holding all its fds could stop it.
 fn incoming(listener: tokio::net::TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
     use tokio_stream::StreamExt;
     let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener).then(|accepted| async move {
