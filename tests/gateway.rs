@@ -215,13 +215,6 @@ async fn unfinished_writes_are_bounded_globally() {
     assert!(ok.is_ok(), "the buffer budget did not come back");
 }
 
-/// Resident memory of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read the process status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in the status");
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS in KiB")
-}
-
 /// Writes whose value comes a byte per HTTP/2 frame (what no gRPC client does, and any
 /// client can) make the gateway hold about what they sent. On 58016d2's gateway, which kept
 /// each frame until its message was complete, each kept byte kept h2's read buffer and a
@@ -238,7 +231,7 @@ async fn tiny_frames_hold_no_more_than_their_bytes() {
         }
     });
     let mut client = client.ready().await.expect("the connection takes streams");
-    let before = rss_kib(pid);
+    let before = common::rss_kib(pid).expect("the gateway runs");
     const BYTES: usize = 200_000;
     let mut streams = Vec::new();
     for i in 0..4 {
@@ -273,16 +266,16 @@ async fn tiny_frames_hold_no_more_than_their_bytes() {
         }
     }
     // Until the gateway has read them all: its resident size stops moving.
-    let mut last = rss_kib(pid);
+    let mut last = common::rss_kib(pid).expect("the gateway runs");
     for _ in 0..50 {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        let now = rss_kib(pid);
+        let now = common::rss_kib(pid).expect("the gateway runs");
         if now == last && streams.iter().all(|(_, send)| send.capacity() == 0) {
             break;
         }
         last = now;
     }
-    let grown = rss_kib(pid).saturating_sub(before);
+    let grown = common::rss_kib(pid).expect("the gateway runs").saturating_sub(before);
     eprintln!("gateway resident size grew by {grown} KiB");
     assert!(grown < 16 << 10, "the gateway grew by {grown} KiB holding {} KiB of unfinished values", (4 * BYTES) >> 10);
     drop(streams);
@@ -345,6 +338,10 @@ async fn an_abandoned_write_stores_nothing() {
     let mut c = connect(&gateway).await;
     let old = write(&mut c, b"kept", b"old value", &[]).await.unwrap();
     let part = |key: &'static str| pb::WriteRequest { key: key.into(), value_part: vec![7u8; 1 << 20].into(), ..Default::default() };
+    // The senders stay open until the gateway has seen both calls go: dropped sooner, the
+    // request body could end cleanly (hyper streams it from a task of its own) before the
+    // stream is reset, and a Write that ends is stored.
+    let mut senders = Vec::new();
     for key in ["kept", "fresh"] {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tx.send(part(key)).await.unwrap();
@@ -353,9 +350,10 @@ async fn an_abandoned_write_stores_nothing() {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         call.abort(); // the client goes mid-stream, its sender still open
         let _ = call.await;
-        drop(tx);
+        senders.push(tx);
     }
     assert_eq!(settled_rpcs(&gateway, "Write", "CANCELLED", 2), 2, "both abandoned writes counted as cancelled");
+    drop(senders);
     let kept = read(&mut c, pb::ReadRequest { key: "kept".into(), ..Default::default() }).await.unwrap();
     assert_eq!(kept[0].generation_and_timestamp.as_ref().unwrap().generation.to_vec(), old, "the old value's generation");
     assert_eq!(kept[0].value_part.as_ref(), b"old value");

@@ -350,10 +350,7 @@ fn client_that_never_receives(transport: &[&str]) {
     for i in 0..16 {
         c.put(&long_key(i), b"v").unwrap();
     }
-    let rss = || -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
-    };
+    let rss = || common::rss_kib(server.child.id()).expect("the server runs");
     let before = rss();
     let mut hog = server.client();
     for _ in 0..3000 {
@@ -385,10 +382,7 @@ fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
     let server = ServerProc::start(&args);
     let mut c = server.client();
     c.put(b"small", b"12345678").unwrap();
-    let rss = || -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
-    };
+    let rss = || common::rss_kib(server.child.id()).expect("the server runs");
     let before = rss();
     let mut hog = server.client();
     let mut sent = 0;

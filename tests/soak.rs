@@ -140,8 +140,7 @@ impl Children {
 }
 
 fn server_resources(pid: u32) -> (u64, usize) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    let rss_kb = common::rss_kib(pid).unwrap_or(0);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
     (rss_kb, fds)
 }

@@ -30,7 +30,7 @@ use tonic::Status as GrpcStatus;
 use super::metrics::Method;
 use super::pb::{self, kv_store_service_server::KvStoreServiceServer};
 use super::service::{check_write_key, Gateway, ReplyStream, WriteValue};
-use super::{TokenCheck, MAX_MESSAGE};
+use super::{TokenCheck, KEY_AND_FIELDS, MAX_MESSAGE};
 
 /// The paths of `KvStoreService.Write` and `.Read`.
 const WRITE_PATH: &str = "/tensorstore_grpc.kvstore.KvStoreService/Write";
@@ -41,8 +41,6 @@ const WRITE_VALUE_PART: u32 = 3;
 const READ_VALUE_PART: u32 = 4;
 /// gRPC's message prefix: a compressed flag and a 4-byte big-endian length.
 const PREFIX: usize = 5;
-/// The longest ReadRequest taken: a key of the engine's longest and small fields.
-const READ_REQUEST_LIMIT: usize = crate::proto::MAX_KEY_LEN + 4096;
 
 /// The gateway's gRPC service: Write and Read calls to this module, the rest to tonic's
 /// generated server (which checks the token with the same [`TokenCheck`]).
@@ -129,7 +127,7 @@ pub(crate) struct ReadDecoder {
 
 impl Default for ReadDecoder {
     fn default() -> Self {
-        ReadDecoder { messages: Messages::new(READ_REQUEST_LIMIT), request: None }
+        ReadDecoder { messages: Messages::new(KEY_AND_FIELDS), request: None }
     }
 }
 
@@ -156,7 +154,7 @@ impl ReadDecoder {
 /// (TensorStore repeats them in every message), the value from all of them. Value bytes
 /// go straight from each frame into the value; no frame is held, so what a client makes
 /// the gateway keep is the value (counted against the buffer budget) and at most one small
-/// field of the message in progress (`FIELD_LIMIT`), however it cuts its frames.
+/// field of the message in progress ([`KEY_AND_FIELDS`]), however it cuts its frames.
 pub(crate) struct WriteDecoder {
     /// Bytes of the message in progress not yet decoded: its prefix, or a field's key and
     /// length, or a small field whole. Never value bytes past the first few.
@@ -174,9 +172,6 @@ pub(crate) struct WriteDecoder {
 
 /// The longest field key and length: two varints.
 const FIELD_HEAD_MAX: usize = 20;
-/// The longest WriteRequest field other than the value part: a key of the engine's
-/// longest (a generation and the rest are a few bytes).
-const FIELD_LIMIT: usize = crate::proto::MAX_KEY_LEN + 4096;
 
 impl WriteDecoder {
     pub(crate) fn new(value: WriteValue) -> WriteDecoder {
@@ -195,9 +190,7 @@ impl WriteDecoder {
                 self.value.append(&data[..n]);
                 data.advance(n);
                 self.part_left -= n;
-                if let Some(left) = self.message_left.as_mut() {
-                    *left -= n;
-                }
+                self.taken(n);
                 self.end_message_if_done()?;
                 continue;
             }
@@ -236,6 +229,11 @@ impl WriteDecoder {
         let n = want.saturating_sub(self.head.len()).min(data.len());
         self.head.extend_from_slice(&data[..n]);
         data.advance(n);
+        self.taken(n);
+    }
+
+    /// Counts `n` bytes of the message in progress as taken from its frames.
+    fn taken(&mut self, n: usize) {
         if let Some(left) = self.message_left.as_mut() {
             *left -= n;
         }
@@ -279,8 +277,8 @@ impl WriteDecoder {
                 self.part_left = len - now;
                 return Ok(true);
             }
-            if len > FIELD_LIMIT {
-                return Err(GrpcStatus::invalid_argument(format!("a WriteRequest field of {len} bytes (field {tag}) exceeds the gateway's {FIELD_LIMIT}")));
+            if len > KEY_AND_FIELDS {
+                return Err(GrpcStatus::invalid_argument(format!("a WriteRequest field of {len} bytes (field {tag}) exceeds the gateway's {KEY_AND_FIELDS}")));
             }
             self.take_into_head(data, header + len);
             if self.head.len() < header + len {
@@ -585,7 +583,7 @@ mod tests {
 
         let mut read = ReadDecoder::default();
         let mut long = vec![0u8];
-        long.extend_from_slice(&(READ_REQUEST_LIMIT as u32 + 1).to_be_bytes());
+        long.extend_from_slice(&(KEY_AND_FIELDS as u32 + 1).to_be_bytes());
         assert_eq!(read.push(Bytes::from(long)).unwrap_err().code(), tonic::Code::OutOfRange);
         let request = pb::ReadRequest { key: Bytes::from_static(b"some/key"), ..Default::default() }.encode_to_vec();
         let mut slow = ReadDecoder::default();

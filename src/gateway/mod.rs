@@ -83,10 +83,13 @@ pub const CONNECTION_WINDOW: u32 = 32 << 20;
 pub const MAX_FRAME: u32 = 1 << 20;
 /// Largest gRPC message the gateway decodes (a Write's, with its value part).
 pub(crate) const MAX_MESSAGE: usize = 8 << 20;
+/// A key of the engine's longest and 4 KiB of small fields: the longest ReadRequest, and
+/// the longest WriteRequest field other than the value part.
+pub(crate) const KEY_AND_FIELDS: usize = crate::proto::MAX_KEY_LEN + 4096;
 /// Largest message of the calls tonic decodes for the gateway (Delete, List): two keys of
 /// the engine's longest and small fields. tonic buffers a message whole before decoding it,
 /// outside the `--max-buffered` budget, so a call that carries no value gets no more room.
-pub(crate) const RANGE_REQUEST_LIMIT: usize = 2 * crate::proto::MAX_KEY_LEN + 4096;
+pub(crate) const RANGE_REQUEST_LIMIT: usize = crate::proto::MAX_KEY_LEN + KEY_AND_FIELDS;
 /// Default for [`GatewayConfig::max_buffered`].
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 

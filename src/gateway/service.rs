@@ -219,9 +219,9 @@ impl WriteValue {
 
     /// Begins the current message's part, of `len` bytes (replacing what an earlier part
     /// field of the same message left: protobuf keeps the last one). Room for all of it is
-    /// made now, and counted against the budget now (memory follows what fields declare,
-    /// within the budget, not how frames are cut), and its bytes are copied once as they
-    /// arrive.
+    /// made now and its length counted against the budget now, so memory follows what the
+    /// fields declare (grown fourfold at most), not how frames are cut; its bytes are copied
+    /// once as they arrive.
     pub(crate) fn start_part(&mut self, len: usize) -> Result<(), GrpcStatus> {
         self.data.truncate(self.committed);
         let end = self.committed.saturating_add(len);
