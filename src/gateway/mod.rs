@@ -96,7 +96,8 @@ pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
 /// How long the accept loop pauses after a failed accept (out of fds: EMFILE).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// The connections the gateway accepts. A failed accept is logged, paused on for
+/// The connections the gateway accepts, with TCP_NODELAY set (tonic's `tcp_nodelay` applies
+/// only to listeners it binds itself). A failed accept is logged, paused on for
 /// [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on every error but
 /// a few transient ones (EMFILE is not one of them), and with it the gateway, so clients
 /// holding all its fds could stop it.
@@ -104,7 +105,12 @@ fn incoming(listener: tokio::net::TcpListener) -> impl tokio_stream::Stream<Item
     use tokio_stream::StreamExt;
     let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener).then(|accepted| async move {
         match accepted {
-            Ok(connection) => Some(connection),
+            Ok(connection) => {
+                if let Err(e) = connection.set_nodelay(true) {
+                    tracing::warn!("gateway: cannot set TCP_NODELAY ({e})");
+                }
+                Some(connection)
+            }
             Err(e) => {
                 tracing::warn!("gateway: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -152,7 +158,6 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
             tracing::info!("gateway shutting down");
         };
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             // TensorStore pings every 5 min; answer them, and drop dead peers.
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
             // Streams in flight per connection.
@@ -169,4 +174,22 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    /// Without TCP_NODELAY, a small frame (a window update, a reply's trailers) waits for the
+    /// peer's delayed ACK whenever one is unacknowledged: two 4 MiB TensorStore writes at once
+    /// went at 451 MB/s, one at a time at 1,096 (16-core host).
+    #[tokio::test]
+    async fn accepted_connections_send_small_frames_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut accepted = std::pin::pin!(super::incoming(listener));
+        let connection = accepted.next().await.unwrap().unwrap();
+        assert!(connection.nodelay().unwrap(), "an accepted gateway connection has Nagle's algorithm on");
+    }
 }
