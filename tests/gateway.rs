@@ -46,12 +46,7 @@ async fn read(c: &mut Grpc, req: pb::ReadRequest) -> Result<Vec<pb::ReadResponse
 /// once it settles on `want` (a streamed call is counted when tonic drops its stream, just
 /// after the client saw its end); the last count seen otherwise.
 fn settled_rpcs(gateway: &ServerProc, method: &str, code: &str, want: u64) -> u64 {
-    let url = format!("http://{}/metrics", gateway.metrics.as_ref().expect("gateway started with --metrics"));
-    let line = format!("rdram_gateway_rpcs_total{{method=\"{method}\",code=\"{code}\"}} ");
-    let count = || {
-        let text = ureq::get(&url).call().expect("scrape the gateway's metrics").into_string().unwrap();
-        text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse::<u64>().unwrap())
-    };
+    let count = || gateway.metric(&format!("rdram_gateway_rpcs_total{{method=\"{method}\",code=\"{code}\"}}"));
     tokio::task::block_in_place(|| {
         common::wait_until(std::time::Duration::from_secs(5), || count() == want);
         count()
@@ -325,6 +320,29 @@ async fn a_gateway_at_its_descriptor_limit_keeps_serving() {
     })
     .await;
     assert!(served.is_ok(), "the gateway did not serve again within 10 s");
+}
+
+/// Past `--max-connections` the gateway accepts nothing more (the client waits in the listen
+/// backlog, and nothing is held for it) until a connection it holds closes; those it holds
+/// keep being served, and the gauge counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_wait_for_a_place() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-connections", "2", "--metrics", "127.0.0.1:0"]);
+    let mut served = connect(&gateway).await;
+    write(&mut served, b"first", b"1", b"").await.unwrap();
+    let idle = std::net::TcpStream::connect(&gateway.addr).unwrap();
+    let held = || gateway.metric("rdram_gateway_connections{}");
+    tokio::task::block_in_place(|| common::wait_until(std::time::Duration::from_secs(5), || held() == 2));
+    assert_eq!(held(), 2, "connections held");
+    let one_second = std::time::Duration::from_secs(1);
+    let third = tokio::time::timeout(one_second, async { write(&mut connect(&gateway).await, b"third", b"3", b"").await }).await;
+    assert!(third.is_err(), "a third connection was served past --max-connections 2: {third:?}");
+    write(&mut served, b"second", b"2", b"").await.expect("a held connection is still served");
+    drop(idle);
+    let after = tokio::time::timeout(std::time::Duration::from_secs(10), async { write(&mut connect(&gateway).await, b"third", b"3", b"").await }).await;
+    assert!(matches!(after, Ok(Ok(_))), "no place came free when a connection closed: {after:?}");
 }
 
 /// A Write the client abandons mid-stream (its call dropped: HTTP/2 resets the stream)

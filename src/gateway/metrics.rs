@@ -33,6 +33,9 @@ pub struct GatewayMetrics {
     buffered: Arc<tokio::sync::Semaphore>,
     permits: usize,
     permit_bytes: usize,
+    /// One permit per connection the gateway may hold (`--max-connections`).
+    connections: Arc<tokio::sync::Semaphore>,
+    max_connections: usize,
 }
 
 /// One call, in flight while it lives and counted once by its outcome when it goes: the
@@ -60,7 +63,7 @@ impl Drop for Call {
 }
 
 impl GatewayMetrics {
-    pub fn new(buffered: Arc<tokio::sync::Semaphore>, permits: usize, permit_bytes: usize) -> GatewayMetrics {
+    pub fn new(buffered: Arc<tokio::sync::Semaphore>, permits: usize, permit_bytes: usize, connections: Arc<tokio::sync::Semaphore>, max_connections: usize) -> GatewayMetrics {
         GatewayMetrics {
             rpcs: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             received_bytes: AtomicU64::new(0),
@@ -69,6 +72,8 @@ impl GatewayMetrics {
             buffered,
             permits,
             permit_bytes,
+            connections,
+            max_connections,
         }
     }
 
@@ -105,6 +110,8 @@ impl Collector for GatewayMetrics {
         family(&mut e, "rdram_gateway_streams_in_flight", "Calls being served", MetricType::Gauge, [(vec![], gauge(self.streams.load(Relaxed).max(0) as u64))])?;
         let held = self.permits.saturating_sub(self.buffered.available_permits());
         family(&mut e, "rdram_gateway_buffered_bytes", "Bytes of unfinished writes and unsent reads held (at most --max-buffered)", MetricType::Gauge, [(vec![], gauge((held * self.permit_bytes) as u64))])?;
+        let connected = self.max_connections.saturating_sub(self.connections.available_permits());
+        family(&mut e, "rdram_gateway_connections", "Client connections held (at most --max-connections)", MetricType::Gauge, [(vec![], gauge(connected as u64))])?;
         process_metrics(&mut e)
     }
 }

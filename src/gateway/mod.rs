@@ -11,7 +11,9 @@ pub(crate) mod wire;
 pub(crate) mod frames;
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::error::{Error, Result, Status};
@@ -38,6 +40,10 @@ pub struct GatewayConfig {
     /// Bytes held for clients at once, across all connections: unfinished Write streams
     /// and Read replies not yet sent.
     pub max_buffered: usize,
+    /// Client connections held at once; beyond them the gateway stops accepting until one
+    /// closes. Each may also hold up to [`CONNECTION_WINDOW`] of received bytes that no call
+    /// has taken yet, outside `max_buffered`.
+    pub max_connections: usize,
     /// When set, every call must carry `authorization: Bearer <token>` metadata.
     pub token: Option<String>,
     /// `host:port` to serve Prometheus metrics on (`/metrics`).
@@ -92,33 +98,100 @@ pub(crate) const KEY_AND_FIELDS: usize = crate::proto::MAX_KEY_LEN + 4096;
 pub(crate) const RANGE_REQUEST_LIMIT: usize = crate::proto::MAX_KEY_LEN + KEY_AND_FIELDS;
 /// Default for [`GatewayConfig::max_buffered`].
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 30;
+/// Default for [`GatewayConfig::max_connections`]. TensorStore opens 4 connections per
+/// driver to a loopback gateway and max(4, its CPUs) to any other.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// How long the accept loop pauses after a failed accept (out of fds: EMFILE).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// At most one "connections full" warning per this long (clients may reconnect in a loop).
+const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The connections the gateway accepts, with TCP_NODELAY set (tonic's `tcp_nodelay` applies
-/// only to listeners it binds itself). A failed accept is logged, paused on for
-/// [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on every error but
-/// a few transient ones (EMFILE is not one of them), and with it the gateway, so clients
-/// holding all its fds could stop it.
-fn incoming(listener: tokio::net::TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener).then(|accepted| async move {
-        match accepted {
-            Ok(connection) => {
-                if let Err(e) = connection.set_nodelay(true) {
-                    tracing::warn!("gateway: cannot set TCP_NODELAY ({e})");
+/// The connections the gateway accepts, each holding a place among `places`
+/// (`--max-connections`) until tonic drops it: with none free, the connection just
+/// accepted waits for one, the gateway accepts no more, and new clients wait in the listen
+/// backlog. TCP_NODELAY is set on each (tonic's
+/// `tcp_nodelay` applies only to listeners it binds itself). A failed accept is logged,
+/// paused on for [`ACCEPT_BACKOFF`] and not passed on: tonic 0.12 ends its accept loop on
+/// every error but a few transient ones (EMFILE is not one of them), and with it the
+/// gateway, so clients holding all its fds could stop it.
+fn incoming(listener: tokio::net::TcpListener, places: Arc<tokio::sync::Semaphore>) -> impl tokio_stream::Stream<Item = std::io::Result<Counted>> {
+    let (accepted, connections) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut last_warning: Option<std::time::Instant> = None;
+        loop {
+            let connection = match listener.accept().await {
+                Ok((connection, _)) => connection,
+                Err(e) => {
+                    tracing::warn!("gateway: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
                 }
-                Some(connection)
+            };
+            let place = match places.clone().try_acquire_owned() {
+                Ok(place) => place,
+                Err(_) => {
+                    if last_warning.map_or(true, |t| t.elapsed() >= FULL_WARNING_INTERVAL) {
+                        tracing::warn!("gateway: every --max-connections place is held; accepting no more until a connection closes");
+                        last_warning = Some(std::time::Instant::now());
+                    }
+                    let Ok(place) = places.clone().acquire_owned().await else { return };
+                    place
+                }
+            };
+            if let Err(e) = connection.set_nodelay(true) {
+                tracing::warn!("gateway: cannot set TCP_NODELAY ({e})");
             }
-            Err(e) => {
-                tracing::warn!("gateway: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                None
+            if accepted.send(Ok(Counted { connection, _place: place })).await.is_err() {
+                return; // tonic has stopped serving
             }
         }
     });
-    accepted.filter_map(|connection| connection.map(Ok))
+    tokio_stream::wrappers::ReceiverStream::new(connections)
+}
+
+/// An accepted connection and its place among `--max-connections`, given back when it is
+/// dropped. Reads and writes go straight to the socket (vectored writes too: hyper gathers
+/// HTTP/2 frames into one `writev`).
+pub(crate) struct Counted {
+    connection: tokio::net::TcpStream,
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Counted {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.connection.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().connection).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().connection).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().connection).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.connection.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().connection).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().connection).poll_shutdown(cx)
+    }
 }
 
 /// Serves until `stop` fires (or its sender is dropped). Calls `ready` with the bound
@@ -139,7 +212,9 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
     }
     let permits = (config.max_buffered / service::BUFFER_PERMIT).clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
     let buffered = Arc::new(tokio::sync::Semaphore::new(permits));
-    let gateway_metrics = Arc::new(metrics::GatewayMetrics::new(buffered.clone(), permits, service::BUFFER_PERMIT));
+    let max_connections = config.max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    let connection_places = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let gateway_metrics = Arc::new(metrics::GatewayMetrics::new(buffered.clone(), permits, service::BUFFER_PERMIT, connection_places.clone(), max_connections));
     let endpoint = match &config.metrics {
         Some(listen) => Some(crate::metrics::Endpoint::start(listen, Box::new(gateway_metrics.clone()))?),
         None => None,
@@ -170,7 +245,7 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))
             .add_service(routes)
-            .serve_with_incoming_shutdown(incoming(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming(listener, connection_places), shutdown)
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))
     })
@@ -188,8 +263,9 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut accepted = std::pin::pin!(super::incoming(listener));
+        let places = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+        let mut accepted = std::pin::pin!(super::incoming(listener, places));
         let connection = accepted.next().await.unwrap().unwrap();
-        assert!(connection.nodelay().unwrap(), "an accepted gateway connection has Nagle's algorithm on");
+        assert!(connection.connection.nodelay().unwrap(), "an accepted gateway connection has Nagle's algorithm on");
     }
 }

@@ -105,10 +105,16 @@ impl ServerProc {
         ureq::get(&url).timeout(Duration::from_secs(5)).call().unwrap().into_string().unwrap()
     }
 
+    /// A counter or gauge from [`ServerProc::scrape`], `series` its name and labels as
+    /// written (`name{label="value"}`; 0 while absent).
+    pub fn metric(&self, series: &str) -> u64 {
+        let prefix = format!("{series} ");
+        self.scrape().lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<u64>().ok()).unwrap_or(0)
+    }
+
     /// A per-shard counter or gauge from [`ServerProc::scrape`] (0 while absent).
     pub fn shard_metric(&self, name: &str, shard: usize) -> u64 {
-        let prefix = format!("{name}{{shard=\"{shard}\"}} ");
-        self.scrape().lines().find_map(|l| l.strip_prefix(&prefix)?.parse::<u64>().ok()).unwrap_or(0)
+        self.metric(&format!("{name}{{shard=\"{shard}\"}}"))
     }
 
     pub fn client(&self) -> Client {

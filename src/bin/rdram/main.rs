@@ -130,6 +130,11 @@ struct GatewayArgs {
     /// and Read replies not yet sent; beyond it calls get RESOURCE_EXHAUSTED.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     max_buffered: u64,
+    /// Client connections held at once; beyond them the gateway accepts no more until one
+    /// closes (TensorStore opens 4 per driver to a loopback gateway, max(4, its CPUs) to
+    /// others). Each may also hold up to 32 MiB of received bytes no call has taken yet.
+    #[arg(long, default_value_t = remote_dram::gateway::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// File whose first line is a token every gRPC call must carry as
     /// `authorization: Bearer <token>` metadata (or env RDRAM_GATEWAY_TOKEN).
     #[arg(long, env = "RDRAM_GATEWAY_TOKEN_FILE")]
@@ -469,6 +474,7 @@ fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
         grpc_threads: args.grpc_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
         max_value: usize::try_from(args.max_value.min(remote_dram::proto::MAX_VALUE_LEN)).unwrap_or(usize::MAX),
         max_buffered: usize::try_from(args.max_buffered).unwrap_or(usize::MAX),
+        max_connections: args.max_connections,
         token: match args.gateway_token_file.as_deref() {
             Some(path) => Some(read_token_file(path)?),
             None => std::env::var("RDRAM_GATEWAY_TOKEN").ok(),
