@@ -345,6 +345,30 @@ async fn connections_past_the_limit_wait_for_a_place() {
     assert!(matches!(after, Ok(Ok(_))), "no place came free when a connection closed: {after:?}");
 }
 
+/// `rdram-gateway-load` (bench/gateway_load) writes and reads through a real gateway, and
+/// what it wrote is there. No timing is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_tool_writes_and_reads_through_the_gateway() {
+    let (_server, gateway) = start();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-gateway-load"))
+        .args(["--gateway", &gateway.addr, "--connections", "2", "--concurrency", "4", "--size", "300KiB", "--seconds", "0.3", "--threads", "2"])
+        .output()
+        .expect("run rdram-gateway-load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "rdram-gateway-load failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    for op in ["write", "read"] {
+        let calls = text.lines().find_map(|l| l.strip_prefix(&format!("{op}: "))?.split(", ").nth(1)?.strip_suffix(" calls")?.parse::<u64>().ok());
+        assert!(calls.is_some_and(|n| n > 0), "no {op} calls counted: {text}");
+    }
+    let value: Vec<u8> = read(&mut connect(&gateway).await, pb::ReadRequest { key: "gateway-load/3".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|r| r.value_part.to_vec())
+        .collect();
+    assert!(value.len() == 300 << 10 && value.iter().all(|&b| b == 0x5a), "the load tool's value is {} bytes", value.len());
+}
+
 /// A Write the client abandons mid-stream (its call dropped: HTTP/2 resets the stream)
 /// stores nothing, neither a new key nor a part over an old value, and is counted as
 /// cancelled; one ended normally stores exactly what it sent.
