@@ -332,7 +332,9 @@ async fn connections_past_the_limit_wait_for_a_place() {
     let gateway = ServerProc::gateway(&server.addr, &["--max-connections", "2", "--metrics", "127.0.0.1:0"]);
     let mut served = connect(&gateway).await;
     write(&mut served, b"first", b"1", b"").await.unwrap();
-    let idle = std::net::TcpStream::connect(&gateway.addr).unwrap();
+    // An idle HTTP/2 client: it sent the preface, so it keeps its place.
+    let mut idle = std::net::TcpStream::connect(&gateway.addr).unwrap();
+    std::io::Write::write_all(&mut idle, HTTP2_PREFACE).unwrap();
     let held = || gateway.metric("rdram_gateway_connections{}");
     tokio::task::block_in_place(|| common::wait_until(std::time::Duration::from_secs(5), || held() == 2));
     assert_eq!(held(), 2, "connections held");
@@ -343,6 +345,26 @@ async fn connections_past_the_limit_wait_for_a_place() {
     drop(idle);
     let after = tokio::time::timeout(std::time::Duration::from_secs(10), async { write(&mut connect(&gateway).await, b"third", b"3", b"").await }).await;
     assert!(matches!(after, Ok(Ok(_))), "no place came free when a connection closed: {after:?}");
+}
+
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A connection that sends nothing (not even HTTP/2's preface) is closed after the
+/// gateway's 5 s deadline, and its place among `--max-connections` goes to the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_gives_its_place_back() {
+    common::init(TCP);
+    let server = ServerProc::start(&["--memory", "128MiB"]);
+    let gateway = ServerProc::gateway(&server.addr, &["--max-connections", "1"]);
+    let mut silent = std::net::TcpStream::connect(&gateway.addr).unwrap();
+    let started = std::time::Instant::now();
+    let served = tokio::time::timeout(std::time::Duration::from_secs(20), async { write(&mut connect(&gateway).await, b"k", b"v", b"").await }).await;
+    assert!(matches!(served, Ok(Ok(_))), "the place of a silent connection never came free: {served:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(4), "served after {:?}, before the silent connection's deadline", started.elapsed());
+    silent.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    // The gateway's own SETTINGS frame comes first; then the end of the stream.
+    let closed = std::io::Read::read_to_end(&mut silent, &mut Vec::new());
+    assert!(closed.is_ok() || closed.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "the silent connection is still open: {closed:?}");
 }
 
 /// `rdram-gateway-load` (bench/gateway_load) writes and reads through a real gateway, and

@@ -11,6 +11,7 @@ pub(crate) mod wire;
 pub(crate) mod frames;
 
 use std::net::SocketAddr;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -104,6 +105,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// How long the accept loop pauses after a failed accept (out of fds: EMFILE).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long an accepted connection may take to send HTTP/2's client preface.
+const PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2's client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
+const PREFACE_LEN: usize = 24;
 /// At most one "connections full" warning per this long (clients may reconnect in a loop).
 const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -142,7 +147,8 @@ fn incoming(listener: tokio::net::TcpListener, places: Arc<tokio::sync::Semaphor
             if let Err(e) = connection.set_nodelay(true) {
                 tracing::warn!("gateway: cannot set TCP_NODELAY ({e})");
             }
-            if accepted.send(Ok(Counted { connection, _place: place })).await.is_err() {
+            let preface_due = Some(Box::pin(tokio::time::sleep(PREFACE_TIMEOUT)));
+            if accepted.send(Ok(Counted { connection, _place: place, preface_left: PREFACE_LEN, preface_due })).await.is_err() {
                 return; // tonic has stopped serving
             }
         }
@@ -152,10 +158,15 @@ fn incoming(listener: tokio::net::TcpListener, places: Arc<tokio::sync::Semaphor
 
 /// An accepted connection and its place among `--max-connections`, given back when it is
 /// dropped. Reads and writes go straight to the socket (vectored writes too: hyper gathers
-/// HTTP/2 frames into one `writev`).
+/// HTTP/2 frames into one `writev`). A client that has not sent HTTP/2's preface within
+/// [`PREFACE_TIMEOUT`] of its accept gets a read error, and hyper closes the connection, so
+/// silent connections cannot keep every place.
 pub(crate) struct Counted {
     connection: tokio::net::TcpStream,
     _place: tokio::sync::OwnedSemaphorePermit,
+    /// Preface bytes still to come; the deadline is dropped once they have.
+    preface_left: usize,
+    preface_due: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl tonic::transport::server::Connected for Counted {
@@ -168,7 +179,17 @@ impl tonic::transport::server::Connected for Counted {
 
 impl tokio::io::AsyncRead for Counted {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().connection).poll_read(cx, buf)
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.connection).poll_read(cx, buf);
+        let Some(due) = this.preface_due.as_mut() else { return read };
+        this.preface_left = this.preface_left.saturating_sub(buf.filled().len() - before);
+        if this.preface_left == 0 {
+            this.preface_due = None;
+        } else if read.is_pending() && due.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no HTTP/2 preface within the gateway's deadline")));
+        }
+        read
     }
 }
 
