@@ -21,7 +21,9 @@ use crate::client::{
 use crate::store::shard::resolve_range;
 use crate::proto::MAX_KEY_LEN;
 
-/// Value bytes per streamed ReadResponse, as upstream sends them.
+/// Value bytes per streamed ReadResponse, as upstream sends them. Not more: the
+/// TensorStore wheel on the 16-core host refuses any message over 4 MiB ("Received message
+/// larger than max (4194338 vs. 4194304)"), so a 4 MiB chunk sent as one message fails.
 const READ_CHUNK: usize = 1 << 20;
 /// The most value bytes a Read fetches from the engine at once. A longer value (or range)
 /// is read in windows of this size, so that one read holds at most one window whatever
