@@ -10,12 +10,14 @@
 #   ENGINE_CLIENTS=16      POLL=adaptive              MIB=1024  CHUNK_MIB=4  REPEAT=3
 #   SERVE_ARGS=""          more `rdram serve` arguments (e.g. --transport fabric --provider shm)
 #   PY=python3             a python with tensorstore and numpy (target/venv-tensorstore here)
+#   LOAD=…                 rdram-gateway-load (default: beside RDRAM), run after TensorStore
 # UCX_TLS picks the UCX transport as usual (e.g. posix,sysv,cma,self or tcp).
 # On the GPU machine: source .device-bundle's paths first (bench/compare --device-bundle
 # shows which), and pass .device-bundle/bin/rdram.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 RDRAM=${1:-$root/target/release/rdram}
+LOAD=${LOAD:-$(dirname "$RDRAM")/rdram-gateway-load}
 SERVER_CORES=${SERVER_CORES:-0,1,2,3}
 GATEWAY_CORES=${GATEWAY_CORES:-4-9}
 TS_CORES=${TS_CORES:-10-15}
@@ -36,3 +38,10 @@ start gateway taskset -c "$GATEWAY_CORES" "$RDRAM" gateway --listen 127.0.0.1:0 
 echo "server $server_addr (cores $SERVER_CORES, poll $POLL, UCX_TLS=${UCX_TLS:-default} ${SERVE_ARGS:-}), gateway $gateway_addr (cores $GATEWAY_CORES, $ENGINE_CLIENTS engine clients), TensorStore on cores $TS_CORES"
 taskset -c "$TS_CORES" "$PY" "$root/bench/tensorstore_throughput.py" "$gateway_addr" --mib "${MIB:-1024}" \
   --chunk-mib "${CHUNK_MIB:-4}" --repeat "${REPEAT:-3}" --cpu-of "gateway=$gateway_pid" --cpu-of "server=$server_pid"
+# The same gateway under a gRPC client of our own on TensorStore's cores: what the gateway
+# serves, apart from what TensorStore's client takes of it.
+if [ -x "$LOAD" ]; then
+  echo
+  echo "the gateway alone (rdram-gateway-load on cores $TS_CORES, ${CHUNK_MIB:-4} MiB values):"
+  taskset -c "$TS_CORES" "$LOAD" --gateway "$gateway_addr" --size "${CHUNK_MIB:-4}MiB" --seconds 2
+fi
