@@ -444,7 +444,7 @@ unsafe extern "C" fn on_reply(
         let header = ucx::am_header(header, header_length);
         let info = ucx::am_info(param);
         catch_unwind(AssertUnwindSafe(|| {
-            let h = match ReplyHeader::decode(header) {
+            let h = match ReplyHeader::decode_compact(header, length) {
                 Ok(h) => h,
                 Err(_) => return sys::UCS_OK, // not ours to answer; drop it
             };

@@ -18,8 +18,16 @@
 //!   nothing of that request can touch the client's memory any more; a client whose
 //!   call timed out waits for that answer before its call returns.
 //! Reply (AM id [`AM_REPLY`], shard worker → client):
-//!   header  = ReplyHeader (40 B)
+//!   header  = ReplyHeader (40 B), or over UCX one of its compact forms when they say
+//!             everything ([`ReplyHeader::encode_compact`]): 20 B when `value_size` is the
+//!             payload's length, 24 B when there is no payload; `more` 0 in both.
 //!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text.
+//!   Why compact: UCX's shared memory puts a short message in its receiver's queue after a
+//!   28-byte element header and its own 8-byte header, and sends the user header after the
+//!   payload. A 40-byte reply header with an 8-byte value reaches into the element's second
+//!   cache line, which then crosses between the two cores twice per reply (the client reads
+//!   it; the server's next write into that element takes it back): 0.12 µs of a 0.59 µs
+//!   GET on this project's VM. 20 + 8 bytes stay in the first line.
 //! Probe (AM id [`AM_PROBE`], within one server process: a shard's watchdog → the shard):
 //!   header  = a random u64 (little-endian), no payload, no reply. The shard notes it; a probe
 //!   that never arrives means the shard's receive queue is stuck (see `server::queue_probe`).
@@ -31,9 +39,12 @@ pub mod fabric;
 
 use crate::error::Status;
 
-/// 4: requests may come in [`flags::SHORT_FORM`].
-pub const PROTOCOL_VERSION: u8 = 4;
+/// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
+/// ([`ReplyHeader::encode_compact`]).
+pub const PROTOCOL_VERSION: u8 = 5;
 pub const MAGIC: u16 = 0x5244; // "RD"
+/// Starts a reply header in a compact form.
+pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
 
 pub const AM_REQUEST: u16 = 11;
 pub const AM_REPLY: u16 = 12;
@@ -62,6 +73,11 @@ pub const REQUEST_HEADER_LEN: usize = 72;
 /// A request header in its short form ([`flags::SHORT_FORM`]).
 pub const SHORT_REQUEST_HEADER_LEN: usize = 32;
 pub const REPLY_HEADER_LEN: usize = 40;
+/// A reply header in its compact form for a reply whose payload is the whole value (or
+/// empty): the value's size is the payload's length.
+pub const COMPACT_REPLY_LEN: usize = 20;
+/// A reply header in its compact form for a reply without payload, `value_size` in 32 bits.
+pub const COMPACT_EMPTY_REPLY_LEN: usize = 24;
 
 /// Request flags.
 pub mod flags {
@@ -299,6 +315,53 @@ impl ReplyHeader {
         out
     }
 
+    /// Encodes into `out` in the shortest form that says everything, given that the message
+    /// carries `payload` bytes after it (and not `payload_len`, which a compact form has no
+    /// room for); returns the length used.
+    pub fn encode_compact(&self, payload: usize, out: &mut [u8; REPLY_HEADER_LEN]) -> usize {
+        if self.more != 0 || self.payload_len != 0 {
+            *out = self.encode();
+            return REPLY_HEADER_LEN;
+        }
+        let len = if self.value_size == payload as u64 {
+            COMPACT_REPLY_LEN
+        } else if payload == 0 && self.value_size <= u32::MAX as u64 {
+            out[20..24].copy_from_slice(&(self.value_size as u32).to_le_bytes());
+            COMPACT_EMPTY_REPLY_LEN
+        } else {
+            *out = self.encode();
+            return REPLY_HEADER_LEN;
+        };
+        out[0..2].copy_from_slice(&COMPACT_REPLY_MAGIC.to_le_bytes());
+        out[2] = self.version;
+        out[3] = self.status;
+        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
+        out[12..20].copy_from_slice(&self.generation.to_le_bytes());
+        len
+    }
+
+    /// Decodes a reply header in any form, the message carrying `payload` bytes after it.
+    pub fn decode_compact(buf: &[u8], payload: usize) -> Result<ReplyHeader, String> {
+        if buf.len() < 2 || u16::from_le_bytes([buf[0], buf[1]]) != COMPACT_REPLY_MAGIC {
+            return ReplyHeader::decode(buf);
+        }
+        let value_size = match buf.len() {
+            COMPACT_REPLY_LEN => payload as u64,
+            COMPACT_EMPTY_REPLY_LEN if payload == 0 => u32::from_le_bytes(buf[20..24].try_into().unwrap()) as u64,
+            n => return Err(format!("malformed compact reply header ({n} bytes, {payload}-byte payload)")),
+        };
+        let h = ReplyHeader { version: buf[2], status: buf[3], more: 0, request_id: u64_at(buf, 4), generation: u64_at(buf, 12), value_size, payload_len: 0 };
+        h.check_version()?;
+        Ok(h)
+    }
+
+    fn check_version(&self) -> Result<(), String> {
+        if self.version != PROTOCOL_VERSION {
+            return Err(format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}", self.version));
+        }
+        Ok(())
+    }
+
     pub fn decode(buf: &[u8]) -> Result<ReplyHeader, String> {
         if buf.len() < REPLY_HEADER_LEN || u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
             return Err(format!("malformed reply header ({} bytes)", buf.len()));
@@ -312,9 +375,7 @@ impl ReplyHeader {
             value_size: u64_at(buf, 24),
             payload_len: u64_at(buf, 32),
         };
-        if h.version != PROTOCOL_VERSION {
-            return Err(format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}", h.version));
-        }
+        h.check_version()?;
         Ok(h)
     }
 
@@ -449,6 +510,41 @@ mod tests {
             let (d, _) = RequestHeader::decode(&buf).unwrap();
             assert_eq!((d, d.encoded_len()), (h, REQUEST_HEADER_LEN));
         }
+    }
+
+    #[test]
+    fn compact_replies_say_everything_or_are_not_used() {
+        let mut buf = [0u8; REPLY_HEADER_LEN];
+        let mut hit = ReplyHeader::new(42, Status::Ok);
+        hit.generation = 7;
+        hit.value_size = 8;
+        // A whole small value: 20 bytes, its size the payload's length.
+        assert_eq!(hit.encode_compact(8, &mut buf), COMPACT_REPLY_LEN);
+        assert_eq!(ReplyHeader::decode_compact(&buf[..COMPACT_REPLY_LEN], 8).unwrap(), hit);
+        // No payload (a put's answer): 24 bytes, the size in 32 bits.
+        let mut put = hit;
+        put.value_size = u32::MAX as u64;
+        assert_eq!(put.encode_compact(0, &mut buf), COMPACT_EMPTY_REPLY_LEN);
+        assert_eq!(ReplyHeader::decode_compact(&buf[..COMPACT_EMPTY_REPLY_LEN], 0).unwrap(), put);
+        // What a compact form cannot say goes in full: a byte range of a value, error text,
+        // more to come, a size past 32 bits, a payload sent apart (libfabric).
+        let mut more = ReplyHeader::new(43, Status::Ok);
+        more.more = 1;
+        let mut apart = hit;
+        apart.payload_len = 8;
+        let mut huge = put;
+        huge.value_size = 1 << 40;
+        for (h, payload) in [(hit, 4), (ReplyHeader::new(44, Status::Invalid), 12), (more, 0), (huge, 0), (apart, 0)] {
+            assert_eq!(h.encode_compact(payload, &mut buf), REPLY_HEADER_LEN);
+            assert_eq!(ReplyHeader::decode_compact(&buf, payload).unwrap(), h);
+        }
+        // The payload's length must fit the form: a 24-byte one with a payload, or another
+        // length, is refused; so is another version.
+        hit.encode_compact(8, &mut buf);
+        assert!(ReplyHeader::decode_compact(&buf[..COMPACT_EMPTY_REPLY_LEN], 8).is_err());
+        assert!(ReplyHeader::decode_compact(&buf[..COMPACT_REPLY_LEN + 1], 8).is_err());
+        buf[2] = PROTOCOL_VERSION + 1;
+        assert!(ReplyHeader::decode_compact(&buf[..COMPACT_REPLY_LEN], 8).unwrap_err().contains("version mismatch"));
     }
 
     #[test]

@@ -65,7 +65,9 @@ struct ArenaSlice {
 
 struct ReplyMsg {
     worker: *mut ShardWorker,
+    /// The reply header, its first `header_len` bytes (a compact form, when it fits).
     header: [u8; REPLY_HEADER_LEN],
+    header_len: usize,
     payload: Vec<u8>,
     /// Arena extent the payload is sent from, if any (pinned while in flight).
     pinned: Option<u64>,
@@ -551,7 +553,7 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], payload: Vec::new(), pinned: None, client: 0, charged: 0, generation: 0 })
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], header_len: 0, payload: Vec::new(), pinned: None, client: 0, charged: 0, generation: 0 })
         });
         m.payload.clear();
         m.pinned = None;
@@ -577,7 +579,8 @@ impl ShardWorker {
             self.finish_reply(m);
             return;
         }
-        m.header = header.encode();
+        let sent = arena.map_or(m.payload.len(), |a| a.len as usize);
+        m.header_len = header.encode_compact(sent, &mut m.header);
         m.generation = generation;
         let raw = Box::into_raw(m);
         // SAFETY: header and payload live in the box (heap, stable while leaked) or the
@@ -588,7 +591,8 @@ impl ShardWorker {
                 Some(a) => (self.service.shard.arena().slice(a.offset, a.len), a.memh),
                 None => ((*raw).payload.as_slice(), ptr::null_mut()),
             };
-            self.worker.am_send(ep, proto::AM_REPLY, &(*raw).header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
+            let header = &(&(*raw).header)[..(*raw).header_len];
+            self.worker.am_send(ep, proto::AM_REPLY, header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
         };
         // SAFETY: raw came from Box::into_raw above and is reclaimed exactly once: here when
         // the send finished (or failed) inside the call, else in on_reply_sent.
