@@ -90,6 +90,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             latencies.extend(task.await??);
         }
         let elapsed = started.elapsed().as_secs_f64();
+        if latencies.is_empty() {
+            return Err(format!("no call finished within {} s", args.seconds).into());
+        }
         latencies.sort();
         let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
         let name = if op == Op::Write { "write" } else { "read" };

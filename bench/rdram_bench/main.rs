@@ -179,8 +179,8 @@ const GET: usize = 0;
 const PUT: usize = 1;
 
 /// Requests each thread has done, for the progress line. Each thread counts on a cache
-/// line of its own: one counter shared by every thread, bumped per request, bounced its
-/// line between the client cores and showed in the scaling runs' small-value rates.
+/// line of its own: one counter shared by every thread and bumped per request would bounce
+/// its line between the client cores of a scaling run.
 #[repr(align(128))]
 #[derive(Default)]
 struct Done(AtomicU64);
