@@ -37,6 +37,12 @@ test-rust: deps
 bench: deps redis
 	bench/compare
 
+# ucp_am_lat's round trip in the shapes of remote_dram's requests and replies, with
+# receivers that read them (bench/am_shapes/am_shapes.c); bench/compare builds it.
+target/release/am-shapes: bench/am_shapes/am_shapes.c
+	@mkdir -p $(@D)
+	$(CC) -O2 -Wall -o $@ $< $$($(UCX_PKG_CONFIG) --cflags --libs ucx) -Wl,-rpath,$$($(UCX_PKG_CONFIG) --variable=libdir ucx)
+
 # The same comparison on a machine without Rust, UCX, libfabric or Redis (the 16-core GPU
 # machine): packs .device-bundle for `bench/compare --device-bundle` (see bench/device-bundle).
 device-bundle: deps redis
