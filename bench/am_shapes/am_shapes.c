@@ -102,6 +102,8 @@ static void exchange_addresses(int fd, ucp_address_t *mine, size_t mine_len, voi
     if (recv(fd, &their_len, sizeof their_len, MSG_WAITALL) != sizeof their_len || their_len > (1 << 20))
         die_errno("recv");
     *theirs = malloc(their_len);
+    if (*theirs == NULL)
+        die_errno("malloc");
     if (recv(fd, *theirs, their_len, MSG_WAITALL) != (ssize_t)their_len)
         die_errno("recv");
 }
@@ -163,8 +165,8 @@ int main(int argc, char **argv) {
         default: fprintf(stderr, "usage: see the comment at the top of bench/am_shapes/am_shapes.c\n"); return 2;
         }
     }
-    if (port <= 0 || iters <= 0 || req_h > MAX_SHAPE || req_p > MAX_SHAPE || rep_h > MAX_SHAPE || rep_p > MAX_SHAPE) {
-        fprintf(stderr, "am_shapes: need -p PORT, -n > 0 and sizes up to %d\n", MAX_SHAPE);
+    if (port <= 0 || iters <= 0 || iters > 100000000 || req_h > MAX_SHAPE || req_p > MAX_SHAPE || rep_h > MAX_SHAPE || rep_p > MAX_SHAPE) {
+        fprintf(stderr, "am_shapes: need -p PORT, 0 < -n <= 1e8 and sizes up to %d\n", MAX_SHAPE);
         return 2;
     }
 
@@ -228,6 +230,8 @@ int main(int argc, char **argv) {
     } else {
         long warmup = iters / 10 + 10;
         uint64_t *rt = malloc(sizeof *rt * iters);
+        if (rt == NULL)
+            die_errno("malloc");
         uint32_t flags = reply_flag ? UCP_AM_SEND_FLAG_REPLY : 0;
         for (long i = -warmup; i < iters; i++) {
             uint64_t t0 = now_ns();
