@@ -95,17 +95,30 @@ static void send_and_wait(struct state *s, ucp_ep_h ep, unsigned id, const void 
     ucp_request_free(r);
 }
 
+/* Reads exactly `len` bytes of the set-up connection, or exits saying why. */
+static void recv_all(int fd, void *buf, size_t len, const char *what) {
+    ssize_t got = recv(fd, buf, len, MSG_WAITALL);
+    if (got < 0)
+        die_errno(what);
+    if ((size_t)got != len) {
+        fprintf(stderr, "am_shapes: %s: the peer closed the connection\n", what);
+        exit(1);
+    }
+}
+
 static void exchange_addresses(int fd, ucp_address_t *mine, size_t mine_len, void **theirs) {
     uint64_t len = mine_len, their_len;
-    if (write(fd, &len, sizeof len) != sizeof len || write(fd, mine, mine_len) != (ssize_t)mine_len)
-        die_errno("write");
-    if (recv(fd, &their_len, sizeof their_len, MSG_WAITALL) != sizeof their_len || their_len > (1 << 20))
-        die_errno("recv");
+    if (send(fd, &len, sizeof len, MSG_NOSIGNAL) != sizeof len || send(fd, mine, mine_len, MSG_NOSIGNAL) != (ssize_t)mine_len)
+        die_errno("send");
+    recv_all(fd, &their_len, sizeof their_len, "peer's address length");
+    if (their_len == 0 || their_len > (1 << 20)) {
+        fprintf(stderr, "am_shapes: a worker address of %llu bytes\n", (unsigned long long)their_len);
+        exit(1);
+    }
     *theirs = malloc(their_len);
     if (*theirs == NULL)
         die_errno("malloc");
-    if (recv(fd, *theirs, their_len, MSG_WAITALL) != (ssize_t)their_len)
-        die_errno("recv");
+    recv_all(fd, *theirs, their_len, "peer's address");
 }
 
 static int connect_or_accept(const char *host, int port) {
@@ -201,8 +214,9 @@ int main(int argc, char **argv) {
     exchange_addresses(fd, addr, addr_len, &peer);
     /* The client says the reply's shape. */
     uint64_t reply_shape[2] = {rep_h, rep_p};
-    if (host ? write(fd, reply_shape, sizeof reply_shape) != sizeof reply_shape
-             : recv(fd, reply_shape, sizeof reply_shape, MSG_WAITALL) != sizeof reply_shape)
+    if (!host)
+        recv_all(fd, reply_shape, sizeof reply_shape, "reply shape");
+    else if (send(fd, reply_shape, sizeof reply_shape, MSG_NOSIGNAL) != sizeof reply_shape)
         die_errno("reply shape");
     rep_h = reply_shape[0];
     rep_p = reply_shape[1];
