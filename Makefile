@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench device-bundle bench-python redis soak fuzz
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench device-bundle bench-python redis soak fuzz lint
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -64,6 +64,12 @@ SOAK_SECS ?= 600
 SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm,fabric:shm
 soak: deps
 	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" SOAK_SERVER_ARGS="$(SOAK_SERVER_ARGS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
+
+# Clippy over the crate (library, binaries, tests) and the Python package, warnings as
+# errors (not in CI: a newer toolchain's new lints must not fail a build).
+lint: deps
+	$(CARGO) clippy --release --all-targets -- -D warnings
+	cd python && $(CARGO) clippy --release -- -D warnings
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
 # starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).

@@ -75,7 +75,7 @@ pub fn gateway_request(data: &[u8]) {
         let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
         {
             let mut write = WriteDecoder::new(service::WriteValue::new(32 << 10, budget.clone()));
-            if frames().try_for_each(|f| write.push(f)).is_ok() {
+            if frames().all(|f| write.push(f).is_ok()) {
                 if let Ok((first, value)) = write.finish() {
                     assert!(!first.key.is_empty() && value.bytes().len() <= 32 << 10);
                 }
@@ -83,7 +83,7 @@ pub fn gateway_request(data: &[u8]) {
         }
         assert_eq!(budget.available_permits(), 64, "a decoded write's budget comes back");
         let mut read = ReadDecoder::default();
-        if frames().try_for_each(|f| read.push(f)).is_ok() {
+        if frames().all(|f| read.push(f).is_ok()) {
             let _ = read.finish().map(|r| service::read_options(&r));
         }
     }

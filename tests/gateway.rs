@@ -2,6 +2,8 @@
 //! and hostile requests, sentinel timestamps, foreign generations, limits, concurrency.
 //! (tests/gateway/run.sh drives it with the real TensorStore.) Real processes: an
 //! `rdram serve` server and an `rdram gateway`, both on ephemeral loopback ports.
+// tonic's interceptors return its 176-byte `Status`.
+#![allow(clippy::result_large_err)]
 mod common;
 
 use common::{ServerProc, TCP};

@@ -332,9 +332,8 @@ impl PyClient {
             .into_iter()
             .enumerate()
             .map(|(i, r)| match r {
-                Ok(r) => into_result(py, r, raw[i].len()).map_err(|e| {
+                Ok(r) => into_result(py, r, raw[i].len()).inspect_err(|e| {
                     let _ = e.value(py).setattr("index", i);
-                    e
                 }),
                 Err(e) => Err(in_batch(py, e, i)),
             })

@@ -99,9 +99,9 @@ impl Collector for ServerCollector {
             MetricType::Histogram,
         )?;
         for (i, m) in self.shards.iter().enumerate() {
-            for (op, sum, count, buckets) in m.durations() {
-                let labels: Labels = vec![("shard", i.to_string()), ("op", op.to_string())];
-                durations.encode_family(&labels)?.encode_histogram::<Labels>(sum, count, &buckets, None)?;
+            for d in m.durations() {
+                let labels: Labels = vec![("shard", i.to_string()), ("op", d.op.to_string())];
+                durations.encode_family(&labels)?.encode_histogram::<Labels>(d.sum_seconds, d.count, &d.buckets, None)?;
             }
         }
 

@@ -28,6 +28,16 @@ pub struct Durations {
     sum_ns: AtomicU64,
 }
 
+/// One op's service times, as a Prometheus histogram wants them.
+pub struct OpDurations {
+    pub op: &'static str,
+    pub sum_seconds: f64,
+    pub count: u64,
+    /// `(upper bound, count in that bucket)`, `f64::MAX` for +Inf. Not cumulative: the
+    /// encoder accumulates.
+    pub buckets: Vec<(f64, u64)>,
+}
+
 /// One worker's counters, plus the gauges it publishes on its sweeps.
 #[repr(align(128))]
 pub struct ShardMetrics {
@@ -153,17 +163,15 @@ impl ShardMetrics {
         out
     }
 
-    /// Per op: (sum in seconds, count, buckets `(upper bound, count in that bucket)` with
-    /// `f64::MAX` for +Inf), for ops that were served at least once. Not cumulative: the
-    /// encoder accumulates.
-    pub fn durations(&self) -> Vec<(&'static str, f64, u64, Vec<(f64, u64)>)> {
+    /// Per op, for ops that were served at least once.
+    pub fn durations(&self) -> Vec<OpDurations> {
         let mut out = Vec::new();
         for (op, d) in self.durations.iter().enumerate() {
             let buckets: Vec<(f64, u64)> =
                 DURATION_BUCKETS.iter().chain([&f64::MAX]).zip(&d.buckets).map(|(&bound, n)| (bound, n.load(Relaxed))).collect();
             let count: u64 = buckets.iter().map(|b| b.1).sum();
             if count > 0 {
-                out.push((OPS[op], d.sum_ns.load(Relaxed) as f64 / 1e9, count, buckets));
+                out.push(OpDurations { op: OPS[op], sum_seconds: d.sum_ns.load(Relaxed) as f64 / 1e9, count, buckets });
             }
         }
         out
@@ -193,9 +201,9 @@ mod tests {
         assert_eq!(r, vec![("get", Status::Missing, 1), ("put", Status::Ok, 2), ("unknown", Status::AuthFailed, 1)]);
         assert_eq!(m.bytes(), (15, 0));
         let d = m.durations();
-        let put = d.iter().find(|x| x.0 == "put").unwrap();
-        assert_eq!(put.2, 2);
-        assert_eq!(put.3.iter().map(|b| b.1).sum::<u64>(), 2);
-        assert_eq!(put.3.last().unwrap().0, f64::MAX, "the last bucket is +Inf");
+        let put = d.iter().find(|x| x.op == "put").unwrap();
+        assert_eq!(put.count, 2);
+        assert_eq!(put.buckets.iter().map(|b| b.1).sum::<u64>(), 2);
+        assert_eq!(put.buckets.last().unwrap().0, f64::MAX, "the last bucket is +Inf");
     }
 }

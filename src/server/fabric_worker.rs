@@ -58,7 +58,7 @@ struct ReplyBuf {
 enum WorkerOp {
     Recv { buf: usize },
     /// `owner`/`charged`: the client whose backlog it counts in, and its bytes there.
-    Reply { msg: Box<ReplyBuf>, owner: u64, charged: u64 },
+    Reply { msg: ReplyBuf, owner: u64, charged: u64 },
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
     /// `key`: its entry in `sends` while it pins an extent.
     Data { pinned: Option<u64>, key: (u64, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, owner: u64, charged: u64 },
@@ -142,7 +142,7 @@ pub struct FabricShardWorker {
     arena_mr: Vec<MemoryRegion>,
     recv_mr: Vec<MemoryRegion>,
     recv_slab: Vec<u8>,
-    reply_pool: Vec<Box<ReplyBuf>>,
+    reply_pool: Vec<ReplyBuf>,
     /// Owned reply payload the service writes into (reused).
     scratch: Vec<u8>,
     /// Each client slot's address on every rail and credential.
@@ -731,11 +731,11 @@ impl FabricShardWorker {
         self.rails.register(ptr, len, RemoteAccess::None).map_err(|e| warn!("{e}")).ok()
     }
 
-    fn take_reply_buf(&mut self) -> Box<ReplyBuf> {
+    fn take_reply_buf(&mut self) -> ReplyBuf {
         self.reply_pool.pop().unwrap_or_else(|| {
             let bytes = Vec::with_capacity(wire::REPLY_MSG_MAX);
             let mr = self.local_registration(bytes.as_ptr(), wire::REPLY_MSG_MAX);
-            Box::new(ReplyBuf { bytes, mr })
+            ReplyBuf { bytes, mr }
         })
     }
 
@@ -897,7 +897,7 @@ impl FabricShardWorker {
             self.charge(to.id, len as u64);
             let id = self.ops.start(WorkerOp::Reply { msg, owner: to.id, charged: len as u64 }, 1);
             let ctx = self.ops.ctx(id, 0);
-            // SAFETY: the bytes live in the boxed ReplyBuf owned by the op until completion.
+            // SAFETY: the bytes live in the ReplyBuf's heap buffer, owned by the op until completion.
             if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
                 debug!("shard {}: reply not sent: {e}", self.service.index);
                 self.note_unresponsive(to.id, &e);

@@ -13,6 +13,10 @@ use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::store::alloc::Extent;
 use crate::store::{ByteRange, Condition, GetOutcome, Layout, Shard};
 
+/// Why a request was not admitted, with its id when that could be read (so that the
+/// sender still gets an answer).
+pub type Refusal = (Option<u64>, Error);
+
 /// A decoded, authenticated request.
 pub struct Request<'a> {
     pub header: RequestHeader,
@@ -107,7 +111,7 @@ impl Pressure {
         }
         self.nearly_full = if full >= 0.9 { true } else { self.nearly_full && full >= 0.8 };
         let (evicted, refused) = (s.counters.evictions - self.evictions, s.counters.no_space - self.no_space);
-        if (evicted > 0 || refused > 0) && self.last_line.map_or(true, |t| t.elapsed() >= PRESSURE_LOG_EVERY) {
+        if (evicted > 0 || refused > 0) && self.last_line.is_none_or(|t| t.elapsed() >= PRESSURE_LOG_EVERY) {
             let since = self.last_line.map_or_else(|| "so far".into(), |t| format!("in the last {:.0} s", t.elapsed().as_secs_f64()));
             warn!("shard {shard}: memory pressure {since}: {evicted} values evicted, {refused} puts refused for lack of space");
             self.last_line = Some(Instant::now());
@@ -177,7 +181,7 @@ impl Service {
     /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
     /// header), carrying the session of a connected client; returns it with that client.
     /// On failure, the request id to answer (when readable) and why.
-    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), (Option<u64>, Error)> {
+    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), Refusal> {
         let (h, op) = decoded(header).map_err(|e| self.refused(None, e))?;
         let client = self.client_of(h.session);
         Ok((checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?, client.unwrap_or(0)))
@@ -186,7 +190,7 @@ impl Service {
     /// Like [`Service::admit`] for a transport that sends one message (header, inline key
     /// and payload back to back) and checks the credential it must carry itself (libfabric:
     /// the one the client's slot got at its hello). Returns the request and its payload.
-    pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), (Option<u64>, Error)> {
+    pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
         let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
         let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
         Ok((checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?, payload))
@@ -194,7 +198,7 @@ impl Service {
 
     /// Counts a request refused before it was served.
     #[cold]
-    fn refused(&self, op: Option<Op>, (id, e): (Option<u64>, Error)) -> (Option<u64>, Error) {
+    fn refused(&self, op: Option<Op>, (id, e): Refusal) -> Refusal {
         self.metrics.record(op, e.status, 0, 0, self.metrics.clock());
         (id, e)
     }
@@ -437,15 +441,14 @@ fn ok_reply(request_id: u64, generation: u64, value_size: u64) -> ReplyHeader {
     h
 }
 
-/// How many key bytes travel right after the fixed header.
 /// The request header at the start of `header`, decoded once and validated.
-fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), (Option<u64>, Error)> {
+fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), Refusal> {
     RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))
 }
 
 /// The rest of admission, for a decoded header: the session was live (`authorized`), and
 /// the inline key is as long as the header says.
-fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, (Option<u64>, Error)> {
+fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, Refusal> {
     let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
     if !authorized {
         return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
@@ -458,6 +461,7 @@ fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::re
     Ok(Request { header: h, op, inline })
 }
 
+/// How many key bytes travel right after the fixed header.
 fn inline_key_len(h: &RequestHeader, op: Op) -> usize {
     match op {
         Op::Put | Op::Get | Op::Delete if h.flags & flags::KEY_IN_PAYLOAD == 0 => h.key_len as usize,

@@ -181,7 +181,7 @@ pub fn signal(pid: u32, sig: i32) {
 pub fn stop_process(pid: u32) {
     signal(pid, SIGSTOP);
     let stopped = || {
-        std::fs::read_dir(format!("/proc/{pid}/task")).map_or(false, |tasks| {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
             tasks.flatten().all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| st.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))))
         })
     };

@@ -150,7 +150,7 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
         }
         (*(*hints).ep_attr).type_ = sys::FI_EP_RDM;
         (*hints).caps = (sys::FI_MSG | sys::FI_TAGGED) as u64 | extra_caps;
-        (*hints).mode = sys::FI_CONTEXT as u64;
+        (*hints).mode = sys::FI_CONTEXT;
         (*(*hints).domain_attr).mr_mode = MR_MODES_SUPPORTED as i32;
         // Real locks, though each domain is driven by one thread: with FI_THREAD_DOMAIN
         // libfabric 1.17's providers turn their locks into no-ops, and their own helper
@@ -162,7 +162,7 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
             // fi_freeinfo frees prov_name: it must come from malloc.
             (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
         }
-        let flags = if node.is_some() { sys::FI_SOURCE as u64 } else { 0 };
+        let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
         let rc = sys::rdram_fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
         sys::rdram_fi_freeinfo(hints);
         if rc != 0 {
@@ -446,6 +446,7 @@ impl Endpoint {
     /// # Safety
     /// As for [`Endpoint::send`]; `desc` belongs to a region covering `buf` when the
     /// provider requires FI_MR_LOCAL.
+    #[allow(clippy::too_many_arguments)] // fi_read's own, one for one
     pub unsafe fn read(&self, buf: *mut u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
@@ -464,6 +465,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// As for [`Endpoint::read`].
+    #[allow(clippy::too_many_arguments)] // fi_write's own, one for one
     pub unsafe fn write(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
