@@ -506,3 +506,47 @@ fn clients_killed_while_connecting_leave_the_server_serving() {
     std::fs::remove_file(&file).unwrap();
     // Drop: the server must still exit 0 on SIGTERM.
 }
+
+/// A server's shared-memory transports act on what a peer's transport address says: cma
+/// reads from the pid a client's UCX or libfabric advertises, posix and sysv map the segment
+/// it names. A client with the token that forges them can have the server copy another
+/// process's memory into the store (README, Security model). That stays within what the
+/// client's own user could read because a client of another user cannot reach the server
+/// over shared memory at all: it cannot map the server's segments. This checks that premise
+/// (UCX's and libfabric's, not ours) against the versions we ship, with the client forcing
+/// shared memory, and a client of the server's user as the control.
+#[test]
+fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
+    common::init(common::TCP);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: only root can run a client as another user");
+        return;
+    }
+    let as_nobody = |env: &[(&str, &str)], args: &[&str]| {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", common::RDRAM])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("setpriv (util-linux)");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    if !as_nobody(&[], &["--version"]).0 {
+        eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: user nobody cannot run {}", common::RDRAM);
+        return;
+    }
+    let ucx_shm = [("UCX_TLS", common::SHM)];
+    let servers = [
+        ("UCX shm", ServerProc::start_with_env(&["--workers", "1"], &ucx_shm), &ucx_shm[..]),
+        ("libfabric shm", ServerProc::start(&["--workers", "1", "--transport", "fabric", "--provider", "shm"]), &[][..]),
+    ];
+    for (name, server, env) in &servers {
+        let put = ["put", "--server", &server.addr, "from-nobody", "v"];
+        let (ok, stderr) = as_nobody(env, &put);
+        assert!(!ok, "{name}: a client of another user stored a value over shared memory");
+        assert!(stderr.contains("transport error"), "{name}: {stderr}");
+        let mine = std::process::Command::new(common::RDRAM).args(put).envs(env.iter().copied()).output().unwrap();
+        assert!(mine.status.success(), "{name}: the server's own user: {}", String::from_utf8_lossy(&mine.stderr));
+    }
+}
