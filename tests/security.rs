@@ -513,8 +513,8 @@ fn clients_killed_while_connecting_leave_the_server_serving() {
 /// process's memory into the store (README, Security model). That stays within what the
 /// client's own user could read because a client of another user cannot reach the server
 /// over shared memory at all: it cannot map the server's segments. This checks that premise
-/// (UCX's and libfabric's, not ours) against the versions we ship, with the client forcing
-/// shared memory, and a client of the server's user as the control.
+/// (UCX's and libfabric's, not ours) against the versions we ship, that such a client is
+/// told why, and that a client of the server's user (the control) connects.
 #[test]
 fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
     common::init(common::TCP);
@@ -523,30 +523,36 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
         eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: only root can run a client as another user");
         return;
     }
-    let as_nobody = |env: &[(&str, &str)], args: &[&str]| {
-        let out = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", common::RDRAM])
-            .args(args)
-            .envs(env.iter().copied())
-            .output()
-            .expect("setpriv (util-linux)");
+    // `tls`: the client's UCX_TLS (None: UCX's default, every transport).
+    let client = |nobody: bool, tls: Option<&str>, args: &[&str]| {
+        let mut cmd = std::process::Command::new(if nobody { "setpriv" } else { common::RDRAM });
+        if nobody {
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", common::RDRAM]);
+        }
+        match tls {
+            Some(tls) => cmd.env("UCX_TLS", tls),
+            None => cmd.env_remove("UCX_TLS"),
+        };
+        let out = cmd.args(args).output().expect("setpriv (util-linux)");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    if !as_nobody(&[], &["--version"]).0 {
+    if !client(true, None, &["--version"]).0 {
         eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: user nobody cannot run {}", common::RDRAM);
         return;
     }
-    let ucx_shm = [("UCX_TLS", common::SHM)];
-    let servers = [
-        ("UCX shm", ServerProc::start_with_env(&["--workers", "1"], &ucx_shm), &ucx_shm[..]),
-        ("libfabric shm", ServerProc::start(&["--workers", "1", "--transport", "fabric", "--provider", "shm"]), &[][..]),
+    let ucx = ServerProc::start_with_env(&["--workers", "1"], &[("UCX_TLS", common::SHM)]);
+    let fabric = ServerProc::start(&["--workers", "1", "--transport", "fabric", "--provider", "shm"]);
+    let cases = [
+        ("UCX shm, the client forcing shared memory", &ucx, Some(common::SHM), "UCX_TLS allows only shared memory"),
+        ("UCX shm, the client's UCX choosing", &ucx, None, "Shared memory error"),
+        ("libfabric shm", &fabric, None, "--provider"),
     ];
-    for (name, server, env) in &servers {
+    for (name, server, tls, says) in cases {
         let put = ["put", "--server", &server.addr, "from-nobody", "v"];
-        let (ok, stderr) = as_nobody(env, &put);
+        let (ok, stderr) = client(true, tls, &put);
         assert!(!ok, "{name}: a client of another user stored a value over shared memory");
-        assert!(stderr.contains("transport error"), "{name}: {stderr}");
-        let mine = std::process::Command::new(common::RDRAM).args(put).envs(env.iter().copied()).output().unwrap();
-        assert!(mine.status.success(), "{name}: the server's own user: {}", String::from_utf8_lossy(&mine.stderr));
+        assert!(stderr.contains("runs as another user") && stderr.contains(says), "{name}: {stderr}");
+        let (ok, stderr) = client(false, tls, &put);
+        assert!(ok, "{name}: the server's own user: {stderr}");
     }
 }

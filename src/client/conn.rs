@@ -247,12 +247,38 @@ impl Connection {
         }
         let liveness = Liveness::new(bootstraps)?;
         let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
+        // A server that offers shared memory where this client cannot map it (see
+        // `Welcome::shared_memory_scope`): failures to connect then say why.
+        let elsewhere = welcomes.iter().find(|w| !shares_memory_with(w)).map(|w| w.node.clone());
+        let why = |node: &str| {
+            format!("server {node} runs as another user, or on another host or in other namespaces, where the OS lets it share no memory with this client")
+        };
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
             "ucx" => {
+                if let Some(node) = elsewhere.as_deref().filter(|_| crate::transport::ucx::env_allows_only_shared_memory()) {
+                    return Err(Error::new(
+                        Status::Transport,
+                        format!("UCX_TLS allows only shared memory, and {}; run this client as the server's user on its host, or let UCX_TLS include tcp", why(node)),
+                    ));
+                }
                 let opts = ConnectOptions { local_shared_memory: all_local, ..opts.clone() };
-                Box::new(UcxLink::connect(&welcomes, liveness, &opts)?)
+                // UCX then tried the server's shared memory anyway (its only transport, or
+                // one this client's UCX_TLS forced): say why it could not map it.
+                Box::new(UcxLink::connect(&welcomes, liveness, &opts).map_err(|mut e| {
+                    if let Some(node) = elsewhere.as_deref().filter(|_| e.message.contains("Shared memory error")) {
+                        e.message = format!("{} ({})", e.message, why(node));
+                    }
+                    e
+                })?)
             }
-            "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts)?),
+            // libfabric's shm regions are their owner's alone: mapping another user's fails
+            // in fi_av_insert ("Invalid argument"), which says nothing of why.
+            "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts).map_err(|mut e| {
+                if let Some(node) = elsewhere.as_deref().filter(|_| welcomes[0].provider == "shm") {
+                    e.message = format!("{} ({}: run this client as the server's user on its host, or serve with --provider \"tcp;ofi_rxm\")", e.message, why(node));
+                }
+                e
+            })?),
             other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
         };
         let servers = welcomes
@@ -397,4 +423,12 @@ fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, TcpStream)> 
         return Err(Error::new(Status::Invalid, format!("server {addr} announced no shards")));
     }
     Ok((welcome, stream))
+}
+
+/// False when the server says it offers shared memory somewhere this client's cannot
+/// reach: another user's, host's or namespaces' (root maps any user's segments).
+fn shares_memory_with(w: &Welcome) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root || w.shared_memory_scope.is_none() || w.shared_memory_scope == crate::transport::ucx::local_scope()
 }

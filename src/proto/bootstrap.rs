@@ -52,9 +52,10 @@ pub struct Welcome {
     /// rail joined by commas (libfabric).
     #[serde(default)]
     pub shards: Vec<String>,
-    /// Set by a UCX server whose transports include shared memory: where its shared
-    /// memory reaches (see `transport::ucx::shared_memory_scope`). A client in the same
-    /// scope may connect over shared memory alone.
+    /// Set by a UCX server whose transports include shared memory, and by a libfabric
+    /// `shm` server: where its shared memory reaches (see
+    /// `transport::ucx::shared_memory_scope`). A client in the same scope may connect over
+    /// shared memory alone; a libfabric `shm` client elsewhere cannot connect at all.
     #[serde(default)]
     pub shared_memory_scope: Option<String>,
 }

@@ -49,6 +49,12 @@ fn shared_memory_only(tls: Option<&str>, shm_detects_failure: bool) -> bool {
     }
 }
 
+/// Whether the user's `UCX_TLS` names shared-memory transports only (this process can then
+/// reach no server outside its [`local_scope`]).
+pub fn env_allows_only_shared_memory() -> bool {
+    shared_memory_only(std::env::var("UCX_TLS").ok().as_deref(), false)
+}
+
 /// UCX settings (names without `UCX_`) of a worker that only talks to servers on this
 /// host, through shared memory (see [`Worker::with_settings`]): what a one-shot command
 /// can skip. A context that looks for no tcp interfaces starts about 25 ms sooner on these
@@ -98,6 +104,13 @@ pub fn shared_memory_scope() -> Option<String> {
     if !offers_shm {
         return None;
     }
+    local_scope()
+}
+
+/// This process's place for shared memory, whatever its transports: two processes with the
+/// same one can map each other's segments (libfabric's `shm` too: its regions are the
+/// owner's alone).
+pub fn local_scope() -> Option<String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let ns = |n: &str| std::fs::read_link(format!("/proc/self/ns/{n}")).ok().map(|p| p.to_string_lossy().into_owned());
     // SAFETY: geteuid has no preconditions.
