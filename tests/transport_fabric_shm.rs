@@ -253,6 +253,23 @@ fn getter_of(server: &common::ServerProc, seconds: &str, size: &str, keys: &str)
         .unwrap()
 }
 
+/// Stops `getter` (SIGSTOP) while one of its large GET replies is in flight, an extent
+/// pinned for it. Stopped between two GETs instead, with nothing in flight and so nothing
+/// for the shard to replace when it is killed, it is let go on and stopped again: a kill
+/// at a fixed moment landed in that gap now and then on a loaded machine.
+fn stop_during_a_large_get(server: &common::ServerProc, getter: &std::process::Child) {
+    let pinned = || scrape(server).ok().and_then(|t| samples_total(&t, "rdram_pinned_extents", "")).unwrap_or(0);
+    for _ in 0..20 {
+        common::stop_process(getter.id());
+        if common::wait_until(Duration::from_secs(1), || pinned() > 0) {
+            return;
+        }
+        common::signal(getter.id(), common::SIGCONT);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the getter was never stopped with a large GET in flight");
+}
+
 /// Waits (40 s at most) for a [`large_getter`] to finish, asserts that it succeeded, and
 /// returns its report.
 fn large_gets_finish(mut getter: std::process::Child) -> String {
@@ -277,11 +294,11 @@ fn a_client_killed_during_a_large_get_does_not_stall_later_large_gets() {
     common::init(common::FABRIC_SHM);
     let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let getter = |seconds: &str| large_getter(&server, seconds);
-    // 16 MiB GETs back to back: a kill lands between two of them (nothing in flight, so
-    // nothing to replace) far less often than with 3 MiB ones, which a loaded CI run hit.
+    // 16 MiB GETs: one is in flight at nearly every moment, so the stop below seldom
+    // needs a second try.
     let mut killed = getter_of(&server, "30", "16777216", "1");
     until_getting(&server);
-    std::thread::sleep(Duration::from_millis(300)); // in the middle of a large GET
+    stop_during_a_large_get(&server, &killed);
     common::signal(killed.id(), common::SIGKILL);
     killed.wait().unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -307,7 +324,7 @@ fn a_failed_endpoint_replacement_is_tried_again() {
     };
     let mut killed = getter("30");
     until_getting(&server);
-    std::thread::sleep(Duration::from_millis(300)); // in the middle of a large GET
+    stop_during_a_large_get(&server, &killed);
     // No new file descriptor for the server: new endpoints cannot be opened.
     let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as libc::rlim_t;
     let saved = nofile(None);
