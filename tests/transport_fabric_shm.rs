@@ -261,7 +261,10 @@ fn stop_during_a_large_get(server: &common::ServerProc, getter: &std::process::C
     let pinned = || scrape(server).ok().and_then(|t| samples_total(&t, "rdram_pinned_extents", "")).unwrap_or(0);
     for _ in 0..20 {
         common::stop_process(getter.id());
-        if common::wait_until(Duration::from_secs(1), || pinned() > 0) {
+        // Past the gauge's next publication (every 100 ms): a value published just before
+        // the stop may name a GET that has since ended.
+        std::thread::sleep(Duration::from_millis(300));
+        if pinned() > 0 {
             return;
         }
         common::signal(getter.id(), common::SIGCONT);

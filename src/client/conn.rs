@@ -224,7 +224,9 @@ impl Connection {
         let mut welcomes: Vec<Welcome> = Vec::new();
         let mut bootstraps = Vec::new();
         let mut local_ip = None;
-        let scope = if opts.local_shared_memory { crate::transport::ucx::shared_memory_scope() } else { None };
+        // Read once: each welcome is compared with it (see `Welcome::shared_memory_scope`).
+        let here = crate::transport::ucx::local_scope();
+        let scope = if opts.local_shared_memory && crate::transport::ucx::offers_shared_memory() { here.clone() } else { None };
         let mut all_local = scope.is_some();
         for addr in addresses {
             let (welcome, stream) = handshake(addr, opts)?;
@@ -249,7 +251,7 @@ impl Connection {
         let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
         // A server that offers shared memory where this client cannot map it (see
         // `Welcome::shared_memory_scope`): failures to connect then say why.
-        let elsewhere = welcomes.iter().find(|w| !shares_memory_with(w)).map(|w| w.node.clone());
+        let elsewhere = welcomes.iter().find(|w| !shares_memory_with(w, &here)).map(|w| w.node.clone());
         let why = |node: &str| {
             format!("server {node} runs as another user, or on another host or in other namespaces, where the OS lets it share no memory with this client")
         };
@@ -427,8 +429,9 @@ fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, TcpStream)> 
 
 /// False when the server says it offers shared memory somewhere this client's cannot
 /// reach: another user's, host's or namespaces' (root maps any user's segments).
-fn shares_memory_with(w: &Welcome) -> bool {
+/// `here`: this process's [`crate::transport::ucx::local_scope`].
+fn shares_memory_with(w: &Welcome, here: &Option<String>) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    root || w.shared_memory_scope.is_none() || w.shared_memory_scope == crate::transport::ucx::local_scope()
+    root || w.shared_memory_scope.is_none() || w.shared_memory_scope == *here
 }

@@ -99,12 +99,18 @@ fn tls_may_use_tcp(tls: &str) -> bool {
 /// (cma reads the peer's memory, which needs the same one). Two processes with the same
 /// scope reach each other over [`LOCAL_SHARED_MEMORY`]'s transports.
 pub fn shared_memory_scope() -> Option<String> {
-    let tls = std::env::var("UCX_TLS").unwrap_or_default();
-    let offers_shm = tls.trim().is_empty() || tls.starts_with('^') || tls.split(',').any(|t| ["posix", "sm", "shm"].contains(&t.trim()));
-    if !offers_shm {
-        return None;
+    if offers_shared_memory() {
+        local_scope()
+    } else {
+        None
     }
-    local_scope()
+}
+
+/// Whether `UCX_TLS` lets UCX use posix shared memory (unset, an exclusion list, or a list
+/// naming it).
+pub fn offers_shared_memory() -> bool {
+    let tls = std::env::var("UCX_TLS").unwrap_or_default();
+    tls.trim().is_empty() || tls.starts_with('^') || tls.split(',').any(|t| ["posix", "sm", "shm"].contains(&t.trim()))
 }
 
 /// This process's place for shared memory, whatever its transports: two processes with the
