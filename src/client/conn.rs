@@ -265,9 +265,11 @@ impl Connection {
                 }
                 let opts = ConnectOptions { local_shared_memory: all_local, ..opts.clone() };
                 // UCX then tried the server's shared memory anyway (its only transport, or
-                // one this client's UCX_TLS forced): say why it could not map it.
+                // one this client's UCX_TLS forced): say why it could not map it. UCX's
+                // errors reach us as their status text.
+                let shm_failed = crate::transport::ucx::status_string(crate::transport::ucx::sys::UCS_ERR_SHMEM_SEGMENT);
                 Box::new(UcxLink::connect(&welcomes, liveness, &opts).map_err(|mut e| {
-                    if let Some(node) = elsewhere.as_deref().filter(|_| e.message.contains("Shared memory error")) {
+                    if let Some(node) = elsewhere.as_deref().filter(|_| e.message.contains(&shm_failed)) {
                         e.message = format!("{} ({})", e.message, why(node));
                     }
                     e
