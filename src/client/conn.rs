@@ -89,6 +89,8 @@ pub(super) trait Link {
     unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
     fn deregister(&mut self, base: *mut u8) -> Result<()>;
     fn is_dead(&self, server: usize) -> bool;
+    /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
+    fn set_spin(&mut self, spin: Duration);
     /// Whether requests may go with their header in its short form (see
     /// [`proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
     /// the full form in place (the credential, a read's limit).
@@ -375,6 +377,10 @@ impl Connection {
 
     pub fn is_dead(&self, server: usize) -> bool {
         self.link.is_dead(server)
+    }
+
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.link.set_spin(spin);
     }
 
     /// Waits for the reply to request `id`.

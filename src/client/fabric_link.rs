@@ -761,6 +761,15 @@ impl Link for FabricLink {
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
     }
+
+    fn set_spin(&mut self, spin: Duration) {
+        // Without an fd to sleep on (shm), an idle wait naps a millisecond at a time once
+        // its spin is spent: a spin shorter than the one it was made with would make
+        // replies wait for the naps. It keeps that one.
+        if crate::transport::Transport::event_fd(&*self.rails) >= 0 {
+            self.poller.set_spin(spin);
+        }
+    }
 }
 
 impl Drop for FabricLink {

@@ -172,6 +172,8 @@ pub struct Client {
     /// No reconnect before this; the step after a failed attempt.
     reconnect_at: std::time::Instant,
     backoff: Duration,
+    /// What [`Client::set_spin`] last set (the connect-time spin until then).
+    spin: Duration,
 }
 
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -195,7 +197,15 @@ impl Client {
             local_shared_memory: opts.local_shared_memory,
         };
         let conn = Connection::connect(&list, &copts)?;
-        Ok(Client { conn, addresses: list, opts: copts, regions: Vec::new(), reconnect_at: std::time::Instant::now(), backoff: RECONNECT_BACKOFF_MIN })
+        Ok(Client { conn, addresses: list, opts: copts, regions: Vec::new(), reconnect_at: std::time::Instant::now(), backoff: RECONNECT_BACKOFF_MIN, spin: opts.spin })
+    }
+
+    /// Sets how long a call's wait spins before it sleeps (adaptive polling), from the
+    /// next call on, here and on the connections it makes anew. Over libfabric's shm,
+    /// whose waits have no fd to sleep on, a connection keeps the spin it was made with.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+        self.conn.set_spin(spin);
     }
 
     /// True while the connection to any server is lost (the next call reconnects).
@@ -222,7 +232,8 @@ impl Client {
             Ok(c)
         });
         match fresh {
-            Ok(c) => {
+            Ok(mut c) => {
+                c.set_spin(self.spin);
                 self.conn = c;
                 self.backoff = RECONNECT_BACKOFF_MIN;
                 Ok(&mut self.conn)

@@ -386,6 +386,10 @@ impl Link for UcxLink {
         self.servers[server].dead.is_some()
     }
 
+    fn set_spin(&mut self, spin: Duration) {
+        self.poller.set_spin(spin);
+    }
+
     fn takes_short_headers(&self) -> bool {
         true
     }

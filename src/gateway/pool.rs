@@ -2,7 +2,10 @@
 //! synchronous and single-threaded by design) and takes jobs from one shared queue, so up
 //! to `threads` requests are in flight toward the servers at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::oneshot;
@@ -16,6 +19,31 @@ type Job = Box<dyn FnOnce(Result<&mut Client>) + Send>;
 pub struct EnginePool {
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    /// Jobs sent and not yet done.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// What each engine thread needs to pick its clients' spin: an engine client waiting on its
+/// request spins ([`ClientOptions::spin`]) before it sleeps, which pays while there are CPUs
+/// to spare; with more requests in flight than the gateway has CPUs, spinning threads take
+/// turns the others' replies and the gRPC threads need, so they sleep at once. 4 KiB calls
+/// 16 at a time through a gateway, its server and `rdram-gateway-load` on 2 vCPUs, three
+/// interleaved rounds: writes 144-159 MB/s against 67-114 with every wait spinning 50 µs,
+/// reads 129-162 against 63-137; one call at a time, and zarr's 4 MiB chunks, unchanged.
+struct SpinPolicy {
+    in_flight: Arc<AtomicUsize>,
+    cpus: usize,
+    spin: Duration,
+}
+
+impl SpinPolicy {
+    fn spin_now(&self) -> Duration {
+        if self.in_flight.load(Relaxed) > self.cpus {
+            Duration::ZERO
+        } else {
+            self.spin
+        }
+    }
 }
 
 impl EnginePool {
@@ -24,17 +52,20 @@ impl EnginePool {
     pub fn connect(servers: &str, opts: &ClientOptions, threads: usize) -> Result<EnginePool> {
         // Unbounded: the gRPC server bounds the requests in flight (streams per connection).
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads.max(1) {
             let client = Client::connect(servers, opts.clone())?;
             let (rx, servers, opts) = (rx.clone(), servers.to_string(), opts.clone());
+            let policy = SpinPolicy { in_flight: in_flight.clone(), cpus, spin: opts.spin };
             let handle = std::thread::Builder::new()
                 .name(format!("gateway-engine-{i}"))
-                .spawn(move || serve_jobs(client, &rx, &servers, &opts))
+                .spawn(move || serve_jobs(client, &rx, &servers, &opts, &policy))
                 .map_err(|e| Error::new(Status::Internal, format!("spawning engine thread: {e}")))?;
             handles.push(handle);
         }
-        Ok(EnginePool { jobs: Some(tx), threads: handles })
+        Ok(EnginePool { jobs: Some(tx), threads: handles, in_flight })
     }
 
     /// Runs `f` on a free engine client and awaits its result.
@@ -48,7 +79,11 @@ impl EnginePool {
             let _ = tx.send(client.and_then(f));
         });
         let jobs = self.jobs.as_ref().ok_or_else(|| Error::new(Status::Unavailable, "gateway shutting down"))?;
-        jobs.send(job).map_err(|_| Error::new(Status::Unavailable, "gateway shutting down"))?;
+        self.in_flight.fetch_add(1, Relaxed);
+        if jobs.send(job).is_err() {
+            self.in_flight.fetch_sub(1, Relaxed);
+            return Err(Error::new(Status::Unavailable, "gateway shutting down"));
+        }
         rx.await.map_err(|_| Error::new(Status::Internal, "engine thread ended during a request"))?
     }
 }
@@ -62,19 +97,37 @@ impl Drop for EnginePool {
     }
 }
 
-fn serve_jobs(client: Client, jobs: &Receiver<Job>, servers: &str, opts: &ClientOptions) {
+fn serve_jobs(client: Client, jobs: &Receiver<Job>, servers: &str, opts: &ClientOptions, policy: &SpinPolicy) {
     let mut client = Some(client);
     for job in jobs {
-        if client.as_ref().is_none_or(|c| c.lost_a_server()) {
-            client = None;
-            match Client::connect(servers, opts.clone()) {
-                Ok(c) => client = Some(c),
-                Err(e) => {
-                    job(Err(e));
-                    continue;
-                }
-            }
+        serve_job(&mut client, job, servers, opts, policy);
+        policy.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+fn serve_job(client: &mut Option<Client>, job: Job, servers: &str, opts: &ClientOptions, policy: &SpinPolicy) {
+    if client.as_ref().is_none_or(|c| c.lost_a_server()) {
+        *client = None;
+        match Client::connect(servers, opts.clone()) {
+            Ok(c) => *client = Some(c),
+            Err(e) => return job(Err(e)),
         }
-        job(Ok(client.as_mut().expect("connected above")));
+    }
+    let c = client.as_mut().expect("connected above");
+    c.set_spin(policy.spin_now());
+    job(Ok(c));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_clients_spin_only_while_the_requests_in_flight_have_cpus_to_spare() {
+        let policy = SpinPolicy { in_flight: Arc::new(AtomicUsize::new(0)), cpus: 2, spin: Duration::from_micros(50) };
+        for (in_flight, spin) in [(1, 50), (2, 50), (3, 0), (16, 0)] {
+            policy.in_flight.store(in_flight, Relaxed);
+            assert_eq!(policy.spin_now(), Duration::from_micros(spin), "{in_flight} in flight on 2 CPUs");
+        }
     }
 }

@@ -86,6 +86,12 @@ impl Poller {
         Poller { mode, spin, idle_since: None, idle_turns: 0, naps: 0, turns: 0, slept: false, transfer_until: None }
     }
 
+    /// Changes how long an idle wait spins before it sleeps (adaptive mode), from the next
+    /// idle spell on.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
     /// Whether the caller's own clock checks (deadlines, sweeps) are due before this pass:
     /// on the first pass, every [`CLOCK_EVERY`] passes ([`BUSY_CLOCK_EVERY`] when busy
     /// polling), and after a sleep.
@@ -197,5 +203,13 @@ mod tests {
         std::thread::sleep(TRANSFER_SPIN_MAX);
         assert!(passes_before_nap(&mut waiting, CLOCK_EVERY).is_some(), "the spin a transfer buys is bounded");
         assert!(waiting.transfer_until.is_none());
+    }
+
+    #[test]
+    fn a_spin_set_later_holds_from_the_next_idle_spell() {
+        let mut p = Poller::new(PollMode::Adaptive, Duration::from_secs(60));
+        assert_eq!(passes_before_nap(&mut p, 4 * CLOCK_EVERY), None, "it spins out its minute");
+        p.set_spin(Duration::ZERO);
+        assert_eq!(passes_before_nap(&mut p, 4 * CLOCK_EVERY), Some(CLOCK_EVERY), "with no spin left it naps at its first clock check");
     }
 }

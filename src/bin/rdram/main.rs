@@ -118,8 +118,9 @@ struct GatewayArgs {
     #[arg(long)]
     grpc_threads: Option<usize>,
     /// Adaptive polling of the engine clients: microseconds each spins on its request
-    /// before sleeping. Shorter than a server's 200: a gateway shares its cores with
-    /// TensorStore, and its large values take hundreds of microseconds anyway.
+    /// before sleeping, while no more requests are in flight than the gateway has CPUs
+    /// (beyond that they sleep at once). Shorter than a server's 200: a gateway shares its
+    /// cores with TensorStore, and its large values take hundreds of microseconds anyway.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
     /// Largest value a Write may stream (it is buffered whole before it is stored; reads
