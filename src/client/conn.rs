@@ -227,7 +227,7 @@ impl Connection {
         let mut bootstraps = Vec::new();
         let mut local_ip = None;
         // Read once: each welcome is compared with it (see `Welcome::shared_memory_scope`).
-        let here = crate::transport::ucx::local_scope();
+        let here = crate::transport::local_scope();
         let scope = if opts.local_shared_memory && crate::transport::ucx::offers_shared_memory() { here.clone() } else { None };
         let mut all_local = scope.is_some();
         for addr in addresses {
@@ -437,7 +437,7 @@ fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, TcpStream)> 
 
 /// False when the server says it offers shared memory somewhere this client's cannot
 /// reach: another user's, host's or namespaces' (root maps any user's segments).
-/// `here`: this process's [`crate::transport::ucx::local_scope`].
+/// `here`: this process's [`crate::transport::local_scope`].
 fn shares_memory_with(w: &Welcome, here: &Option<String>) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;

@@ -33,15 +33,15 @@ pub struct EnginePool {
 struct SpinPolicy {
     in_flight: Arc<AtomicUsize>,
     cpus: usize,
-    spin: Duration,
 }
 
 impl SpinPolicy {
-    fn spin_now(&self) -> Duration {
+    /// The spin for a job now, given the one the clients were configured with.
+    fn spin_now(&self, spin: Duration) -> Duration {
         if self.in_flight.load(Relaxed) > self.cpus {
             Duration::ZERO
         } else {
-            self.spin
+            spin
         }
     }
 }
@@ -58,7 +58,7 @@ impl EnginePool {
         for i in 0..threads.max(1) {
             let client = Client::connect(servers, opts.clone())?;
             let (rx, servers, opts) = (rx.clone(), servers.to_string(), opts.clone());
-            let policy = SpinPolicy { in_flight: in_flight.clone(), cpus, spin: opts.spin };
+            let policy = SpinPolicy { in_flight: in_flight.clone(), cpus };
             let handle = std::thread::Builder::new()
                 .name(format!("gateway-engine-{i}"))
                 .spawn(move || serve_jobs(client, &rx, &servers, &opts, &policy))
@@ -114,7 +114,7 @@ fn serve_job(client: &mut Option<Client>, job: Job, servers: &str, opts: &Client
         }
     }
     let c = client.as_mut().expect("connected above");
-    c.set_spin(policy.spin_now());
+    c.set_spin(policy.spin_now(opts.spin));
     job(Ok(c));
 }
 
@@ -124,10 +124,10 @@ mod tests {
 
     #[test]
     fn engine_clients_spin_only_while_the_requests_in_flight_have_cpus_to_spare() {
-        let policy = SpinPolicy { in_flight: Arc::new(AtomicUsize::new(0)), cpus: 2, spin: Duration::from_micros(50) };
+        let policy = SpinPolicy { in_flight: Arc::new(AtomicUsize::new(0)), cpus: 2 };
         for (in_flight, spin) in [(1, 50), (2, 50), (3, 0), (16, 0)] {
             policy.in_flight.store(in_flight, Relaxed);
-            assert_eq!(policy.spin_now(), Duration::from_micros(spin), "{in_flight} in flight on 2 CPUs");
+            assert_eq!(policy.spin_now(Duration::from_micros(50)), Duration::from_micros(spin), "{in_flight} in flight on 2 CPUs");
         }
     }
 }

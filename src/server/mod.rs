@@ -399,7 +399,7 @@ impl Server {
                 _ => String::new(),
             },
             shared_memory_scope: match &transport {
-                TransportChoice::Fabric { provider, .. } if provider == "shm" => crate::transport::ucx::local_scope(),
+                TransportChoice::Fabric { provider, .. } if provider == "shm" => crate::transport::local_scope(),
                 TransportChoice::Fabric { .. } => None,
                 _ => crate::transport::ucx::shared_memory_scope(),
             },

@@ -34,6 +34,19 @@ impl Transport for ucx::Worker {
     }
 }
 
+/// This process's place for shared memory, whatever its transports: two processes with the
+/// same one can map each other's segments, over UCX's shared-memory transports or
+/// libfabric's `shm` (whose regions are their owner's alone).
+pub fn local_scope() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let ns = |n: &str| std::fs::read_link(format!("/proc/self/ns/{n}")).ok().map(|p| p.to_string_lossy().into_owned());
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    // Hashed: peers compare it, and need not learn the host's boot id or namespaces.
+    let scope = format!("{} {} {} uid:{uid}", boot.trim(), ns("ipc")?, ns("pid")?);
+    Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(scope.as_bytes())))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PollMode {
@@ -86,8 +99,8 @@ impl Poller {
         Poller { mode, spin, idle_since: None, idle_turns: 0, naps: 0, turns: 0, slept: false, transfer_until: None }
     }
 
-    /// Changes how long an idle wait spins before it sleeps (adaptive mode), from the next
-    /// idle spell on.
+    /// Changes how long an idle wait spins before it sleeps (adaptive mode), from its next
+    /// clock check on, the idle spell under way included.
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
     }
@@ -206,7 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn a_spin_set_later_holds_from_the_next_idle_spell() {
+    fn a_spin_set_later_holds_from_the_next_clock_check() {
         let mut p = Poller::new(PollMode::Adaptive, Duration::from_secs(60));
         assert_eq!(passes_before_nap(&mut p, 4 * CLOCK_EVERY), None, "it spins out its minute");
         p.set_spin(Duration::ZERO);

@@ -50,7 +50,7 @@ fn shared_memory_only(tls: Option<&str>, shm_detects_failure: bool) -> bool {
 }
 
 /// Whether the user's `UCX_TLS` names shared-memory transports only (this process can then
-/// reach no server outside its [`local_scope`]).
+/// reach no server outside its [`super::local_scope`]).
 pub fn env_allows_only_shared_memory() -> bool {
     shared_memory_only(std::env::var("UCX_TLS").ok().as_deref(), false)
 }
@@ -100,7 +100,7 @@ fn tls_may_use_tcp(tls: &str) -> bool {
 /// scope reach each other over [`LOCAL_SHARED_MEMORY`]'s transports.
 pub fn shared_memory_scope() -> Option<String> {
     if offers_shared_memory() {
-        local_scope()
+        super::local_scope()
     } else {
         None
     }
@@ -111,19 +111,6 @@ pub fn shared_memory_scope() -> Option<String> {
 pub fn offers_shared_memory() -> bool {
     let tls = std::env::var("UCX_TLS").unwrap_or_default();
     tls.trim().is_empty() || tls.starts_with('^') || tls.split(',').any(|t| ["posix", "sm", "shm"].contains(&t.trim()))
-}
-
-/// This process's place for shared memory, whatever its transports: two processes with the
-/// same one can map each other's segments (libfabric's `shm` too: its regions are the
-/// owner's alone).
-pub fn local_scope() -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let ns = |n: &str| std::fs::read_link(format!("/proc/self/ns/{n}")).ok().map(|p| p.to_string_lossy().into_owned());
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    // Hashed: peers compare it, and need not learn the host's boot id or namespaces.
-    let scope = format!("{} {} {} uid:{uid}", boot.trim(), ns("ipc")?, ns("pid")?);
-    Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(scope.as_bytes())))
 }
 
 /// UCX's configuration from the environment, and whether shared-memory transports detect a
