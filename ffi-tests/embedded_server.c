@@ -34,6 +34,9 @@ int main(void) {
   CHECK(len == 8192);
   rdram_client_close(c);
   rdram_server_stop(s);
+  /* A stopped handle is ignored (valgrind: no read of freed memory), as is NULL. */
+  rdram_server_stop(s);
+  CHECK(rdram_server_address(s) == NULL);
   rdram_server_stop(NULL);
   printf("embedded_server: stopped cleanly\n");
   return 0;

@@ -102,8 +102,9 @@ typedef struct rdram_client rdram_client;
 
 /**
  * A running embedded server. Created by `rdram_server_start`, stopped and freed by
- * `rdram_server_stop`. The handle may be used from any thread, but not freed while
- * another thread uses it.
+ * `rdram_server_stop`. What C holds is a serial number, never an address: a stopped,
+ * stale or invented handle is refused or ignored, never dereferenced (stopping twice is
+ * a no-op). Any thread may use it.
  */
 typedef struct rdram_server rdram_server;
 
@@ -496,12 +497,13 @@ rdram_status rdram_server_start(const struct rdram_server_config *config,
 
 /**
  * The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
- * `rdram_server_stop`. NULL if `server` is NULL.
+ * `rdram_server_stop`. NULL if `server` is NULL or not a running server.
  */
 const char *rdram_server_address(const struct rdram_server *server);
 
 /**
- * Stops the server's workers, frees its memory and the handle. NULL is allowed (no-op).
+ * Stops the server's workers, frees its memory and the handle. NULL, or a handle stopped
+ * already, is a no-op.
  */
 void rdram_server_stop(struct rdram_server *server);
 

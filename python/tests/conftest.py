@@ -25,6 +25,9 @@ if TRANSPORT.startswith("fabric:"):
     EMBEDDED_ARGS = {"transport": "fabric", "provider": PROVIDER}
 else:
     os.environ["UCX_TLS"] = UCX_TLS[TRANSPORT]
+    if TRANSPORT == "tcp":
+        # UCX's tcp transport is a trusted-network opt-in (README, Security).
+        os.environ["RDRAM_UCX_TCP"] = "1"
     SERVE_ARGS = ["--transport", "ucx"]
     EMBEDDED_ARGS = {"transport": "ucx"}
 

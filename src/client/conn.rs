@@ -270,9 +270,16 @@ impl Connection {
                 // one this client's UCX_TLS forced): say why it could not map it. UCX's
                 // errors reach us as their status text.
                 let shm_failed = crate::transport::ucx::status_string(crate::transport::ucx::sys::UCS_ERR_SHMEM_SEGMENT);
-                Box::new(UcxLink::connect(&welcomes, liveness, &opts).map_err(|mut e| {
+                let unreachable = crate::transport::ucx::status_string(crate::transport::ucx::sys::UCS_ERR_UNREACHABLE);
+                Box::new(UcxLink::connect(&welcomes, liveness, local_ip, &opts).map_err(|mut e| {
                     if let Some(node) = elsewhere.as_deref().filter(|_| e.message.contains(&shm_failed)) {
                         e.message = format!("{} ({})", e.message, why(node));
+                    } else if e.message.contains(&unreachable) && welcomes.iter().any(|w| !w.ucx_tcp) {
+                        e.message = format!(
+                            "{} (the server runs UCX without its tcp transport, as by default: between hosts serve with \
+                             --transport fabric, or with --ucx-tcp on a trusted network)",
+                            e.message
+                        );
                     }
                     e
                 })?)

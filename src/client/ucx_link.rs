@@ -122,11 +122,17 @@ pub struct UcxLink {
 }
 
 impl UcxLink {
-    pub fn connect(welcomes: &[Welcome], liveness: Liveness, poll: &ConnectOptions) -> Result<UcxLink> {
+    /// `local_ip`: this host's address toward the servers, where UCX's tcp transport
+    /// listens when the servers run it (see [`ucx::Tcp`]).
+    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, poll: &ConnectOptions) -> Result<UcxLink> {
         if poll.local_shared_memory {
             tracing::debug!("UCX over shared memory only: the servers share this process's host, namespaces and user");
         }
-        let worker = Box::new(Worker::with_settings(if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
+        let tcp = match local_ip {
+            Some(ip) if welcomes.iter().all(|w| w.ucx_tcp) => ucx::Tcp::on_interface_of(ip),
+            _ => ucx::Tcp::Off,
+        };
+        let worker = Box::new(Worker::with_settings(&tcp, if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
         let state =
             StatePtr::new(State { worker: &*worker, pending: Requests::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
         let state_ptr: *mut State = state.0;

@@ -2,7 +2,10 @@
 //! "server mode"). Clients, in this process or others, reach it over UCX or libfabric like
 //! any server.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::client::{flag, poll_mode};
 use super::{c_str, guard, null_arg, rdram_status};
@@ -11,11 +14,24 @@ use crate::store::{HugePages, Mode};
 use crate::{Server, ServerConfig, TransportChoice};
 
 /// A running embedded server. Created by `rdram_server_start`, stopped and freed by
-/// `rdram_server_stop`. The handle may be used from any thread, but not freed while
-/// another thread uses it.
+/// `rdram_server_stop`. What C holds is a serial number, never an address: a stopped,
+/// stale or invented handle is refused or ignored, never dereferenced (stopping twice is
+/// a no-op). Any thread may use it.
 pub struct rdram_server {
+    _opaque: [u8; 0],
+}
+
+struct Hosted {
     inner: Server,
     address: CString,
+}
+
+/// Running servers by handle. The address string of each lives as long as its entry.
+static SERVERS: Mutex<Option<HashMap<usize, Hosted>>> = Mutex::new(None);
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+fn servers() -> std::sync::MutexGuard<'static, Option<HashMap<usize, Hosted>>> {
+    SERVERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Embedded server configuration. Zero-initialise for defaults (127.0.0.1 on a free port,
@@ -88,29 +104,29 @@ pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, 
             }
             let inner = Server::start(cfg)?;
             let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-            out.write(Box::into_raw(Box::new(rdram_server { inner, address })));
+            let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+            servers().get_or_insert_with(HashMap::new).insert(id, Hosted { inner, address });
+            out.write(id as *mut rdram_server);
             Ok(rdram_status::RDRAM_OK)
         })
     }
 }
 
 /// The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
-/// `rdram_server_stop`. NULL if `server` is NULL.
+/// `rdram_server_stop`. NULL if `server` is NULL or not a running server.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_char {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        server.as_ref().map_or(std::ptr::null(), |s| s.address.as_ptr())
-    }
+pub extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_char {
+    // The string's bytes stay where they are until its entry is removed (stop).
+    servers().as_ref().and_then(|m| m.get(&(server as usize))).map_or(std::ptr::null(), |s| s.address.as_ptr())
 }
 
-/// Stops the server's workers, frees its memory and the handle. NULL is allowed (no-op).
+/// Stops the server's workers, frees its memory and the handle. NULL, or a handle stopped
+/// already, is a no-op.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_server_stop(server: *mut rdram_server) {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        if !server.is_null() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Box::from_raw(server).inner.stop()));
-        }
+pub extern "C" fn rdram_server_stop(server: *mut rdram_server) {
+    // Taken out of the table first: a second stop, here or on another thread, finds nothing.
+    let hosted = servers().as_mut().and_then(|m| m.remove(&(server as usize)));
+    if let Some(h) = hosted {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.inner.stop()));
     }
 }

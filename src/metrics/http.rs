@@ -15,8 +15,11 @@ use tracing::{debug, warn};
 
 use crate::error::{Error, Result, Status};
 
-/// Scrapers served at once; more connections are closed at once.
+/// Connections served at once, and from one source address. A new connection past either
+/// bound closes the oldest one (of its address, else of all): idle connections held open
+/// cannot keep a scraper out, which sends its request as soon as it connects.
 const MAX_CONNECTIONS: usize = 16;
+const MAX_CONNECTIONS_PER_SOURCE: usize = 4;
 /// A request's headers must arrive within this; a connection lives at most
 /// `CONNECTION_LIFETIME` (a scraper reconnects), so no peer holds a slot for ever.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -76,9 +79,27 @@ impl Drop for Endpoint {
     }
 }
 
+/// An open connection: where from, and how to close it.
+struct Open {
+    id: u64,
+    source: std::net::IpAddr,
+    task: tokio::task::AbortHandle,
+}
+
+type OpenList = Arc<std::sync::Mutex<Vec<Open>>>;
+
+/// Takes a connection off the list when its task ends, or is aborted.
+struct Listed(OpenList, u64);
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|o| o.id != self.1);
+    }
+}
+
 async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
+    let open: OpenList = Arc::default();
+    for id in 0u64.. {
         let (stream, peer) = match listener.accept().await {
             Ok(connection) => connection,
             Err(e) => {
@@ -88,21 +109,27 @@ async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>)
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // At debug: a connection flood must not become a log flood.
-            debug!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing the one from {peer}");
-            continue;
-        };
         let registry = registry.clone();
-        tokio::spawn(async move {
+        let listed = Listed(open.clone(), id);
+        let mut list = open.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest_of_source = || list.iter().position(|o| o.source == peer.ip());
+        let from_source = list.iter().filter(|o| o.source == peer.ip()).count();
+        let evict = if from_source >= MAX_CONNECTIONS_PER_SOURCE { oldest_of_source() } else { (list.len() >= MAX_CONNECTIONS).then_some(0) };
+        if let Some(i) = evict {
+            // At debug: a connection flood must not become a log flood.
+            debug!("metrics endpoint: connections at their limit; closing the oldest, from {}", list[i].source);
+            list.remove(i).task.abort();
+        }
+        let task = tokio::spawn(async move {
+            let _listed = listed;
             let service = hyper::service::service_fn(move |req| answer(req, registry.clone()));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
-            drop(slot);
         });
+        list.push(Open { id, source: peer.ip(), task: task.abort_handle() });
     }
 }
 

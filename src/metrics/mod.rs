@@ -68,6 +68,7 @@ pub struct ServerCollector {
     pub bootstrap: Arc<BootstrapMetrics>,
     /// "ucx" or "fabric".
     pub transport: String,
+    pub reply_budget: Arc<crate::server::service::ReplyBudget>,
 }
 
 impl Collector for ServerCollector {
@@ -132,6 +133,14 @@ impl Collector for ServerCollector {
             each_counter(&g(|g| &g.worker_recycles)),
         )?;
 
+        family(
+            &mut e,
+            "rdram_reply_backlog_bytes",
+            "Reply bytes held for clients that have not taken them yet, all shards",
+            MetricType::Gauge,
+            [(Labels::new(), gauge(self.reply_budget.held()))],
+        )?;
+        family(&mut e, "rdram_reply_budget_bytes", "The limit on rdram_reply_backlog_bytes (--reply-budget)", MetricType::Gauge, [(Labels::new(), gauge(self.reply_budget.limit()))])?;
         let b = &self.bootstrap;
         family(&mut e, "rdram_clients_connected", "Clients connected", MetricType::Gauge, [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))])?;
         let handshakes = [

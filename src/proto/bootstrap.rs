@@ -58,6 +58,10 @@ pub struct Welcome {
     /// shared memory alone; a libfabric `shm` client elsewhere cannot connect at all.
     #[serde(default)]
     pub shared_memory_scope: Option<String>,
+    /// Set by a UCX server that runs UCX's tcp transport (`--ucx-tcp`, trusted networks
+    /// only): its clients run it too, else they leave it off.
+    #[serde(default)]
+    pub ucx_tcp: bool,
 }
 
 impl Welcome {
@@ -72,11 +76,12 @@ impl Welcome {
             session: 0,
             shards: Vec::new(),
             shared_memory_scope: None,
+            ucx_tcp: false,
         }
     }
 }
 
-pub fn write_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> Result<()> {
+pub fn write_line<T: Serialize>(mut stream: impl Write, msg: &T) -> Result<()> {
     let mut line = serde_json::to_vec(msg).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
     line.push(b'\n');
     stream.write_all(&line)?;

@@ -8,9 +8,13 @@
 //! (the client closed, exited or was killed) the workers revoke the client's session and
 //! free what it held.
 //!
-//! Bounds: at most [`MAX_HANDSHAKES`] handshakes at once, each finished within
-//! [`HANDSHAKE_TIMEOUT`] in all (not per byte), and at most `max_clients` welcomed
-//! clients; beyond either a client is told "server at capacity".
+//! Bounds: at most [`MAX_HANDSHAKES`] handshakes at once, [`MAX_HANDSHAKES_PER_SOURCE`] of
+//! them from one address (so that one host's silent sockets cannot lock out everyone
+//! else), each finished within [`HANDSHAKE_TIMEOUT`] in all (not per byte); at most
+//! `max_clients` welcomed clients, counted apart from handshakes; and a new client only
+//! while the process has [`FD_HEADROOM`] file descriptors to spare (a client's endpoints
+//! need some). Beyond any of these a client is told "server at capacity" and why; with no
+//! fd left at all, one kept in reserve is let go to accept and tell it.
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
@@ -32,6 +36,10 @@ use crate::proto::PROTOCOL_VERSION;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Handshakes in progress at once (one short-lived thread each).
 pub const MAX_HANDSHAKES: usize = 64;
+/// Handshakes in progress at once from one source address.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+/// File descriptors that must be free for a new client to be welcomed.
+pub const FD_HEADROOM: usize = 64;
 /// How long the accept loop pauses when the process is out of fds (EMFILE).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -41,6 +49,8 @@ pub struct Shared {
     pub provider: String,
     /// See [`Welcome::shared_memory_scope`].
     pub shared_memory_scope: Option<String>,
+    /// See [`Welcome::ucx_tcp`].
+    pub ucx_tcp: bool,
     /// Each shard worker's address(es), encoded for the Welcome.
     pub shards: Vec<super::ShardAddress>,
     pub token: Option<String>,
@@ -52,6 +62,8 @@ pub struct Shared {
     /// Connected clients and handshake outcomes (also for `--metrics`).
     pub metrics: Arc<BootstrapMetrics>,
     pub handshakes: AtomicUsize,
+    /// Handshakes in progress per source address.
+    pub handshakes_by_source: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
 }
 
 impl Shared {
@@ -78,12 +90,25 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("rdram-bootstrap".into())
         .spawn(move || {
+            // Let go when the process is out of fds, to accept the client waiting and
+            // tell it so (instead of leaving it to its connect timeout).
+            let mut reserve = std::fs::File::open("/dev/null").ok();
             for stream in listener.incoming() {
                 if shared.stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let mut stream = match stream {
+                let stream = match stream {
                     Ok(s) => s,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) && reserve.is_some() => {
+                        drop(reserve.take());
+                        if let Ok((s, from)) = listener.accept() {
+                            debug!("refused {from}: out of file descriptors");
+                            refuse_at_once(&s, &shared, "server at capacity: out of file descriptors");
+                        }
+                        reserve = std::fs::File::open("/dev/null").ok();
+                        std::thread::sleep(ACCEPT_BACKOFF);
+                        continue;
+                    }
                     Err(e) => {
                         // Out of fds (or memory): spinning on accept would not free any.
                         if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) {
@@ -93,20 +118,14 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                         continue;
                     }
                 };
-                if shared.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
-                    shared.handshakes.fetch_sub(1, Ordering::SeqCst);
-                    shared.metrics.refused_capacity.fetch_add(1, Ordering::Relaxed);
-                    // Counted, logged at debug: a connection flood must not become a log flood.
-                    debug!("refused {}: too many handshakes in progress", peer(&stream));
-                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-                    let _ = write_line(&mut stream, &Welcome::refusal(Status::Unavailable, "server at capacity: too many handshakes in progress".into()));
+                let Some(place) = HandshakePlace::take(&shared, &stream) else {
                     continue;
-                }
+                };
                 let (shared, keep) = (shared.clone(), keep_tx.clone());
                 // One short-lived thread per handshake, so a slow client cannot stall others.
                 let spawned = std::thread::Builder::new().name("rdram-handshake".into()).spawn(move || {
                     let result = handshake(stream, &shared);
-                    shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+                    drop(place);
                     match result {
                         Ok(kept) => drop(keep.send(kept)),
                         Err(e) => debug!("handshake failed: {e}"),
@@ -118,6 +137,77 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
             }
         })
         .map_err(|e| Error::new(Status::Internal, e.to_string()))
+}
+
+/// Answers a connection with a refusal and closes it, without a thread of its own. Counted
+/// and logged at debug only: a connection flood must not become a log flood.
+fn refuse_at_once(stream: &TcpStream, shared: &Shared, why: &str) {
+    shared.metrics.refused_capacity.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = write_line(stream, &Welcome::refusal(Status::Unavailable, why.into()));
+}
+
+/// A place among the handshakes in progress, given back when dropped.
+struct HandshakePlace {
+    shared: Arc<Shared>,
+    source: std::net::IpAddr,
+}
+
+impl HandshakePlace {
+    /// A place for `stream`'s handshake, or None after telling it why there is none.
+    fn take(shared: &Arc<Shared>, stream: &TcpStream) -> Option<HandshakePlace> {
+        let source = stream.peer_addr().map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let refusal = {
+            let mut by_source = shared.handshakes_by_source.lock().unwrap_or_else(|e| e.into_inner());
+            let from_source = by_source.entry(source).or_default();
+            if *from_source >= MAX_HANDSHAKES_PER_SOURCE {
+                Some("server at capacity: too many handshakes in progress from this address")
+            } else if shared.handshakes.load(Ordering::SeqCst) >= MAX_HANDSHAKES {
+                Some("server at capacity: too many handshakes in progress")
+            } else if free_fds().is_some_and(|free| free < FD_HEADROOM) {
+                Some("server at capacity: out of file descriptors")
+            } else {
+                *from_source += 1;
+                shared.handshakes.fetch_add(1, Ordering::SeqCst);
+                None
+            }
+        };
+        match refusal {
+            Some(why) => {
+                debug!("refused {source}: {why}");
+                refuse_at_once(stream, shared, why);
+                None
+            }
+            None => Some(HandshakePlace { shared: shared.clone(), source }),
+        }
+    }
+}
+
+impl Drop for HandshakePlace {
+    fn drop(&mut self) {
+        let mut by_source = self.shared.handshakes_by_source.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                by_source.remove(&self.source);
+            }
+        }
+        self.shared.handshakes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// File descriptors this process may still open (its limit less those open), if known.
+fn free_fds() -> Option<usize> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into `limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    // Listing them takes a descriptor too: when none is left, none is free.
+    let Ok(open) = std::fs::read_dir("/proc/self/fd").map(Iterator::count) else {
+        return Some(0);
+    };
+    Some((limit.rlim_cur as usize).saturating_sub(open))
 }
 
 /// Holds welcomed clients' connections until each client closes its end (or the server
@@ -244,6 +334,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<Kept> {
             session,
             shards: shared.shards.iter().map(super::ShardAddress::get).collect(),
             shared_memory_scope: shared.shared_memory_scope.clone(),
+            ucx_tcp: shared.ucx_tcp,
         },
     );
     if let Err(e) = welcomed {

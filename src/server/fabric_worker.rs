@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::service::{self, Answer, Membership, PendingPut, Request, Service};
+use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
 use super::{RetryBackoff, WorkerInfo};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -197,6 +197,7 @@ impl FabricShardWorker {
         listen: std::net::IpAddr,
         rails: usize,
         stall_timeout: Duration,
+        reply_budget: Arc<ReplyBudget>,
     ) -> Result<Box<Self>> {
         let rails = Rails::open(provider, Some(listen), rails)?;
         // No remote access to anything of ours: replies are sends, and put values are
@@ -213,7 +214,7 @@ impl FabricShardWorker {
             provider: provider.to_string(),
             listen,
             address,
-            service: Service::new(index, shards, membership, shard),
+            service: Service::new(index, shards, membership, shard, reply_budget),
             arena_mr,
             recv_mr,
             recv_slab,
@@ -443,9 +444,12 @@ impl FabricShardWorker {
         let b = self.backlog.entry(owner).or_default();
         b.0 += 1;
         b.1 += bytes;
+        self.service.reply_budget.charge(bytes);
     }
 
+    /// Also for a client that left: its replies' bytes stay charged until their sends end.
     fn discharge(&mut self, owner: u64, bytes: u64) {
+        self.service.reply_budget.discharge(bytes);
         if let Some(b) = self.backlog.get_mut(&owner) {
             b.0 = b.0.saturating_sub(1);
             b.1 = b.1.saturating_sub(bytes);
@@ -532,7 +536,7 @@ impl FabricShardWorker {
         if self.unresponsive.contains(&client_id) {
             return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index);
         }
-        if self.backlog.get(&client_id).is_some_and(|b| b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES) {
+        if self.backlog.get(&client_id).is_some_and(|b| b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.1)) {
             // It does not receive what it asked for: stop serving it until it drains.
             return debug!("shard {}: client {client_id} has too many unreceived replies; request dropped", self.service.index);
         }

@@ -2,7 +2,7 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
-pub use bootstrap::constant_time_eq;
+pub use bootstrap::{constant_time_eq, FD_HEADROOM};
 mod fabric_worker;
 mod queue_probe;
 pub(crate) mod service;
@@ -52,6 +52,13 @@ pub struct ServerConfig {
     pub stranded_endpoint_limit: usize,
     /// `host:port` to serve Prometheus metrics on (`/metrics`); None: no endpoint.
     pub metrics: Option<String>,
+    /// UCX: run UCX's tcp transport, on the interface of `listen` only. Off by default:
+    /// UCX's tcp receiver acts for any peer that reaches its port before the token check
+    /// (see [`ucx::Tcp`]), so it is for trusted networks only.
+    pub ucx_tcp: bool,
+    /// Reply bytes held, across every shard, for clients that do not take their replies;
+    /// past it a client that is behind has its requests dropped until it catches up.
+    pub reply_budget: u64,
 }
 
 /// Default for [`ServerConfig::stall_timeout`].
@@ -59,6 +66,9 @@ pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default for [`ServerConfig::stranded_endpoint_limit`]: at most ~25 MB per worker.
 pub const DEFAULT_STRANDED_ENDPOINT_LIMIT: usize = 512;
+
+/// Default for [`ServerConfig::reply_budget`].
+pub const DEFAULT_REPLY_BUDGET: u64 = 256 << 20;
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 1024;
@@ -115,6 +125,9 @@ impl Default for ServerConfig {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             stranded_endpoint_limit: DEFAULT_STRANDED_ENDPOINT_LIMIT,
             metrics: None,
+            // The environment's opt-in, for servers embedded through the C ABI or Python.
+            ucx_tcp: std::env::var("RDRAM_UCX_TCP").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
+            reply_budget: DEFAULT_REPLY_BUDGET,
         }
     }
 }
@@ -251,6 +264,10 @@ pub struct Server {
     wakers: Vec<ucx::Waker>,
     workers: Vec<JoinHandle<()>>,
     bootstrap: Option<JoinHandle<()>>,
+    /// The bootstrap's listening socket (a second descriptor of it): shut down to end
+    /// its accept loop, which needs no new descriptor (a connection of our own would,
+    /// and a server out of them could not stop).
+    bootstrap_socket: Option<TcpListener>,
     local_addr: SocketAddr,
     /// The `/metrics` endpoint, with `--metrics`.
     metrics: Option<metrics::Endpoint>,
@@ -290,13 +307,27 @@ impl Server {
         let mut cores = Vec::new();
         let mut bytes = 0;
         let transport = cfg.transport.clone().resolve();
-        if matches!(transport, TransportChoice::Ucx) && ucx::may_use_tcp() {
-            // What no setting of ours closes (README, Security): said where operators look.
-            warn!(
-                "UCX's tcp transport carries out a peer's one-sided writes to this process's memory before any token \
-                 check; let only trusted hosts reach its tcp ports, or use --transport fabric (or UCX_TLS without tcp)"
-            );
-        }
+        let ucx_tcp = match transport {
+            TransportChoice::Ucx if cfg.ucx_tcp => {
+                // What no setting of ours closes (README, Security): said where operators look.
+                warn!(
+                    "UCX tcp is on (--ucx-tcp): UCX's tcp receiver carries out any peer's one-sided writes to this \
+                     process's memory before the token check; let only trusted hosts reach {}",
+                    listen_addr.ip()
+                );
+                ucx::Tcp::on_interface_of(listen_addr.ip())
+            }
+            TransportChoice::Ucx if ucx::env_enables_tcp() => {
+                return Err(Error::new(
+                    Status::Invalid,
+                    "UCX_TLS enables UCX's tcp transport, which acts for any peer before the token check (one packet \
+                     writes into the server's memory or crashes it): serve with --ucx-tcp (RDRAM_UCX_TCP=1) on a trusted \
+                     network only, or use --transport fabric --provider \"tcp;ofi_rxm\" between hosts",
+                ));
+            }
+            _ => ucx::Tcp::Off,
+        };
+        let reply_budget = Arc::new(service::ReplyBudget::new(cfg.reply_budget));
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         let mut members = Vec::new();
         for index in 0..cfg.workers {
@@ -306,7 +337,8 @@ impl Server {
                 (None, n) => Some(machine_cores[index % n]),
             };
             cores.push(core.map(|c| c.id));
-            let (tx, stop, cfg, transport) = (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone());
+            let (tx, stop, cfg, transport, ucx_tcp, reply_budget) =
+                (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), ucx_tcp.clone(), reply_budget.clone());
             let (member_tx, membership) = crossbeam_channel::unbounded();
             members.push(member_tx);
             let handle = std::thread::Builder::new()
@@ -322,10 +354,10 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => {
-                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout)
+                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout, reply_budget)
                                 .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
-                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout, cfg.stranded_endpoint_limit)
+                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout, cfg.stranded_endpoint_limit, ucx_tcp, reply_budget)
                             .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
                     };
                     match built {
@@ -378,6 +410,7 @@ impl Server {
             wakers,
             workers,
             bootstrap: None,
+            bootstrap_socket: None,
             local_addr,
             metrics: None,
         };
@@ -398,6 +431,7 @@ impl Server {
                 TransportChoice::Fabric { provider, .. } => provider.clone(),
                 _ => String::new(),
             },
+            ucx_tcp: ucx_tcp != ucx::Tcp::Off,
             shared_memory_scope: match &transport {
                 TransportChoice::Fabric { provider, .. } if provider == "shm" => crate::transport::local_scope(),
                 TransportChoice::Fabric { .. } => None,
@@ -411,10 +445,16 @@ impl Server {
             max_clients: cfg.max_clients,
             metrics: bootstrap_metrics.clone(),
             handshakes: 0.into(),
+            handshakes_by_source: Default::default(),
         };
         if let Some(listen) = &cfg.metrics {
             shard_metrics.iter().for_each(|m| m.time_requests());
-            let collector = metrics::ServerCollector { shards: shard_metrics, bootstrap: bootstrap_metrics, transport: welcome.transport.to_string() };
+            let collector = metrics::ServerCollector {
+                shards: shard_metrics,
+                bootstrap: bootstrap_metrics,
+                transport: welcome.transport.to_string(),
+                reply_budget: reply_budget.clone(),
+            };
             match metrics::Endpoint::start(listen, Box::new(collector)) {
                 Ok(endpoint) => {
                     server.info.metrics = Some(endpoint.local_addr().to_string());
@@ -426,6 +466,7 @@ impl Server {
                 }
             }
         }
+        server.bootstrap_socket = Some(listener.try_clone()?);
         server.bootstrap = Some(bootstrap::spawn(listener, welcome)?);
         debug!("{}", server.info.banner());
         Ok(server)
@@ -451,9 +492,11 @@ impl Server {
         self.metrics = None;
         self.stop.store(true, Ordering::SeqCst);
         if let Some(b) = self.bootstrap.take() {
-            // Unblock accept() with a connection of our own (local_addr is set whenever
-            // the bootstrap runs).
-            let _ = std::net::TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+            if let Some(socket) = self.bootstrap_socket.take() {
+                // SAFETY: shutdown on a descriptor this server owns; it wakes the accept
+                // blocked on the same socket (Linux), which then sees `stop`.
+                unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&socket), libc::SHUT_RDWR) };
+            }
             let _ = b.join();
         }
         for w in &self.wakers {

@@ -53,8 +53,8 @@ const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 const UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 
 impl QueueProbe {
-    pub fn new() -> Result<QueueProbe> {
-        let worker = Worker::new()?;
+    pub fn new(tcp: &crate::transport::ucx::Tcp) -> Result<QueueProbe> {
+        let worker = Worker::new(tcp)?;
         Ok(QueueProbe { worker, ep: ptr::null_mut(), outstanding: None, last_sent: None, answered: false, connected_at: Instant::now(), warned_unanswered: false })
     }
 

@@ -68,6 +68,44 @@ pub enum Membership {
     Left { client: u64 },
 }
 
+/// Reply bytes that every shard of a server holds for clients that have not taken them
+/// ([`super::ServerConfig::reply_budget`]): one budget, so that the total is bounded
+/// however many clients and shards there are, not only each client's share of a shard.
+#[derive(Debug)]
+pub struct ReplyBudget {
+    limit: u64,
+    held: std::sync::atomic::AtomicU64,
+}
+
+impl ReplyBudget {
+    pub fn new(limit: u64) -> ReplyBudget {
+        ReplyBudget { limit, held: 0.into() }
+    }
+
+    pub fn charge(&self, bytes: u64) {
+        self.held.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn discharge(&self, bytes: u64) {
+        self.held.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn held(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Whether a client already holding `behind` unreceived reply bytes may be served: a
+    /// client that is not behind always is (it takes what it asked for), one that is
+    /// waits while the budget is spent.
+    pub fn serves(&self, behind: u64) -> bool {
+        behind == 0 || self.held() < self.limit
+    }
+}
+
 pub struct Service {
     pub index: usize,
     shards: usize,
@@ -86,6 +124,8 @@ pub struct Service {
     /// What this worker counts; only this worker writes it (see `metrics`).
     pub metrics: Arc<ShardMetrics>,
     pressure: Pressure,
+    /// The server's reply bytes held for clients, shared by every shard.
+    pub reply_budget: Arc<ReplyBudget>,
 }
 
 /// Arena pressure as log lines: crossing 90 % full (once, until it drops below 80 %), and
@@ -121,7 +161,7 @@ impl Pressure {
 }
 
 impl Service {
-    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard) -> Service {
+    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, reply_budget: Arc<ReplyBudget>) -> Service {
         Service {
             index,
             shards,
@@ -133,6 +173,7 @@ impl Service {
             list_scratch: Vec::new(),
             metrics: Arc::default(),
             pressure: Pressure::default(),
+            reply_budget,
         }
     }
 
@@ -412,6 +453,8 @@ impl Service {
         if let Some(n) = self.clients {
             stats["clients"] = n.into();
         }
+        stats["reply_backlog_bytes"] = self.reply_budget.held().into();
+        stats["reply_budget_bytes"] = self.reply_budget.limit().into();
         // What `rdram top` shows besides the shard's own counters: every request answered,
         // the failed ones, value bytes moved, and the server's connected clients (every
         // worker hears of every client's session).

@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};
 use super::ucx_generations::{PerGeneration, ReplyEps};
-use super::service::{self, Answer, Membership, PendingPut, Service};
+use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
 use super::{RetryBackoff, ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
@@ -209,6 +209,8 @@ pub struct ShardWorker {
     /// The helper thread starting a fresh worker (see [`ShardWorker::prepare_spare`]);
     /// joined when the worker is taken, or when the shard stops.
     spare: Option<std::thread::JoinHandle<Result<Worker>>>,
+    /// Whether this shard's workers run UCX's tcp transport (its replacements too).
+    tcp: ucx::Tcp,
 }
 
 #[derive(Default)]
@@ -224,21 +226,33 @@ const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, stall_timeout: Duration, stranded_limit: usize) -> Result<Box<ShardWorker>> {
-        let worker = Worker::new()?;
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: usize,
+        shards: usize,
+        membership: crossbeam_channel::Receiver<Membership>,
+        shard: Shard,
+        stall_timeout: Duration,
+        stranded_limit: usize,
+        tcp: ucx::Tcp,
+        reply_budget: Arc<ReplyBudget>,
+    ) -> Result<Box<ShardWorker>> {
+        let worker = Worker::new(&tcp)?;
+        let probe = QueueProbe::new(&tcp)?;
         let arena = shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
         let address = worker.address()?;
         let handle = worker.handle();
         let mut w = Box::new(ShardWorker {
-            service: Service::new(index, shards, membership, shard),
+            service: Service::new(index, shards, membership, shard, reply_budget),
+            tcp,
             retired: Vec::new(),
             worker,
             memh,
             arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), generation: 0, worker: handle, memh }),
             generation: 0,
             address: ShardAddress::new(crate::proto::bootstrap::hex_encode(&address)),
-            probe: QueueProbe::new()?,
+            probe,
             probe_seen: 0,
             replies_in_flight: PerGeneration::default(),
             reply_pool: Vec::new(),
@@ -459,7 +473,8 @@ impl ShardWorker {
         if self.spare.is_some() || self.stranded * 4 < self.stranded_limit * 3 {
             return;
         }
-        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(Worker::new);
+        let tcp = self.tcp.clone();
+        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(move || Worker::new(&tcp));
         match spawned {
             Ok(thread) => self.spare = Some(thread),
             Err(e) => debug!("shard {}: no helper thread for a spare worker ({e}); it will start on the shard's", self.service.index),
@@ -473,9 +488,9 @@ impl ShardWorker {
             Some(Ok(Ok(worker))) => Ok(worker),
             Some(Ok(Err(e))) => {
                 debug!("shard {}: the spare worker did not start ({}); starting one here", self.service.index, e.message);
-                Worker::new()
+                Worker::new(&self.tcp)
             }
-            _ => Worker::new(),
+            _ => Worker::new(&self.tcp),
         }
     }
 
@@ -605,6 +620,7 @@ impl ShardWorker {
                     let b = self.backlog.entry(client).or_default();
                     b.replies += 1;
                     b.bytes += owned;
+                    self.service.reply_budget.charge(owned);
                     // SAFETY: as above.
                     unsafe { (*raw).charged = owned };
                     self.sending.insert(raw as usize, client);
@@ -682,7 +698,7 @@ impl ShardWorker {
         // SAFETY: for an eager message UCX hands us `length` readable bytes at `data`,
         // valid for the duration of this callback.
         let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
-        if self.backlog.get(&client).is_some_and(|b| b.replies >= MAX_BACKLOG_REPLIES || b.bytes >= MAX_BACKLOG_BYTES) {
+        if self.backlog.get(&client).is_some_and(|b| b.replies >= MAX_BACKLOG_REPLIES || b.bytes >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.bytes)) {
             // It does not receive what it asked for: stop serving it (its memory would
             // pile up here) until it drains.
             debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index);
@@ -716,6 +732,8 @@ impl ShardWorker {
                 if let Some(extent) = msg.pinned.take() {
                     self.service.shard.unpin(extent);
                 }
+                // Its send may never end (a dead shared-memory peer): uncharged now.
+                self.service.reply_budget.discharge(std::mem::take(&mut msg.charged));
                 self.replies_in_flight.remove(msg.generation);
                 self.orphans.insert(m, msg.generation);
             }
@@ -867,6 +885,8 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
             w.replies_in_flight.remove(m.generation);
         }
         w.sending.remove(&m.key());
+        // Zero for a reply to a departed client (discharged when it left).
+        w.service.reply_budget.discharge(m.charged);
         if let Some(b) = w.backlog.get_mut(&m.client) {
             b.replies = b.replies.saturating_sub(1);
             b.bytes = b.bytes.saturating_sub(m.charged);

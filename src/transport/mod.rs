@@ -47,6 +47,40 @@ pub fn local_scope() -> Option<String> {
     Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(scope.as_bytes())))
 }
 
+/// The name of the network interface that holds `ip` ("lo" for 127.0.0.1), if any.
+pub fn interface_of(ip: std::net::IpAddr) -> Option<String> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a chain it allocates, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut at = list;
+    while !at.is_null() && found.is_none() {
+        // SAFETY: `at` is a node of the chain getifaddrs returned, alive until freeifaddrs.
+        let node = unsafe { &*at };
+        at = node.ifa_next;
+        if node.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says how long it is.
+        let addr: Option<std::net::IpAddr> = unsafe {
+            match (*node.ifa_addr).sa_family as i32 {
+                libc::AF_INET => Some(std::net::Ipv4Addr::from(u32::from_be((*(node.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr)).into()),
+                libc::AF_INET6 => Some(std::net::Ipv6Addr::from((*(node.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr).into()),
+                _ => None,
+            }
+        };
+        if addr == Some(ip) {
+            // SAFETY: ifa_name is a NUL-terminated string of the node.
+            found = Some(unsafe { std::ffi::CStr::from_ptr(node.ifa_name) }.to_string_lossy().into_owned());
+        }
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PollMode {

@@ -42,7 +42,13 @@ pub fn init(transport: &str) {
                 let args = ["--transport", "fabric", "--provider", provider];
                 SERVE_ARGS.set(args.iter().map(|a| a.to_string()).collect()).unwrap();
             }
-            None => std::env::set_var("UCX_TLS", transport),
+            None => {
+                std::env::set_var("UCX_TLS", transport);
+                if transport == TCP {
+                    // UCX's tcp transport is a trusted-network opt-in (README, Security).
+                    std::env::set_var("RDRAM_UCX_TCP", "1");
+                }
+            }
         }
     });
 }

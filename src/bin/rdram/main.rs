@@ -193,6 +193,15 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// UCX: also run UCX's tcp transport (on the --listen interface only). Trusted networks
+    /// only: UCX's tcp receiver carries out any peer's writes into this server's memory
+    /// before the token check. Between untrusted hosts use --transport fabric.
+    #[arg(long, env = "RDRAM_UCX_TCP", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    ucx_tcp: bool,
+    /// Reply bytes the server holds, over all shards, for clients that do not take their
+    /// replies; past it such clients' requests wait until they catch up.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    reply_budget: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -384,6 +393,19 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+/// Lifts this process's soft limit on open files to its hard limit: a server holds a
+/// descriptor or more per client, and refuses new clients (it does not fail) near the limit.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 /// Reads a value, stopping one byte past the largest value a server takes (so an endless
 /// source such as /dev/zero fails at once instead of filling memory).
 fn read_value(source: impl Read, name: &str) -> Result<Vec<u8>, Error> {
@@ -418,7 +440,10 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         stall_timeout: Duration::from_millis(args.stall_timeout_ms),
         stranded_endpoint_limit: args.stranded_endpoint_limit as usize,
         metrics: args.metrics,
+        ucx_tcp: args.ucx_tcp,
+        reply_budget: args.reply_budget,
     };
+    raise_fd_limit();
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
     let server = Server::start(cfg)?;
     println!("{}", server.info().banner());

@@ -76,10 +76,39 @@ pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 /// peer that reaches its port whatever it advertised (see README, Security).
 const HARDENING: &[(&str, &str)] = &[("TCP_PUT_ENABLE", "n")];
 
-/// Whether `UCX_TLS` lets UCX use its tcp transport (unset, `all`, a list naming `tcp`,
-/// or an exclusion list that does not exclude it).
-pub fn may_use_tcp() -> bool {
-    tls_may_use_tcp(&std::env::var("UCX_TLS").unwrap_or_default())
+/// Whether a worker runs UCX's tcp transport. UCX's tcp receiver carries out a put message
+/// from any peer that reaches its port, before any remote_dram check (a hand-made one
+/// writes wherever it says, or crashes the process), and UCX never closes a silent
+/// connection to it. So no worker runs it unless asked to, for a trusted network.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Tcp {
+    /// No tcp transport (`UCX_TLS=^tcp` unless the environment names transports).
+    #[default]
+    Off,
+    /// tcp, its listeners on `device` only (the interface of the address the server
+    /// listens on, or the client reached it from); None: every interface.
+    On { device: Option<String> },
+}
+
+impl Tcp {
+    /// tcp on the interface that holds `ip` (every interface for an unspecified address,
+    /// or one that no interface holds).
+    pub fn on_interface_of(ip: std::net::IpAddr) -> Tcp {
+        Tcp::On { device: if ip.is_unspecified() { None } else { super::interface_of(ip) } }
+    }
+
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Tcp::Off => vec![("TLS", "^tcp".into())],
+            Tcp::On { device: Some(d) } => vec![("NET_DEVICES", d.clone())],
+            Tcp::On { device: None } => Vec::new(),
+        }
+    }
+}
+
+/// Whether the user's `UCX_TLS` (set) lets UCX use its tcp transport.
+pub fn env_enables_tcp() -> bool {
+    std::env::var("UCX_TLS").is_ok_and(|tls| tls_may_use_tcp(&tls))
 }
 
 fn tls_may_use_tcp(tls: &str) -> bool {
@@ -242,13 +271,13 @@ impl Worker {
     /// by one thread at a time, which need not be the thread that created it (a client
     /// handle may move between threads; single-thread mode would forbid that). No RMA: a
     /// peer must not read or write this process's memory one-sidedly (see [`HARDENING`]).
-    pub fn new() -> Result<Worker> {
-        Self::with_settings(&[])
+    pub fn new(tcp: &Tcp) -> Result<Worker> {
+        Self::with_settings(tcp, &[])
     }
 
     /// Like [`Worker::new`], with UCX `settings` (names without `UCX_`) in place of the
     /// defaults; a variable the user set in the environment wins over ours.
-    pub fn with_settings(settings: &[(&str, &str)]) -> Result<Worker> {
+    pub fn with_settings(tcp: &Tcp, settings: &[(&str, &str)]) -> Result<Worker> {
         let params = ucp_params_t {
             field_mask: (UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
             features: (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP) as u64,
@@ -259,8 +288,12 @@ impl Worker {
         let mut context: ucp_context_h = ptr::null_mut();
         let (config, shm_detects_failure) = read_config()?;
         let mut tls = std::env::var("UCX_TLS").ok();
-        for &(name, value) in HARDENING.iter().chain(settings) {
-            if std::env::var_os(format!("UCX_{name}")).is_some() {
+        let tcp_settings = tcp.settings();
+        let ours = HARDENING.iter().copied().chain(tcp_settings.iter().map(|(n, v)| (*n, v.as_str())));
+        let all: Vec<(&str, &str)> = ours.chain(settings.iter().copied()).collect();
+        for (i, &(name, value)) in all.iter().enumerate() {
+            // The environment wins, and a later setting of ours replaces an earlier one.
+            if std::env::var_os(format!("UCX_{name}")).is_some() || all[i + 1..].iter().any(|(n, _)| *n == name) {
                 continue;
             }
             if let Err(e) = modify_config(config, name, value) {
