@@ -11,7 +11,7 @@
 #   SERVE_ARGS=""          more `rdram serve` arguments (e.g. --transport fabric --provider shm)
 #   PY=python3             a python with tensorstore and numpy (target/venv-tensorstore here)
 #   LOAD=…                 rdram-gateway-load (default: beside RDRAM), run after TensorStore
-# UCX_TLS picks the UCX transport as usual (e.g. posix,sysv,cma,self or tcp).
+# UCX_TLS picks the UCX transport as usual (e.g. posix,sysv,cma,self, or tcp with RDRAM_UCX_TCP=1).
 # On the GPU machine: source .device-bundle's paths first (bench/compare --device-bundle
 # shows which), and pass .device-bundle/bin/rdram.
 set -euo pipefail

@@ -10,6 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod client;
+pub mod cluster;
 pub mod error;
 pub mod ffi;
 #[doc(hidden)]

@@ -116,7 +116,7 @@ fn dying_sender() {
     let mut stream = TcpStream::connect(&addr).unwrap();
     write_line(&mut stream, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: None }).unwrap();
     let welcome: Welcome = read_line(&stream, Duration::from_secs(5)).unwrap();
-    let worker = Worker::new().unwrap();
+    let worker = Worker::new(&remote_dram::transport::ucx::Tcp::Off).unwrap();
     // SAFETY: no error callback; the endpoint lives until the process dies.
     let (ep, _) = unsafe { worker.connect(&hex_decode(&welcome.shards[0]).unwrap(), None, std::ptr::null_mut()) }.unwrap();
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::cluster;
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::store::ByteRange;
@@ -166,6 +167,9 @@ pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
 pub struct Client {
     conn: Connection,
     addresses: Vec<String>,
+    /// For a cluster named by an `etcd://` string: its member set, followed in the
+    /// background, and the revision of the view `addresses` came from.
+    cluster: Option<(cluster::Watch, i64)>,
     opts: ConnectOptions,
     /// Caller memory registered through [`Client::register`], redone on a new connection.
     regions: Vec<(usize, usize)>,
@@ -185,9 +189,22 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 unsafe impl Send for Client {}
 
 impl Client {
-    /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`.
+    /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`, or to the live
+    /// members of a cluster, `"etcd://HOST:PORT[,HOST:PORT...]/NAME"`, whose changes it
+    /// follows (a call after a member joined or left connects to the new set first).
     pub fn connect(addresses: &str, opts: ClientOptions) -> Result<Client> {
-        let list: Vec<String> = addresses.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        let cluster = match cluster::ClusterUrl::parse(addresses)? {
+            Some(url) => {
+                let watch = cluster::Watch::start(&url)?;
+                let revision = watch.revision();
+                Some((watch, revision))
+            }
+            None => None,
+        };
+        let list: Vec<String> = match &cluster {
+            Some((watch, _)) => members_of(watch)?,
+            None => addresses.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        };
         let copts = ConnectOptions {
             auth_token: opts.auth_token,
             poll: opts.poll,
@@ -197,7 +214,16 @@ impl Client {
             local_shared_memory: opts.local_shared_memory,
         };
         let conn = Connection::connect(&list, &copts)?;
-        Ok(Client { conn, addresses: list, opts: copts, regions: Vec::new(), reconnect_at: std::time::Instant::now(), backoff: RECONNECT_BACKOFF_MIN, spin: opts.spin })
+        Ok(Client {
+            conn,
+            addresses: list,
+            cluster,
+            opts: copts,
+            regions: Vec::new(),
+            reconnect_at: std::time::Instant::now(),
+            backoff: RECONNECT_BACKOFF_MIN,
+            spin: opts.spin,
+        })
     }
 
     /// Sets how long a call's wait spins before it sleeps (adaptive polling), from the
@@ -215,10 +241,20 @@ impl Client {
 
     /// The connection, made anew first when a server was lost (see [`Client`]).
     fn live(&mut self) -> Result<&mut Connection> {
-        if !self.lost_a_server() {
+        let view_changed = self.cluster.as_ref().is_some_and(|(watch, seen)| watch.revision() != *seen);
+        if !view_changed && !self.lost_a_server() {
             return Ok(&mut self.conn);
         }
         let now = std::time::Instant::now();
+        if now < self.reconnect_at && !self.lost_a_server() {
+            // Connecting to a new view failed a moment ago: the old one still serves.
+            return Ok(&mut self.conn);
+        }
+        let mut target = None;
+        if let Some((watch, _)) = &self.cluster {
+            target = Some(watch.revision());
+            self.addresses = members_of(watch)?;
+        }
         if now < self.reconnect_at {
             let wait = self.reconnect_at - now;
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(","))));
@@ -235,6 +271,9 @@ impl Client {
             Ok(mut c) => {
                 c.set_spin(self.spin);
                 self.conn = c;
+                if let (Some((_, seen)), Some(target)) = (&mut self.cluster, target) {
+                    *seen = target;
+                }
                 self.backoff = RECONNECT_BACKOFF_MIN;
                 Ok(&mut self.conn)
             }
@@ -590,6 +629,15 @@ impl Client {
             s => Err(error_of(s, &reply)),
         }
     }
+}
+
+/// The addresses of a cluster's live members; an error when there are none.
+fn members_of(watch: &cluster::Watch) -> Result<Vec<String>> {
+    let members = watch.view().addresses();
+    if members.is_empty() {
+        return Err(Error::new(Status::Unavailable, format!("cluster {} has no live servers", watch.url())));
+    }
+    Ok(members)
 }
 
 fn check_key(key: &[u8]) -> Result<()> {

@@ -90,6 +90,9 @@ enum Command {
     },
     /// Serve TensorStore's gRPC kvstore protocol (driver "tsgrpc_kvstore") from remote DRAM.
     Gateway(GatewayArgs),
+    /// Create a cluster in etcd, or show one.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// A live per-shard table of one server or a cluster (ops/s, MB/s, used/capacity,
     /// keys, clients, errors/s), redrawn every interval.
     Top {
@@ -100,6 +103,23 @@ enum Command {
         /// Stop after this many tables (default: until interrupted).
         #[arg(long)]
         iterations: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Record a new cluster's settings in etcd: `rdram cluster create etcd://HOST:PORT/NAME`.
+    Create {
+        /// etcd://HOST:PORT[,HOST:PORT...]/NAME
+        url: String,
+        /// Servers that hold each key.
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+    },
+    /// Print a cluster's settings, its live members and the view's etcd revision, as JSON.
+    Status {
+        /// etcd://HOST:PORT[,HOST:PORT...]/NAME
+        url: String,
     },
 }
 
@@ -198,6 +218,14 @@ struct ServeArgs {
     /// before the token check. Between untrusted hosts use --transport fabric.
     #[arg(long, env = "RDRAM_UCX_TCP", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     ucx_tcp: bool,
+    /// Join a cluster whose membership lives in etcd (etcd://HOST:PORT[,...]/NAME, made
+    /// with `rdram cluster create`): registered under a lease while it runs, gone from the
+    /// member set at SIGTERM (or when the lease expires, if the process dies).
+    #[arg(long, env = "RDRAM_CLUSTER")]
+    cluster: Option<String>,
+    /// How long the cluster's registration outlives this server's last word with etcd.
+    #[arg(long, default_value_t = remote_dram::cluster::DEFAULT_LEASE_TTL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1000..))]
+    lease_ttl_ms: u64,
     /// Reply bytes the server holds, over all shards, for clients that do not take their
     /// replies; past it such clients' requests wait until they catch up.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
@@ -261,6 +289,17 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
     match cmd {
         Command::Serve(args) => serve(args),
         Command::Gateway(args) => gateway(args),
+        Command::Cluster(ClusterCommand::Create { url, replicas }) => {
+            let parsed = cluster_url(&url)?;
+            remote_dram::cluster::create(&parsed, &remote_dram::cluster::Settings { replicas })?;
+            println!("created cluster {parsed} with {replicas} replica(s) per key");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster(ClusterCommand::Status { url }) => {
+            let status = remote_dram::cluster::status(&cluster_url(&url)?)?;
+            println!("{}", serde_json::to_string_pretty(&status).map_err(|e| Error::new(Status::Internal, e.to_string()))?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Put { conn, key, value, file, if_equal, if_absent, ttl_ms } => {
             if ttl_ms == Some(0) {
                 return Err(Error::new(Status::Invalid, "--ttl-ms 0 is not a ttl: leave it out for a value that never expires"));
@@ -393,6 +432,10 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
+fn cluster_url(url: &str) -> Result<remote_dram::cluster::ClusterUrl, Error> {
+    remote_dram::cluster::ClusterUrl::parse(url)?.ok_or_else(|| Error::new(Status::Invalid, format!("{url:?} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")))
+}
+
 /// Lifts this process's soft limit on open files to its hard limit: a server holds a
 /// descriptor or more per client, and refuses new clients (it does not fail) near the limit.
 fn raise_fd_limit() {
@@ -420,6 +463,11 @@ fn read_value(source: impl Read, name: &str) -> Result<Vec<u8>, Error> {
 
 fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     let stop_signals = block_stop_signals();
+    let cluster = args.cluster.as_deref().map(remote_dram::cluster::ClusterUrl::parse).transpose()?.map(|u| {
+        u.ok_or_else(|| Error::new(Status::Invalid, "--cluster takes etcd://HOST:PORT[,HOST:PORT...]/NAME"))
+    });
+    let cluster = cluster.transpose()?;
+    let lease_ttl = Duration::from_millis(args.lease_ttl_ms);
     let auth_token = server_token(args.auth_token_file.as_deref())?;
     let cfg = ServerConfig {
         listen: args.listen,
@@ -446,13 +494,43 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     raise_fd_limit();
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
     let server = Server::start(cfg)?;
+    let registration = match &cluster {
+        Some(url) => {
+            let info = server.info();
+            let member = remote_dram::cluster::Member {
+                address: info.address.clone(),
+                shards: info.shards,
+                transport: info.transport.clone(),
+                capacity_bytes: info.bytes_per_shard * info.shards as u64,
+            };
+            if server.local_addr().ip().is_unspecified() {
+                server.stop();
+                return Err(Error::new(Status::Invalid, "--cluster needs a --listen address that clients can reach, not 0.0.0.0"));
+            }
+            match remote_dram::cluster::Registration::join(url, member, lease_ttl) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    server.stop();
+                    return Err(Error::new(e.status, format!("cannot join cluster {url}: {}", e.message)));
+                }
+            }
+        }
+        None => None,
+    };
     println!("{}", server.info().banner());
     println!("auth: {auth}");
+    if let Some(url) = &cluster {
+        println!("cluster: {url}");
+    }
     std::io::stdout().flush()?;
     let mut sig: libc::c_int = 0;
     // SAFETY: waits on the set blocked above; writes the signal number into `sig`.
     while unsafe { libc::sigwait(&stop_signals, &mut sig) } != 0 {}
     eprintln!("rdram: signal {sig}, shutting down");
+    // Out of the member set first, so that clients stop routing here, then stop.
+    if let Some(r) = registration {
+        r.leave();
+    }
     server.stop();
     eprintln!("rdram: stopped");
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,228 @@
+//! Clusters whose membership lives in etcd: a real etcd process on loopback ports, real
+//! `rdram serve --cluster` processes that join, leave and die, and clients given the
+//! cluster's `etcd://` string.
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{rdram, wait_until, ServerProc, RDRAM};
+use remote_dram::{Client, ClientOptions};
+
+/// Lease TTL the tests' servers register with.
+const TTL_MS: u64 = 2000;
+
+/// An etcd server on free loopback ports, with a data directory of its own.
+struct Etcd {
+    child: Child,
+    client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(dir, free_port(), free_port())
+    }
+
+    fn start_in(dir: tempfile::TempDir, client_port: u16, peer_port: u16) -> Etcd {
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(dir.path())
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (make deps installs Debian's etcd-server)");
+        let etcd = Etcd { child, client_port, peer_port, dir };
+        let up = wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", client_port)).is_ok());
+        assert!(up, "etcd did not start listening on {client_port}");
+        etcd
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("etcd://127.0.0.1:{}/{name}", self.client_port)
+    }
+
+    /// Stops etcd (SIGKILL) and hands back what starts it again where it was.
+    fn kill(mut self) -> (tempfile::TempDir, u16, u16) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped; each field is read out once.
+        unsafe { (std::ptr::read(&this.dir), this.client_port, this.peer_port) }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn create(url: &str, replicas: u32) {
+    let (code, out, err) = rdram(&["cluster", "create", url, "--replicas", &replicas.to_string()], None);
+    assert_eq!(code, 0, "cluster create: {err}");
+    assert!(String::from_utf8_lossy(&out).contains("created"), "{}", String::from_utf8_lossy(&out));
+}
+
+/// `rdram serve --cluster URL` on a free loopback port.
+fn member(url: &str) -> ServerProc {
+    ServerProc::start(&["--workers", "1", "--cluster", url, "--lease-ttl-ms", &TTL_MS.to_string()])
+}
+
+fn status(url: &str) -> serde_json::Value {
+    let (code, out, err) = rdram(&["cluster", "status", url], None);
+    assert_eq!(code, 0, "cluster status: {err}");
+    serde_json::from_slice(&out).unwrap()
+}
+
+fn members(url: &str) -> Vec<String> {
+    status(url)["members"].as_array().unwrap().iter().map(|m| m["address"].as_str().unwrap().to_string()).collect()
+}
+
+fn client(url: &str) -> Client {
+    Client::connect(url, ClientOptions { timeout: Duration::from_secs(10), ..Default::default() }).unwrap()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Servers register under leases; a client given the etcd string connects to the live
+/// members and follows the set as servers join and leave (SIGTERM deregisters at once);
+/// the CLI takes the same string.
+#[test]
+fn clients_follow_the_member_set_as_servers_join_and_leave() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("pool");
+    create(&url, 1);
+    let (code, _, err) = rdram(&["cluster", "create", &url], None);
+    assert_eq!(code, 1, "a second create fails");
+    assert!(err.contains("exists already"), "{err}");
+
+    let a = member(&url);
+    let mut b = member(&url);
+    assert_eq!(members(&url), sorted(vec![a.addr.clone(), b.addr.clone()]));
+    let st = status(&url);
+    assert_eq!(st["replicas"], 1);
+    assert!(st["revision"].as_i64().unwrap() > 0);
+
+    let mut c = client(&url);
+    let layout: Vec<String> = c.layout().into_iter().map(|(node, _)| node).collect();
+    assert_eq!(sorted(layout), sorted(vec![a.addr.clone(), b.addr.clone()]));
+    for i in 0..20 {
+        c.put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes()).unwrap();
+    }
+    for i in 0..20 {
+        assert_eq!(c.get(format!("k{i}").as_bytes()).unwrap().unwrap().data, format!("v{i}").as_bytes());
+    }
+    let (code, _, err) = rdram(&["put", "--server", &url, "cli", "through etcd"], None);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = rdram(&["get", "--server", &url, "cli"], None);
+    assert_eq!((code, out.as_slice()), (0, &b"through etcd"[..]), "{err}");
+
+    // A graceful stop leaves the member set at once, not after the TTL.
+    let stopped = Instant::now();
+    assert!(b.stop().expect("stops").success());
+    assert!(stopped.elapsed() < Duration::from_millis(TTL_MS), "deregistered on SIGTERM, not by lease expiry");
+    assert_eq!(members(&url), vec![a.addr.clone()]);
+    let follows = wait_until(Duration::from_secs(5), || {
+        let _ = c.get(b"k0");
+        c.layout().len() == 1
+    });
+    assert!(follows, "the client routes over the one member left: {:?}", c.layout());
+    c.put(b"after-leave", b"1").unwrap();
+    assert_eq!(c.get(b"after-leave").unwrap().unwrap().data, b"1");
+
+    let joined = member(&url);
+    let follows = wait_until(Duration::from_secs(5), || {
+        let _ = c.get(b"k0");
+        c.layout().len() == 2
+    });
+    assert!(follows, "the client follows a join: {:?}", c.layout());
+    assert!(c.layout().iter().any(|(node, _)| *node == joined.addr));
+}
+
+/// A member that dies (SIGKILL) leaves the view when its lease expires.
+#[test]
+fn a_killed_server_leaves_the_view_within_its_lease_ttl() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("kill");
+    create(&url, 1);
+    let a = member(&url);
+    let mut b = member(&url);
+    assert_eq!(members(&url).len(), 2);
+    let killed = Instant::now();
+    b.kill();
+    let gone = wait_until(Duration::from_millis(TTL_MS + 3000), || members(&url) == vec![a.addr.clone()]);
+    assert!(gone, "the killed server is still a member {:?} after it died", killed.elapsed());
+    eprintln!("a killed member left the view {:?} after SIGKILL (TTL {TTL_MS} ms)", killed.elapsed());
+}
+
+/// A server that cannot register (etcd unreachable, or no such cluster) exits with a
+/// clear message; a client given such a string fails the same way.
+#[test]
+fn without_etcd_or_the_cluster_servers_and_clients_say_why() {
+    common::init(common::SHM);
+    let dead = format!("etcd://127.0.0.1:{}/x", free_port());
+    let out = Command::new(RDRAM)
+        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--cluster", &dead])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot join cluster") && err.contains("etcd"), "{err}");
+    let etcd = Etcd::start();
+    let missing = etcd.url("never-created");
+    let out = Command::new(RDRAM)
+        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--cluster", &missing])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("rdram cluster create"), "{err}");
+    let e = Client::connect(&missing, ClientOptions::default()).err().expect("no such cluster");
+    assert!(e.message.contains("does not exist"), "{}", e.message);
+}
+
+/// With etcd gone, servers and clients go on with the last view; once it is back, a new
+/// server joins and clients follow.
+#[test]
+fn the_cluster_serves_on_while_etcd_is_down_and_recovers() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("outage");
+    create(&url, 1);
+    let a = member(&url);
+    let mut c = client(&url);
+    c.put(b"before", b"outage").unwrap();
+    let (dir, client_port, peer_port) = etcd.kill();
+    std::thread::sleep(Duration::from_millis(TTL_MS + 500));
+    assert_eq!(c.get(b"before").unwrap().unwrap().data, b"outage", "served with etcd down");
+    c.put(b"during", b"outage").unwrap();
+    let etcd = Etcd::start_in(dir, client_port, peer_port);
+    let back = wait_until(Duration::from_secs(15), || members(&url).contains(&a.addr));
+    assert!(back, "the server registers again once etcd is back: {:?}", members(&url));
+    let b = member(&url);
+    let follows = wait_until(Duration::from_secs(10), || {
+        let _ = c.get(b"before");
+        c.layout().len() == 2
+    });
+    assert!(follows, "the client follows a join after the outage: {:?}", c.layout());
+    assert!(c.layout().iter().any(|(node, _)| *node == b.addr));
+    drop(etcd);
+}
