@@ -71,4 +71,16 @@ run "$work/remote_dram_example" --mode=writer --server_addr="$addr"
 run "$work/remote_dram_example" --mode=reader --server_addr="$addr"
 kill -TERM "$example_pid"
 wait "$example_pid"
+echo "-- a cluster on etcd: C writer and reader, then the C++ driver, given its etcd:// string"
+# shellcheck source=../scripts/etcd.sh
+source "$here/../scripts/etcd.sh"
+start_etcd
+cluster=etcd://$etcd/ffi
+rdram cluster create "$cluster" >/dev/null
+start member1 rdram serve --listen 127.0.0.1:0 --workers 1 --memory 128MiB --hugepages off --cluster "$cluster"
+start member2 rdram serve --listen 127.0.0.1:0 --workers 1 --memory 128MiB --hugepages off --cluster "$cluster"
+run "$work/writer" "$cluster"
+run "$work/reader" "$cluster"
+run "$work/remote_dram_example" --mode=writer --server_addr="$cluster"
+run "$work/remote_dram_example" --mode=reader --server_addr="$cluster"
 echo "== all C/C++ tests passed"

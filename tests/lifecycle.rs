@@ -121,7 +121,8 @@ fn one_shot_commands_take_shared_memory_only_where_the_server_offers_it() {
         let mut cmd = Command::new(common::RDRAM);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--memory", "64MiB", "--hugepages", "off"]).env("UCX_NET_DEVICES", "lo");
         match server_tls {
-            Some(tls) => cmd.env("UCX_TLS", tls),
+            // UCX's tcp transport is a trusted-network opt-in.
+            Some(tls) => cmd.env("UCX_TLS", tls).env("RDRAM_UCX_TCP", "1"),
             None => cmd.env_remove("UCX_TLS"),
         };
         let mut server = ServerProc::spawn_listening(cmd);

@@ -153,7 +153,9 @@ unsafe fn write<T>(out: *mut T, v: T) {
     }
 }
 
-/// Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`).
+/// Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`), or to the live
+/// members of a cluster on etcd (`"etcd://HOST:PORT[,HOST:PORT...]/NAME"`), followed as
+/// they change.
 ///
 /// `addresses` must not be NULL. `options` may be NULL (defaults). On success `*out`
 /// receives a client owned by the caller, to be freed with `rdram_client_close`.

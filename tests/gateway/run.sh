@@ -32,6 +32,21 @@ for step in write read kvstore; do
   "$PY" "$here/ts_check.py" "$step" "$gateway"
 done
 
+if [ $# -eq 0 ]; then
+  echo "== TensorStore through a gateway in front of a cluster on etcd"
+  # shellcheck source=../../scripts/etcd.sh
+  source "$root/scripts/etcd.sh"
+  start_etcd
+  cluster=etcd://$etcd/gateway
+  "$RDRAM" cluster create "$cluster" >/dev/null
+  start member1 "$RDRAM" serve --listen 127.0.0.1:0 --workers 1 --memory 128MiB --hugepages off --cluster "$cluster"
+  start member2 "$RDRAM" serve --listen 127.0.0.1:0 --workers 1 --memory 128MiB --hugepages off --cluster "$cluster"
+  start cluster_gateway "$RDRAM" gateway --listen 127.0.0.1:0 --server "$cluster" --engine-clients 4 --timeout-ms 5000
+  for step in write read; do
+    "$PY" "$here/ts_check.py" "$step" "$cluster_gateway_addr"
+  done
+fi
+
 echo "== the server goes away"
 kill -9 "$server_pid"
 "$PY" "$here/ts_check.py" dead "$gateway"
