@@ -285,7 +285,9 @@ const char *rdram_last_error_message(void);
 const char *rdram_version(void);
 
 /**
- * Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`).
+ * Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`), or to the live
+ * members of a cluster on etcd (`"etcd://HOST:PORT[,HOST:PORT...]/NAME"`), followed as
+ * they change.
  *
  * `addresses` must not be NULL. `options` may be NULL (defaults). On success `*out`
  * receives a client owned by the caller, to be freed with `rdram_client_close`.
