@@ -271,13 +271,12 @@ fn the_metrics_endpoint_bounds_idle_connections() {
     let metrics = server.metrics.clone().unwrap();
     let idle: Vec<std::net::TcpStream> = (0..16).map(|_| std::net::TcpStream::connect(&metrics).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
-    // One more is closed at once.
-    let mut extra = std::net::TcpStream::connect(&metrics).unwrap();
-    extra.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    assert_eq!(extra.read(&mut [0u8; 16]).unwrap_or(usize::MAX), 0, "the 17th connection is closed at once");
+    // A scrape gets through at once: past the bounds (4 per address, 16 in all) a new
+    // connection closes the oldest, not itself.
+    assert!(http_get(&format!("http://{metrics}/metrics")).contains("rdram_requests_total"));
     let mut c = server.client();
     c.put(b"still", b"serving").unwrap();
-    // The idle ones are closed at their header deadline, and scrapes work again.
+    // The idle ones are closed, by newer connections or at their header deadline.
     for mut s in idle {
         s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
         let start = Instant::now();
