@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::{rdram, ServerProc, RDRAM};
 use remote_dram::client::KeyRange;
-use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
 
 /// The attacker's source address: loopback, but not the one real clients use, so that
 /// per-address bounds can be told apart from overall ones. Traffic still goes to 127.0.0.1.
@@ -256,13 +255,7 @@ fn clients_that_never_read_share_one_reply_budget() {
     for hog in &mut hogs {
         for shard in 0..2 {
             for _ in 0..40 {
-                let (session, id) = hog.raw_session();
-                let mut h = RequestHeader::new(Op::List, id, session);
-                h.flags = remote_dram::proto::flags::MAX_UNBOUNDED;
-                h.ttl_or_limit = 16 << 10;
-                let mut buf = [0u8; REQUEST_HEADER_LEN];
-                h.encode(&mut buf);
-                hog.raw_submit(shard, &buf, &[]).unwrap();
+                common::list_without_reading(hog, shard);
             }
         }
     }

@@ -354,13 +354,7 @@ fn client_that_never_receives(transport: &[&str]) {
     let before = rss();
     let mut hog = server.client();
     for _ in 0..3000 {
-        let (session, id) = hog.raw_session();
-        let mut h = RequestHeader::new(Op::List, id, session);
-        h.flags = remote_dram::proto::flags::MAX_UNBOUNDED;
-        h.ttl_or_limit = 16 << 10;
-        let mut buf = [0u8; REQUEST_HEADER_LEN];
-        h.encode(&mut buf);
-        hog.raw_submit(0, &buf, &[]).unwrap();
+        common::list_without_reading(&mut hog, 0);
     }
     std::thread::sleep(Duration::from_secs(3));
     let after = rss();

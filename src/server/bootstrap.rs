@@ -159,15 +159,16 @@ impl HandshakePlace {
         let source = stream.peer_addr().map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
         let refusal = {
             let mut by_source = shared.handshakes_by_source.lock().unwrap_or_else(|e| e.into_inner());
-            let from_source = by_source.entry(source).or_default();
-            if *from_source >= MAX_HANDSHAKES_PER_SOURCE {
+            // An entry only for a place given: refusals from many addresses leave nothing.
+            let from_source = by_source.get(&source).copied().unwrap_or(0);
+            if from_source >= MAX_HANDSHAKES_PER_SOURCE {
                 Some("server at capacity: too many handshakes in progress from this address")
             } else if shared.handshakes.load(Ordering::SeqCst) >= MAX_HANDSHAKES {
                 Some("server at capacity: too many handshakes in progress")
             } else if free_fds().is_some_and(|free| free < FD_HEADROOM) {
                 Some("server at capacity: out of file descriptors")
             } else {
-                *from_source += 1;
+                by_source.insert(source, from_source + 1);
                 shared.handshakes.fetch_add(1, Ordering::SeqCst);
                 None
             }

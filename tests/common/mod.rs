@@ -249,3 +249,16 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
+
+/// Sends `client` a LIST of every key (up to ~1 MiB of reply) to `shard` without waiting:
+/// for tests that play a client that asks and never takes its replies.
+pub fn list_without_reading(client: &mut Client, shard: usize) {
+    use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
+    let (session, id) = client.raw_session();
+    let mut h = RequestHeader::new(Op::List, id, session);
+    h.flags = flags::MAX_UNBOUNDED;
+    h.ttl_or_limit = 16 << 10;
+    let mut buf = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut buf);
+    client.raw_submit(shard, &buf, &[]).unwrap();
+}
