@@ -13,6 +13,10 @@ pub enum Status {
     Unchanged = 2,
     /// Conditional put/delete: the condition did not hold; nothing changed.
     ConditionFailed = 3,
+    /// Cluster: the key moved to the server named in the payload while the cluster's view
+    /// changes; the client asks there ([`crate::proto::flags::ASKING`]). Never returned to
+    /// callers.
+    Moved = 4,
     Invalid = -1,
     KeyTooLarge = -2,
     ValueTooLarge = -3,
@@ -32,13 +36,20 @@ pub enum Status {
     Panic = -15,
     /// A required pointer argument was NULL (C ABI).
     NullArgument = -16,
+    /// Cluster: the request was routed with a view the server does not hold; the client
+    /// refreshes its view and sends it again.
+    ViewChanged = -17,
+    /// Cluster: the key is being handed to another server this moment; the client sends
+    /// the write again shortly.
+    KeyMoving = -18,
 }
 
 impl Status {
     pub fn from_code(code: i8) -> Status {
         use Status::*;
-        [Ok, Missing, Unchanged, ConditionFailed, Invalid, KeyTooLarge, ValueTooLarge, NoSpace, OutOfRange, AuthFailed,
-         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard, BufferTooSmall, Panic, NullArgument]
+        [Ok, Missing, Unchanged, ConditionFailed, Moved, Invalid, KeyTooLarge, ValueTooLarge, NoSpace, OutOfRange, AuthFailed,
+         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard, BufferTooSmall, Panic, NullArgument,
+         ViewChanged, KeyMoving]
             .into_iter()
             .find(|s| *s as i8 == code)
             .unwrap_or(Internal)
@@ -67,6 +78,9 @@ impl Status {
             Status::BufferTooSmall => "buffer_too_small",
             Status::Panic => "panic",
             Status::NullArgument => "null_argument",
+            Status::Moved => "moved",
+            Status::ViewChanged => "view_changed",
+            Status::KeyMoving => "key_moving",
         }
     }
 
@@ -92,6 +106,9 @@ impl Status {
             Status::BufferTooSmall => "buffer too small for the value",
             Status::Panic => "internal panic caught at the C boundary",
             Status::NullArgument => "a required pointer argument is NULL",
+            Status::Moved => "the key moved to another server",
+            Status::ViewChanged => "the cluster's view changed",
+            Status::KeyMoving => "the key is moving to another server",
         }
     }
 }

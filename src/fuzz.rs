@@ -8,15 +8,15 @@ use std::cell::RefCell;
 use crate::gateway::pb;
 use crate::proto::bootstrap::{hex_decode, Hello, Welcome};
 use crate::proto::fabric::{self, RemoteValue};
-use crate::proto::{decode_list_entries, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN, SHORT_REQUEST_HEADER_LEN};
+use crate::proto::{decode_list_entries, flags, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN};
 use crate::server::service::{Membership, Service};
 use crate::store::{HugePages, Mode, Shard};
 
 /// The request header (full or short form), reply header (full or compact) and list entries decoders.
 pub fn request_header(data: &[u8]) {
     if let Ok((h, op)) = RequestHeader::decode(data) {
-        let mut buf = [0u8; REQUEST_HEADER_LEN];
-        let len = if h.encoded_len() == SHORT_REQUEST_HEADER_LEN { h.encode_short(&mut buf) } else { h.encode(&mut buf) };
+        let mut buf = [0u8; MAX_REQUEST_HEADER_LEN];
+        let len = h.encode_with_view(h.flags & flags::SHORT_FORM != 0, &mut buf);
         assert_eq!(RequestHeader::decode(&buf[..len]).map_err(|e| e.message).unwrap(), (h, op));
     }
     if let Ok(h) = ReplyHeader::decode(data) {
@@ -118,6 +118,10 @@ pub fn shard_request(data: &[u8]) {
             let shard = Shard::new(4 << 20, HugePages::Off, Mode::Cache).expect("a 4 MiB shard");
             let mut s = Service::new(0, 1, rx, shard, std::sync::Arc::new(crate::server::service::ReplyBudget::new(u64::MAX)));
             s.sync_membership();
+            // A member of a cluster whose keys move (view 3, from "a" to "a" and "b").
+            let role = std::sync::Arc::new(crate::cluster::ServerRole::default());
+            role.set("a", crate::cluster::Placement { epoch: 3, members: vec!["a".into()], next: Some(vec!["a".into(), "b".into()]) });
+            s.set_cluster_role(role);
             s
         });
         // Most inputs get the right session so that they reach the store.

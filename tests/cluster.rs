@@ -78,7 +78,14 @@ fn create(url: &str, replicas: u32) {
 
 /// `rdram serve --cluster URL` on a free loopback port.
 fn member(url: &str) -> ServerProc {
-    ServerProc::start(&["--workers", "1", "--cluster", url, "--lease-ttl-ms", &TTL_MS.to_string()])
+    member_with(url, &[])
+}
+
+fn member_with(url: &str, args: &[&str]) -> ServerProc {
+    let ttl = TTL_MS.to_string();
+    let mut all = vec!["--workers", "1", "--cluster", url, "--lease-ttl-ms", &ttl];
+    all.extend_from_slice(args);
+    ServerProc::start(&all)
 }
 
 fn status(url: &str) -> serde_json::Value {
@@ -225,4 +232,165 @@ fn the_cluster_serves_on_while_etcd_is_down_and_recovers() {
     assert!(follows, "the client follows a join after the outage: {:?}", c.layout());
     assert!(c.layout().iter().any(|(node, _)| *node == b.addr));
     drop(etcd);
+}
+
+/// Keys one server holds, asked of it directly (a client given its address).
+fn keys_on(addr: &str) -> u64 {
+    let mut c = Client::connect(addr, ClientOptions::default()).unwrap();
+    c.stats().unwrap()["keys"].as_u64().unwrap()
+}
+
+fn placement(url: &str) -> (u64, Vec<String>, bool) {
+    let p = &status(url)["placement"];
+    let members = p["members"].as_array().unwrap().iter().map(|m| m.as_str().unwrap().to_string()).collect();
+    (p["epoch"].as_u64().unwrap(), members, p["next"].is_null())
+}
+
+fn value_of(i: usize) -> Vec<u8> {
+    common::pattern(i as u64, 2048 + i % 1024)
+}
+
+/// What the load threads of [`keys_stay_readable_while_servers_join_and_drain`] saw.
+#[derive(Default)]
+struct Load {
+    reads: u64,
+    misses: Vec<String>,
+    increments: u64,
+    written: Vec<usize>,
+    errors: Vec<String>,
+}
+
+/// Servers join and drain under load (R = 1): a fourth server joins and takes its share
+/// of the keys, then one server drains on `rdram cluster drain` and another on SIGTERM
+/// with --drain. Readers check every key continuously; CAS writers increment shared
+/// counters; a writer adds keys. No read misses, no increment is lost or doubled, every
+/// acknowledged key reads back, and the servers hold each key once (old copies freed).
+#[test]
+fn keys_stay_readable_while_servers_join_and_drain() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("moves");
+    create(&url, 1);
+    // Slow handovers, so that the load runs through them.
+    let rate = ["--rebalance-rate", "2MiB"];
+    let a = member_with(&url, &rate);
+    let mut b = member_with(&url, &rate);
+    let mut c = member_with(&url, &["--rebalance-rate", "2MiB", "--drain"]);
+    let preload = 1500;
+    let counters = 8;
+    let mut setup = client(&url);
+    for i in 0..preload {
+        setup.put(format!("k{i}").as_bytes(), &value_of(i)).unwrap();
+    }
+    for n in 0..counters {
+        setup.put(format!("counter{n}").as_bytes(), &0u64.to_le_bytes()).unwrap();
+    }
+    let (epoch, _, _) = placement(&url);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Mutex::new(Load::default()));
+    let mut threads = Vec::new();
+    for t in 0..2 {
+        let (stop, load, url) = (stop.clone(), load.clone(), url.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = client(&url);
+            let mut i = t;
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("k{}", i % preload);
+                match c.get(key.as_bytes()) {
+                    Ok(Some(v)) if v.data == value_of(i % preload) => load.lock().unwrap().reads += 1,
+                    Ok(Some(_)) => load.lock().unwrap().misses.push(format!("{key}: wrong bytes")),
+                    Ok(None) => load.lock().unwrap().misses.push(format!("{key}: missing")),
+                    Err(e) => load.lock().unwrap().errors.push(format!("get {key}: {e}")),
+                }
+                i += 7;
+            }
+        }));
+    }
+    for t in 0..2 {
+        let (stop, load, url) = (stop.clone(), load.clone(), url.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = client(&url);
+            let mut n = t;
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("counter{}", n % counters);
+                n += 1;
+                let result = c.get(key.as_bytes()).and_then(|v| {
+                    let v = v.expect("counters exist");
+                    let count = u64::from_le_bytes(v.data[..8].try_into().unwrap());
+                    let opts = remote_dram::client::PutOptions { condition: remote_dram::client::WriteCondition::IfEqual(v.generation), ttl: None };
+                    c.put_with(key.as_bytes(), &(count + 1).to_le_bytes(), &opts)
+                });
+                match result {
+                    Ok(remote_dram::client::WriteResult::Written { .. }) => load.lock().unwrap().increments += 1,
+                    Ok(remote_dram::client::WriteResult::ConditionFailed) => {}
+                    Err(e) => load.lock().unwrap().errors.push(format!("increment {key}: {e}")),
+                }
+            }
+        }));
+    }
+    {
+        let (stop, load, url) = (stop.clone(), load.clone(), url.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = client(&url);
+            let mut i = preload;
+            while !stop.load(Ordering::SeqCst) {
+                match c.put(format!("k{i}").as_bytes(), &value_of(i)) {
+                    Ok(_) => load.lock().unwrap().written.push(i),
+                    Err(e) => load.lock().unwrap().errors.push(format!("put k{i}: {e}")),
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }));
+    }
+
+    // A fourth server joins: keys move to it, and the placement moves on.
+    std::thread::sleep(Duration::from_millis(300));
+    let d = member_with(&url, &rate);
+    let joined = wait_until(Duration::from_secs(30), || {
+        let (e, members, settled) = placement(&url);
+        e > epoch && settled && members.contains(&d.addr)
+    });
+    assert!(joined, "the placement takes the new server in: {}", status(&url));
+    let on_d = keys_on(&d.addr);
+    assert!(on_d > preload as u64 / 8, "the new server took its share of the keys: {on_d}");
+
+    // One server drains on request, another on SIGTERM with --drain: each exits 0.
+    let (code, _, err) = rdram(&["cluster", "drain", &url, &b.addr], None);
+    assert_eq!(code, 0, "cluster drain: {err}");
+    let drained = wait_until(Duration::from_secs(30), || b.child.try_wait().ok().flatten().is_some());
+    assert!(drained, "the drained server exits once its keys are handed over: {}", status(&url));
+    assert!(b.stop().unwrap().success());
+    assert!(c.stop().expect("a draining server exits in time").success(), "SIGTERM with --drain exits 0");
+    let (_, members, settled) = placement(&url);
+    assert!(settled);
+    assert_eq!(sorted(members), sorted(vec![a.addr.clone(), d.addr.clone()]));
+
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let load = Arc::try_unwrap(load).ok().unwrap().into_inner().unwrap();
+    eprintln!("{} reads, {} increments, {} keys added during the moves", load.reads, load.increments, load.written.len());
+    assert!(load.misses.is_empty(), "reads missed during the moves: {:?}", &load.misses[..load.misses.len().min(10)]);
+    assert!(load.errors.is_empty(), "calls failed during the moves: {:?}", &load.errors[..load.errors.len().min(10)]);
+    assert!(load.reads > 100 && load.increments > 10 && load.written.len() > 10, "the load ran through the moves");
+
+    let mut check = client(&url);
+    let mut total = 0;
+    for n in 0..counters {
+        let v = check.get(format!("counter{n}").as_bytes()).unwrap().unwrap();
+        total += u64::from_le_bytes(v.data[..8].try_into().unwrap());
+    }
+    assert_eq!(total, load.increments, "every acknowledged increment is counted once");
+    for i in (0..preload).chain(load.written.iter().copied()) {
+        let v = check.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.map(|v| v.data), Some(value_of(i)), "k{i} after the moves");
+    }
+    let keys = (preload + counters + load.written.len()) as u64;
+    assert_eq!(keys_on(&a.addr) + keys_on(&d.addr), keys, "each key is held once: the old copies were freed");
 }

@@ -85,7 +85,7 @@ fn every_target_survives_its_corpus_and_random_mutations() {
 fn write_seed_corpus() {
     use remote_dram::proto::bootstrap::{Hello, Welcome};
     use remote_dram::proto::fabric::{self, RemoteValue};
-    use remote_dram::proto::{flags, Op, ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
+    use remote_dram::proto::{flags, Op, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN};
     use remote_dram::Status;
     let write = |target: &str, name: &str, bytes: &[u8]| {
         std::fs::create_dir_all(corpus_dir(target)).unwrap();
@@ -95,18 +95,16 @@ fn write_seed_corpus() {
         let mut h = RequestHeader::new(op, 7, 0x5e55_1011);
         h.key_len = key.len() as u32;
         tweak(&mut h);
-        let mut buf = [0u8; REQUEST_HEADER_LEN];
-        h.encode(&mut buf);
-        let mut v = buf.to_vec();
-        v.extend_from_slice(key);
-        v
+        let mut buf = [0u8; MAX_REQUEST_HEADER_LEN];
+        let len = h.encode_with_view(false, &mut buf);
+        [&buf[..len], key].concat()
     };
     // What UCX clients send: the 32-byte short form.
     let short = |op: Op, key: &[u8]| {
         let mut h = RequestHeader::new(op, 8, 0x5e55_1011);
         h.key_len = key.len() as u32;
-        let mut buf = [0u8; REQUEST_HEADER_LEN];
-        let len = h.encode_short(&mut buf);
+        let mut buf = [0u8; MAX_REQUEST_HEADER_LEN];
+        let len = h.encode_with_view(true, &mut buf);
         [&buf[..len], key].concat()
     };
     let requests: Vec<(&str, Vec<u8>)> = vec![
@@ -123,6 +121,12 @@ fn write_seed_corpus() {
         ("key-in-payload", [header(Op::Put, b"", &|h| { h.flags = flags::KEY_IN_PAYLOAD; h.key_len = 4 }), b"longvalue".to_vec()].concat()),
         ("get-short", short(Op::Get, b"key")),
         ("put-short", [short(Op::Put, b"key"), b"value".to_vec()].concat()),
+        // Cluster requests (the fuzzed shard is a member of a cluster whose keys move).
+        ("get-view", header(Op::Get, b"key", &|h| { h.flags = flags::VIEW; h.view = 3 })),
+        ("put-view-asking", [header(Op::Put, b"key", &|h| { h.flags = flags::VIEW | flags::ASKING; h.view = 2 }), b"v".to_vec()].concat()),
+        ("put-import", [header(Op::Put, b"key", &|h| { h.flags = flags::IMPORT | flags::HAS_TTL; h.if_equal = 9; h.ttl_or_limit = 50 }), b"v".to_vec()].concat()),
+        ("get-migrate", header(Op::Get, b"key", &|h| h.flags = flags::MIGRATE)),
+        ("delete-migrate", header(Op::Delete, b"key", &|h| { h.flags = flags::MIGRATE | flags::IF_EQUAL; h.if_equal = 9 })),
     ];
     for (name, bytes) in &requests {
         write("request_header", name, bytes);

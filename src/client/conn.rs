@@ -9,7 +9,7 @@ use super::fabric_link::FabricLink;
 use super::ucx_link::UcxLink;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
-use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN, VALUE_ALIGN};
+use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN, PROTOCOL_VERSION, VALUE_ALIGN};
 use crate::transport::PollMode;
 
 pub struct Reply {
@@ -192,6 +192,12 @@ pub struct Connection {
     link: Box<dyn Link>,
     next_id: u64,
     timeout: Duration,
+    /// Keys hash over the servers `route_to` names, by their `route_seeds`: every server,
+    /// or in a cluster whose keys move, the placement's members (not those keys move to).
+    route_to: Vec<usize>,
+    route_seeds: Vec<u64>,
+    /// In a cluster: the epoch of the view requests are routed with ([`flags::VIEW`]).
+    view: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -296,9 +302,11 @@ impl Connection {
         };
         let servers = welcomes
             .into_iter()
-            .map(|w| ServerConn { node_seed: xxhash_rust::xxh3::xxh3_64(w.node.as_bytes()), shards: w.shards.len(), session: w.session, node: w.node })
-            .collect();
-        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout };
+            .map(|w| ServerConn { node_seed: proto::node_seed(&w.node), shards: w.shards.len(), session: w.session, node: w.node })
+            .collect::<Vec<_>>();
+        let route_seeds = servers.iter().map(|s| s.node_seed).collect();
+        let route_to = (0..servers.len()).collect();
+        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None };
         if welcomes_transport_is_ucx {
             conn.round_trip_every_shard(opts.connect_timeout)?;
         }
@@ -342,8 +350,12 @@ impl Connection {
             // The value is sent from where it is: the server places it alike (VALUE_ALIGN).
             h.aux_len = (payload.as_ptr() as u64 % VALUE_ALIGN) as u32;
         }
-        let mut header = [0u8; REQUEST_HEADER_LEN];
-        let len = if self.link.takes_short_headers() { h.encode_short(&mut header) } else { h.encode(&mut header) };
+        if let Some(view) = self.view {
+            h.flags |= flags::VIEW;
+            h.view = view;
+        }
+        let mut header = [0u8; MAX_REQUEST_HEADER_LEN];
+        let len = h.encode_with_view(self.link.takes_short_headers(), &mut header);
         self.submit_raw(server, shard, &header[..len], header_tail, payload, receive)
     }
 
@@ -401,14 +413,29 @@ impl Connection {
 
     /// Picks the server for a key by rendezvous hashing over the servers' node names.
     pub fn route(&self, key: &[u8]) -> (usize, usize) {
-        let server = if self.servers.len() == 1 {
-            0
-        } else {
-            (0..self.servers.len())
-                .max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, self.servers[i].node_seed))
-                .unwrap()
-        };
+        let server = self.route_to[proto::rendezvous(key, &self.route_seeds)];
         (server, proto::shard_of(key, self.servers[server].shards))
+    }
+
+    /// Routes with a cluster's view: keys hash over `members` only (the other servers
+    /// connected to are those keys move to), and requests carry the view's `epoch`.
+    pub fn route_with_view(&mut self, members: &[String], epoch: u64) -> Result<()> {
+        let route_to: Vec<usize> = members
+            .iter()
+            .map(|m| self.server_named(m).ok_or_else(|| Error::new(Status::Internal, format!("member {m} is not connected"))))
+            .collect::<Result<_>>()?;
+        if route_to.is_empty() {
+            return Err(Error::new(Status::Unavailable, "the cluster's view has no members"));
+        }
+        self.route_seeds = route_to.iter().map(|&i| self.servers[i].node_seed).collect();
+        self.route_to = route_to;
+        self.view = Some(epoch);
+        Ok(())
+    }
+
+    /// The server connected to under `node`, its bootstrap address.
+    pub fn server_named(&self, node: &str) -> Option<usize> {
+        self.servers.iter().position(|s| s.node == node)
     }
 }
 

@@ -181,6 +181,10 @@ pub struct Client {
 }
 
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// First and longest pause before a request that a cluster's view change turned back is
+/// sent again.
+const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(1);
+const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(100);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 // SAFETY: the UCX worker is in serialized mode, which allows use from any one thread at a
@@ -201,8 +205,12 @@ impl Client {
             }
             None => None,
         };
-        let list: Vec<String> = match &cluster {
-            Some((watch, _)) => members_of(watch)?,
+        let view = match &cluster {
+            Some((watch, _)) => Some(view_of(watch)?),
+            None => None,
+        };
+        let list: Vec<String> = match &view {
+            Some(v) => v.addresses(),
             None => addresses.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
         };
         let copts = ConnectOptions {
@@ -213,7 +221,14 @@ impl Client {
             connect_timeout: opts.connect_timeout,
             local_shared_memory: opts.local_shared_memory,
         };
-        let conn = Connection::connect(&list, &copts)?;
+        let mut conn = Connection::connect(&list, &copts)?;
+        let cluster = match (cluster, view) {
+            (Some((watch, _)), Some(view)) => {
+                conn.route_with_view(&view.placement.members, view.placement.epoch)?;
+                Some((watch, view.revision))
+            }
+            _ => None,
+        };
         Ok(Client {
             conn,
             addresses: list,
@@ -250,10 +265,11 @@ impl Client {
             // Connecting to a new view failed a moment ago: the old one still serves.
             return Ok(&mut self.conn);
         }
-        let mut target = None;
+        let mut view = None;
         if let Some((watch, _)) = &self.cluster {
-            target = Some(watch.revision());
-            self.addresses = members_of(watch)?;
+            let v = view_of(watch)?;
+            self.addresses = v.addresses();
+            view = Some(v);
         }
         if now < self.reconnect_at {
             let wait = self.reconnect_at - now;
@@ -267,12 +283,18 @@ impl Client {
             }
             Ok(c)
         });
+        let fresh = fresh.and_then(|mut c| {
+            if let Some(v) = &view {
+                c.route_with_view(&v.placement.members, v.placement.epoch)?;
+            }
+            Ok(c)
+        });
         match fresh {
             Ok(mut c) => {
                 c.set_spin(self.spin);
                 self.conn = c;
-                if let (Some((_, seen)), Some(target)) = (&mut self.cluster, target) {
-                    *seen = target;
+                if let (Some((_, seen)), Some(v)) = (&mut self.cluster, view) {
+                    *seen = v.revision;
                 }
                 self.backoff = RECONNECT_BACKOFF_MIN;
                 Ok(&mut self.conn)
@@ -309,17 +331,72 @@ impl Client {
             h.flags |= flags::HAS_TTL;
             h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
         }
-        let reply = if key.len() <= INLINE_KEY_MAX {
-            self.call_key(key, h, value)?
-        } else {
-            let mut payload = Vec::with_capacity(key.len() + value.len());
-            payload.extend_from_slice(key);
-            payload.extend_from_slice(value);
-            self.call_key(key, h, &payload)?
-        };
+        let reply = self.call_put(key, value, h)?;
         match reply.header.status() {
             Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
             Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Sends a put; a key too long to travel inline goes at the front of the payload.
+    fn call_put(&mut self, key: &[u8], value: &[u8], h: RequestHeader) -> Result<Reply> {
+        if key.len() <= INLINE_KEY_MAX {
+            return self.call_key(key, h, value);
+        }
+        let mut payload = Vec::with_capacity(key.len() + value.len());
+        payload.extend_from_slice(key);
+        payload.extend_from_slice(value);
+        self.call_key(key, h, &payload)
+    }
+
+    /// Handover, first step (a cluster server's mover, on itself): reads a key and holds
+    /// it, so that writes through the cluster wait while it moves. The value, its
+    /// generation and its TTL left (ms, 0: none); None when the key is gone.
+    #[doc(hidden)]
+    pub fn handover_get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64, u64)>> {
+        check_key(key)?;
+        let mut h = RequestHeader::new(Op::Get, 0, 0);
+        h.flags |= flags::MIGRATE;
+        let reply = self.call_key(key, h, &[])?;
+        match reply.header.status() {
+            Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
+            Status::Missing => Ok(None),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Handover, second step (on the key's new owner): stores the value under the
+    /// generation and TTL it had.
+    #[doc(hidden)]
+    pub fn handover_import(&mut self, key: &[u8], value: &[u8], generation: u64, ttl_ms: u64) -> Result<()> {
+        check_key(key)?;
+        let mut h = RequestHeader::new(Op::Put, 0, 0);
+        h.flags |= flags::IMPORT;
+        h.if_equal = generation;
+        if ttl_ms > 0 {
+            h.flags |= flags::HAS_TTL;
+            h.ttl_or_limit = ttl_ms;
+        }
+        let reply = self.call_put(key, value, h)?;
+        match reply.header.status() {
+            Status::Ok => Ok(()),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Handover, last step (on the previous owner): deletes the key if it still holds
+    /// `generation`, and ends the hold. False when it changed (a write went ahead).
+    #[doc(hidden)]
+    pub fn handover_delete(&mut self, key: &[u8], generation: u64) -> Result<bool> {
+        check_key(key)?;
+        let mut h = RequestHeader::new(Op::Delete, 0, 0);
+        h.flags |= flags::MIGRATE | flags::IF_EQUAL;
+        h.if_equal = generation;
+        let reply = self.call_key(key, h, &[])?;
+        match reply.header.status() {
+            Status::Ok => Ok(true),
+            Status::ConditionFailed => Ok(false),
             s => Err(error_of(s, &reply)),
         }
     }
@@ -364,12 +441,12 @@ impl Client {
     /// Stores many values with up to `depth` requests in flight: one wait for many
     /// round trips. Results are per item, in order.
     pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
-        self.pipelined(items.len(), depth, |c, i| {
+        self.pipelined(items.len(), depth, |i| {
             let (key, value) = items[i];
             if value.len() as u64 > MAX_VALUE_LEN {
                 return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
             }
-            c.submit_batched(Op::Put, key, value, Receive::Owned)
+            Ok((Op::Put, key, value, Receive::Owned))
         })
         .into_iter()
         .map(|r| {
@@ -384,7 +461,7 @@ impl Client {
 
     /// Reads many values with up to `depth` requests in flight. `None`: missing.
     pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
-        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Receive::Owned))
+        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Owned)))
         .into_iter()
         .map(|r| {
             let reply = r?;
@@ -397,8 +474,32 @@ impl Client {
         .collect()
     }
 
-    /// Submits `n` requests, keeping at most `depth` in flight, and collects the replies.
-    fn pipelined(&mut self, n: usize, depth: usize, mut submit: impl FnMut(&mut Self, usize) -> Result<u64>) -> Vec<Result<Reply>> {
+    /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
+    /// and collects the replies. In a cluster, a request that a view change turned back
+    /// is sent again on its own (see [`Client::call_key_into`]).
+    fn pipelined<'a>(&mut self, n: usize, depth: usize, item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
+        let mut results = self.pipelined_once(n, depth, &item);
+        if self.cluster.is_some() {
+            for (i, result) in results.iter_mut().enumerate() {
+                let turned_back = match result {
+                    Ok(r) => matches!(r.header.status(), Status::Moved | Status::ViewChanged | Status::KeyMoving),
+                    Err(e) => e.status == Status::Unavailable && self.view_is_stale(),
+                };
+                if turned_back {
+                    if let Ok((op, key, payload, receive)) = item(i) {
+                        *result = check_key(key).and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    fn pipelined_once<'a>(&mut self, n: usize, depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
+        let submit = |c: &mut Self, i: usize| {
+            let (op, key, payload, receive) = item(i)?;
+            c.submit_batched(op, key, payload, receive)
+        };
         let depth = depth.max(1);
         let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
         let mut in_flight = std::collections::VecDeque::new();
@@ -441,7 +542,7 @@ impl Client {
     pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
         assert_eq!(keys.len(), bufs.len(), "one buffer per key");
         let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
-        self.pipelined(keys.len(), depth, |c, i| c.submit_batched(Op::Get, keys[i], &[], Receive::Into(sinks[i])))
+        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Into(sinks[i]))))
         .into_iter()
         .map(|r| get_into_result(r?))
         .collect()
@@ -511,6 +612,8 @@ impl Client {
             }
         }
         all.sort_by(|a, b| a.key.cmp(&b.key));
+        // While keys move between a cluster's servers, one may be listed by both.
+        all.dedup_by(|a, b| a.key == b.key);
         Ok(all)
     }
 
@@ -595,9 +698,74 @@ impl Client {
         self.call_key_into(key, h, payload, Receive::Owned)
     }
 
-    fn call_key_into(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive) -> Result<Reply> {
+    /// Sends a single-key request and waits for its reply. In a cluster, it settles what
+    /// a view change makes servers answer: it follows a key that moved ("moved": asks the
+    /// server named), and sends again when the view changed or the key is being handed
+    /// over, or when a server it routed to is gone and the view changed meanwhile, until
+    /// the call's timeout.
+    fn call_key_into(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive) -> Result<Reply> {
+        let mut reply = self.send_key(key, h, payload, receive, None);
+        if self.cluster.is_none() {
+            return reply;
+        }
+        let started = std::time::Instant::now();
+        let mut pause = CLUSTER_RETRY_MIN;
+        loop {
+            let mut asked = None;
+            let why = match &reply {
+                Ok(r) => match r.header.status() {
+                    Status::Moved => {
+                        let node = String::from_utf8_lossy(&r.payload).into_owned();
+                        if self.conn.server_named(&node).is_some() {
+                            asked = Some(node.clone());
+                        } else {
+                            // Keys move to a server this client has not connected to yet:
+                            // its view is behind, and the next call's `live` catches up.
+                            self.force_view_refresh();
+                        }
+                        format!("the key moved to {node}")
+                    }
+                    Status::ViewChanged | Status::KeyMoving => String::from_utf8_lossy(&r.payload).into_owned(),
+                    _ => return reply,
+                },
+                Err(e) if e.status == Status::Unavailable && self.view_is_stale() => e.message.clone(),
+                Err(_) => return reply,
+            };
+            if started.elapsed() >= self.opts.timeout {
+                return Err(Error::new(Status::Unavailable, format!("the cluster's view was changing for the whole call ({:?}): {why}", self.opts.timeout)));
+            }
+            if asked.is_none() {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(CLUSTER_RETRY_MAX);
+            }
+            reply = self.send_key(key, h, payload, receive, asked.as_deref());
+        }
+    }
+
+    /// Whether the cluster's view changed since this client connected to it.
+    fn view_is_stale(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|(watch, seen)| watch.revision() != *seen)
+    }
+
+    /// Makes the next call connect to the cluster's current view even if its revision
+    /// looks unchanged (the watch may lag behind what a server said).
+    fn force_view_refresh(&mut self) {
+        if let Some((_, seen)) = &mut self.cluster {
+            *seen = -1;
+        }
+    }
+
+    /// One attempt of a single-key request: routed by the view, or to `asked` (a server
+    /// the key's previous owner named, [`flags::ASKING`]).
+    fn send_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, asked: Option<&str>) -> Result<Reply> {
         self.live()?;
-        let (server, shard) = self.conn.route(key);
+        let (server, shard) = match asked.and_then(|node| self.conn.server_named(node)) {
+            Some(s) => {
+                h.flags |= flags::ASKING;
+                (s, proto::shard_of(key, self.conn.servers[s].shards()))
+            }
+            None => self.conn.route(key),
+        };
         h.key_len = key.len() as u32;
         let id = if key.len() <= INLINE_KEY_MAX {
             self.conn.submit_into(server, shard, h, key, payload, receive)?
@@ -631,13 +799,13 @@ impl Client {
     }
 }
 
-/// The addresses of a cluster's live members; an error when there are none.
-fn members_of(watch: &cluster::Watch) -> Result<Vec<String>> {
-    let members = watch.view().addresses();
-    if members.is_empty() {
+/// A cluster's view; an error when it places keys on no server.
+fn view_of(watch: &cluster::Watch) -> Result<cluster::View> {
+    let view = watch.view();
+    if view.placement.members.is_empty() {
         return Err(Error::new(Status::Unavailable, format!("cluster {} has no live servers", watch.url())));
     }
-    Ok(members)
+    Ok(view)
 }
 
 fn check_key(key: &[u8]) -> Result<()> {

@@ -4,13 +4,28 @@
 //! - `config`: the cluster's settings ([`Settings`]), written once by `rdram cluster create`;
 //! - `members/ADDRESS`: one key per live server ([`Member`]), attached to that server's
 //!   lease, so that a server that dies (or is cut off from etcd) drops out of the set when
-//!   its lease expires, and one that stops revokes it at once.
+//!   its lease expires, and one that stops revokes it at once;
+//! - `placement`: the servers keys are placed on, and while keys move, where they move
+//!   ([`Placement`]);
+//! - `moves/ADDRESS`: a source server's progress in handing its keys over ([`MoveReport`]),
+//!   under its lease;
+//! - `drain/ADDRESS`: written by `rdram cluster drain`: that server hands its keys over
+//!   and leaves.
 //!
-//! A server keeps its lease alive from a thread of its own ([`Registration`]); clients and
-//! tools read the member set and watch it ([`Watch`]). The request path never talks to
-//! etcd: a client routes on the view it holds and learns of a new one by an atomic load.
-//! etcd's leases and watches are the whole protocol; nothing here votes or elects.
+//! A server keeps its lease alive from a thread of its own ([`Registration`]), and follows
+//! the cluster's state: when the live members differ from the placement, or every source
+//! has handed its keys over, it proposes the next placement in an etcd transaction that
+//! holds only if the placement is still the one it read (so of servers proposing at once,
+//! one wins and the others read its result). Clients and tools read the placement and
+//! watch it ([`Watch`]). The request path never talks to etcd: a client routes on the
+//! view it holds and learns of a new one by an atomic load. etcd's leases, watches and
+//! transactions are the whole protocol; nothing here votes or elects.
 
+pub mod mover;
+pub mod placement;
+pub use placement::{Placement, Routing, ServerRole};
+
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +40,8 @@ use crate::error::{Error, Result, Status};
 const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between attempts to reach etcd again after it failed.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// How long a joining server waits for the placement to take it in.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(5);
 /// Default lease TTL of a server's registration.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
@@ -65,6 +82,18 @@ impl ClusterUrl {
     fn members_prefix(&self) -> String {
         self.prefix() + "members/"
     }
+
+    fn placement_key(&self) -> String {
+        self.prefix() + "placement"
+    }
+
+    fn move_key(&self, address: &str) -> String {
+        self.prefix() + "moves/" + address
+    }
+
+    fn drain_key(&self, address: &str) -> String {
+        self.prefix() + "drain/" + address
+    }
 }
 
 impl std::fmt::Display for ClusterUrl {
@@ -89,18 +118,88 @@ pub struct Member {
     pub shards: usize,
     pub transport: String,
     pub capacity_bytes: u64,
+    /// Handing its keys over before it leaves: keys are placed on it no more.
+    #[serde(default)]
+    pub draining: bool,
 }
 
-/// The member set at one etcd revision, members in address order.
+/// A source server's progress in handing over the keys that move elsewhere under a
+/// placement's `next`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MoveReport {
+    /// The placement (epoch and `next`) the keys move for.
+    pub epoch: u64,
+    pub next: Vec<String>,
+    /// Every key that moves was handed over.
+    pub done: bool,
+    pub keys_moved: u64,
+    pub bytes_moved: u64,
+    /// Handover rate over the pass so far, bytes per second.
+    pub bytes_per_second: u64,
+}
+
+/// Everything under a cluster's prefix at one etcd revision.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub revision: i64,
+    pub settings: Option<Settings>,
+    /// Live members, in address order.
+    pub members: Vec<Member>,
+    pub placement: Option<Placement>,
+    /// The placement key's last modification, which a proposal must still find.
+    pub placement_revision: i64,
+    pub moves: BTreeMap<String, MoveReport>,
+    /// Servers asked to drain (`rdram cluster drain`).
+    pub drains: Vec<String>,
+}
+
+/// What a client routes on: the placement at one etcd revision.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct View {
+    /// The placement key's last modification (0: no placement yet).
     pub revision: i64,
-    pub members: Vec<Member>,
+    pub placement: Placement,
 }
 
 impl View {
+    /// Every server a client needs a connection to: the members, and while keys move,
+    /// the servers they move to.
     pub fn addresses(&self) -> Vec<String> {
-        self.members.iter().map(|m| m.address.clone()).collect()
+        let mut all = self.placement.members.clone();
+        for n in self.placement.next.iter().flatten() {
+            if !all.contains(n) {
+                all.push(n.clone());
+            }
+        }
+        all
+    }
+}
+
+/// The placement that should follow `state`'s, if any: the first placement once a member
+/// is live; keys moving once the live members that are not draining differ from the
+/// placement's; the next epoch once every live source reported its keys handed over. A
+/// server keys were moving to that died is dropped from `next` (with one copy per key,
+/// what it held is lost with it).
+pub fn next_placement(state: &ClusterState) -> Option<Placement> {
+    let wanted: Vec<String> = state.members.iter().filter(|m| !m.draining).map(|m| m.address.clone()).collect();
+    let live = |a: &String| state.members.iter().any(|m| m.address == *a);
+    let Some(p) = &state.placement else {
+        return (!wanted.is_empty()).then(|| Placement { epoch: 1, members: wanted, next: None });
+    };
+    match &p.next {
+        None if wanted.is_empty() || p.members == wanted => None,
+        None => Some(Placement { next: Some(wanted), ..p.clone() }),
+        Some(next) if !next.iter().all(live) => {
+            let still: Vec<String> = next.iter().filter(|a| live(a)).cloned().collect();
+            let next = if still.is_empty() { (!wanted.is_empty()).then_some(wanted) } else { Some(still) };
+            Some(Placement { next, ..p.clone() })
+        }
+        Some(next) => {
+            let handed_over = p.members.iter().filter(|a| live(a)).all(|a| {
+                state.moves.get(a).is_some_and(|r| r.done && r.epoch == p.epoch && r.next == *next)
+            });
+            handed_over.then(|| Placement { epoch: p.epoch + 1, members: next.clone(), next: None })
+        }
     }
 }
 
@@ -134,15 +233,50 @@ async fn read_settings(client: &mut etcd_client::Client, url: &ClusterUrl) -> Re
     }
 }
 
-async fn read_view(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<View> {
-    let got = client
-        .get(url.members_prefix(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| etcd_error(url, "cannot read the members", e))?;
-    let revision = got.header().map_or(0, |h| h.revision());
-    let mut members: Vec<Member> = got.kvs().iter().filter_map(|kv| serde_json::from_slice(kv.value()).ok()).collect();
-    members.sort_by(|a, b| a.address.cmp(&b.address));
-    Ok(View { revision, members })
+/// Reads everything under the cluster's prefix at one revision (a handful of keys).
+async fn read_state(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<ClusterState> {
+    let got = client.get(url.prefix(), Some(GetOptions::new().with_prefix())).await.map_err(|e| etcd_error(url, "cannot read the cluster", e))?;
+    let mut state = ClusterState { revision: got.header().map_or(0, |h| h.revision()), ..Default::default() };
+    let prefix = url.prefix();
+    for kv in got.kvs() {
+        let Some(name) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix.as_str())) else { continue };
+        let value = kv.value();
+        if name == "config" {
+            state.settings = serde_json::from_slice(value).ok();
+        } else if name == "placement" {
+            state.placement = serde_json::from_slice(value).ok();
+            state.placement_revision = kv.mod_revision();
+        } else if name.starts_with("members/") {
+            state.members.extend(serde_json::from_slice::<Member>(value).ok());
+        } else if let Some(address) = name.strip_prefix("moves/") {
+            if let Ok(report) = serde_json::from_slice(value) {
+                state.moves.insert(address.to_string(), report);
+            }
+        } else if let Some(address) = name.strip_prefix("drain/") {
+            state.drains.push(address.to_string());
+        }
+    }
+    state.members.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(state)
+}
+
+/// Writes `proposed` as the placement if the placement is still the one `state` read.
+async fn propose(client: &mut etcd_client::Client, url: &ClusterUrl, state: &ClusterState, proposed: &Placement) -> Result<bool> {
+    let key = url.placement_key();
+    let value = serde_json::to_vec(proposed).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+    let unchanged = match state.placement {
+        None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        Some(_) => Compare::mod_revision(key.clone(), CompareOp::Equal, state.placement_revision),
+    };
+    let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(key, value, None)]);
+    let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the placement", e))?;
+    if done.succeeded() {
+        match &proposed.next {
+            Some(next) => info!("cluster {url}: view {}: keys move from {:?} to {:?}", proposed.epoch, proposed.members, next),
+            None => info!("cluster {url}: view {} placed on {:?}", proposed.epoch, proposed.members),
+        }
+    }
+    Ok(done.succeeded())
 }
 
 /// Records a new cluster's settings; fails if the cluster exists already.
@@ -171,15 +305,44 @@ pub struct ClusterStatus {
     pub replicas: u32,
     pub revision: i64,
     pub members: Vec<Member>,
+    pub placement: Option<Placement>,
+    /// Sources' progress while keys move.
+    pub moves: BTreeMap<String, MoveReport>,
+    pub drains: Vec<String>,
 }
 
-/// Reads a cluster's settings and members.
+/// Reads a cluster's settings, members, placement and data movement.
 pub fn status(url: &ClusterUrl) -> Result<ClusterStatus> {
     runtime()?.block_on(async {
         let mut client = connect(url).await?;
-        let settings = read_settings(&mut client, url).await?.ok_or_else(|| no_such_cluster(url))?;
-        let view = read_view(&mut client, url).await?;
-        Ok(ClusterStatus { cluster: url.to_string(), replicas: settings.replicas, revision: view.revision, members: view.members })
+        let state = read_state(&mut client, url).await?;
+        let settings = state.settings.ok_or_else(|| no_such_cluster(url))?;
+        let moving = state.placement.as_ref().and_then(|p| p.next.as_ref().map(|n| (p.epoch, n.clone())));
+        let moves = state.moves.into_iter().filter(|(_, r)| moving.as_ref().is_some_and(|(e, n)| r.epoch == *e && r.next == *n)).collect();
+        Ok(ClusterStatus {
+            cluster: url.to_string(),
+            replicas: settings.replicas,
+            revision: state.revision,
+            members: state.members,
+            placement: state.placement,
+            moves,
+            drains: state.drains,
+        })
+    })
+}
+
+/// Asks the server at `address` to hand its keys over and leave (`rdram cluster drain`).
+pub fn request_drain(url: &ClusterUrl, address: &str) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut client = connect(url).await?;
+        let state = read_state(&mut client, url).await?;
+        state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
+        if !state.members.iter().any(|m| m.address == address) {
+            let live: Vec<&str> = state.members.iter().map(|m| m.address.as_str()).collect();
+            return Err(Error::new(Status::Invalid, format!("{address} is not a live member of cluster {} (members: {live:?})", url.name)));
+        }
+        client.put(url.drain_key(address), "", None).await.map_err(|e| etcd_error(url, "cannot write the drain request", e))?;
+        Ok(())
     })
 }
 
@@ -187,50 +350,133 @@ fn no_such_cluster(url: &ClusterUrl) -> Error {
     Error::new(Status::Invalid, format!("cluster {} does not exist in etcd: create it with `rdram cluster create {url}`", url.name))
 }
 
-/// A server's membership: its key under a lease that a background task keeps alive. The
-/// lease is revoked (the server leaves the view at once) by [`Registration::leave`] or on
-/// drop; if the process dies, the lease expires after its TTL.
+/// A server's membership: its key under a lease that a background task keeps alive, and
+/// a follower of the cluster's state that keeps the server's [`ServerRole`] current and
+/// proposes the next placement when one is due. The lease is revoked (the server leaves
+/// the view at once) by [`Registration::leave`] or on drop; if the process dies, the
+/// lease expires after its TTL.
 pub struct Registration {
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
     url: ClusterUrl,
+    member: Mutex<Member>,
     lease: Arc<AtomicI64>,
     /// Whether the last exchange with etcd succeeded (for logs and metrics).
     pub etcd_reachable: Arc<AtomicBool>,
+    /// The cluster's state as last read.
+    state: Arc<Mutex<ClusterState>>,
 }
 
 impl Registration {
-    /// Registers `member` in the cluster under a lease of `ttl`. Fails, saying why, when
-    /// etcd cannot be reached or the cluster was not created.
-    pub fn join(url: &ClusterUrl, member: Member, ttl: Duration) -> Result<Registration> {
+    /// Registers `member` in the cluster under a lease of `ttl`, and keeps `role` set to
+    /// the cluster's placement from then on. Fails, saying why, when etcd cannot be
+    /// reached or the cluster was not created.
+    pub fn join(url: &ClusterUrl, member: Member, ttl: Duration, role: Arc<ServerRole>) -> Result<Registration> {
         let ttl_secs = ttl.as_secs().max(1) as i64;
         let runtime = runtime()?;
         let value = serde_json::to_vec(&member).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         let key = url.members_prefix() + &member.address;
         let lease = Arc::new(AtomicI64::new(0));
         let etcd_reachable = Arc::new(AtomicBool::new(true));
-        let client = runtime.block_on(async {
+        let (client, watcher) = runtime.block_on(async {
             let mut client = connect(url).await?;
             read_settings(&mut client, url).await?.ok_or_else(|| no_such_cluster(url))?;
             let id = register(&mut client, url, &key, &value, ttl_secs).await?;
             lease.store(id, Ordering::SeqCst);
-            Ok::<_, Error>(client)
+            let watcher = connect(url).await?;
+            Ok::<_, Error>((client, watcher))
         })?;
         info!("joined cluster {url} as {} (lease TTL {ttl_secs} s)", member.address);
         let task = KeepAlive { client, url: url.clone(), key, value, ttl_secs, lease: lease.clone(), reachable: etcd_reachable.clone() };
         runtime.spawn(task.run());
-        Ok(Registration { runtime: Some(runtime), url: url.clone(), lease, etcd_reachable })
+        let state = Arc::new(Mutex::new(ClusterState::default()));
+        let me = member.address.clone();
+        let seen = state.clone();
+        let steward = move |s: &ClusterState| {
+            if let Some(p) = &s.placement {
+                let changed = role.current().is_none_or(|c| c.1.placement != *p);
+                if changed {
+                    role.set(&me, p.clone());
+                }
+            }
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
+            next_placement(s)
+        };
+        let follower = Follower { client: watcher, url: url.clone(), on_state: Box::new(steward), what: "serving on the last view" };
+        runtime.spawn(follower.run());
+        // Returns once the placement has this server (as a member, or as one keys move
+        // to), so that a client connecting after the server started finds it.
+        let placed = |p: &Placement| p.members.iter().chain(p.next.iter().flatten()).any(|m| *m == member.address);
+        let deadline = std::time::Instant::now() + PLACEMENT_WAIT;
+        while !state.lock().unwrap_or_else(|e| e.into_inner()).placement.as_ref().is_some_and(placed) {
+            if std::time::Instant::now() >= deadline {
+                warn!("cluster {url}: this server is not in the placement after {PLACEMENT_WAIT:?}; serving on while it is proposed");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Registration { runtime: Mutex::new(Some(runtime)), url: url.clone(), member: Mutex::new(member), lease, etcd_reachable, state })
+    }
+
+    /// The cluster's state as last read from etcd.
+    pub fn state(&self) -> ClusterState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Stops taking keys: the member record says it drains, so the next placement leaves
+    /// this server out and its keys are handed over.
+    pub fn start_draining(&self) -> Result<()> {
+        let member = {
+            let mut m = self.member.lock().unwrap_or_else(|e| e.into_inner());
+            m.draining = true;
+            m.clone()
+        };
+        let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
+        let key = url.members_prefix() + &member.address;
+        let value = serde_json::to_vec(&member).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        self.block_on(async move {
+            let mut client = connect(&url).await?;
+            client.put(key, value, Some(PutOptions::new().with_lease(id))).await.map_err(|e| etcd_error(&url, "cannot mark this server as draining", e))?;
+            Ok(())
+        })
+    }
+
+    /// Publishes this server's progress in handing its keys over.
+    pub fn report_moves(&self, report: &MoveReport) -> Result<()> {
+        let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
+        let key = url.move_key(&self.address());
+        let value = serde_json::to_vec(report).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        self.block_on(async move {
+            let mut client = connect(&url).await?;
+            client.put(key, value, Some(PutOptions::new().with_lease(id))).await.map_err(|e| etcd_error(&url, "cannot report the handover", e))?;
+            Ok(())
+        })
+    }
+
+    /// This server's address, its name in the cluster.
+    pub fn address(&self) -> String {
+        self.member.lock().unwrap_or_else(|e| e.into_inner()).address.clone()
+    }
+
+    fn block_on<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let handle = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|r| r.handle().clone());
+        match handle {
+            Some(h) => h.block_on(f),
+            None => Err(Error::new(Status::Unavailable, "this server left the cluster")),
+        }
     }
 
     /// Leaves the cluster now: the lease is revoked, and with it the member key.
-    pub fn leave(mut self) {
+    pub fn leave(&self) {
         self.revoke();
     }
 
-    fn revoke(&mut self) {
-        let Some(runtime) = self.runtime.take() else { return };
+    fn revoke(&self) {
+        let Some(runtime) = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
+        let drain_key = url.drain_key(&self.address());
         let revoked = runtime.block_on(async {
             let mut client = connect(&url).await?;
+            let _ = client.delete(drain_key, None).await;
             client.lease_revoke(id).await.map_err(|e| etcd_error(&url, "cannot revoke the lease", e))
         });
         match revoked {
@@ -321,7 +567,7 @@ impl KeepAlive {
     }
 }
 
-/// A cluster's member set as etcd says it is now, followed by a background watch.
+/// A cluster's placement as etcd says it is now, followed by a background watch.
 /// [`Watch::revision`] is one atomic load: callers compare it with the revision of the
 /// view they route on.
 pub struct Watch {
@@ -332,19 +578,30 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Reads the member set (failing if etcd cannot be reached or the cluster does not
+    /// Reads the placement (failing if etcd cannot be reached or the cluster does not
     /// exist) and starts watching it.
     pub fn start(url: &ClusterUrl) -> Result<Watch> {
         let runtime = runtime()?;
-        let (client, view) = runtime.block_on(async {
+        let (client, state) = runtime.block_on(async {
             let mut client = connect(url).await?;
-            read_settings(&mut client, url).await?.ok_or_else(|| no_such_cluster(url))?;
-            let view = read_view(&mut client, url).await?;
-            Ok::<_, Error>((client, view))
+            let state = read_state(&mut client, url).await?;
+            state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
+            Ok::<_, Error>((client, state))
         })?;
-        let revision = Arc::new(AtomicI64::new(view.revision));
-        let view = Arc::new(Mutex::new(view));
-        let follower = Follower { client, url: url.clone(), view: view.clone(), revision: revision.clone() };
+        let view = Arc::new(Mutex::new(view_of(&state)));
+        let revision = Arc::new(AtomicI64::new(state.placement_revision));
+        let (shown, published) = (view.clone(), revision.clone());
+        let publish = move |s: &ClusterState| {
+            let fresh = view_of(s);
+            let mut current = shown.lock().unwrap_or_else(|e| e.into_inner());
+            if *current != fresh {
+                *current = fresh;
+                drop(current);
+                published.store(s.placement_revision, Ordering::Release);
+            }
+            None
+        };
+        let follower = Follower { client, url: url.clone(), on_state: Box::new(publish), what: "routing on the last view" };
         runtime.spawn(follower.run());
         Ok(Watch { _runtime: runtime, url: url.clone(), view, revision })
     }
@@ -363,13 +620,22 @@ impl Watch {
     }
 }
 
-/// Keeps a [`Watch`]'s view current: watches the member keys and reads the whole set again
-/// after each change (a handful of keys), so the view is always one etcd revision's.
+fn view_of(state: &ClusterState) -> View {
+    View { revision: state.placement_revision, placement: state.placement.clone().unwrap_or_default() }
+}
+
+/// What a follower does with each state it reads; a placement it returns is proposed.
+type OnState = Box<dyn FnMut(&ClusterState) -> Option<Placement> + Send>;
+
+/// Follows a cluster's state: watches its prefix and reads the whole state again after
+/// each change (a handful of keys), so that what it hands on is always one etcd
+/// revision's; proposes the placements its handler says are due.
 struct Follower {
     client: etcd_client::Client,
     url: ClusterUrl,
-    view: Arc<Mutex<View>>,
-    revision: Arc<AtomicI64>,
+    on_state: OnState,
+    /// What goes on while etcd is unreachable, for the log.
+    what: &'static str,
 }
 
 impl Follower {
@@ -378,7 +644,7 @@ impl Follower {
         loop {
             let failure = self.follow().await;
             if !warned {
-                warn!("cluster {}: etcd unreachable ({}); routing on the last view", self.url, failure.message);
+                warn!("cluster {}: etcd unreachable ({}); {}", self.url, failure.message, self.what);
                 warned = true;
             }
             tokio::time::sleep(RETRY_PAUSE).await;
@@ -388,36 +654,39 @@ impl Follower {
         }
     }
 
-    fn publish(&self, view: View) {
-        let revision = view.revision;
-        let mut current = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        if current.members != view.members || current.revision == 0 {
-            *current = view;
-            drop(current);
-            self.revision.store(revision, Ordering::Release);
+    /// Reads the state and hands it on, proposing what is due, until it reads a state
+    /// that asks for nothing more; returns the revision read.
+    async fn settle(&mut self) -> Result<i64> {
+        loop {
+            let state = read_state(&mut self.client, &self.url).await?;
+            match (self.on_state)(&state) {
+                Some(proposed) => {
+                    propose(&mut self.client, &self.url, &state, &proposed).await?;
+                }
+                None => return Ok(state.revision),
+            }
         }
     }
 
     async fn follow(&mut self) -> Error {
-        let view = match read_view(&mut self.client, &self.url).await {
-            Ok(v) => v,
+        let revision = match self.settle().await {
+            Ok(r) => r,
             Err(e) => return e,
         };
-        let from = view.revision + 1;
-        self.publish(view);
-        let options = WatchOptions::new().with_prefix().with_start_revision(from);
-        let (_watcher, mut events) = match self.client.watch(self.url.members_prefix(), Some(options)).await {
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let (_watcher, mut events) = match self.client.watch(self.url.prefix(), Some(options)).await {
             Ok(w) => w,
-            Err(e) => return etcd_error(&self.url, "cannot watch the members", e),
+            Err(e) => return etcd_error(&self.url, "cannot watch the cluster", e),
         };
         loop {
             match events.message().await {
                 Ok(Some(reply)) if reply.canceled() => return etcd_error(&self.url, "watch", "canceled"),
                 Ok(Some(reply)) if reply.events().is_empty() => {}
-                Ok(Some(_)) => match read_view(&mut self.client, &self.url).await {
-                    Ok(view) => self.publish(view),
-                    Err(e) => return e,
-                },
+                Ok(Some(_)) => {
+                    if let Err(e) = self.settle().await {
+                        return e;
+                    }
+                }
                 Ok(None) => return etcd_error(&self.url, "watch", "stream ended"),
                 Err(e) => return etcd_error(&self.url, "watch", e),
             }

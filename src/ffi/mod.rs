@@ -73,6 +73,9 @@ impl From<Status> for rdram_status {
             Status::BufferTooSmall => RDRAM_BUFFER_TOO_SMALL,
             Status::Panic => RDRAM_PANIC,
             Status::NullArgument => RDRAM_NULL_ARGUMENT,
+            // The client settles these itself; one that outlives its retries is the
+            // cluster being unavailable for the moment.
+            Status::Moved | Status::ViewChanged | Status::KeyMoving => RDRAM_UNAVAILABLE,
         }
     }
 }
@@ -159,10 +162,10 @@ pub extern "C" fn rdram_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The library version, e.g. "0.1.0 (protocol 5)". Static; never NULL.
+/// The library version, e.g. "0.1.0 (protocol 6)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn rdram_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), " (protocol 5)\0").as_ptr() as *const c_char
+    concat!(env!("CARGO_PKG_VERSION"), " (protocol 6)\0").as_ptr() as *const c_char
 }
 
 #[cfg(test)]

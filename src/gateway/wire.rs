@@ -82,7 +82,7 @@ pub fn status_of(e: &Error) -> tonic::Status {
         Status::NoSpace => Code::ResourceExhausted,
         Status::AuthFailed => Code::PermissionDenied,
         Status::VersionMismatch => Code::FailedPrecondition,
-        Status::Unavailable | Status::Transport | Status::Io => Code::Unavailable,
+        Status::Unavailable | Status::Transport | Status::Io | Status::ViewChanged | Status::KeyMoving | Status::Moved => Code::Unavailable,
         // A key routed to a shard that does not own it will not route differently on a
         // retry (the layouts disagree): a permanent error, not one to retry for minutes.
         Status::WrongShard => Code::FailedPrecondition,

@@ -13,9 +13,9 @@ use crate::store::ShardStats;
 pub const OPS: [&str; 8] = ["put", "get", "delete", "delete_range", "list", "stats", "abort", "unknown"];
 const UNKNOWN_OP: usize = OPS.len() - 1;
 
-/// Every status, in code order (-16..=3); `STATUS_OFFSET` maps a code to its index.
-const STATUSES: usize = 20;
-const STATUS_OFFSET: i32 = 16;
+/// Every status, in code order (-18..=4); `STATUS_OFFSET` maps a code to its index.
+const STATUSES: usize = 23;
+const STATUS_OFFSET: i32 = 18;
 
 /// Upper bounds (seconds) of the service-time histogram's buckets: 1 µs to 10 s.
 pub const DURATION_BUCKETS: [f64; 19] =

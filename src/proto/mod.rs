@@ -4,6 +4,8 @@
 //! Request (AM id [`AM_REQUEST`], client → shard worker):
 //!   header  = RequestHeader (72 B) || key            when the key fits the inline budget
 //!           = RequestHeader (72 B)                   with FLAG_KEY_IN_PAYLOAD otherwise
+//!   With [`flags::VIEW`], 8 bytes follow the header (either form), before the key: the
+//!   epoch of the cluster view the client routed with.
 //!   The header may instead take its short form (32 B, [`flags::SHORT_FORM`]): the first
 //!   24 bytes, then key_len and aux_len, all other fields at their defaults (no condition,
 //!   range or TTL). UCX clients send it when it says everything: over UCX's shared memory
@@ -40,8 +42,9 @@ pub mod fabric;
 use crate::error::Status;
 
 /// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
-/// ([`ReplyHeader::encode_compact`]).
-pub const PROTOCOL_VERSION: u8 = 5;
+/// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
+/// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
+pub const PROTOCOL_VERSION: u8 = 6;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
@@ -70,6 +73,10 @@ pub const LIST_REPLY_MAX_KEY_BYTES: usize = 1 << 20;
 pub const DELETE_RANGE_BATCH: usize = 4096;
 
 pub const REQUEST_HEADER_LEN: usize = 72;
+/// The longest header: the full form and a view ([`flags::VIEW`]).
+pub const MAX_REQUEST_HEADER_LEN: usize = REQUEST_HEADER_LEN + VIEW_LEN;
+/// Bytes of a view's epoch after the fixed header.
+pub const VIEW_LEN: usize = 8;
 /// A request header in its short form ([`flags::SHORT_FORM`]).
 pub const SHORT_REQUEST_HEADER_LEN: usize = 32;
 pub const REPLY_HEADER_LEN: usize = 40;
@@ -95,8 +102,25 @@ pub mod flags {
     /// The header is in its short form: 32 bytes, with key_len and aux_len at 24..32 and
     /// the fields in between at their defaults (see [`crate::proto::RequestHeader::encode_short`]).
     pub const SHORT_FORM: u32 = 1 << 9;
+    /// The request was routed with a cluster's view: the 8 bytes after the fixed header
+    /// (full or short form) hold that view's epoch ([`crate::proto::RequestHeader::view`]),
+    /// and the server refuses a key operation routed with a view it does not hold. Clients
+    /// given servers' addresses instead of a cluster send no view and are not fenced.
+    pub const VIEW: u32 = 1 << 10;
+    /// Sent where a key's previous owner redirected it ([`crate::error::Status::Moved`])
+    /// while the key moves: the server takes it if the key is its own under the view
+    /// being moved to (Redis Cluster's ASKING).
+    pub const ASKING: u32 = 1 << 11;
+    /// Put from a server handing a key over: `if_equal` holds the generation the value
+    /// keeps, and the value replaces whatever the key holds here.
+    pub const IMPORT: u32 = 1 << 12;
+    /// Get: hold the key for a handover (writes through the cluster wait until it is
+    /// deleted or the hold lapses), and answer its TTL left in `more` (ms, 0: none).
+    /// Delete (with `IF_EQUAL`): end the handover, deleting the key if it still holds
+    /// the generation handed over.
+    pub const MIGRATE: u32 = 1 << 13;
     /// Every flag a request may carry once it is whole.
-    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM;
+    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE;
     /// Over libfabric's shm: this message is the first part of a longer request, whose
     /// other parts follow (see [`crate::proto::fabric::split_request`]). The worker joins
     /// the parts and clears the flag before it reads the request, so nothing else accepts it.
@@ -153,6 +177,8 @@ pub struct RequestHeader {
     /// Range ops: range_max length. Put: the value's address in the writer's memory
     /// modulo [`VALUE_ALIGN`] (see there). Other ops: zero.
     pub aux_len: u32,
+    /// With [`flags::VIEW`]: the epoch of the cluster view the request was routed with.
+    pub view: u64,
 }
 
 /// What a shard worker answers.
@@ -211,13 +237,22 @@ impl RequestHeader {
         SHORT_REQUEST_HEADER_LEN
     }
 
-    /// How many bytes the header took on the wire (decoded headers only).
-    pub fn encoded_len(&self) -> usize {
-        if self.flags & flags::SHORT_FORM != 0 {
-            SHORT_REQUEST_HEADER_LEN
-        } else {
-            REQUEST_HEADER_LEN
+    /// Writes the header (in its short form when `short` and that says everything) and,
+    /// with [`flags::VIEW`], the view after it; returns how many bytes of `out` it took.
+    pub fn encode_with_view(&self, short: bool, out: &mut [u8; MAX_REQUEST_HEADER_LEN]) -> usize {
+        let fixed: &mut [u8; REQUEST_HEADER_LEN] = (&mut out[..REQUEST_HEADER_LEN]).try_into().unwrap();
+        let len = if short { self.encode_short(fixed) } else { self.encode(fixed) };
+        if self.flags & flags::VIEW == 0 {
+            return len;
         }
+        out[len..len + VIEW_LEN].copy_from_slice(&self.view.to_le_bytes());
+        len + VIEW_LEN
+    }
+
+    /// How many bytes the header took on the wire, its view included (decoded headers only).
+    pub fn encoded_len(&self) -> usize {
+        let fixed = if self.flags & flags::SHORT_FORM != 0 { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
+        fixed + if self.flags & flags::VIEW != 0 { VIEW_LEN } else { 0 }
     }
 
     /// Parses and validates a request header, in full or in its short form (see
@@ -261,6 +296,28 @@ impl RequestHeader {
         let Some(op) = Op::from_u8(h.op) else { return fail(Status::Invalid, format!("unknown op {}", h.op)) };
         if h.flags & !flags::ALL != 0 {
             return fail(Status::Invalid, format!("unknown flags {:#x}", h.flags & !flags::ALL));
+        }
+        if h.flags & flags::VIEW != 0 {
+            if buf.len() < need + VIEW_LEN {
+                return fail(Status::Invalid, format!("request header is {} bytes, need {} with its view", buf.len(), need + VIEW_LEN));
+            }
+            h.view = u64_at(buf, need);
+        }
+        let handover = h.flags & (flags::IMPORT | flags::MIGRATE);
+        let handover_fits = match op {
+            Op::Put => handover == flags::IMPORT,
+            Op::Get => handover == flags::MIGRATE,
+            Op::Delete => handover == flags::MIGRATE && h.flags & flags::IF_EQUAL != 0,
+            _ => false,
+        };
+        if handover != 0 && !handover_fits {
+            return fail(Status::Invalid, format!("{op:?} cannot carry handover flags {handover:#x}"));
+        }
+        if h.flags & flags::IMPORT != 0 && h.flags & (flags::IF_ABSENT | flags::IF_NOT_EQUAL | flags::IF_EQUAL) != 0 {
+            return fail(Status::Invalid, "an import carries its generation, not a condition".into());
+        }
+        if h.flags & flags::IMPORT != 0 && h.if_equal == 0 {
+            return fail(Status::Invalid, "an import needs the generation the value keeps".into());
         }
         let key_len = h.key_len as usize;
         match op {
@@ -432,6 +489,20 @@ pub fn shard_of(key: &[u8], shards: usize) -> usize {
         return 0;
     }
     (xxhash_rust::xxh3::xxh3_64(key) % shards as u64) as usize
+}
+
+/// The hash seed of a server's name (its bootstrap address) for [`rendezvous`].
+pub fn node_seed(node: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(node.as_bytes())
+}
+
+/// Rendezvous hashing: which of the servers whose [`node_seed`]s are given owns `key`
+/// (its index). Clients and servers must agree on it, so it lives with the wire format.
+pub fn rendezvous(key: &[u8], seeds: &[u64]) -> usize {
+    if seeds.len() <= 1 {
+        return 0;
+    }
+    (0..seeds.len()).max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[i])).unwrap()
 }
 
 #[cfg(test)]

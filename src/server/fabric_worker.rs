@@ -138,7 +138,7 @@ pub struct FabricShardWorker {
     listen: std::net::IpAddr,
     /// What the bootstrap hands out; changes when the rails are replaced.
     address: super::ShardAddress,
-    service: Service,
+    pub(super) service: Service,
     arena_mr: Vec<MemoryRegion>,
     recv_mr: Vec<MemoryRegion>,
     recv_slab: Vec<u8>,

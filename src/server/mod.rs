@@ -59,6 +59,9 @@ pub struct ServerConfig {
     /// Reply bytes held, across every shard, for clients that do not take their replies;
     /// past it a client that is behind has its requests dropped until it catches up.
     pub reply_budget: u64,
+    /// In a cluster: the placement, kept current by the server's etcd agent, that the
+    /// shards check requests routed with a view against.
+    pub cluster_role: Option<Arc<crate::cluster::placement::ServerRole>>,
 }
 
 /// Default for [`ServerConfig::stall_timeout`].
@@ -128,6 +131,7 @@ impl Default for ServerConfig {
             // The environment's opt-in, for servers embedded through the C ABI or Python.
             ucx_tcp: std::env::var("RDRAM_UCX_TCP").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
             reply_budget: DEFAULT_REPLY_BUDGET,
+            cluster_role: None,
         }
     }
 }
@@ -355,9 +359,21 @@ impl Server {
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => {
                             fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout, reply_budget)
+                                .map(|mut w| {
+                                    if let Some(role) = &cfg.cluster_role {
+                                        w.service.set_cluster_role(role.clone());
+                                    }
+                                    w
+                                })
                                 .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
                         }
                         _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout, cfg.stranded_endpoint_limit, ucx_tcp, reply_budget)
+                            .map(|mut w| {
+                                if let Some(role) = &cfg.cluster_role {
+                                    w.service.set_cluster_role(role.clone());
+                                }
+                                w
+                            })
                             .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
                     };
                     match built {

@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use tracing::{info, warn};
@@ -126,7 +127,26 @@ pub struct Service {
     pressure: Pressure,
     /// The server's reply bytes held for clients, shared by every shard.
     pub reply_budget: Arc<ReplyBudget>,
+    /// In a cluster: the placement that requests routed with a view are checked against.
+    placement: Option<PlacementCheck>,
 }
+
+/// A cluster member's shard's side of placement: the routing last read from the
+/// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
+struct PlacementCheck {
+    role: Arc<ServerRole>,
+    seen: u64,
+    current: Option<Arc<(String, Routing)>>,
+    handovers: FxHashMap<Vec<u8>, Instant>,
+}
+
+/// Keys one shard holds for handovers at once (each is one value in flight between two
+/// servers; the server's own mover holds one at a time).
+const MAX_HANDOVERS: usize = 1024;
+/// How long a key is held for a handover that does not end (its mover failed), before
+/// writes to it go ahead here; the handover's delete is conditional on the generation
+/// handed over, so a write in between is never lost.
+const HANDOVER_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Arena pressure as log lines: crossing 90 % full (once, until it drops below 80 %), and
 /// evictions or refused puts, summed over at most one line per [`PRESSURE_LOG_EVERY`].
@@ -174,6 +194,89 @@ impl Service {
             metrics: Arc::default(),
             pressure: Pressure::default(),
             reply_budget,
+            placement: None,
+        }
+    }
+
+    /// Makes this shard a cluster member's: requests routed with a view are checked
+    /// against the placement `role` holds.
+    pub fn set_cluster_role(&mut self, role: Arc<ServerRole>) {
+        self.placement = Some(PlacementCheck { role, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
+    }
+
+    /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
+    /// cannot take as routed: the view's epoch is not this server's ("view changed"); or
+    /// keys are moving and this one, moving elsewhere, is no longer here ("moved", with
+    /// the server it moved to) or is being handed over (a write waits: "key moving").
+    /// Requests without a view (clients given addresses, handovers) are not fenced.
+    fn check_placement(&mut self, h: &RequestHeader, key: &[u8], write: bool) -> Result<()> {
+        let Some(p) = self.placement.as_mut() else { return Ok(()) };
+        if h.flags & flags::VIEW == 0 {
+            return Ok(());
+        }
+        let version = p.role.version();
+        if version != p.seen {
+            p.current = p.role.current();
+            p.seen = version;
+        }
+        let Some(current) = p.current.clone() else {
+            return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
+        };
+        let (me, routing) = (&current.0, &current.1);
+        let epoch = routing.placement.epoch;
+        if h.flags & flags::ASKING != 0 {
+            let mine = routing.next_owner(key) == Some(me.as_str()) || routing.owner(key) == Some(me.as_str());
+            return if mine { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("redirected here, but the key is not this server's in view {epoch}"))) };
+        }
+        if h.view != epoch {
+            return Err(Error::new(Status::ViewChanged, format!("request routed with view {}, this server holds view {epoch}", h.view)));
+        }
+        match routing.next_owner(key) {
+            Some(next) if next != me => {
+                if !self.shard.contains(key) {
+                    return Err(Error::new(Status::Moved, next.to_string()));
+                }
+                if write && self.held_for_handover(key) {
+                    return Err(Error::new(Status::KeyMoving, format!("the key is being handed over to {next}")));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `key` is held for a handover now (a lapsed hold is dropped).
+    fn held_for_handover(&mut self, key: &[u8]) -> bool {
+        let Some(p) = self.placement.as_mut() else { return false };
+        match p.handovers.get(key) {
+            Some(&until) if Instant::now() < until => true,
+            Some(_) => {
+                p.handovers.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Holds `key` for a handover of `len` bytes ([`flags::MIGRATE`] get).
+    fn hold_for_handover(&mut self, key: &[u8], len: u64) -> Result<()> {
+        let Some(p) = self.placement.as_mut() else {
+            return Err(Error::new(Status::Invalid, "handovers are between members of a cluster; this server is in none"));
+        };
+        let now = Instant::now();
+        if p.handovers.len() >= MAX_HANDOVERS {
+            p.handovers.retain(|_, until| *until > now);
+            if p.handovers.len() >= MAX_HANDOVERS {
+                return Err(Error::new(Status::Unavailable, format!("{MAX_HANDOVERS} keys of this shard are in handovers already")));
+            }
+        }
+        p.handovers.insert(key.to_vec(), transfer_deadline(HANDOVER_HOLD, len));
+        Ok(())
+    }
+
+    fn end_handover(&mut self, key: &[u8]) {
+        if let Some(p) = self.placement.as_mut() {
+            p.handovers.remove(key);
         }
     }
 
@@ -308,7 +411,10 @@ impl Service {
         }
         if !in_payload {
             self.check_shard(req.inline)?;
-            self.shard.precheck_put(req.inline, &condition(&h))?;
+            self.check_placement(&h, req.inline, true)?;
+            if h.flags & flags::IMPORT == 0 {
+                self.shard.precheck_put(req.inline, &condition(&h))?;
+            }
         }
         // A key arriving in the payload is not known yet: no overwrite hint then; and the
         // value arrives right behind it.
@@ -353,12 +459,14 @@ impl Service {
             return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);
         }
         let key_len = p.header.key_len as usize;
-        let key = self.shard.arena().slice(p.extent.offset, key_len as u64);
-        if let Err(e) = self.check_shard(key) {
+        let key = self.shard.arena().slice(p.extent.offset, key_len as u64).to_vec();
+        // Checked again now that the value is here: the key may have been handed over
+        // while it arrived.
+        if let Err(e) = self.check_shard(&key).and_then(|()| self.check_placement(&p.header, &key, true)) {
             self.shard.release(p.extent);
             return error_reply(id, &e, out);
         }
-        match self.shard.commit_put(p.extent, p.layout, &condition(&p.header), ttl(&p.header)) {
+        match self.commit(p.extent, p.layout, &p.header) {
             Ok(generation) => ok_reply(id, generation, p.layout.value_len),
             Err(e) => error_reply(id, &e, out),
         }
@@ -385,20 +493,44 @@ impl Service {
     fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
-        let cond = condition(h);
-        self.shard.precheck_put(key, &cond)?;
+        self.check_placement(h, key, true)?;
+        if h.flags & flags::IMPORT == 0 {
+            self.shard.precheck_put(key, &condition(h))?;
+        }
         // Copied here from the receive buffer: aligned to where the value sits in it.
         let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
-        let generation = self.shard.commit_put(extent, layout, &cond, ttl(h))?;
+        let generation = self.commit(extent, layout, h)?;
         Ok(ok_reply(h.request_id, generation, value.len() as u64))
+    }
+
+    /// Publishes a put's key and value, written into `extent`: under a new generation if
+    /// its condition holds, or for an import, under the generation it brings.
+    fn commit(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
+        if h.flags & flags::IMPORT != 0 {
+            self.shard.commit_import(extent, layout, h.if_equal, ttl(h))
+        } else {
+            self.shard.commit_put(extent, layout, &condition(h), ttl(h))
+        }
     }
 
     fn get(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let range = (h.flags & flags::HAS_RANGE != 0).then_some(ByteRange { start: h.range_start, end: h.range_end });
-        let outcome = self.key_of(h, inline, payload).and_then(|key| self.shard.get(key, &condition(h), range));
+        let key = match self.key_of(h, inline, payload).and_then(|key| self.check_placement(h, key, false).map(|()| key)) {
+            Ok(key) => key,
+            Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
+        };
+        let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
+        if h.flags & flags::MIGRATE != 0 {
+            if let Ok(GetOutcome::Value { value_size, .. }) = outcome {
+                if let Err(e) = self.hold_for_handover(key, value_size) {
+                    return Answer::Owned(error_reply(h.request_id, &e, out));
+                }
+                reply.more = self.shard.ttl_left_ms(key).min(u32::MAX as u64) as u32;
+            }
+        }
         match outcome {
             Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
             Ok(GetOutcome::Missing) => reply.status = Status::Missing as u8,
@@ -417,6 +549,10 @@ impl Service {
 
     fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
+        self.check_placement(h, key, true)?;
+        if h.flags & flags::MIGRATE != 0 {
+            self.end_handover(key);
+        }
         let existed = self.shard.delete(key, &condition(h))?;
         Ok(ok_reply(h.request_id, 0, existed as u64))
     }

@@ -267,18 +267,49 @@ impl Shard {
 
     /// Publishes a key and value already written into `extent` as `layout` says.
     pub fn commit_put(&mut self, extent: Extent, layout: Layout, cond: &Condition, ttl_ms: u64) -> Result<u64> {
-        let Layout { key_len, value_at, value_len } = layout;
-        debug_assert!(key_len <= value_at && layout.extent_len() <= extent.len);
+        debug_assert!(layout.key_len <= layout.value_at && layout.extent_len() <= extent.len);
         // SAFETY: the extent is reserved for this put: it is not in the index, so nothing
         // below frees or writes it, and the arena mapping never moves. Borrowing it raw
         // avoids copying the key on every put.
-        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), key_len as usize) };
+        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize) };
         if !self.write_condition_holds(key, cond) {
             self.counters.condition_failed += 1;
             self.release(extent);
             return Err(Error::new(Status::ConditionFailed, ""));
         }
         let generation = self.next_generation();
+        self.install(extent, layout, generation, ttl_ms)?;
+        Ok(generation)
+    }
+
+    /// Publishes a value handed over by the key's previous owner, with the generation and
+    /// TTL it had there, replacing whatever the key holds; generations given out here from
+    /// now on are above it, so that the key's generations never go backwards.
+    pub fn commit_import(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<u64> {
+        self.last_generation = self.last_generation.max(generation);
+        self.install(extent, layout, generation, ttl_ms)?;
+        Ok(generation)
+    }
+
+    /// Whether the key holds a live value.
+    pub fn contains(&mut self, key: &[u8]) -> bool {
+        self.live_slot(key).is_some()
+    }
+
+    /// The key's time to live left, in milliseconds (0: it has none, or no value).
+    pub fn ttl_left_ms(&mut self, key: &[u8]) -> u64 {
+        let Some(slot) = self.live_slot(key) else { return 0 };
+        match self.index.entry(slot).expires_at {
+            0 => 0,
+            at => (at.saturating_sub(self.now()) / 1_000_000).max(1),
+        }
+    }
+
+    /// Puts `extent` (key and value in place) in the index under `generation`.
+    fn install(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<()> {
+        let Layout { key_len, value_at, value_len } = layout;
+        // SAFETY: as in `commit_put`: the extent is reserved, outside the index.
+        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), key_len as usize) };
         let expires_at = if ttl_ms == 0 { 0 } else { self.now().saturating_add(ttl_ms.saturating_mul(1_000_000)).max(1) };
         let entry = Entry::new(extent, key_len, value_at, value_len, generation, expires_at);
         match self.index.find(key) {
@@ -320,7 +351,7 @@ impl Shard {
             }
         }
         self.counters.puts += 1;
-        Ok(generation)
+        Ok(())
     }
 
     /// Returns an extent to the allocator, or defers it while a send still reads it.

@@ -5,6 +5,7 @@ mod top;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -116,10 +117,18 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 1)]
         replicas: u32,
     },
-    /// Print a cluster's settings, its live members and the view's etcd revision, as JSON.
+    /// Print a cluster's settings, live members, placement (its view's epoch, and where
+    /// keys move while they move) and each source's handover progress, as JSON.
     Status {
         /// etcd://HOST:PORT[,HOST:PORT...]/NAME
         url: String,
+    },
+    /// Ask one server to hand every key it holds over to the others and then exit.
+    Drain {
+        /// etcd://HOST:PORT[,HOST:PORT...]/NAME
+        url: String,
+        /// The server's address as the cluster lists it (`rdram cluster status`).
+        node: String,
     },
 }
 
@@ -226,6 +235,15 @@ struct ServeArgs {
     /// How long the cluster's registration outlives this server's last word with etcd.
     #[arg(long, default_value_t = remote_dram::cluster::DEFAULT_LEASE_TTL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1000..))]
     lease_ttl_ms: u64,
+    /// Cluster: on SIGTERM, hand every key over to the other servers before exiting (a
+    /// second signal exits at once). Without it, a stopping server's keys go with it
+    /// (unless the cluster keeps replicas).
+    #[arg(long)]
+    drain: bool,
+    /// Cluster: bytes per second this server hands keys over at most while they move to
+    /// another server (when servers join or leave).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    rebalance_rate: u64,
     /// Reply bytes the server holds, over all shards, for clients that do not take their
     /// replies; past it such clients' requests wait until they catch up.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
@@ -293,6 +311,12 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
             let parsed = cluster_url(&url)?;
             remote_dram::cluster::create(&parsed, &remote_dram::cluster::Settings { replicas })?;
             println!("created cluster {parsed} with {replicas} replica(s) per key");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster(ClusterCommand::Drain { url, node }) => {
+            let parsed = cluster_url(&url)?;
+            remote_dram::cluster::request_drain(&parsed, &node)?;
+            println!("asked {node} to hand its keys over and leave; follow it with `rdram cluster status {parsed}`");
             Ok(ExitCode::SUCCESS)
         }
         Command::Cluster(ClusterCommand::Status { url }) => {
@@ -490,11 +514,15 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         metrics: args.metrics,
         ucx_tcp: args.ucx_tcp,
         reply_budget: args.reply_budget,
+        cluster_role: None,
     };
     raise_fd_limit();
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
+    let token = cfg.auth_token.clone();
+    let role = Arc::new(remote_dram::cluster::ServerRole::default());
+    let cfg = ServerConfig { cluster_role: cluster.as_ref().map(|_| role.clone()), ..cfg };
     let server = Server::start(cfg)?;
-    let registration = match &cluster {
+    let membership = match &cluster {
         Some(url) => {
             let info = server.info();
             let member = remote_dram::cluster::Member {
@@ -502,13 +530,20 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
                 shards: info.shards,
                 transport: info.transport.clone(),
                 capacity_bytes: info.bytes_per_shard * info.shards as u64,
+                draining: false,
             };
             if server.local_addr().ip().is_unspecified() {
                 server.stop();
                 return Err(Error::new(Status::Invalid, "--cluster needs a --listen address that clients can reach, not 0.0.0.0"));
             }
-            match remote_dram::cluster::Registration::join(url, member, lease_ttl) {
-                Ok(r) => Some(r),
+            let me = member.address.clone();
+            match remote_dram::cluster::Registration::join(url, member, lease_ttl, role.clone()) {
+                Ok(r) => {
+                    let r = Arc::new(r);
+                    let mover_cfg = remote_dram::cluster::mover::MoverConfig { me, auth_token: token, rate: args.rebalance_rate };
+                    let mover = remote_dram::cluster::mover::Mover::start(role.clone(), r.clone(), mover_cfg);
+                    Some((r, mover))
+                }
                 Err(e) => {
                     server.stop();
                     return Err(Error::new(e.status, format!("cannot join cluster {url}: {}", e.message)));
@@ -523,17 +558,69 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         println!("cluster: {url}");
     }
     std::io::stdout().flush()?;
-    let mut sig: libc::c_int = 0;
-    // SAFETY: waits on the set blocked above; writes the signal number into `sig`.
-    while unsafe { libc::sigwait(&stop_signals, &mut sig) } != 0 {}
-    eprintln!("rdram: signal {sig}, shutting down");
-    // Out of the member set first, so that clients stop routing here, then stop.
-    if let Some(r) = registration {
-        r.leave();
+    let me = server.info().address.clone();
+    // Until a stop signal, or in a cluster, a drain request for this server.
+    let mut drain = args.drain;
+    let sig = loop {
+        if let Some(sig) = wait_for_signal(&stop_signals, Duration::from_millis(200)) {
+            break sig;
+        }
+        if membership.as_ref().is_some_and(|(r, _)| r.state().drains.contains(&me)) {
+            eprintln!("rdram: asked to drain");
+            drain = true;
+            break 0;
+        }
+    };
+    if sig != 0 {
+        eprintln!("rdram: signal {sig}, shutting down");
+    }
+    if let Some((registration, mover)) = membership {
+        if drain {
+            hand_keys_over(&registration, &me, &stop_signals);
+        }
+        mover.stop();
+        // Out of the member set first, so that clients stop routing here, then stop.
+        registration.leave();
     }
     server.stop();
     eprintln!("rdram: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits up to `timeout` for one of the blocked stop signals; its number, if one came.
+fn wait_for_signal(set: &libc::sigset_t, timeout: Duration) -> Option<libc::c_int> {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: waits on a signal set blocked in every thread; no siginfo is asked for.
+    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}
+
+/// A graceful leave: marks this server as draining, so that the next placement leaves it
+/// out and its mover hands every key over, and returns once the placement no longer has
+/// it, or at once when no other server could take the keys, or at a second signal.
+fn hand_keys_over(registration: &remote_dram::cluster::Registration, me: &str, signals: &libc::sigset_t) {
+    if let Err(e) = registration.start_draining() {
+        eprintln!("rdram: cannot drain ({}); leaving without handing keys over", e.message);
+        return;
+    }
+    eprintln!("rdram: draining: handing every key over before leaving (a second signal stops at once)");
+    let started = std::time::Instant::now();
+    loop {
+        if wait_for_signal(signals, Duration::from_millis(100)).is_some() {
+            eprintln!("rdram: second signal: leaving without waiting for the handover");
+            return;
+        }
+        let state = registration.state();
+        let placed_here = state.placement.as_ref().is_some_and(|p| p.members.iter().chain(p.next.iter().flatten()).any(|m| m == me));
+        if !placed_here {
+            eprintln!("rdram: drained in {:.1} s: every key is on the other servers", started.elapsed().as_secs_f64());
+            return;
+        }
+        if !state.members.iter().any(|m| m.address != me && !m.draining) {
+            eprintln!("rdram: no other server to hand keys over to; leaving with them");
+            return;
+        }
+    }
 }
 
 /// The gateway receives each value into a fresh buffer of its size (tonic hands every

@@ -1,0 +1,99 @@
+//! Where keys live in a cluster: the placement etcd holds (which servers keys hash over,
+//! and while keys move, the servers they move to), compiled for routing, and the
+//! placement a server's shard workers check requests against.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto::{node_seed, rendezvous};
+
+/// The servers keys are placed on, as etcd holds it (`/remote_dram/NAME/placement`).
+/// Keys go to one of `members` by rendezvous hashing. While `next` is set, the keys whose
+/// owner differs under `next` are being handed over to it; once every source has handed
+/// its keys over, the placement becomes `next` under the following epoch.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Placement {
+    /// Grows by one at each change of `members`; requests carry it, and servers refuse a
+    /// request routed with an epoch they do not hold.
+    pub epoch: u64,
+    pub members: Vec<String>,
+    pub next: Option<Vec<String>>,
+}
+
+/// A placement with its members' hash seeds, for routing keys.
+#[derive(Clone, Debug)]
+pub struct Routing {
+    pub placement: Placement,
+    seeds: Vec<u64>,
+    next_seeds: Vec<u64>,
+}
+
+impl Routing {
+    pub fn new(placement: Placement) -> Routing {
+        let seeds = placement.members.iter().map(|m| node_seed(m)).collect();
+        let next_seeds = placement.next.iter().flatten().map(|m| node_seed(m)).collect();
+        Routing { placement, seeds, next_seeds }
+    }
+
+    /// The member that owns `key` (None: the placement has no members).
+    pub fn owner(&self, key: &[u8]) -> Option<&str> {
+        (!self.seeds.is_empty()).then(|| self.placement.members[rendezvous(key, &self.seeds)].as_str())
+    }
+
+    /// The member `key` moves to, while keys move.
+    pub fn next_owner(&self, key: &[u8]) -> Option<&str> {
+        let next = self.placement.next.as_ref()?;
+        (!next.is_empty()).then(|| next[rendezvous(key, &self.next_seeds)].as_str())
+    }
+}
+
+/// A cluster member's current placement, set by its etcd agent and read by its shard
+/// workers: a version number they compare with one atomic load per request, and the
+/// routing behind a lock they take only when it changed.
+#[derive(Debug, Default)]
+pub struct ServerRole {
+    version: AtomicU64,
+    current: Mutex<Option<Arc<(String, Routing)>>>,
+}
+
+impl ServerRole {
+    /// Publishes the placement for the member named `me`.
+    pub fn set(&self, me: &str, placement: Placement) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new((me.to_string(), Routing::new(placement))));
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// This member's name and the placement it routes with (None before the first).
+    pub fn current(&self) -> Option<Arc<(String, Routing)>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_move_only_to_a_member_that_joins() {
+        let before = Placement { epoch: 1, members: vec!["a".into(), "b".into(), "c".into()], next: None };
+        let mut during = before.clone();
+        during.next = Some(vec!["a".into(), "b".into(), "c".into(), "d".into()]);
+        let r = Routing::new(during);
+        let mut moved = 0;
+        for i in 0..2000 {
+            let key = format!("key-{i}");
+            let (from, to) = (r.owner(key.as_bytes()).unwrap(), r.next_owner(key.as_bytes()).unwrap());
+            if from != to {
+                assert_eq!(to, "d", "a key moves only to the new member");
+                moved += 1;
+            }
+        }
+        assert!((350..650).contains(&moved), "about a quarter of the keys move: {moved}");
+    }
+}
