@@ -4,30 +4,35 @@
 #
 #   bench/rebalance.sh [TRANSPORT]
 #     TRANSPORT  shm (UCX shared memory, default) | tcp (libfabric tcp;ofi_rxm)
-#   env: KEYS (per writer thread, default 2048), SIZE (value bytes, default 65536),
-#        RATE (--rebalance-rate, default 1GiB), READ_RATE (foreground GETs/s, default 2000), BIN
+#   env: KEYS (default 4096), SIZE (value bytes, default 65536), RATE (--rebalance-rate,
+#        default 1GiB), READ_RATE (foreground GETs/s, default 2000), BIN, PY (a Python with
+#        the remote_dram package; python/tests/run.sh makes target/venv-python), KEEP (keep logs)
 #
-# Three servers (R = 1) hold KEYS x 2 values of SIZE bytes; a reader runs rdram-bench GET
+# Three servers (R = 1) hold KEYS values of SIZE bytes; a reader runs rdram-bench GET
 # 4 KiB at READ_RATE requests/s (open loop) for 8 s, once with the cluster at rest and once
-# while a fourth server joins 2 s in. Prints the bytes handed over, the time from the
-# join to the placement's next epoch, the rate, and the reader's p50/p99/max both times.
-# Builds nothing: run `make build` first.
+# from the moment a fourth server is up and keys move to it (the server's own start, which
+# on a 2-vCPU machine takes the CPUs for a while, is not in it). Prints the bytes handed over, the time from the
+# placement naming the new server to its next epoch, the rate, and the reader's
+# p50/p99/max both times (the reader's own keys move too). Builds nothing: run
+# `make build` and python/tests/run.sh first.
 set -euo pipefail
 TRANSPORT=${1:-shm}
 BIN=${BIN:-target/release}
-KEYS=${KEYS:-2048}
+PY=${PY:-target/venv-python/bin/python}
+KEYS=${KEYS:-4096}
 SIZE=${SIZE:-65536}
 RATE=${RATE:-1GiB}
 READ_RATE=${READ_RATE:-2000}
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 work=$(mktemp -d)
+[ -n "${KEEP:-}" ] && echo "logs in $work"
 pids=()
-trap 'kill ${pids[*]} 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill ${pids[*]} 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 . "$(dirname "$0")/../scripts/etcd.sh"
 start_etcd
 url=etcd://$etcd/bench
 "$BIN/rdram" cluster create "$url" >/dev/null
-serve_args=(--workers 1 --memory 1GiB --hugepages off --cluster "$url" --rebalance-rate "$RATE")
+serve_args=(--workers 1 --memory 512MiB --hugepages off --cluster "$url" --rebalance-rate "$RATE")
 case $TRANSPORT in
   shm) export UCX_TLS=posix,sysv,cma,self ;;
   tcp) serve_args+=(--transport fabric --provider "tcp;ofi_rxm") ;;
@@ -35,38 +40,46 @@ case $TRANSPORT in
 esac
 serve() {
   local log=$work/server-$1.log
-  "$BIN/rdram" serve --listen 127.0.0.1:0 "${serve_args[@]}" >"$log" 2>&1 &
+  RUST_LOG=info "$BIN/rdram" serve --listen 127.0.0.1:0 "${serve_args[@]}" >"$log" 2>&1 &
   pids+=($!)
   until grep -q "^listening on" "$log"; do sleep 0.1; done
 }
+placement() { "$BIN/rdram" cluster status "$url" | python3 -c 'import json,sys; p=json.load(sys.stdin)["placement"]; print(p["epoch"], int(p["next"] is not None))'; }
 for n in 1 2 3; do serve $n; done
-epoch() { "$BIN/rdram" cluster status "$url" | python3 -c 'import json,sys; p=json.load(sys.stdin)["placement"]; print(p["epoch"] if p["next"] is None else -1)'; }
 
-# The data: KEYS values per writer thread, two threads.
-"$BIN/rdram-bench" --server "$url" --poll adaptive --ops put --sizes "$SIZE" --threads 2 --keys "$KEYS" \
-  --count "$KEYS" --warmup 0 --out "$work/fill" >/dev/null
+# The data (rdram-bench deletes its keys when it ends): the Python client.
+"$PY" - "$url" "$KEYS" "$SIZE" <<'PYEOF'
+import sys, remote_dram
+url, keys, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+c = remote_dram.Client(url)
+value = bytes(range(256)) * (size // 256)
+for i in range(keys):
+    c.put(f"data/{i}".encode(), value)
+PYEOF
 read_p() {
   "$BIN/rdram-bench" --server "$url" --poll adaptive --ops get --sizes 4096 --keys 64 --rate "$READ_RATE" \
-    --seconds 8 --warmup 0.5 --json --out "$work/$1" | python3 -c '
+    --seconds "${READ_SECONDS:-8}" --warmup 0.5 --json --out "$work/$1" 2>/dev/null | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.readline())
-print(f"p50 {r[\"p50_us\"]:.1f} us, p99 {r[\"p99_us\"]:.1f} us, max {r[\"max_us\"]:.1f} us")'
+print("p50 %.1f us, p99 %.1f us, max %.1f us" % (r["p50_us"], r["p99_us"], r["max_us"]))'
 }
-echo "reader at rest:        $(read_p rest)"
-before=$(epoch)
+echo "reader at rest:         $(read_p rest)"
+read -r before _ < <(placement)
+serve 4
 read_p moving >"$work/moving.txt" &
 reader=$!
-sleep 2
-joined=$(date +%s.%N)
-serve 4
-until e=$(epoch) && [ "$e" -gt "$before" ]; do sleep 0.02; done
-settled=$(date +%s.%N)
+# Waits for the next epoch at a pace that leaves the CPUs to the servers and the reader
+# (the times come from the servers' logs).
+until read -r e m < <(placement) && [ "$m" = 0 ] && [ "$e" -gt "$before" ]; do sleep 0.5; done
 wait $reader
 echo "reader during the move: $(cat "$work/moving.txt")"
+# When a server proposed the move and the next epoch (UTC seconds of the day).
+logged() { grep -h "$1" "$work"/server-*.log | head -1 | sed -E 's/^[0-9-]+T([0-9]+):([0-9]+):([0-9.]+)Z.*/\1 \2 \3/' | awk '{print $1*3600 + $2*60 + $3}'; }
+started=$(logged "view $before: keys move")
+settled=$(logged "view $((before + 1)) placed on")
 moved=$("$BIN/rdram" stats --server "$url" | python3 -c '
 import json, sys
-d = json.load(sys.stdin)
-print(sum(s["shards"][0].get("handed_over_bytes", 0) for s in d["servers"]))')
+print(sum(s["shards"][0].get("handed_over_bytes", 0) for s in json.load(sys.stdin)["servers"]))')
 python3 -c "
-moved, secs = $moved, $settled - $joined
-print(f'$TRANSPORT: {moved / 2**20:.0f} MiB handed over to the new server in {secs:.2f} s from its start: {moved / secs / 1e6:.0f} MB/s')"
+moved, secs = $moved, $settled - $started
+print(f'$TRANSPORT: {moved / 2**20:.0f} MiB handed over to the new server in {secs:.2f} s: {moved / secs / 1e6:.0f} MB/s')"

@@ -357,6 +357,11 @@ fn keys_stay_readable_while_servers_join_and_drain() {
     assert!(joined, "the placement takes the new server in: {}", status(&url));
     let on_d = keys_on(&d.addr);
     assert!(on_d > preload as u64 / 8, "the new server took its share of the keys: {on_d}");
+    let handed_over: u64 = [&a, &b, &c]
+        .iter()
+        .map(|s| Client::connect(&s.addr, ClientOptions::default()).unwrap().stats().unwrap()["servers"][0]["shards"][0]["handed_over_keys"].as_u64().unwrap())
+        .sum();
+    assert!(handed_over > preload as u64 / 8, "the sources count the keys they handed over in their stats: {handed_over}");
 
     // One server drains on request, another on SIGTERM with --drain: each exits 0.
     let (code, _, err) = rdram(&["cluster", "drain", &url, &b.addr], None);

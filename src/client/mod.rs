@@ -496,6 +496,11 @@ impl Client {
     }
 
     fn pipelined_once<'a>(&mut self, n: usize, depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
+        // Connected (anew, if a server was lost or the view changed) once for the whole
+        // batch: a new connection while requests are in flight on the old one would lose them.
+        if let Err(e) = self.live() {
+            return (0..n).map(|_| Err(e.clone())).collect();
+        }
         let submit = |c: &mut Self, i: usize| {
             let (op, key, payload, receive) = item(i)?;
             c.submit_batched(op, key, payload, receive)
@@ -557,9 +562,8 @@ impl Client {
         }
         let mut h = RequestHeader::new(op, 0, 0);
         h.key_len = key.len() as u32;
-        let conn = self.live()?;
-        let (server, shard) = conn.route(key);
-        conn.submit_into(server, shard, h, key, payload, receive)
+        let (server, shard) = self.conn.route(key);
+        self.conn.submit_into(server, shard, h, key, payload, receive)
     }
 
     /// Deletes a key; `true` if it existed.

@@ -9,7 +9,7 @@
 //! done in etcd, and the last report lets the placement move on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,28 +34,17 @@ pub struct MoverConfig {
     pub rate: u64,
 }
 
-/// Keys and bytes handed over since the server started (for metrics and `rdram top`).
-#[derive(Debug, Default)]
-pub struct MoveProgress {
-    pub keys_moved: AtomicU64,
-    pub bytes_moved: AtomicU64,
-    /// Set while this server has keys to hand over.
-    pub moving: AtomicBool,
-}
-
 pub struct Mover {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    pub progress: Arc<MoveProgress>,
 }
 
 impl Mover {
     pub fn start(role: Arc<ServerRole>, registration: Arc<Registration>, cfg: MoverConfig) -> Mover {
         let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(MoveProgress::default());
-        let mut work = Work { role, registration, cfg, stop: stop.clone(), progress: progress.clone(), own: None, owners: HashMap::new() };
+        let mut work = Work { role, registration, cfg, stop: stop.clone(), own: None, owners: HashMap::new() };
         let thread = std::thread::Builder::new().name("rdram-mover".into()).spawn(move || work.run()).ok();
-        Mover { stop, thread, progress }
+        Mover { stop, thread }
     }
 
     pub fn stop(mut self) {
@@ -77,7 +66,6 @@ struct Work {
     registration: Arc<Registration>,
     cfg: MoverConfig,
     stop: Arc<AtomicBool>,
-    progress: Arc<MoveProgress>,
     /// A client of this server, and of each new owner keys went to.
     own: Option<Client>,
     owners: HashMap<String, Client>,
@@ -105,12 +93,12 @@ impl Work {
                 _ => None,
             };
             if due.is_none() || due == reported {
-                self.progress.moving.store(false, Ordering::Relaxed);
+                self.role.moves.active.store(false, Ordering::Relaxed);
                 std::thread::sleep(POLL);
                 continue;
             }
             let (epoch, next) = due.unwrap();
-            self.progress.moving.store(true, Ordering::Relaxed);
+            self.role.moves.active.store(true, Ordering::Relaxed);
             let started = Instant::now();
             match self.pass(routing, epoch, &next) {
                 Ok(pass) if pass.keys == 0 => {
@@ -201,8 +189,8 @@ impl Work {
         // Not deleted when the key was rewritten meanwhile (its hold lapsed): the next
         // pass hands the newer value over.
         self.own.as_mut().unwrap().handover_delete(key, generation)?;
-        self.progress.keys_moved.fetch_add(1, Ordering::Relaxed);
-        self.progress.bytes_moved.fetch_add(value.len() as u64, Ordering::Relaxed);
+        self.role.moves.keys.fetch_add(1, Ordering::Relaxed);
+        self.role.moves.bytes.fetch_add(value.len() as u64, Ordering::Relaxed);
         Ok(value.len() as u64)
     }
 

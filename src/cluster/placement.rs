@@ -2,7 +2,7 @@
 //! and while keys move, the servers they move to), compiled for routing, and the
 //! placement a server's shard workers check requests against.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -56,6 +56,17 @@ impl Routing {
 pub struct ServerRole {
     version: AtomicU64,
     current: Mutex<Option<Arc<(String, Routing)>>>,
+    /// What this server's mover handed over (for stats, metrics and `rdram top`).
+    pub moves: MoveProgress,
+}
+
+/// Keys and bytes a server handed over to others since it started.
+#[derive(Debug, Default)]
+pub struct MoveProgress {
+    pub keys: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Set while this server has keys to hand over.
+    pub active: AtomicBool,
 }
 
 impl ServerRole {
@@ -67,6 +78,11 @@ impl ServerRole {
 
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// The epoch of the placement this server holds (0: none yet).
+    pub fn epoch(&self) -> u64 {
+        self.current().map_or(0, |c| c.1.placement.epoch)
     }
 
     /// This member's name and the placement it routes with (None before the first).

@@ -69,6 +69,8 @@ pub struct ServerCollector {
     /// "ucx" or "fabric".
     pub transport: String,
     pub reply_budget: Arc<crate::server::service::ReplyBudget>,
+    /// A cluster member's placement and handovers.
+    pub cluster: Option<Arc<crate::cluster::ServerRole>>,
 }
 
 impl Collector for ServerCollector {
@@ -140,6 +142,13 @@ impl Collector for ServerCollector {
             MetricType::Gauge,
             [(Labels::new(), gauge(self.reply_budget.held()))],
         )?;
+        if let Some(role) = &self.cluster {
+            let moves = &role.moves;
+            family(&mut e, "rdram_cluster_view", "Epoch of the cluster placement this server routes with", MetricType::Gauge, [(Labels::new(), gauge(role.epoch()))])?;
+            family(&mut e, "rdram_cluster_handing_over", "1 while this server hands keys over to their new owners", MetricType::Gauge, [(Labels::new(), gauge(moves.active.load(Relaxed) as u64))])?;
+            family(&mut e, "rdram_cluster_handed_over_keys", "Keys this server handed over to their new owners", MetricType::Counter, [(Labels::new(), counter(moves.keys.load(Relaxed)))])?;
+            family(&mut e, "rdram_cluster_handed_over_bytes", "Value bytes this server handed over to their new owners", MetricType::Counter, [(Labels::new(), counter(moves.bytes.load(Relaxed)))])?;
+        }
         family(&mut e, "rdram_reply_budget_bytes", "The limit on rdram_reply_backlog_bytes (--reply-budget)", MetricType::Gauge, [(Labels::new(), gauge(self.reply_budget.limit()))])?;
         let b = &self.bootstrap;
         family(&mut e, "rdram_clients_connected", "Clients connected", MetricType::Gauge, [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))])?;

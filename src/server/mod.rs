@@ -470,6 +470,7 @@ impl Server {
                 bootstrap: bootstrap_metrics,
                 transport: welcome.transport.to_string(),
                 reply_budget: reply_budget.clone(),
+                cluster: cfg.cluster_role.clone(),
             };
             match metrics::Endpoint::start(listen, Box::new(collector)) {
                 Ok(endpoint) => {

@@ -219,30 +219,31 @@ impl Service {
             p.current = p.role.current();
             p.seen = version;
         }
-        let Some(current) = p.current.clone() else {
+        // Borrowed, not cloned: an `Arc` clone per request would bounce its count between
+        // the workers' caches.
+        let Some(current) = p.current.as_deref() else {
             return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
         };
-        let (me, routing) = (&current.0, &current.1);
+        let (me, routing) = (current.0.as_str(), &current.1);
         let epoch = routing.placement.epoch;
         if h.flags & flags::ASKING != 0 {
-            let mine = routing.next_owner(key) == Some(me.as_str()) || routing.owner(key) == Some(me.as_str());
+            let mine = routing.next_owner(key) == Some(me) || routing.owner(key) == Some(me);
             return if mine { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("redirected here, but the key is not this server's in view {epoch}"))) };
         }
         if h.view != epoch {
             return Err(Error::new(Status::ViewChanged, format!("request routed with view {}, this server holds view {epoch}", h.view)));
         }
-        match routing.next_owner(key) {
-            Some(next) if next != me => {
-                if !self.shard.contains(key) {
-                    return Err(Error::new(Status::Moved, next.to_string()));
-                }
-                if write && self.held_for_handover(key) {
-                    return Err(Error::new(Status::KeyMoving, format!("the key is being handed over to {next}")));
-                }
-                Ok(())
-            }
-            _ => Ok(()),
+        let moving_to = match routing.next_owner(key) {
+            Some(next) if next != me => next.to_string(),
+            _ => return Ok(()),
+        };
+        if !self.shard.contains(key) {
+            return Err(Error::new(Status::Moved, moving_to));
         }
+        if write && self.held_for_handover(key) {
+            return Err(Error::new(Status::KeyMoving, format!("the key is being handed over to {moving_to}")));
+        }
+        Ok(())
     }
 
     /// Whether `key` is held for a handover now (a lapsed hold is dropped).
@@ -601,6 +602,14 @@ impl Service {
         stats["received_bytes"] = received.into();
         stats["sent_bytes"] = sent.into();
         stats["server_clients"] = self.sessions.len().into();
+        if let Some(p) = &self.placement {
+            // The server's, not the shard's: the same on every shard.
+            let moves = &p.role.moves;
+            stats["cluster_view"] = p.role.epoch().into();
+            stats["handing_over"] = moves.active.load(std::sync::atomic::Ordering::Relaxed).into();
+            stats["handed_over_keys"] = moves.keys.load(std::sync::atomic::Ordering::Relaxed).into();
+            stats["handed_over_bytes"] = moves.bytes.load(std::sync::atomic::Ordering::Relaxed).into();
+        }
         serde_json::to_writer(&mut *out, &stats).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         Ok(ReplyHeader::new(h.request_id, Status::Ok))
     }

@@ -17,6 +17,11 @@ struct Sample {
     capacity: u64,
     keys: u64,
     clients: u64,
+    /// Cluster members: the view's epoch, whether the server hands keys over, and the
+    /// bytes it handed over so far (the server's, on every shard).
+    view: u64,
+    handing_over: bool,
+    handed_over_bytes: u64,
 }
 
 impl Sample {
@@ -30,6 +35,9 @@ impl Sample {
             capacity: n("capacity_bytes"),
             keys: n("keys"),
             clients: n("server_clients"),
+            view: n("cluster_view"),
+            handing_over: shard["handing_over"].as_bool().unwrap_or(false),
+            handed_over_bytes: n("handed_over_bytes"),
         }
     }
 }
@@ -107,5 +115,14 @@ fn render(before: &[(String, u64, Sample)], now: &[(String, u64, Sample)], secs:
         "",
         total.5
     ));
+    for (node, _, s) in now.iter().filter(|(_, shard, s)| *shard == 0 && s.handing_over) {
+        let prev = before.iter().find(|(n, i, _)| n == node && *i == 0).map_or(s.handed_over_bytes, |b| b.2.handed_over_bytes);
+        lines.push(format!(
+            "{node} hands keys over (view {}): {} MiB so far, {:.1} MB/s",
+            s.view,
+            s.handed_over_bytes >> 20,
+            rate(prev, s.handed_over_bytes) / 1e6
+        ));
+    }
     lines.join("\n")
 }
