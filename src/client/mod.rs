@@ -184,7 +184,7 @@ pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// First and longest pause before a request that a cluster's view change turned back is
 /// sent again.
 const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(1);
-const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(100);
+const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(10);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 // SAFETY: the UCX worker is in serialized mode, which allows use from any one thread at a
@@ -250,14 +250,44 @@ impl Client {
     }
 
     /// True while the connection to any server is lost (the next call reconnects).
+    /// (In a cluster, any server of its current view: one it no longer routes to, such
+    /// as a server that drained and left, may go.)
     pub fn lost_a_server(&self) -> bool {
-        (0..self.conn.servers.len()).any(|i| self.conn.is_dead(i))
+        (0..self.conn.servers.len()).any(|i| self.conn.is_dead(i) && self.in_view(i))
+    }
+
+    /// Whether connected server `i` is one this client uses: every server given, or in a
+    /// cluster, those of its current view.
+    fn in_view(&self, i: usize) -> bool {
+        self.cluster.is_none() || self.addresses.contains(&self.conn.servers[i].node)
+    }
+
+    /// Routes with the cluster's newest view on the servers already connected, when they
+    /// are all the view needs and alive: a view change that adds no server (keys placed
+    /// where they were moving, a server drained) costs no new connection.
+    fn reroute(&mut self) -> Result<bool> {
+        let Some((watch, _)) = &self.cluster else { return Ok(false) };
+        let view = view_of(watch)?;
+        let addresses = view.addresses();
+        let connected = |a: &String| self.conn.server_named(a).is_some_and(|i| !self.conn.is_dead(i));
+        if !addresses.iter().all(connected) {
+            return Ok(false);
+        }
+        self.conn.route_with_view(&view.placement.members, view.placement.epoch)?;
+        self.addresses = addresses;
+        if let Some((_, seen)) = &mut self.cluster {
+            *seen = view.revision;
+        }
+        Ok(true)
     }
 
     /// The connection, made anew first when a server was lost (see [`Client`]).
     fn live(&mut self) -> Result<&mut Connection> {
         let view_changed = self.cluster.as_ref().is_some_and(|(watch, seen)| watch.revision() != *seen);
         if !view_changed && !self.lost_a_server() {
+            return Ok(&mut self.conn);
+        }
+        if view_changed && self.reroute()? && !self.lost_a_server() {
             return Ok(&mut self.conn);
         }
         let now = std::time::Instant::now();
@@ -308,9 +338,11 @@ impl Client {
         }
     }
 
-    /// Server nodes and their shard counts, in the order given at connect.
+    /// Server nodes and their shard counts, in the order given at connect (in a cluster,
+    /// the servers of the current view).
     pub fn layout(&self) -> Vec<(String, usize)> {
-        self.conn.servers.iter().map(|s| (s.node.clone(), s.shards())).collect()
+        let servers = self.conn.servers.iter().enumerate().filter(|&(i, _)| self.in_view(i));
+        servers.map(|(_, s)| (s.node.clone(), s.shards())).collect()
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
@@ -644,7 +676,8 @@ impl Client {
         self.live()?;
         let mut servers = Vec::new();
         let (mut keys, mut used, mut capacity) = (0u64, 0u64, 0u64);
-        for server in 0..self.conn.servers.len() {
+        let in_view: Vec<usize> = (0..self.conn.servers.len()).filter(|&i| self.in_view(i)).collect();
+        for server in in_view {
             let mut shards = Vec::new();
             for shard in 0..self.conn.servers[server].shards() {
                 let id = self.conn.submit(server, shard, RequestHeader::new(Op::Stats, 0, 0), &[], &[])?;
@@ -690,7 +723,7 @@ impl Client {
         // A lost connection is made anew here; if that fails, the first call says why.
         let _ = self.live();
         let mut v = Vec::new();
-        for (i, s) in self.conn.servers.iter().enumerate() {
+        for (i, s) in self.conn.servers.iter().enumerate().filter(|&(i, _)| self.in_view(i)) {
             v.extend((0..s.shards()).map(|shard| (i, shard)));
         }
         v
@@ -724,17 +757,22 @@ impl Client {
                             asked = Some(node.clone());
                         } else {
                             // Keys move to a server this client has not connected to yet:
-                            // its view is behind, and the next call's `live` catches up.
-                            self.force_view_refresh();
+                            // its view is behind; the next attempt's `live` catches up.
+                            self.refresh_view();
                         }
                         format!("the key moved to {node}")
                     }
-                    Status::ViewChanged | Status::KeyMoving => String::from_utf8_lossy(&r.payload).into_owned(),
+                    Status::ViewChanged => {
+                        self.refresh_view();
+                        String::from_utf8_lossy(&r.payload).into_owned()
+                    }
+                    Status::KeyMoving => String::from_utf8_lossy(&r.payload).into_owned(),
                     _ => return reply,
                 },
                 Err(e) if e.status == Status::Unavailable && self.view_is_stale() => e.message.clone(),
                 Err(_) => return reply,
             };
+            tracing::debug!("cluster call sent again after {:?}: {why}", started.elapsed());
             if started.elapsed() >= self.opts.timeout {
                 return Err(Error::new(Status::Unavailable, format!("the cluster's view was changing for the whole call ({:?}): {why}", self.opts.timeout)));
             }
@@ -751,11 +789,11 @@ impl Client {
         self.cluster.as_ref().is_some_and(|(watch, seen)| watch.revision() != *seen)
     }
 
-    /// Makes the next call connect to the cluster's current view even if its revision
-    /// looks unchanged (the watch may lag behind what a server said).
-    fn force_view_refresh(&mut self) {
-        if let Some((_, seen)) = &mut self.cluster {
-            *seen = -1;
+    /// Reads the cluster's view from etcd now (a server said it changed; the watch may
+    /// not have heard yet). If etcd cannot be reached, the watch's view stands.
+    fn refresh_view(&self) {
+        if let Some((watch, _)) = &self.cluster {
+            let _ = watch.refresh();
         }
     }
 

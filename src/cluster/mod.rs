@@ -571,8 +571,10 @@ impl KeepAlive {
 /// [`Watch::revision`] is one atomic load: callers compare it with the revision of the
 /// view they route on.
 pub struct Watch {
-    _runtime: tokio::runtime::Runtime,
+    runtime: tokio::runtime::Runtime,
     url: ClusterUrl,
+    /// For [`Watch::refresh`] (the follower has a connection of its own).
+    client: etcd_client::Client,
     view: Arc<Mutex<View>>,
     revision: Arc<AtomicI64>,
 }
@@ -582,28 +584,32 @@ impl Watch {
     /// exist) and starts watching it.
     pub fn start(url: &ClusterUrl) -> Result<Watch> {
         let runtime = runtime()?;
-        let (client, state) = runtime.block_on(async {
+        let (client, follower_client, state) = runtime.block_on(async {
             let mut client = connect(url).await?;
             let state = read_state(&mut client, url).await?;
             state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
-            Ok::<_, Error>((client, state))
+            let follower_client = connect(url).await?;
+            Ok::<_, Error>((client, follower_client, state))
         })?;
         let view = Arc::new(Mutex::new(view_of(&state)));
         let revision = Arc::new(AtomicI64::new(state.placement_revision));
         let (shown, published) = (view.clone(), revision.clone());
         let publish = move |s: &ClusterState| {
-            let fresh = view_of(s);
-            let mut current = shown.lock().unwrap_or_else(|e| e.into_inner());
-            if *current != fresh {
-                *current = fresh;
-                drop(current);
-                published.store(s.placement_revision, Ordering::Release);
-            }
+            publish_view(&shown, &published, s);
             None
         };
-        let follower = Follower { client, url: url.clone(), on_state: Box::new(publish), what: "routing on the last view" };
+        let follower = Follower { client: follower_client, url: url.clone(), on_state: Box::new(publish), what: "routing on the last view" };
         runtime.spawn(follower.run());
-        Ok(Watch { _runtime: runtime, url: url.clone(), view, revision })
+        Ok(Watch { runtime, url: url.clone(), client, view, revision })
+    }
+
+    /// Reads the placement from etcd now, not waiting for the watch: for a caller a server
+    /// told that the view changed.
+    pub fn refresh(&self) -> Result<()> {
+        let mut client = self.client.clone();
+        let state = self.runtime.block_on(read_state(&mut client, &self.url))?;
+        publish_view(&self.view, &self.revision, &state);
+        Ok(())
     }
 
     /// The revision of the newest view.
@@ -617,6 +623,17 @@ impl Watch {
 
     pub fn url(&self) -> &ClusterUrl {
         &self.url
+    }
+}
+
+/// Makes `state`'s placement the view, if it is newer than the one shown.
+fn publish_view(view: &Mutex<View>, revision: &AtomicI64, state: &ClusterState) {
+    let fresh = view_of(state);
+    let mut current = view.lock().unwrap_or_else(|e| e.into_inner());
+    if *current != fresh && fresh.revision >= current.revision {
+        *current = fresh;
+        drop(current);
+        revision.store(state.placement_revision, Ordering::Release);
     }
 }
 
