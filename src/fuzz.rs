@@ -120,7 +120,7 @@ pub fn shard_request(data: &[u8]) {
             s.sync_membership();
             // A member of a cluster whose keys move (view 3, from "a" to "a" and "b").
             let role = std::sync::Arc::new(crate::cluster::ServerRole::default());
-            role.set("a", crate::cluster::Placement { epoch: 3, members: vec!["a".into()], next: Some(vec!["a".into(), "b".into()]) });
+            role.set("a", crate::cluster::Placement { epoch: 3, members: vec!["a".into()], next: Some(vec!["a".into(), "b".into()]), replicas: 1, version: 3 });
             s.set_cluster_role(role);
             s
         });

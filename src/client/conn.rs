@@ -196,8 +196,13 @@ pub struct Connection {
     /// or in a cluster whose keys move, the placement's members (not those keys move to).
     route_to: Vec<usize>,
     route_seeds: Vec<u64>,
-    /// In a cluster: the epoch of the view requests are routed with ([`flags::VIEW`]).
+    /// In a cluster: the placement version requests are routed with ([`flags::VIEW`]).
     view: Option<u64>,
+    /// In a cluster: servers that hold each key (R), and while keys move, the servers
+    /// keys hash over under the placement's `next`, with their seeds.
+    replicas: usize,
+    next_to: Vec<usize>,
+    next_seeds: Vec<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -306,7 +311,7 @@ impl Connection {
             .collect::<Vec<_>>();
         let route_seeds = servers.iter().map(|s| s.node_seed).collect();
         let route_to = (0..servers.len()).collect();
-        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None };
+        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None, replicas: 1, next_to: Vec::new(), next_seeds: Vec::new() };
         if welcomes_transport_is_ucx {
             conn.round_trip_every_shard(opts.connect_timeout)?;
         }
@@ -417,20 +422,38 @@ impl Connection {
         (server, proto::shard_of(key, self.servers[server].shards))
     }
 
-    /// Routes with a cluster's view: keys hash over `members` only (the other servers
-    /// connected to are those keys move to), and requests carry the view's `epoch`.
-    pub fn route_with_view(&mut self, members: &[String], epoch: u64) -> Result<()> {
-        let route_to: Vec<usize> = members
-            .iter()
-            .map(|m| self.server_named(m).ok_or_else(|| Error::new(Status::Internal, format!("member {m} is not connected"))))
-            .collect::<Result<_>>()?;
+    /// Routes with a cluster's placement: keys hash over its members only (the other
+    /// servers connected to are those keys move to), to `replicas` servers each, and
+    /// requests carry the placement's version.
+    pub fn route_with_view(&mut self, placement: &crate::cluster::Placement) -> Result<()> {
+        let named = |list: &[String]| -> Result<Vec<usize>> {
+            list.iter().map(|m| self.server_named(m).ok_or_else(|| Error::new(Status::Internal, format!("member {m} is not connected")))).collect()
+        };
+        let route_to = named(&placement.members)?;
+        let next_to = named(placement.next.as_deref().unwrap_or_default())?;
         if route_to.is_empty() {
             return Err(Error::new(Status::Unavailable, "the cluster's view has no members"));
         }
         self.route_seeds = route_to.iter().map(|&i| self.servers[i].node_seed).collect();
+        self.next_seeds = next_to.iter().map(|&i| self.servers[i].node_seed).collect();
         self.route_to = route_to;
-        self.view = Some(epoch);
+        self.next_to = next_to;
+        self.replicas = placement.replicas.max(1);
+        self.view = Some(placement.version);
         Ok(())
+    }
+
+    /// The servers that hold `key` in a cluster, its primary first, and while keys move,
+    /// those that hold it under the placement's `next` (empty when none).
+    pub fn replicas_of(&self, key: &[u8]) -> (Vec<usize>, Vec<usize>) {
+        let now = proto::rendezvous_ranked(key, &self.route_seeds, self.replicas).into_iter().map(|i| self.route_to[i]).collect();
+        let then = proto::rendezvous_ranked(key, &self.next_seeds, self.replicas).into_iter().map(|i| self.next_to[i]).collect();
+        (now, then)
+    }
+
+    /// Whether keys have more than one replica, or are moving (writes are copied then).
+    pub fn copies_writes(&self) -> bool {
+        self.replicas > 1 || !self.next_to.is_empty()
     }
 
     /// The server connected to under `node`, its bootstrap address.

@@ -224,7 +224,7 @@ impl Client {
         let mut conn = Connection::connect(&list, &copts)?;
         let cluster = match (cluster, view) {
             (Some((watch, _)), Some(view)) => {
-                conn.route_with_view(&view.placement.members, view.placement.epoch)?;
+                conn.route_with_view(&view.placement)?;
                 Some((watch, view.revision))
             }
             _ => None,
@@ -263,17 +263,18 @@ impl Client {
     }
 
     /// Routes with the cluster's newest view on the servers already connected, when they
-    /// are all the view needs and alive: a view change that adds no server (keys placed
-    /// where they were moving, a server drained) costs no new connection.
+    /// are all the view needs: a view change that adds no server (keys placed where they
+    /// were moving, a server drained or dead) costs no new connection.
     fn reroute(&mut self) -> Result<bool> {
         let Some((watch, _)) = &self.cluster else { return Ok(false) };
         let view = view_of(watch)?;
         let addresses = view.addresses();
-        let connected = |a: &String| self.conn.server_named(a).is_some_and(|i| !self.conn.is_dead(i));
-        if !addresses.iter().all(connected) {
+        // A server of the view whose connection is lost is still routed to: its keys fail
+        // over to their other replicas, and it leaves the view once its lease lapses.
+        if !addresses.iter().all(|a| self.conn.server_named(a).is_some()) {
             return Ok(false);
         }
-        self.conn.route_with_view(&view.placement.members, view.placement.epoch)?;
+        self.conn.route_with_view(&view.placement)?;
         self.addresses = addresses;
         if let Some((_, seen)) = &mut self.cluster {
             *seen = view.revision;
@@ -287,11 +288,15 @@ impl Client {
         if !view_changed && !self.lost_a_server() {
             return Ok(&mut self.conn);
         }
-        if view_changed && self.reroute()? && !self.lost_a_server() {
+        let routed = !view_changed || self.reroute()?;
+        if routed && !self.lost_a_server() {
             return Ok(&mut self.conn);
         }
         let now = std::time::Instant::now();
-        if now < self.reconnect_at && !self.lost_a_server() {
+        // In a cluster routed by its newest view, a lost server's keys fail over to their
+        // other replicas: the others keep serving while reconnecting waits its turn.
+        let serves_around = self.cluster.is_some() && routed;
+        if now < self.reconnect_at && (serves_around || !self.lost_a_server()) {
             // Connecting to a new view failed a moment ago: the old one still serves.
             return Ok(&mut self.conn);
         }
@@ -315,7 +320,7 @@ impl Client {
         });
         let fresh = fresh.and_then(|mut c| {
             if let Some(v) = &view {
-                c.route_with_view(&v.placement.members, v.placement.epoch)?;
+                c.route_with_view(&v.placement)?;
             }
             Ok(c)
         });
@@ -327,6 +332,11 @@ impl Client {
                     *seen = v.revision;
                 }
                 self.backoff = RECONNECT_BACKOFF_MIN;
+                Ok(&mut self.conn)
+            }
+            Err(_) if serves_around => {
+                self.reconnect_at = now + self.backoff;
+                self.backoff = (self.backoff * 2).min(RECONNECT_BACKOFF_MAX);
                 Ok(&mut self.conn)
             }
             Err(e) => {
@@ -387,9 +397,21 @@ impl Client {
     /// generation and its TTL left (ms, 0: none); None when the key is gone.
     #[doc(hidden)]
     pub fn handover_get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64, u64)>> {
+        self.read_for_copy(key, flags::MIGRATE)
+    }
+
+    /// Reads a key to copy it to a new replica (a cluster server's mover, on itself),
+    /// without holding it: the value, its generation and its TTL left (ms, 0: none);
+    /// None when the key is gone.
+    #[doc(hidden)]
+    pub fn copy_get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64, u64)>> {
+        self.read_for_copy(key, flags::IMPORT)
+    }
+
+    fn read_for_copy(&mut self, key: &[u8], flag: u32) -> Result<Option<(Vec<u8>, u64, u64)>> {
         check_key(key)?;
         let mut h = RequestHeader::new(Op::Get, 0, 0);
-        h.flags |= flags::MIGRATE;
+        h.flags |= flag;
         let reply = self.call_key(key, h, &[])?;
         match reply.header.status() {
             Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
@@ -398,8 +420,8 @@ impl Client {
         }
     }
 
-    /// Handover, second step (on the key's new owner): stores the value under the
-    /// generation and TTL it had.
+    /// Handover or copy, second step (on the key's new replica): stores the value under
+    /// the generation and TTL it had, unless the key holds that generation or a newer one.
     #[doc(hidden)]
     pub fn handover_import(&mut self, key: &[u8], value: &[u8], generation: u64, ttl_ms: u64) -> Result<()> {
         check_key(key)?;
@@ -507,19 +529,27 @@ impl Client {
     }
 
     /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
-    /// and collects the replies. In a cluster, a request that a view change turned back
-    /// is sent again on its own (see [`Client::call_key_into`]).
+    /// and collects the replies. In a cluster, a request that a view change or a lost
+    /// server turned back is sent again on its own (see [`Client::call_key_into`]), and
+    /// writes the keys' primaries took are copied to their other replicas.
     fn pipelined<'a>(&mut self, n: usize, depth: usize, item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
         let mut results = self.pipelined_once(n, depth, &item);
         if self.cluster.is_some() {
             for (i, result) in results.iter_mut().enumerate() {
                 let turned_back = match result {
                     Ok(r) => matches!(r.header.status(), Status::Moved | Status::ViewChanged | Status::KeyMoving),
-                    Err(e) => e.status == Status::Unavailable && self.view_is_stale(),
+                    Err(e) => e.status == Status::Unavailable,
                 };
+                let Ok((op, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
-                    if let Ok((op, key, payload, receive)) = item(i) {
-                        *result = check_key(key).and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                    *result = check_key(key).and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                } else if let (Ok(reply), Op::Put) = (&*result, op) {
+                    if reply.header.status() == Status::Ok && self.conn.copies_writes() {
+                        let (now, _) = self.conn.replicas_of(key);
+                        let started = std::time::Instant::now();
+                        if let Err(e) = self.copy_write(key, &RequestHeader::new(op, 0, 0), payload, reply, now[0], started) {
+                            *result = Err(e);
+                        }
                     }
                 }
             }
@@ -741,16 +771,96 @@ impl Client {
     /// over, or when a server it routed to is gone and the view changed meanwhile, until
     /// the call's timeout.
     fn call_key_into(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive) -> Result<Reply> {
-        let mut reply = self.send_key(key, h, payload, receive, None);
         if self.cluster.is_none() {
-            return reply;
+            return self.send_key(key, h, payload, receive, None).map(|(reply, _)| reply);
         }
         let started = std::time::Instant::now();
+        let (reply, primary) = self.settle_key(key, h, payload, receive, started)?;
+        let copied = h.flags & (flags::IMPORT | flags::MIGRATE) == 0 && reply.header.status() == Status::Ok;
+        match Op::from_u8(h.op) {
+            Some(Op::Put) if copied => self.copy_write(key, &h, payload, &reply, primary, started)?,
+            Some(Op::Delete) if copied && reply.header.value_size != 0 => self.copy_write(key, &h, payload, &reply, primary, started)?,
+            _ => {}
+        }
+        Ok(reply)
+    }
+
+    /// Copies a write that a cluster key's primary (server `primary`) took to the key's
+    /// other replicas, under the generation the primary gave it: the write is
+    /// acknowledged only once every replica the key must have holds it. Replicas it is
+    /// leaving (while keys move) get it too where they answer. Sent again, to the
+    /// replicas that did not take it yet, until the call's timeout; the primary's write
+    /// is never repeated, so a conditional write is applied once.
+    fn copy_write(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8], reply: &Reply, primary: usize, started: std::time::Instant) -> Result<()> {
+        let mut copy = RequestHeader::new(if Op::from_u8(h.op) == Some(Op::Delete) { Op::Delete } else { Op::Put }, 0, 0);
+        copy.flags = flags::IMPORT | (h.flags & flags::HAS_TTL);
+        copy.ttl_or_limit = h.ttl_or_limit;
+        copy.if_equal = reply.header.generation;
+        let payload = if copy.op == Op::Delete as u8 { &[][..] } else { payload };
+        let primary = self.conn.servers[primary].node.clone();
+        let mut holding = vec![primary];
+        let mut pause = CLUSTER_RETRY_MIN;
+        loop {
+            if !self.conn.copies_writes() {
+                return Ok(());
+            }
+            let (now, then) = self.conn.replicas_of(key);
+            let required = if then.is_empty() { now.clone() } else { then };
+            let leaving = now.into_iter().filter(|s| !required.contains(s));
+            let mut sent = Vec::new();
+            let mut missing = None;
+            for server in required.iter().map(|&s| (s, true)).chain(leaving.map(|s| (s, false))) {
+                let node = &self.conn.servers[server.0].node;
+                if holding.contains(node) {
+                    continue;
+                }
+                let (server, must) = server;
+                if self.conn.is_dead(server) {
+                    if must {
+                        missing = Some(format!("replica {node} cannot be reached"));
+                    }
+                    continue;
+                }
+                match self.submit_key(key, copy, payload, Receive::Owned, server) {
+                    Ok(id) => sent.push((server, must, id)),
+                    Err(e) if must => missing = Some(e.message),
+                    Err(_) => {}
+                }
+            }
+            for (server, must, id) in sent {
+                let node = self.conn.servers[server].node.clone();
+                match self.conn.wait(id) {
+                    Ok(r) if r.header.status() == Status::Ok => holding.push(node),
+                    Ok(r) if must => {
+                        if r.header.status() == Status::ViewChanged {
+                            self.refresh_view();
+                        }
+                        missing = Some(format!("replica {node}: {}", String::from_utf8_lossy(&r.payload)));
+                    }
+                    Err(e) if must => missing = Some(format!("replica {node}: {}", e.message)),
+                    _ => {}
+                }
+            }
+            let Some(why) = missing else { return Ok(()) };
+            if started.elapsed() >= self.opts.timeout {
+                return Err(Error::new(Status::Unavailable, format!("the write was taken by the key's primary but not by all its replicas within {:?}: {why}", self.opts.timeout)));
+            }
+            tracing::debug!("copying a write to its replicas again after {:?}: {why}", started.elapsed());
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(CLUSTER_RETRY_MAX);
+            self.live()?;
+        }
+    }
+
+    /// Sends a cluster key's request until it is not turned back by a view change (see
+    /// [`Client::call_key_into`]); returns the reply and the server that gave it.
+    fn settle_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive, started: std::time::Instant) -> Result<(Reply, usize)> {
+        let mut reply = self.send_key(key, h, payload, receive, None);
         let mut pause = CLUSTER_RETRY_MIN;
         loop {
             let mut asked = None;
             let why = match &reply {
-                Ok(r) => match r.header.status() {
+                Ok((r, _)) => match r.header.status() {
                     Status::Moved => {
                         let node = String::from_utf8_lossy(&r.payload).into_owned();
                         if self.conn.server_named(&node).is_some() {
@@ -769,7 +879,8 @@ impl Client {
                     Status::KeyMoving => String::from_utf8_lossy(&r.payload).into_owned(),
                     _ => return reply,
                 },
-                Err(e) if e.status == Status::Unavailable && self.view_is_stale() => e.message.clone(),
+                // A server lost: its keys' writes wait for the view without it.
+                Err(e) if e.status == Status::Unavailable => e.message.clone(),
                 Err(_) => return reply,
             };
             tracing::debug!("cluster call sent again after {:?}: {why}", started.elapsed());
@@ -784,11 +895,6 @@ impl Client {
         }
     }
 
-    /// Whether the cluster's view changed since this client connected to it.
-    fn view_is_stale(&self) -> bool {
-        self.cluster.as_ref().is_some_and(|(watch, seen)| watch.revision() != *seen)
-    }
-
     /// Reads the cluster's view from etcd now (a server said it changed; the watch may
     /// not have heard yet). If etcd cannot be reached, the watch's view stands.
     fn refresh_view(&self) {
@@ -798,25 +904,55 @@ impl Client {
     }
 
     /// One attempt of a single-key request: routed by the view, or to `asked` (a server
-    /// the key's previous owner named, [`flags::ASKING`]).
-    fn send_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, asked: Option<&str>) -> Result<Reply> {
+    /// the key's previous owner named, [`flags::ASKING`]). Returns the reply and the
+    /// server that gave it.
+    fn send_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, asked: Option<&str>) -> Result<(Reply, usize)> {
         self.live()?;
-        let (server, shard) = match asked.and_then(|node| self.conn.server_named(node)) {
+        let target = match asked.and_then(|node| self.conn.server_named(node)) {
+            Some(s) => Some(s),
+            None if self.cluster.is_some() => self.failover_target(key, Op::from_u8(h.op) == Some(Op::Get)),
+            None => None,
+        };
+        let server = match target {
             Some(s) => {
                 h.flags |= flags::ASKING;
-                (s, proto::shard_of(key, self.conn.servers[s].shards()))
+                s
             }
-            None => self.conn.route(key),
+            None => self.conn.route(key).0,
         };
+        let id = self.submit_key(key, h, payload, receive, server)?;
+        Ok((self.conn.wait(id)?, server))
+    }
+
+    /// Where a cluster key's request goes when its primary's connection is lost: a read
+    /// to the first other replica reachable, a write to the key's primary under the
+    /// placement keys are moving to (which exists once the lost server's lease lapsed).
+    /// None: to the primary.
+    fn failover_target(&self, key: &[u8], read: bool) -> Option<usize> {
+        let (now, then) = self.conn.replicas_of(key);
+        let primary = *now.first()?;
+        if !self.conn.is_dead(primary) {
+            return None;
+        }
+        let alive = |s: &&usize| !self.conn.is_dead(**s);
+        if read {
+            now.iter().skip(1).chain(then.iter()).find(alive).copied()
+        } else {
+            then.first().filter(|s| **s != primary).filter(alive).copied()
+        }
+    }
+
+    /// Submits a single-key request to the key's shard on `server`.
+    fn submit_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, server: usize) -> Result<u64> {
+        let shard = proto::shard_of(key, self.conn.servers[server].shards());
         h.key_len = key.len() as u32;
-        let id = if key.len() <= INLINE_KEY_MAX {
-            self.conn.submit_into(server, shard, h, key, payload, receive)?
+        if key.len() <= INLINE_KEY_MAX {
+            self.conn.submit_into(server, shard, h, key, payload, receive)
         } else {
             h.flags |= flags::KEY_IN_PAYLOAD;
             let payload = if payload.is_empty() { key } else { payload };
-            self.conn.submit_into(server, shard, h, &[], payload, receive)?
-        };
-        self.conn.wait(id)
+            self.conn.submit_into(server, shard, h, &[], payload, receive)
+        }
     }
 
     fn call_range(&mut self, server: usize, shard: usize, op: Op, min: &[u8], max: Option<&[u8]>, limit: u64) -> Result<Reply> {

@@ -177,28 +177,31 @@ impl View {
 
 /// The placement that should follow `state`'s, if any: the first placement once a member
 /// is live; keys moving once the live members that are not draining differ from the
-/// placement's; the next epoch once every live source reported its keys handed over. A
-/// server keys were moving to that died is dropped from `next` (with one copy per key,
-/// what it held is lost with it).
+/// placement's (a member that died leaves it this way too, once its lease lapsed); the
+/// next epoch once every live source reported its keys copied. A server keys were moving
+/// to that died is dropped from `next`. What a dead member held survives on its keys'
+/// other replicas (none with R = 1).
 pub fn next_placement(state: &ClusterState) -> Option<Placement> {
     let wanted: Vec<String> = state.members.iter().filter(|m| !m.draining).map(|m| m.address.clone()).collect();
     let live = |a: &String| state.members.iter().any(|m| m.address == *a);
     let Some(p) = &state.placement else {
-        return (!wanted.is_empty()).then(|| Placement { epoch: 1, members: wanted, next: None });
+        let replicas = state.settings.as_ref().map_or(1, |s| s.replicas.max(1) as usize);
+        return (!wanted.is_empty()).then(|| Placement { epoch: 1, members: wanted, next: None, replicas, version: 1 });
     };
+    let changed = |p: Placement| Placement { version: p.version + 1, ..p };
     match &p.next {
         None if wanted.is_empty() || p.members == wanted => None,
-        None => Some(Placement { next: Some(wanted), ..p.clone() }),
+        None => Some(changed(Placement { next: Some(wanted), ..p.clone() })),
         Some(next) if !next.iter().all(live) => {
             let still: Vec<String> = next.iter().filter(|a| live(a)).cloned().collect();
             let next = if still.is_empty() { (!wanted.is_empty()).then_some(wanted) } else { Some(still) };
-            Some(Placement { next, ..p.clone() })
+            Some(changed(Placement { next, ..p.clone() }))
         }
         Some(next) => {
             let handed_over = p.members.iter().filter(|a| live(a)).all(|a| {
                 state.moves.get(a).is_some_and(|r| r.done && r.epoch == p.epoch && r.next == *next)
             });
-            handed_over.then(|| Placement { epoch: p.epoch + 1, members: next.clone(), next: None })
+            handed_over.then(|| changed(Placement { epoch: p.epoch + 1, members: next.clone(), next: None, ..p.clone() }))
         }
     }
 }

@@ -1,12 +1,18 @@
-//! A cluster member's mover: while keys move to a new placement, it hands over each of
-//! this server's keys whose owner changes, one at a time, through the real transport and
-//! the cluster's token like any client: it holds the key here ([`Client::handover_get`]),
-//! stores it on its new owner under the same generation and TTL
-//! ([`Client::handover_import`]), then deletes it here if it was not rewritten
-//! meanwhile ([`Client::handover_delete`]). Reads of a key being moved are served here
-//! until it is deleted, and redirected to its new owner after; writes to it wait while it
-//! is held. Once a pass over every key here finds none left to move, it reports its part
-//! done in etcd, and the last report lets the placement move on.
+//! A cluster member's mover: while keys move to a new placement, it copies each key this
+//! server is the first live replica of to the replicas the key gains under `next`, one
+//! key at a time, through the real transport and the cluster's token like any client,
+//! preserving generation and TTL ([`Client::handover_import`], which never replaces a
+//! newer value: clients copy their writes to those replicas too while keys move).
+//!
+//! With one replica per key, a key whose owner changes is handed over instead: held here
+//! ([`Client::handover_get`]), stored on its new owner, then deleted here if it was not
+//! rewritten meanwhile ([`Client::handover_delete`]). Reads of it are served here until
+//! it is deleted, and redirected to its new owner after; writes to it wait while it is
+//! held. With more, copies a server no longer needs are deleted once the placement moved
+//! on (every new replica holds them by then).
+//!
+//! Once a pass has copied every key it must, it reports its part done in etcd, and the
+//! last report lets the placement move on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,11 +82,14 @@ struct Work {
 struct Pass {
     keys: u64,
     bytes: u64,
+    /// Cut short (the placement changed, or the server stops).
+    interrupted: bool,
 }
 
 impl Work {
     fn run(&mut self) {
         let mut reported: Option<(u64, Vec<String>)> = None;
+        let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
             let Some(current) = self.role.current() else {
                 std::thread::sleep(POLL);
@@ -92,6 +101,14 @@ impl Work {
                 Some(next) if placement.members.contains(&self.cfg.me) => Some((placement.epoch, next.clone())),
                 _ => None,
             };
+            if placement.next.is_none() && placement.replicas > 1 && collected != Some(placement.epoch) {
+                match self.collect(routing) {
+                    Ok(true) => collected = Some(placement.epoch),
+                    Ok(false) => {}
+                    Err(e) => self.failed("freeing copies no longer needed", e),
+                }
+                continue;
+            }
             if due.is_none() || due == reported {
                 self.role.moves.active.store(false, Ordering::Relaxed);
                 std::thread::sleep(POLL);
@@ -101,11 +118,13 @@ impl Work {
             self.role.moves.active.store(true, Ordering::Relaxed);
             let started = Instant::now();
             match self.pass(routing, epoch, &next) {
-                Ok(pass) if pass.keys == 0 => {
-                    let report = MoveReport { epoch, next: next.clone(), done: true, ..self.report_base(epoch, &next, &Pass::default(), started) };
+                // With one replica, a pass that found nothing left to hand over; with more,
+                // a pass that copied every key it had to.
+                Ok(pass) if !pass.interrupted && (pass.keys == 0 || placement.replicas > 1) => {
+                    let report = MoveReport { epoch, next: next.clone(), done: true, ..self.report_base(epoch, &next, &pass, started) };
                     match self.registration.report_moves(&report) {
                         Ok(()) => {
-                            info!("cluster view {epoch}: every key of this server that moves is handed over");
+                            info!("cluster view {epoch}: every key of this server that moves is copied ({} keys, {} bytes this pass)", pass.keys, pass.bytes);
                             reported = Some((epoch, next));
                         }
                         Err(e) => {
@@ -115,14 +134,52 @@ impl Work {
                     }
                 }
                 Ok(pass) => info!("cluster view {epoch}: handed over {} keys ({} bytes) in {:.1} s; looking again", pass.keys, pass.bytes, started.elapsed().as_secs_f64()),
-                Err(e) => {
-                    warn!("handing keys over: {e}; trying again");
-                    self.own = None;
-                    self.owners.clear();
-                    std::thread::sleep(POLL * 4);
-                }
+                Err(e) => self.failed("handing keys over", e),
             }
         }
+    }
+
+    fn failed(&mut self, what: &str, e: crate::error::Error) {
+        warn!("{what}: {e}; trying again");
+        self.own = None;
+        self.owners.clear();
+        std::thread::sleep(POLL * 4);
+    }
+
+    /// Once the placement moved on: deletes the keys here whose replicas no longer include
+    /// this server. False when the placement changed meanwhile.
+    fn collect(&mut self, routing: &Routing) -> Result<bool> {
+        let version = self.role.version();
+        let (stop, role, me) = (self.stop.clone(), self.role.clone(), self.cfg.me.clone());
+        let own = self.own_client()?;
+        let mut cursor = None;
+        let mut freed = 0u64;
+        loop {
+            let (page, more) = own.list_page(&KeyRange::default(), cursor.as_ref())?;
+            for entry in page {
+                if stop.load(Ordering::SeqCst) || role.version() != version {
+                    return Ok(false);
+                }
+                if !routing.replicas(&entry.key).contains(&me.as_str()) {
+                    freed += own.delete(&entry.key)? as u64;
+                }
+            }
+            match more {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        if freed > 0 {
+            info!("cluster view {}: freed {freed} copies this server no longer holds a replica of", routing.placement.epoch);
+        }
+        Ok(true)
+    }
+
+    fn own_client(&mut self) -> Result<&mut Client> {
+        if self.own.is_none() {
+            self.own = Some(self.client(&self.cfg.me)?);
+        }
+        Ok(self.own.as_mut().unwrap())
     }
 
     fn report_base(&self, epoch: u64, next: &[String], pass: &Pass, started: Instant) -> MoveReport {
@@ -141,29 +198,43 @@ impl Work {
         Client::connect(address, opts)
     }
 
-    /// One pass over this server's keys, handing over those whose owner changes; stops
-    /// early (counting what it moved) when the placement changed.
+    /// One pass over this server's keys, copying (or handing over) those that gain a
+    /// replica; stops early when the placement changed.
     fn pass(&mut self, routing: &Routing, epoch: u64, next: &[String]) -> Result<Pass> {
         let version = self.role.version();
         let started = Instant::now();
         let mut last_report = Instant::now();
         let mut pass = Pass::default();
-        if self.own.is_none() {
-            self.own = Some(self.client(&self.cfg.me)?);
-        }
+        let live: Vec<String> = self.registration.state().members.into_iter().map(|m| m.address).collect();
+        let me = self.cfg.me.clone();
         let mut cursor = None;
         loop {
-            let (page, more) = self.own.as_mut().unwrap().list_page(&KeyRange::default(), cursor.as_ref())?;
+            let (page, more) = self.own_client()?.list_page(&KeyRange::default(), cursor.as_ref())?;
             for entry in page {
                 if self.stop.load(Ordering::SeqCst) || self.role.version() != version {
-                    return Ok(Pass { keys: pass.keys.max(1), ..pass });
+                    return Ok(Pass { interrupted: true, ..pass });
                 }
-                let Some(owner) = routing.next_owner(&entry.key) else { continue };
-                if owner == self.cfg.me {
-                    continue;
-                }
-                let owner = owner.to_string();
-                pass.bytes += self.hand_over(&entry.key, &owner)?;
+                let key = &entry.key;
+                let moved = if routing.placement.replicas <= 1 {
+                    // Whatever is here goes to its owner under `next`.
+                    match routing.next_owner(key) {
+                        Some(owner) if owner != me => self.hand_over(key, owner.to_string())?,
+                        _ => continue,
+                    }
+                } else {
+                    let now = routing.replicas(key);
+                    // The first live replica copies; the others leave it be, and a copy no
+                    // longer needed goes once the placement moved on.
+                    if now.iter().find(|m| live.iter().any(|l| l == *m)) != Some(&me.as_str()) {
+                        continue;
+                    }
+                    let gaining: Vec<String> = routing.next_replicas(key).into_iter().filter(|m| !now.contains(m)).map(String::from).collect();
+                    if gaining.is_empty() {
+                        continue;
+                    }
+                    self.copy(key, &gaining)?
+                };
+                pass.bytes += moved;
                 pass.keys += 1;
                 self.pace(pass.bytes, started);
                 if last_report.elapsed() >= REPORT_EVERY {
@@ -178,20 +249,38 @@ impl Work {
         }
     }
 
-    /// Hands one key over to `owner`; returns the bytes moved (0: it was gone).
-    fn hand_over(&mut self, key: &[u8], owner: &str) -> Result<u64> {
-        let Some((value, generation, ttl_ms)) = self.own.as_mut().unwrap().handover_get(key)? else { return Ok(0) };
-        if !self.owners.contains_key(owner) {
-            let c = self.client(owner)?;
-            self.owners.insert(owner.to_string(), c);
+    fn owner(&mut self, address: &str) -> Result<&mut Client> {
+        if !self.owners.contains_key(address) {
+            let c = self.client(address)?;
+            self.owners.insert(address.to_string(), c);
         }
-        self.owners.get_mut(owner).unwrap().handover_import(key, &value, generation, ttl_ms)?;
+        Ok(self.owners.get_mut(address).unwrap())
+    }
+
+    /// Copies one key to the replicas it gains; returns the bytes copied (0: it was gone).
+    fn copy(&mut self, key: &[u8], to: &[String]) -> Result<u64> {
+        let Some((value, generation, ttl_ms)) = self.own_client()?.copy_get(key)? else { return Ok(0) };
+        for target in to {
+            self.owner(target)?.handover_import(key, &value, generation, ttl_ms)?;
+        }
+        self.count(value.len());
+        Ok(value.len() as u64)
+    }
+
+    /// Hands one key over to its new owner; returns the bytes moved (0: it was gone).
+    fn hand_over(&mut self, key: &[u8], to: String) -> Result<u64> {
+        let Some((value, generation, ttl_ms)) = self.own_client()?.handover_get(key)? else { return Ok(0) };
+        self.owner(&to)?.handover_import(key, &value, generation, ttl_ms)?;
         // Not deleted when the key was rewritten meanwhile (its hold lapsed): the next
         // pass hands the newer value over.
-        self.own.as_mut().unwrap().handover_delete(key, generation)?;
-        self.role.moves.keys.fetch_add(1, Ordering::Relaxed);
-        self.role.moves.bytes.fetch_add(value.len() as u64, Ordering::Relaxed);
+        self.own_client()?.handover_delete(key, generation)?;
+        self.count(value.len());
         Ok(value.len() as u64)
+    }
+
+    fn count(&self, bytes: usize) {
+        self.role.moves.keys.fetch_add(1, Ordering::Relaxed);
+        self.role.moves.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Sleeps as long as keeps the pass at the configured rate.

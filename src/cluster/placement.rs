@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{node_seed, rendezvous};
+use crate::proto::{node_seed, rendezvous, rendezvous_ranked};
 
 /// The servers keys are placed on, as etcd holds it (`/remote_dram/NAME/placement`).
-/// Keys go to one of `members` by rendezvous hashing. While `next` is set, the keys whose
-/// owner differs under `next` are being handed over to it; once every source has handed
-/// its keys over, the placement becomes `next` under the following epoch.
+/// Each key goes to `replicas` of `members`, ranked by rendezvous hashing: its primary
+/// first, which decides its generations and conditions, then its other replicas. While
+/// `next` is set, keys are copied to the replicas they gain under `next`; once every
+/// source has copied its keys, the placement becomes `next` under the following epoch.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Placement {
     /// Grows by one at each change of `members`; requests carry it, and servers refuse a
@@ -20,6 +21,18 @@ pub struct Placement {
     pub epoch: u64,
     pub members: Vec<String>,
     pub next: Option<Vec<String>>,
+    /// Servers that hold each key (the cluster's R).
+    #[serde(default = "one")]
+    pub replicas: usize,
+    /// Grows by one at every change of the placement (`next` set or changed, or an epoch
+    /// begun): what requests are routed with, so that a server refuses a client that
+    /// has not seen where keys are being copied to.
+    #[serde(default)]
+    pub version: u64,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A placement with its members' hash seeds, for routing keys.
@@ -46,6 +59,24 @@ impl Routing {
     pub fn next_owner(&self, key: &[u8]) -> Option<&str> {
         let next = self.placement.next.as_ref()?;
         (!next.is_empty()).then(|| next[rendezvous(key, &self.next_seeds)].as_str())
+    }
+
+    /// The members that hold `key`, its primary first.
+    pub fn replicas(&self, key: &[u8]) -> Vec<&str> {
+        let ranked = rendezvous_ranked(key, &self.seeds, self.placement.replicas);
+        ranked.into_iter().map(|i| self.placement.members[i].as_str()).collect()
+    }
+
+    /// The members that hold `key` under `next`, while keys move (empty otherwise).
+    pub fn next_replicas(&self, key: &[u8]) -> Vec<&str> {
+        let Some(next) = &self.placement.next else { return Vec::new() };
+        let ranked = rendezvous_ranked(key, &self.next_seeds, self.placement.replicas);
+        ranked.into_iter().map(|i| next[i].as_str()).collect()
+    }
+
+    /// Whether `member` holds `key` now, or is to hold it under `next`.
+    pub fn holds(&self, member: &str, key: &[u8]) -> bool {
+        self.replicas(key).contains(&member) || self.next_replicas(key).contains(&member)
     }
 }
 
@@ -95,9 +126,27 @@ impl ServerRole {
 mod tests {
     use super::*;
 
+    fn placement(members: &[&str], next: Option<&[&str]>, replicas: usize) -> Placement {
+        let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        Placement { epoch: 1, members: names(members), next: next.map(names), replicas, version: 1 }
+    }
+
+    #[test]
+    fn a_dead_members_keys_keep_their_surviving_replicas_in_order() {
+        let r = Routing::new(placement(&["a", "b", "c", "d"], Some(&["b", "c", "d"]), 2));
+        for i in 0..2000 {
+            let key = format!("key-{i}");
+            let (now, then) = (r.replicas(key.as_bytes()), r.next_replicas(key.as_bytes()));
+            assert_eq!(now.len(), 2);
+            assert_ne!(now[0], now[1], "two distinct replicas");
+            let survivors: Vec<&str> = now.iter().copied().filter(|m| *m != "a").collect();
+            assert_eq!(&then[..survivors.len()], &survivors[..], "survivors keep their rank: {now:?} -> {then:?}");
+        }
+    }
+
     #[test]
     fn keys_move_only_to_a_member_that_joins() {
-        let before = Placement { epoch: 1, members: vec!["a".into(), "b".into(), "c".into()], next: None };
+        let before = placement(&["a", "b", "c"], None, 1);
         let mut during = before.clone();
         during.next = Some(vec!["a".into(), "b".into(), "c".into(), "d".into()]);
         let r = Routing::new(during);

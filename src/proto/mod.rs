@@ -44,7 +44,7 @@ use crate::error::Status;
 /// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
 /// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
 /// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
@@ -103,16 +103,23 @@ pub mod flags {
     /// the fields in between at their defaults (see [`crate::proto::RequestHeader::encode_short`]).
     pub const SHORT_FORM: u32 = 1 << 9;
     /// The request was routed with a cluster's view: the 8 bytes after the fixed header
-    /// (full or short form) hold that view's epoch ([`crate::proto::RequestHeader::view`]),
-    /// and the server refuses a key operation routed with a view it does not hold. Clients
-    /// given servers' addresses instead of a cluster send no view and are not fenced.
+    /// (full or short form) hold that view's placement version
+    /// ([`crate::proto::RequestHeader::view`]), and the server refuses a key operation
+    /// routed with a version it does not hold. Clients given servers' addresses instead
+    /// of a cluster send no view and are not fenced.
     pub const VIEW: u32 = 1 << 10;
-    /// Sent where a key's previous owner redirected it ([`crate::error::Status::Moved`])
-    /// while the key moves: the server takes it if the key is its own under the view
-    /// being moved to (Redis Cluster's ASKING).
+    /// Sent to a server other than the key's primary under the view: a write where the
+    /// key's previous owner redirected it ([`crate::error::Status::Moved`]) or where its
+    /// primary is gone while keys move (taken if the key is the server's own under the
+    /// placement being moved to, as Redis Cluster's ASKING); a read from another replica
+    /// of the key when its primary cannot be reached.
     pub const ASKING: u32 = 1 << 11;
-    /// Put from a server handing a key over: `if_equal` holds the generation the value
-    /// keeps, and the value replaces whatever the key holds here.
+    /// Replication between replicas (from a client copying a write its key's primary
+    /// took, or from a server copying keys to their new replicas). Put: `if_equal` holds
+    /// the generation the primary gave the value, which is installed unless the key holds
+    /// that generation or a newer one. Get: also answers the key's TTL left in `more`
+    /// (ms, 0: none). Delete: `if_equal` holds the generation the primary deleted, and
+    /// the key goes unless it holds a newer one.
     pub const IMPORT: u32 = 1 << 12;
     /// Get: hold the key for a handover (writes through the cluster wait until it is
     /// deleted or the hold lapses), and answer its TTL left in `more` (ms, 0: none).
@@ -140,7 +147,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn from_u8(v: u8) -> Option<Op> {
+    pub fn from_u8(v: u8) -> Option<Op> {
         Some(match v {
             1 => Op::Put,
             2 => Op::Get,
@@ -177,7 +184,7 @@ pub struct RequestHeader {
     /// Range ops: range_max length. Put: the value's address in the writer's memory
     /// modulo [`VALUE_ALIGN`] (see there). Other ops: zero.
     pub aux_len: u32,
-    /// With [`flags::VIEW`]: the epoch of the cluster view the request was routed with.
+    /// With [`flags::VIEW`]: the version of the cluster placement the request was routed with.
     pub view: u64,
 }
 
@@ -305,9 +312,8 @@ impl RequestHeader {
         }
         let handover = h.flags & (flags::IMPORT | flags::MIGRATE);
         let handover_fits = match op {
-            Op::Put => handover == flags::IMPORT,
-            Op::Get => handover == flags::MIGRATE,
-            Op::Delete => handover == flags::MIGRATE && h.flags & flags::IF_EQUAL != 0,
+            Op::Put | Op::Get => handover == flags::IMPORT || (op == Op::Get && handover == flags::MIGRATE),
+            Op::Delete => handover == flags::IMPORT || (handover == flags::MIGRATE && h.flags & flags::IF_EQUAL != 0),
             _ => false,
         };
         if handover != 0 && !handover_fits {
@@ -316,7 +322,7 @@ impl RequestHeader {
         if h.flags & flags::IMPORT != 0 && h.flags & (flags::IF_ABSENT | flags::IF_NOT_EQUAL | flags::IF_EQUAL) != 0 {
             return fail(Status::Invalid, "an import carries its generation, not a condition".into());
         }
-        if h.flags & flags::IMPORT != 0 && h.if_equal == 0 {
+        if h.flags & flags::IMPORT != 0 && h.if_equal == 0 && op != Op::Get {
             return fail(Status::Invalid, "an import needs the generation the value keeps".into());
         }
         let key_len = h.key_len as usize;
@@ -503,6 +509,18 @@ pub fn rendezvous(key: &[u8], seeds: &[u64]) -> usize {
         return 0;
     }
     (0..seeds.len()).max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[i])).unwrap()
+}
+
+/// The `n` servers (at most) that rank highest for `key` under rendezvous hashing, best
+/// first: a key's replica set, its primary first. Removing a server leaves the others'
+/// order as it was, so a key's surviving replicas stay its replicas, in order.
+pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
+    if n <= 1 {
+        return if seeds.is_empty() { Vec::new() } else { vec![rendezvous(key, seeds)] };
+    }
+    let mut scored: Vec<(u64, usize)> = seeds.iter().enumerate().map(|(i, &s)| (xxhash_rust::xxh3::xxh3_64_with_seed(key, s), i)).collect();
+    scored.sort_unstable_by(|a, b| b.cmp(a));
+    scored.into_iter().take(n).map(|(_, i)| i).collect()
 }
 
 #[cfg(test)]

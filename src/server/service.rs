@@ -205,10 +205,12 @@ impl Service {
     }
 
     /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
-    /// cannot take as routed: the view's epoch is not this server's ("view changed"); or
-    /// keys are moving and this one, moving elsewhere, is no longer here ("moved", with
-    /// the server it moved to) or is being handed over (a write waits: "key moving").
-    /// Requests without a view (clients given addresses, handovers) are not fenced.
+    /// cannot take as routed: the view's placement version is not this server's ("view
+    /// changed"); a key sent here asking ([`flags::ASKING`]) or to be replicated
+    /// ([`flags::IMPORT`]) that this server does not hold under the placement; or keys are
+    /// moving and this one, moving elsewhere, is no longer here ("moved", with the server
+    /// it moved to) or is being handed over (a write waits: "key moving"). Requests
+    /// without a view (clients given addresses, servers copying keys) are not fenced.
     fn check_placement(&mut self, h: &RequestHeader, key: &[u8], write: bool) -> Result<()> {
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
         if h.flags & flags::VIEW == 0 {
@@ -225,23 +227,29 @@ impl Service {
             return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
         };
         let (me, routing) = (current.0.as_str(), &current.1);
-        let epoch = routing.placement.epoch;
+        let held = routing.placement.version;
+        if h.view != held {
+            return Err(Error::new(Status::ViewChanged, format!("request routed with placement version {}, this server holds version {held}", h.view)));
+        }
+        let replicating = h.flags & flags::IMPORT != 0;
+        if replicating || (h.flags & flags::ASKING != 0 && !write) {
+            return if routing.holds(me, key) { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("the key has no replica on this server in placement version {held}"))) };
+        }
         if h.flags & flags::ASKING != 0 {
             let mine = routing.next_owner(key) == Some(me) || routing.owner(key) == Some(me);
-            return if mine { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("redirected here, but the key is not this server's in view {epoch}"))) };
+            return if mine { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("asked here, but the key's primary is elsewhere in placement version {held}"))) };
         }
-        if h.view != epoch {
-            // Routed with the epoch this server's keys are moving towards (the client heard
-            // of it first): taken if the key is this server's there, as if redirected.
-            if h.view == epoch + 1 && routing.next_owner(key) == Some(me) {
-                return Ok(());
-            }
-            return Err(Error::new(Status::ViewChanged, format!("request routed with view {}, this server holds view {epoch}", h.view)));
+        if routing.owner(key) != Some(me) {
+            return Err(Error::new(Status::ViewChanged, format!("this server is not the key's primary in placement version {held}")));
         }
         let moving_to = match routing.next_owner(key) {
             Some(next) if next != me => next.to_string(),
             _ => return Ok(()),
         };
+        if routing.placement.replicas > 1 {
+            // Its replicas take every write until the move ends: nothing to wait for.
+            return Ok(());
+        }
         if !self.shard.contains(key) {
             return Err(Error::new(Status::Moved, moving_to));
         }
@@ -534,10 +542,12 @@ impl Service {
         };
         let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
-        if h.flags & flags::MIGRATE != 0 {
+        if h.flags & (flags::MIGRATE | flags::IMPORT) != 0 {
             if let Ok(GetOutcome::Value { value_size, .. }) = outcome {
-                if let Err(e) = self.hold_for_handover(key, value_size) {
-                    return Answer::Owned(error_reply(h.request_id, &e, out));
+                if h.flags & flags::MIGRATE != 0 {
+                    if let Err(e) = self.hold_for_handover(key, value_size) {
+                        return Answer::Owned(error_reply(h.request_id, &e, out));
+                    }
                 }
                 reply.more = self.shard.ttl_left_ms(key).min(u32::MAX as u64) as u32;
             }
@@ -564,8 +574,14 @@ impl Service {
         if h.flags & flags::MIGRATE != 0 {
             self.end_handover(key);
         }
+        if h.flags & flags::IMPORT != 0 {
+            let existed = self.shard.delete_unless_newer(key, h.if_equal);
+            return Ok(ok_reply(h.request_id, h.if_equal, existed as u64));
+        }
+        // The generation deleted goes back, for the key's other replicas to delete up to.
+        let generation = self.shard.generation_of(key).unwrap_or(0);
         let existed = self.shard.delete(key, &condition(h))?;
-        Ok(ok_reply(h.request_id, 0, existed as u64))
+        Ok(ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64))
     }
 
     fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {

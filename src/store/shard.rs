@@ -282,13 +282,38 @@ impl Shard {
         Ok(generation)
     }
 
-    /// Publishes a value handed over by the key's previous owner, with the generation and
-    /// TTL it had there, replacing whatever the key holds; generations given out here from
-    /// now on are above it, so that the key's generations never go backwards.
+    /// Publishes a value copied from another replica (or handed over by the key's previous
+    /// owner) with the generation and TTL it had there, unless the key holds that
+    /// generation or a newer one already (copies may arrive in any order); generations
+    /// given out here from now on are above it, so that the key's generations never go
+    /// backwards. Returns the generation the key holds.
     pub fn commit_import(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<u64> {
         self.last_generation = self.last_generation.max(generation);
+        // SAFETY: as in `commit_put`: the extent is reserved, outside the index.
+        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize) };
+        if let Some(held) = self.generation_of(key).filter(|&g| g >= generation) {
+            self.release(extent);
+            return Ok(held);
+        }
         self.install(extent, layout, generation, ttl_ms)?;
         Ok(generation)
+    }
+
+    /// The generation of the key's live value.
+    pub fn generation_of(&mut self, key: &[u8]) -> Option<u64> {
+        self.live_slot(key).map(|s| self.index.entry(s).generation)
+    }
+
+    /// Deletes the key unless it holds a generation newer than `generation` (a replica
+    /// copying a delete its primary made); true if it went.
+    pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> bool {
+        self.last_generation = self.last_generation.max(generation);
+        if self.generation_of(key).is_some_and(|g| g > generation) {
+            return false;
+        }
+        let existed = self.remove_key(key);
+        self.counters.deletes += existed as u64;
+        existed
     }
 
     /// Whether the key holds a live value.
