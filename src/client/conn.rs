@@ -2,6 +2,7 @@
 //! ids, and a [`Link`] that moves requests and replies over the transport the servers
 //! announced (UCX or libfabric). Callers see the same API whatever the transport.
 
+use std::sync::Arc;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -141,14 +142,18 @@ pub(super) struct Liveness {
     gone: Vec<bool>,
     newly_gone: Vec<usize>,
     last_check: Instant,
+    /// In a cluster: the servers' names, and those whose lease lapsed (a server stopped
+    /// but not dead keeps its connection open), with the version last looked at.
+    lost: Option<(Vec<String>, Arc<crate::cluster::LostServers>, u64)>,
 }
 
 impl Liveness {
-    pub fn new(streams: Vec<TcpStream>) -> Result<Liveness> {
+    pub fn new(streams: Vec<TcpStream>, nodes: Vec<String>, lost: Option<Arc<crate::cluster::LostServers>>) -> Result<Liveness> {
         for s in &streams {
             s.set_nonblocking(true)?;
         }
-        Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now() })
+        let lost = lost.map(|l| (nodes, l, 0));
+        Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now(), lost })
     }
 
     /// A server whose connection closed, or that moved a shard to new endpoints
@@ -167,6 +172,18 @@ impl Liveness {
                 if closed && !self.gone[i] {
                     self.gone[i] = true;
                     self.newly_gone.push(i);
+                }
+            }
+            if let Some((nodes, lost, seen)) = &mut self.lost {
+                let version = lost.version();
+                if version != *seen {
+                    *seen = version;
+                    for (i, node) in nodes.iter().enumerate() {
+                        if lost.contains(node) && !self.gone[i] {
+                            self.gone[i] = true;
+                            self.newly_gone.push(i);
+                        }
+                    }
                 }
             }
         }
@@ -215,6 +232,8 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// See [`crate::ClientOptions::local_shared_memory`].
     pub local_shared_memory: bool,
+    /// In a cluster: the servers whose lease lapsed, given up on at once.
+    pub lost: Option<Arc<crate::cluster::LostServers>>,
 }
 
 impl Connection {
@@ -260,7 +279,7 @@ impl Connection {
             local_ip.get_or_insert(ip);
             welcomes.push(welcome);
         }
-        let liveness = Liveness::new(bootstraps)?;
+        let liveness = Liveness::new(bootstraps, addresses.to_vec(), opts.lost.clone())?;
         let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
         // A server that offers shared memory where this client cannot map it (see
         // `Welcome::shared_memory_scope`): failures to connect then say why.

@@ -220,6 +220,7 @@ impl Client {
             timeout: opts.timeout,
             connect_timeout: opts.connect_timeout,
             local_shared_memory: opts.local_shared_memory,
+            lost: cluster.as_ref().map(|(watch, _)| watch.lost()),
         };
         let mut conn = Connection::connect(&list, &copts)?;
         let cluster = match (cluster, view) {
@@ -797,14 +798,21 @@ impl Client {
         copy.ttl_or_limit = h.ttl_or_limit;
         copy.if_equal = reply.header.generation;
         let payload = if copy.op == Op::Delete as u8 { &[][..] } else { payload };
-        let primary = self.conn.servers[primary].node.clone();
-        let mut holding = vec![primary];
+        let primary_node = self.conn.servers[primary].node.clone();
+        let mut holding = vec![primary_node.clone()];
         let mut pause = CLUSTER_RETRY_MIN;
         loop {
             if !self.conn.copies_writes() {
                 return Ok(());
             }
             let (now, then) = self.conn.replicas_of(key);
+            // A write taken by a server that is the key's primary no more (its lease
+            // lapsed, or it was paused, and the view moved on) is not copied: the key's
+            // new primary may have given out newer generations meanwhile.
+            let still_primary = [now.first(), then.first()].into_iter().flatten().any(|&s| self.conn.servers[s].node == primary_node);
+            if !still_primary {
+                return Err(Error::new(Status::Unavailable, format!("the view changed while the write was copied: {primary_node} took it but is no longer the key's primary, so it may not last; read the key to see")));
+            }
             let required = if then.is_empty() { now.clone() } else { then };
             let leaving = now.into_iter().filter(|s| !required.contains(s));
             let mut sent = Vec::new();

@@ -367,7 +367,12 @@ pub struct Registration {
     pub etcd_reachable: Arc<AtomicBool>,
     /// The cluster's state as last read.
     state: Arc<Mutex<ClusterState>>,
+    /// The thread that ticks the server's clock for fencing, and what stops it.
+    clock: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
 }
+
+/// How often the lease clock ticks ([`ServerRole::tick`]).
+const TICK: Duration = Duration::from_millis(50);
 
 impl Registration {
     /// Registers `member` in the cluster under a lease of `ttl`, and keeps `role` set to
@@ -389,7 +394,33 @@ impl Registration {
             Ok::<_, Error>((client, watcher))
         })?;
         info!("joined cluster {url} as {} (lease TTL {ttl_secs} s)", member.address);
-        let task = KeepAlive { client, url: url.clone(), key, value, ttl_secs, lease: lease.clone(), reachable: etcd_reachable.clone() };
+        // Keep-alives go every third of the TTL: a pause of half the TTL cannot outlast
+        // the lease; one longer fences the server until etcd confirms it.
+        role.fence_pauses_longer_than(Duration::from_secs(ttl_secs as u64) / 2);
+        let ticking = Arc::new(AtomicBool::new(true));
+        let clock = {
+            let (role, ticking, url) = (role.clone(), ticking.clone(), url.clone());
+            std::thread::Builder::new().name("rdram-lease-clock".into()).spawn(move || {
+                while ticking.load(Ordering::Relaxed) {
+                    if role.tick() {
+                        warn!("cluster {url}: this server was paused for longer than half its lease; serving no keys until etcd confirms the lease");
+                    }
+                    std::thread::sleep(TICK);
+                }
+            })
+        }
+        .map_err(|e| Error::new(Status::Internal, format!("cannot start the lease clock: {e}")))?;
+        let task = KeepAlive {
+            client,
+            url: url.clone(),
+            key,
+            value,
+            ttl_secs,
+            lease: lease.clone(),
+            reachable: etcd_reachable.clone(),
+            role: role.clone(),
+            me: member.address.clone(),
+        };
         runtime.spawn(task.run());
         let state = Arc::new(Mutex::new(ClusterState::default()));
         let me = member.address.clone();
@@ -417,7 +448,15 @@ impl Registration {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        Ok(Registration { runtime: Mutex::new(Some(runtime)), url: url.clone(), member: Mutex::new(member), lease, etcd_reachable, state })
+        Ok(Registration {
+            runtime: Mutex::new(Some(runtime)),
+            url: url.clone(),
+            member: Mutex::new(member),
+            lease,
+            etcd_reachable,
+            state,
+            clock: Mutex::new(Some((ticking, clock))),
+        })
     }
 
     /// The cluster's state as last read from etcd.
@@ -474,6 +513,10 @@ impl Registration {
     }
 
     fn revoke(&self) {
+        if let Some((ticking, thread)) = self.clock.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            ticking.store(false, Ordering::Relaxed);
+            let _ = thread.join();
+        }
         let Some(runtime) = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let drain_key = url.drain_key(&self.address());
@@ -516,14 +559,44 @@ struct KeepAlive {
     ttl_secs: i64,
     lease: Arc<AtomicI64>,
     reachable: Arc<AtomicBool>,
+    /// Fenced after a pause: the fence goes once a keep-alive succeeded (or the server
+    /// registered again) and the placement was read anew.
+    role: Arc<ServerRole>,
+    me: String,
 }
 
 impl KeepAlive {
+    /// Lifts a fence, now that the lease is confirmed: reads the placement first, so that
+    /// the server refuses requests routed with the view it held before its pause.
+    async fn lift_fence(&mut self) {
+        if !self.role.fenced() {
+            return;
+        }
+        match read_state(&mut self.client, &self.url).await {
+            Ok(state) => {
+                if let Some(p) = state.placement {
+                    self.role.set(&self.me, p);
+                }
+                self.role.lift_fence();
+                info!("cluster {}: lease confirmed and placement read again after a pause; serving keys again", self.url);
+            }
+            Err(e) => warn!("cluster {}: after a pause: {}", self.url, e.message),
+        }
+    }
+
+    /// Waits `every`, or less once the server is fenced.
+    async fn pause(&self, every: Duration) {
+        let until = tokio::time::Instant::now() + every;
+        while tokio::time::Instant::now() < until && !self.role.fenced() {
+            tokio::time::sleep(TICK).await;
+        }
+    }
+
     async fn run(mut self) {
         let every = Duration::from_millis((self.ttl_secs as u64 * 1000 / 3).max(100));
         loop {
             let outcome = self.keep_alive_until_failure(every).await;
-            if self.reachable.swap(false, Ordering::SeqCst) {
+            if outcome.status != Status::Ok && self.reachable.swap(false, Ordering::SeqCst) {
                 warn!("cluster {}: etcd unreachable ({}); serving on, and trying again", self.url, outcome.message);
             }
             tokio::time::sleep(RETRY_PAUSE).await;
@@ -533,7 +606,8 @@ impl KeepAlive {
         }
     }
 
-    /// Sends keep-alives every `every` until one fails; re-registers when the lease is gone.
+    /// Sends keep-alives every `every` until one fails; re-registers when the lease is
+    /// gone (and then says so with status `Ok`).
     async fn keep_alive_until_failure(&mut self, every: Duration) -> Error {
         let id = self.lease.load(Ordering::SeqCst);
         let (mut keeper, mut replies) = match self.client.lease_keep_alive(id).await {
@@ -549,6 +623,7 @@ impl KeepAlive {
                     if !self.reachable.swap(true, Ordering::SeqCst) {
                         info!("cluster {}: etcd reachable again", self.url);
                     }
+                    self.lift_fence().await;
                 }
                 Ok(Ok(Some(_))) => {
                     // The lease expired while etcd was out of reach: join again.
@@ -556,7 +631,8 @@ impl KeepAlive {
                     return match register(&mut self.client, &self.url, &self.key, &self.value, self.ttl_secs).await {
                         Ok(new) => {
                             self.lease.store(new, Ordering::SeqCst);
-                            Error::new(Status::Unavailable, "lease renewed")
+                            self.lift_fence().await;
+                            Error::new(Status::Ok, "registered again under a new lease")
                         }
                         Err(e) => e,
                     };
@@ -565,7 +641,7 @@ impl KeepAlive {
                 Ok(Err(e)) => return etcd_error(&self.url, "keep-alive", e),
                 Err(_) => return etcd_error(&self.url, "keep-alive", "no answer in time"),
             }
-            tokio::time::sleep(every).await;
+            self.pause(every).await;
         }
     }
 }
@@ -580,6 +656,37 @@ pub struct Watch {
     client: etcd_client::Client,
     view: Arc<Mutex<View>>,
     revision: Arc<AtomicI64>,
+    lost: Arc<LostServers>,
+}
+
+/// Servers a cluster's placement names whose lease lapsed (dead, or stopped answering):
+/// a client waiting on one gives up on it at once instead of at its timeout. A version
+/// (one atomic load) says when the set changed.
+#[derive(Debug, Default)]
+pub struct LostServers {
+    version: std::sync::atomic::AtomicU64,
+    nodes: Mutex<Vec<String>>,
+}
+
+impl LostServers {
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn contains(&self, node: &str) -> bool {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|n| n == node)
+    }
+
+    fn publish(&self, state: &ClusterState) {
+        let Some(p) = &state.placement else { return };
+        let live = |a: &String| state.members.iter().any(|m| m.address == *a);
+        let lost: Vec<String> = p.members.iter().chain(p.next.iter().flatten()).filter(|a| !live(a)).cloned().collect();
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if *nodes != lost {
+            *nodes = lost;
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Watch {
@@ -596,14 +703,17 @@ impl Watch {
         })?;
         let view = Arc::new(Mutex::new(view_of(&state)));
         let revision = Arc::new(AtomicI64::new(state.placement_revision));
-        let (shown, published) = (view.clone(), revision.clone());
+        let lost = Arc::new(LostServers::default());
+        lost.publish(&state);
+        let (shown, published, gone) = (view.clone(), revision.clone(), lost.clone());
         let publish = move |s: &ClusterState| {
             publish_view(&shown, &published, s);
+            gone.publish(s);
             None
         };
         let follower = Follower { client: follower_client, url: url.clone(), on_state: Box::new(publish), what: "routing on the last view" };
         runtime.spawn(follower.run());
-        Ok(Watch { runtime, url: url.clone(), client, view, revision })
+        Ok(Watch { runtime, url: url.clone(), client, view, revision, lost })
     }
 
     /// Reads the placement from etcd now, not waiting for the watch: for a caller a server
@@ -612,7 +722,13 @@ impl Watch {
         let mut client = self.client.clone();
         let state = self.runtime.block_on(read_state(&mut client, &self.url))?;
         publish_view(&self.view, &self.revision, &state);
+        self.lost.publish(&state);
         Ok(())
+    }
+
+    /// The servers of the placement whose lease lapsed, kept up to date.
+    pub fn lost(&self) -> Arc<LostServers> {
+        self.lost.clone()
     }
 
     /// The revision of the newest view.

@@ -89,6 +89,20 @@ pub struct ServerRole {
     current: Mutex<Option<Arc<(String, Routing)>>>,
     /// What this server's mover handed over (for stats, metrics and `rdram top`).
     pub moves: MoveProgress,
+    /// Fencing: a thread of the server's own ticks this clock (ms since [`clock`]'s
+    /// origin) often; a gap longer than `pause_limit_ms` means the process was paused
+    /// (SIGSTOP, a stalled VM) for long enough that its lease may have lapsed and the
+    /// cluster moved on. Then `fenced` is set, and the server serves no key until etcd
+    /// confirmed its lease and it read the placement again.
+    tick_ms: AtomicU64,
+    pause_limit_ms: AtomicU64,
+    fenced: AtomicBool,
+}
+
+/// Milliseconds on the monotonic clock since the first call.
+fn clock() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 /// Keys and bytes a server handed over to others since it started.
@@ -114,6 +128,42 @@ impl ServerRole {
     /// The epoch of the placement this server holds (0: none yet).
     pub fn epoch(&self) -> u64 {
         self.current().map_or(0, |c| c.1.placement.epoch)
+    }
+
+    /// Starts fencing: a pause longer than `limit` fences the server (see `tick_ms`).
+    pub fn fence_pauses_longer_than(&self, limit: std::time::Duration) {
+        self.tick_ms.store(clock(), Ordering::Release);
+        self.pause_limit_ms.store(limit.as_millis().max(1) as u64, Ordering::Release);
+    }
+
+    /// Ticks the server's clock; true when the gap since the last tick fenced it.
+    pub fn tick(&self) -> bool {
+        let (now, last) = (clock(), self.tick_ms.load(Ordering::Acquire));
+        let limit = self.pause_limit_ms.load(Ordering::Acquire);
+        let paused = limit > 0 && now.saturating_sub(last) > limit && !self.fenced.swap(true, Ordering::AcqRel);
+        // Stored after `fenced`: a worker that reads this tick also reads the fence.
+        self.tick_ms.store(now, Ordering::Release);
+        paused
+    }
+
+    /// Whether the server may serve keys: not fenced, and not paused since the last tick
+    /// (a worker may run before the ticking thread after a pause).
+    pub fn serving(&self) -> bool {
+        let limit = self.pause_limit_ms.load(Ordering::Relaxed);
+        if limit == 0 {
+            return true;
+        }
+        let last = self.tick_ms.load(Ordering::Acquire);
+        !self.fenced.load(Ordering::Acquire) && clock().saturating_sub(last) <= limit
+    }
+
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Lifts the fence (etcd confirmed the lease, and the placement was read again).
+    pub fn lift_fence(&self) {
+        self.fenced.store(false, Ordering::Release);
     }
 
     /// This member's name and the placement it routes with (None before the first).

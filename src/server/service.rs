@@ -216,6 +216,9 @@ impl Service {
         if h.flags & flags::VIEW == 0 {
             return Ok(());
         }
+        if !p.role.serving() {
+            return Err(Error::new(Status::ViewChanged, "this server was paused for longer than its lease allows; it serves again once etcd confirmed its lease and it read the placement again"));
+        }
         let version = p.role.version();
         if version != p.seen {
             p.current = p.role.current();
