@@ -504,7 +504,7 @@ fn clients_killed_while_connecting_leave_the_server_serving() {
 /// A server's shared-memory transports act on what a peer's transport address says: cma
 /// reads from the pid a client's UCX or libfabric advertises, posix and sysv map the segment
 /// it names. A client with the token that forges them can have the server copy another
-/// process's memory into the store (README, Security model). That stays within what the
+/// process's memory into the store (docs/security.md). That stays within what the
 /// client's own user could read because a client of another user cannot reach the server
 /// over shared memory at all: it cannot map the server's segments. This checks that premise
 /// (UCX's and libfabric's, not ours) against the versions we ship, that such a client is

@@ -26,7 +26,7 @@ if TRANSPORT.startswith("fabric:"):
 else:
     os.environ["UCX_TLS"] = UCX_TLS[TRANSPORT]
     if TRANSPORT == "tcp":
-        # UCX's tcp transport is a trusted-network opt-in (README, Security).
+        # UCX's tcp transport is a trusted-network opt-in (docs/security.md).
         os.environ["RDRAM_UCX_TCP"] = "1"
     SERVE_ARGS = ["--transport", "ucx"]
     EMBEDDED_ARGS = {"transport": "ucx"}

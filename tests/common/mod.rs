@@ -45,7 +45,7 @@ pub fn init(transport: &str) {
             None => {
                 std::env::set_var("UCX_TLS", transport);
                 if transport == TCP {
-                    // UCX's tcp transport is a trusted-network opt-in (README, Security).
+                    // UCX's tcp transport is a trusted-network opt-in (docs/security.md).
                     std::env::set_var("RDRAM_UCX_TCP", "1");
                 }
             }
