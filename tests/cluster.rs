@@ -595,3 +595,86 @@ fn signal(server: &ServerProc, name: &str) {
     let ok = Command::new("kill").args([&format!("-{name}"), &server.child.id().to_string()]).status().unwrap().success();
     assert!(ok, "kill -{name}");
 }
+
+/// Benchmark, not a check (`cargo test --release --test cluster failover_times --
+/// --ignored --nocapture`): over 20 trials, the time from SIGKILL of a key's primary
+/// (R = 2, three servers, lease TTL [`TTL_MS`]) to the first successful read and write of
+/// that key through a client given the cluster; a new server replaces the dead one
+/// between trials.
+#[test]
+#[ignore]
+fn failover_times() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("failover");
+    create(&url, 2);
+    let mut servers: Vec<ServerProc> = (0..3).map(|_| member(&url)).collect();
+    let mut c = client(&url);
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    for trial in 0..20 {
+        let settled = wait_until(Duration::from_secs(30), || {
+            let (_, members, settled) = placement(&url);
+            settled && members.len() == 3
+        });
+        assert!(settled, "{}", status(&url));
+        let (_, members, _) = placement(&url);
+        let seeds: Vec<u64> = members.iter().map(|m| remote_dram::proto::node_seed(m)).collect();
+        let victim = trial % 3;
+        let key = (0..)
+            .map(|i| format!("fo{trial}-{i}"))
+            .find(|k| remote_dram::proto::rendezvous_ranked(k.as_bytes(), &seeds, 2)[0] == victim)
+            .unwrap();
+        c.put(key.as_bytes(), b"before").unwrap();
+        let index = servers.iter().position(|s| s.addr == members[victim]).unwrap();
+        let mut dead = servers.remove(index);
+        let killed = Instant::now();
+        dead.kill();
+        while !matches!(c.get(key.as_bytes()), Ok(Some(_))) {}
+        reads.push(killed.elapsed());
+        while c.put(key.as_bytes(), b"after").is_err() {}
+        writes.push(killed.elapsed());
+        servers.push(member(&url));
+    }
+    reads.sort();
+    writes.sort();
+    eprintln!(
+        "SIGKILL of the primary to the first read: median {:?}, max {:?}; to the first write: median {:?}, max {:?} (20 trials, lease TTL {TTL_MS} ms)",
+        reads[10], reads[19], writes[10], writes[19]
+    );
+}
+
+/// With authentication on in etcd, servers, commands and clients take the user and
+/// password from the file `RDRAM_ETCD_CREDENTIALS_FILE` names; without it, they say
+/// etcd refused them.
+#[test]
+fn etcd_credentials_come_from_a_file() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut c = etcd_client::Client::connect([format!("127.0.0.1:{}", etcd.client_port)], None).await.unwrap();
+        c.user_add("root", "s3cret", None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.auth_enable().await.unwrap();
+    });
+    let url = etcd.url("auth");
+    let (code, _, err) = rdram(&["cluster", "create", &url], None);
+    assert_ne!(code, 0, "etcd with authentication on refuses a command without credentials");
+    assert!(err.contains("etcd at"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etcd-credentials");
+    std::fs::write(&file, "root:s3cret\n").unwrap();
+    let file = file.to_str().unwrap();
+    let with = |args: &[&str]| {
+        let out = Command::new(RDRAM).args(args).env("RDRAM_ETCD_CREDENTIALS_FILE", file).output().unwrap();
+        assert!(out.status.success(), "rdram {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    with(&["cluster", "create", &url]);
+    let ttl = TTL_MS.to_string();
+    let server = ServerProc::start_with_env(&["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl], &[("RDRAM_ETCD_CREDENTIALS_FILE", file)]);
+    with(&["put", "--server", &url, "k", "authenticated"]);
+    assert_eq!(with(&["get", "--server", &url, "k"]), b"authenticated");
+    drop(server);
+}

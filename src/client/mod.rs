@@ -814,10 +814,11 @@ impl Client {
                 return Err(Error::new(Status::Unavailable, format!("the view changed while the write was copied: {primary_node} took it but is no longer the key's primary, so it may not last; read the key to see")));
             }
             let required = if then.is_empty() { now.clone() } else { then };
-            let leaving = now.into_iter().filter(|s| !required.contains(s));
+            // With one replica per key, the one it leaves hands it over itself.
+            let leaving = now.iter().copied().filter(|s| now.len() > 1 && !required.contains(s)).collect::<Vec<_>>();
             let mut sent = Vec::new();
             let mut missing = None;
-            for server in required.iter().map(|&s| (s, true)).chain(leaving.map(|s| (s, false))) {
+            for server in required.iter().map(|&s| (s, true)).chain(leaving.into_iter().map(|s| (s, false))) {
                 let node = &self.conn.servers[server.0].node;
                 if holding.contains(node) {
                     continue;

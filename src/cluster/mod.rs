@@ -221,8 +221,30 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Error::new(Status::Internal, format!("no runtime for etcd: {e}")))
 }
 
+/// Names a file whose first line is `USER:PASSWORD`, for an etcd with authentication on;
+/// read by servers, clients and commands alike whenever they connect to etcd.
+pub const CREDENTIALS_FILE_ENV: &str = "RDRAM_ETCD_CREDENTIALS_FILE";
+
+/// The etcd user and password [`CREDENTIALS_FILE_ENV`] names, if it is set.
+fn credentials() -> Result<Option<(String, String)>> {
+    let Some(path) = std::env::var_os(CREDENTIALS_FILE_ENV) else { return Ok(None) };
+    let shown = std::path::Path::new(&path).display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::new(Status::Invalid, format!("etcd credentials file {shown}: {e}")))?;
+    let line = text.lines().next().unwrap_or_default().trim_end();
+    let Some((user, password)) = line.split_once(':').filter(|(user, _)| !user.is_empty()) else {
+        return Err(Error::new(Status::Invalid, format!("etcd credentials file {shown}: its first line must be USER:PASSWORD")));
+    };
+    if std::fs::metadata(&path).is_ok_and(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o077 != 0) {
+        warn!("etcd credentials file {shown} is readable by others than its owner");
+    }
+    Ok(Some((user.to_string(), password.to_string())))
+}
+
 async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
-    let options = etcd_client::ConnectOptions::new().with_connect_timeout(ETCD_CALL_TIMEOUT).with_timeout(ETCD_CALL_TIMEOUT);
+    let mut options = etcd_client::ConnectOptions::new().with_connect_timeout(ETCD_CALL_TIMEOUT).with_timeout(ETCD_CALL_TIMEOUT);
+    if let Some((user, password)) = credentials()? {
+        options = options.with_user(user, password);
+    }
     etcd_client::Client::connect(url.endpoints.clone(), Some(options)).await.map_err(|e| etcd_error(url, "cannot connect", e))
 }
 

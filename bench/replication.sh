@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What replication costs: PUT and GET p50 through a cluster on etcd with R = 2 against the
+# same two servers' worth of cluster with R = 1, and a static list, measured in one run.
+#
+#   bench/replication.sh [SIZES]      SIZES: rdram-bench --sizes (default 8,1MiB)
+#   env: BIN (default target/release), SECONDS_EACH (default 3), KEEP (keep logs)
+#
+# UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
+# (adaptive polling). Builds nothing: run `make build` first.
+set -euo pipefail
+SIZES=${1:-8,1MiB}
+BIN=${BIN:-target/release}
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo} UCX_TLS=${UCX_TLS:-posix,sysv,cma,self}
+work=$(mktemp -d)
+[ -n "${KEEP:-}" ] && echo "logs in $work"
+pids=()
+trap 'kill ${pids[*]} 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+. "$(dirname "$0")/../scripts/etcd.sh"
+start_etcd
+serve() {
+  local log=$work/server-$1.log
+  shift
+  "$BIN/rdram" serve --listen 127.0.0.1:0 --workers 1 --memory 1GiB --hugepages off "$@" >"$log" 2>&1 &
+  pids+=($!)
+  until grep -q "^listening on" "$log"; do sleep 0.1; done
+  sed -n 's/^listening on //p' "$log"
+}
+measure() {
+  "$BIN/rdram-bench" --server "$1" --poll adaptive --ops get,put --sizes "$SIZES" \
+    --seconds "${SECONDS_EACH:-3}" --warmup 0.5 --json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print("  %-3s %8s B  p50 %8.2f us  p99 %8.2f us  %8.1f MB/s" % (r["op"], r["size"], r["p50_us"], r["p99_us"], r.get("mb_per_s", 0)))'
+}
+static="$(serve s1),$(serve s2)"
+for r in 1 2; do
+  "$BIN/rdram" cluster create "etcd://$etcd/r$r" --replicas $r >/dev/null
+  serve "r$r-a" --cluster "etcd://$etcd/r$r" >/dev/null
+  serve "r$r-b" --cluster "etcd://$etcd/r$r" >/dev/null
+done
+echo "static list of two servers:"; measure "$static"
+echo "cluster, R = 1:"; measure "etcd://$etcd/r1"
+echo "cluster, R = 2:"; measure "etcd://$etcd/r2"
