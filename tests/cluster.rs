@@ -562,7 +562,11 @@ fn one_server_fails_under_load(pause: bool) {
     );
     assert!(load.misses.is_empty(), "reads missed: {:?}", &load.misses[..load.misses.len().min(10)]);
     let window = Duration::from_millis(TTL_MS + 1000);
-    let late: Vec<_> = load.errors.iter().filter(|(at, _)| *at == Duration::ZERO || *at > window).collect();
+    // Once the paused server is back, keys move to it; a write whose key's primary changed
+    // at the end of that move before the write was copied fails as of unknown outcome
+    // (docs/cluster.md, Limits): allowed then, and counted as unsure above.
+    let rejoin_race = |e: &str| pause && e.contains("may not last");
+    let late: Vec<_> = load.errors.iter().filter(|(at, e)| (*at == Duration::ZERO || *at > window) && !rejoin_race(e)).collect();
     assert!(late.is_empty(), "calls failed outside the failover window: {late:?}");
     assert!(load.reads > 100 && load.increments > 10 && load.written.len() > 10, "the load ran through the failover");
 

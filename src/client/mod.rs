@@ -297,6 +297,9 @@ impl Client {
         // In a cluster routed by its newest view, a lost server's keys fail over to their
         // other replicas: the others keep serving while reconnecting waits its turn.
         let serves_around = self.cluster.is_some() && routed;
+        if serves_around && !self.lost_servers_answer() {
+            return Ok(&mut self.conn);
+        }
         if now < self.reconnect_at && (serves_around || !self.lost_a_server()) {
             // Connecting to a new view failed a moment ago: the old one still serves.
             return Ok(&mut self.conn);
@@ -347,6 +350,23 @@ impl Client {
                 Err(Error::new(status, format!("reconnecting failed: {}", e.message)))
             }
         }
+    }
+
+    /// In a cluster: whether every server of the view this client lost may be back, so
+    /// that connecting anew is worth its cost: etcd does not count it lost (its lease has
+    /// not lapsed, or it registered again), and its address takes a TCP connection (a
+    /// dead server's port refuses at once).
+    fn lost_servers_answer(&self) -> bool {
+        let Some((watch, _)) = &self.cluster else { return true };
+        let lost = watch.lost();
+        (0..self.conn.servers.len()).filter(|&i| self.conn.is_dead(i) && self.in_view(i)).all(|i| {
+            let node = &self.conn.servers[i].node;
+            let probe = || {
+                let addr = std::net::ToSocketAddrs::to_socket_addrs(node.as_str()).ok()?.next()?;
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok()
+            };
+            !lost.contains(node) && probe().is_some()
+        })
     }
 
     /// Server nodes and their shard counts, in the order given at connect (in a cluster,
@@ -811,7 +831,14 @@ impl Client {
             // new primary may have given out newer generations meanwhile.
             let still_primary = [now.first(), then.first()].into_iter().flatten().any(|&s| self.conn.servers[s].node == primary_node);
             if !still_primary {
-                return Err(Error::new(Status::Unavailable, format!("the view changed while the write was copied: {primary_node} took it but is no longer the key's primary, so it may not last; read the key to see")));
+                // Acknowledged only if the key's new primary holds it (the keys' moves
+                // copied it there) under the generation it was given.
+                let landed = copy.op == Op::Put as u8 && self.send_key(key, RequestHeader::new(Op::Get, 0, 0), &[], Receive::OwnedAtMost(0), None).is_ok_and(|(r, _)| r.header.generation == copy.if_equal);
+                return if landed {
+                    Ok(())
+                } else {
+                    Err(Error::new(Status::Unavailable, format!("the view changed while the write was copied: {primary_node} took it but is no longer the key's primary, so it may not last; read the key to see")))
+                };
             }
             let required = if then.is_empty() { now.clone() } else { then };
             // With one replica per key, the one it leaves hands it over itself.
