@@ -6,7 +6,10 @@
 #   env: BIN (default target/release), SECONDS_EACH (default 3), KEEP (keep logs)
 #
 # UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
-# (adaptive polling). Builds nothing: run `make build` first.
+# (adaptive polling). The servers sleep as soon as they are idle (--spin-us 0, SPIN_US to
+# change): with R = 2 two servers take part in every put, and on a machine with fewer
+# cores than spinning processes their spins would take turns on the CPUs. Builds
+# nothing: run `make build` first.
 set -euo pipefail
 SIZES=${1:-8,1MiB}
 BIN=${BIN:-target/release}
@@ -20,7 +23,7 @@ start_etcd
 serve() {
   local log=$work/server-$1.log
   shift
-  "$BIN/rdram" serve --listen 127.0.0.1:0 --workers 1 --memory 1GiB --hugepages off "$@" >"$log" 2>&1 &
+  "$BIN/rdram" serve --listen 127.0.0.1:0 --workers 1 --memory 1GiB --hugepages off --spin-us "${SPIN_US:-0}" "$@" >"$log" 2>&1 &
   pids+=($!)
   until grep -q "^listening on" "$log"; do sleep 0.1; done
   sed -n 's/^listening on //p' "$log"
