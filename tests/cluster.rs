@@ -443,6 +443,13 @@ fn one_server_fails_under_load(pause: bool) {
     let a = member(&url);
     let mut b = member(&url);
     let c = member(&url);
+    // Loaded once the three servers' keys have settled (a write racing the end of a move
+    // may fail as of unknown outcome: docs/cluster.md, Limits).
+    let ready = wait_until(Duration::from_secs(30), || {
+        let (_, members, settled) = placement(&url);
+        settled && members.len() == 3
+    });
+    assert!(ready, "{}", status(&url));
     let preload = 600;
     let counters = 8;
     let mut setup = client(&url);
@@ -586,10 +593,25 @@ fn one_server_fails_under_load(pause: bool) {
         let v = check.get(format!("k{i}").as_bytes()).unwrap();
         assert_eq!(v.map(|v| v.data), Some(value_of(i)), "k{i} after the failover");
     }
-    // Every key has two replicas again, and no other copy is left.
-    let keys = check.list(&Default::default()).unwrap().len() as u64;
-    let held = || survivors.iter().map(|s| keys_on(s)).sum::<u64>();
-    assert!(wait_until(Duration::from_secs(10), || held() == 2 * keys), "the servers hold {} copies of {keys} keys", held());
+    // Every acknowledged key has two replicas again, and no key has more. (A put that
+    // failed may have reached one replica only: it was never acknowledged.)
+    let acknowledged: Vec<String> = (0..preload).chain(load.written.iter().copied()).map(|i| format!("k{i}")).chain((0..counters).map(|n| format!("counter{n}"))).collect();
+    let copies = || {
+        let mut count = std::collections::HashMap::<Vec<u8>, usize>::new();
+        for s in &survivors {
+            for e in Client::connect(s, ClientOptions::default()).unwrap().list(&Default::default()).unwrap() {
+                *count.entry(e.key).or_default() += 1;
+            }
+        }
+        count
+    };
+    let settled = wait_until(Duration::from_secs(10), || {
+        let count = copies();
+        count.values().all(|&n| n <= 2) && acknowledged.iter().all(|k| count.get(k.as_bytes()) == Some(&2))
+    });
+    let count = copies();
+    let wrong: Vec<_> = acknowledged.iter().filter(|k| count.get(k.as_bytes()) != Some(&2)).take(5).collect();
+    assert!(settled, "keys without exactly two copies: {wrong:?}; most copies of one key: {:?}", count.values().max());
     if pause {
         b.stop();
     }
