@@ -813,6 +813,9 @@ impl Client {
     /// replicas that did not take it yet, until the call's timeout; the primary's write
     /// is never repeated, so a conditional write is applied once.
     fn copy_write(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8], reply: &Reply, primary: usize, started: std::time::Instant) -> Result<()> {
+        if !self.conn.copies_writes() {
+            return Ok(());
+        }
         let mut copy = RequestHeader::new(if Op::from_u8(h.op) == Some(Op::Delete) { Op::Delete } else { Op::Put }, 0, 0);
         copy.flags = flags::IMPORT | (h.flags & flags::HAS_TTL);
         copy.ttl_or_limit = h.ttl_or_limit;
@@ -965,11 +968,12 @@ impl Client {
     /// placement keys are moving to (which exists once the lost server's lease lapsed).
     /// None: to the primary.
     fn failover_target(&self, key: &[u8], read: bool) -> Option<usize> {
-        let (now, then) = self.conn.replicas_of(key);
-        let primary = *now.first()?;
+        // The common case costs a hash and no allocation: the primary is there.
+        let primary = self.conn.route(key).0;
         if !self.conn.is_dead(primary) {
             return None;
         }
+        let (now, then) = self.conn.replicas_of(key);
         let alive = |s: &&usize| !self.conn.is_dead(**s);
         if read {
             now.iter().skip(1).chain(then.iter()).find(alive).copied()
