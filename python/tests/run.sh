@@ -3,7 +3,8 @@
 # maturin builds the extension), then pytest against real `rdram serve` processes and
 # embedded servers over UCX tcp, UCX shared memory and libfabric tcp;ofi_rxm.
 # Usage: python/tests/run.sh [path/to/rdram]
-# RDRAM_TEST_TORCH=0 leaves PyPI's torch out (its tests then skip, saying why).
+# RDRAM_TEST_TORCH=0 leaves PyPI's torch out, RDRAM_TEST_LMCACHE=0 LMCache (their tests
+# then skip, saying why). LMCache's tests run once, over shared memory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -22,6 +23,13 @@ if [ "${RDRAM_TEST_TORCH:-1}" != 0 ] && ! "$VENV/bin/python" -c "import torch" 2
     || echo "== PyTorch could not be installed: its tests will be skipped"
 fi
 
+if [ "${RDRAM_TEST_LMCACHE:-1}" != 0 ] && "$VENV/bin/python" -c "import torch" 2>/dev/null \
+   && ! "$VENV/bin/python" -c "import lmcache" 2>/dev/null; then
+  echo "== installing LMCache from PyPI into $VENV (for remote_dram.lmcache's tests)"
+  "$VENV/bin/pip" install "${PIP[@]}" -r "$here/requirements-lmcache.txt" \
+    || echo "== LMCache could not be installed: its tests will be skipped"
+fi
+
 echo "== pip install ./python"
 # Build in the main crate's target/ so that its compiled dependencies are reused.
 export CARGO_TARGET_DIR=$root/target
@@ -31,5 +39,7 @@ export CARGO_TARGET_DIR=$root/target
 cd "$here"
 for transport in tcp shm "fabric:tcp;ofi_rxm"; do
   echo "== pytest over $transport"
-  RDRAM_TEST_TRANSPORT=$transport "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider
+  RDRAM_TEST_TRANSPORT=$transport "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_lmcache.py
 done
+echo "== pytest test_lmcache.py over shm"
+RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider test_lmcache.py

@@ -1,0 +1,502 @@
+"""remote_dram as LMCache's remote KV-cache tier.
+
+LMCache (``pip install lmcache``) loads this module as a remote storage plugin; nothing
+in LMCache changes. A complete configuration is in ``examples/lmcache/remote_dram.yaml``::
+
+    remote_url: "remote_dram://127.0.0.1:7000"      # or remote_dram://etcd://HOST:PORT/NAME
+    remote_serde: "naive"
+    remote_storage_plugins: ["remote_dram"]
+    extra_config:
+      remote_storage_plugin.remote_dram.module_path: remote_dram.lmcache
+      remote_storage_plugin.remote_dram.class_name: RemoteDramConnectorAdapter
+
+The plugin entry is what makes LMCache load this module; the tier itself is the one
+``remote_url`` names. Without ``remote_url``, give the address as
+``extra_config["remote_dram.url"]`` and the plugin entry is the tier.
+
+Each chunk is two keys under ``lmcache/<model>/<world size>/<worker>/<chunk hash>@<dtype>…``:
+``…/kv`` holds the chunk's bytes, moved straight out of and into LMCache's memory
+objects, and ``…/meta`` its shapes, dtypes and format (LMCache's ``RemoteMetadata``), so
+partial chunks come back with their own shape. ``extra_config["save_chunk_meta"] = False``
+stores the bytes alone (one key a chunk; a partial chunk's token count is then read from
+its length). :func:`key_prefix` names every chunk of a model or worker for
+``Client.list`` and ``Client.delete_range``.
+
+A server that cannot be reached makes every call a miss at once (LMCache recomputes):
+the connector says so once in the log, reconnects from a thread of its own every
+``remote_dram.retry_interval`` seconds, and says once when it is back. A call never
+returns before the transfer it started has ended, so LMCache may free or reuse a memory
+object as soon as a call returns.
+
+Settings, all in ``extra_config``:
+
+``remote_dram.url``
+    The servers, when ``remote_url`` does not name them.
+``remote_dram.auth_token_file``
+    A file whose first line is the servers' token (else ``RDRAM_AUTH_TOKEN``, if set).
+``remote_dram.timeout``
+    Seconds one call may take (default 5; keep it under LMCache's ``blocking_timeout_secs``).
+``remote_dram.connect_timeout``
+    Seconds a connection attempt may take (default 1).
+``remote_dram.retry_interval``
+    Seconds between reconnection attempts while the servers are unreachable (default 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+from typing import Callable, List, Optional, Sequence, TypeVar
+from urllib.parse import quote, unquote
+
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext, extract_plugin_type
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from . import Client
+from .errors import Error, IoError, Timeout, TransportError, Unavailable
+
+logger = init_logger(__name__)
+
+SCHEME = "remote_dram://"
+PLUGIN_TYPE = "remote_dram"
+KEY_ROOT = "lmcache/"
+KV_SUFFIX = "/kv"
+META_SUFFIX = "/meta"
+# Errors that say the servers cannot be reached, as opposed to a refused request.
+LINK_ERRORS = (Unavailable, TransportError, Timeout, IoError)
+
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def key_prefix(model: str, world_size: Optional[int] = None, worker_id: Optional[int] = None) -> str:
+    """The prefix of every key of ``model`` (and of one ``world_size``/``worker_id``):
+    ``client.list(key_prefix(m))`` lists them, ``client.delete_range(p, prefix_end(p))``
+    deletes them."""
+    prefix = KEY_ROOT + quote(model, safe="") + "/"
+    if world_size is not None:
+        prefix += f"{world_size}/"
+        if worker_id is not None:
+            prefix += f"{worker_id}/"
+    elif worker_id is not None:
+        raise ValueError("give world_size with worker_id")
+    return prefix
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with ``prefix`` (which ends with ``/``)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def chunk_key(key: CacheEngineKey) -> str:
+    """Where a chunk lives: ``lmcache/<model>/<world size>/<worker>/<hash>@<dtype>[@…]``,
+    with the model name and the rest percent-encoded so that ``/`` only separates fields."""
+    model, world_size, worker_id, rest = key.to_string().split("@", 3)
+    return f"{KEY_ROOT}{quote(model, safe='')}/{world_size}/{worker_id}/{quote(rest, safe='@')}"
+
+
+def engine_key_string(chunk: str) -> str:
+    """LMCache's key string (``CacheEngineKey.to_string()``) of a :func:`chunk_key`."""
+    model, world_size, worker_id, rest = chunk[len(KEY_ROOT) :].split("/")
+    return "@".join([unquote(model), world_size, worker_id, unquote(rest)])
+
+
+# ----------------------------------------------------------------------------- link
+
+
+class _Link:
+    """One client connection that fails fast while the servers are unreachable.
+
+    Calls run on the caller's thread. A call that finds the servers unreachable drops
+    the connection and starts one thread that tries again every ``retry_interval``;
+    until it succeeds, every call raises ``Unavailable`` at once. Going down and coming
+    back are logged once each, and so is the first refusal of each kind.
+    """
+
+    def __init__(self, name: str, address: str, token: Optional[str], timeout: float, connect_timeout: float, retry_interval: float):
+        self._name = name
+        self._address = address
+        self._token = token
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._retry_interval = retry_interval
+        self._lock = threading.Lock()
+        self._client: Optional[Client] = None
+        self._down_since: Optional[float] = None
+        self._closed = threading.Event()
+        self._retry_thread: Optional[threading.Thread] = None
+        self._refusals_logged: set[type] = set()
+        try:
+            self._client = self._connect()
+        except Error as e:
+            self._went_down(e)
+
+    def _connect(self) -> Client:
+        return Client(self._address, auth_token=self._token, timeout=self._timeout, connect_timeout=self._connect_timeout)
+
+    def call(self, f: Callable[[Client], T]) -> T:
+        with self._lock:
+            client = self._client
+        if client is None:
+            raise Unavailable(f"remote_dram at {self._address} is unreachable; retrying in the background")
+        try:
+            return f(client)
+        except LINK_ERRORS as e:
+            self._went_down(e, client)
+            raise
+        except Error as e:
+            if type(e) not in self._refusals_logged:
+                self._refusals_logged.add(type(e))
+                logger.warning("remote_dram %s: %s (further %s errors are not logged)", self._name, e, type(e).__name__)
+            raise
+
+    def _went_down(self, error: Error, client: Optional[Client] = None) -> None:
+        with self._lock:
+            if client is not None and self._client is not client:
+                return  # another call already saw it
+            self._client = None
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                logger.warning(
+                    "remote_dram %s: %s is unreachable (%s); chunks are recomputed until it is back",
+                    self._name, self._address, error,
+                )
+            if self._retry_thread is None and not self._closed.is_set():
+                self._retry_thread = threading.Thread(target=self._reconnect, name=f"remote_dram-{self._name}-retry", daemon=True)
+                self._retry_thread.start()
+        if client is not None:
+            client.close()
+
+    def _reconnect(self) -> None:
+        while not self._closed.wait(self._retry_interval):
+            try:
+                client = self._connect()
+            except Error:
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    break
+                self._client = client
+                down_for = time.monotonic() - (self._down_since or time.monotonic())
+                self._down_since = None
+                self._retry_thread = None
+                logger.warning("remote_dram %s: reconnected to %s after %.1f s", self._name, self._address, down_for)
+                return
+            client.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            client, self._client = self._client, None
+            thread = self._retry_thread
+        if thread is not None:
+            thread.join()
+        if client is not None:
+            client.close()
+
+
+# ----------------------------------------------------------------------------- connector
+
+
+class RemoteDramConnector(RemoteConnector):
+    """LMCache's ``RemoteConnector`` over remote_dram (see the module's documentation)."""
+
+    def __init__(self, address: str, context: ConnectorContext, extra: dict):
+        super().__init__(context.config, context.metadata)
+        self.loop = context.loop
+        self.local_cpu_backend = context.local_cpu_backend
+        self.address = address
+        token = _token(extra)
+        timeout = float(extra.get("remote_dram.timeout", 5.0))
+        connect_timeout = float(extra.get("remote_dram.connect_timeout", 1.0))
+        retry = float(extra.get("remote_dram.retry_interval", 1.0))
+        # Stores and loads each have a connection and a thread, so a load never waits
+        # behind a store (one client runs one call at a time).
+        self._store = _Link("store", address, token, timeout, connect_timeout, retry)
+        self._load = _Link("load", address, token, timeout, connect_timeout, retry)
+        self._store_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-store")
+        self._load_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-load")
+        logger.info("remote_dram: LMCache tier at %s (chunk metadata %s)", address, "stored" if self.save_chunk_meta else "not stored")
+
+    def __repr__(self) -> str:
+        return f"<RemoteDramConnector {self.address}>"
+
+    # -- existence
+
+    def _present(self, keys: Sequence[CacheEngineKey]) -> List[bool]:
+        """Which chunks are stored, in one pipelined request per chunk: the metadata
+        (or the first byte of the chunk) lands in a small scratch buffer."""
+        if self.save_chunk_meta:
+            names = [chunk_key(k) + META_SUFFIX for k in keys]
+            outs = [bytearray(self.remote_metadata_bytes) for _ in keys]
+        else:
+            names = [chunk_key(k) + KV_SUFFIX for k in keys]
+            outs = [bytearray(1) for _ in keys]
+        try:
+            if self.save_chunk_meta:
+                found = self._load.call(lambda c: c.get_many_into(names, outs))
+            else:
+                found = [self._load.call(lambda c, n=n, o=o: c.get_into(n, o, byte_range=(0, 1))) for n, o in zip(names, outs)]
+        except Error:
+            return [False] * len(keys)
+        return [n is not None for n in found]
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        return self._present([key])[0]
+
+    async def exists(self, key: CacheEngineKey) -> bool:
+        return await self._run(self._load_thread, lambda: self.exists_sync(key))
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: List[CacheEngineKey]) -> int:
+        """How many of ``keys``, from the first, are stored."""
+        present = self._present(keys)
+        return present.index(False) if False in present else len(present)
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        return await self._run(self._load_thread, lambda: self.batched_contains(keys))
+
+    # -- loads
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return (await self.batched_get([key]))[0]
+
+    async def batched_get(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        if not keys:
+            return []
+        return await self._run(self._load_thread, lambda: self._load_chunks(keys), release=_release_all)
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: List[CacheEngineKey]) -> List[MemoryObj]:
+        """The chunks from the first up to the first one missing."""
+        objs = await self.batched_get(keys)
+        prefix: List[MemoryObj] = []
+        for obj in objs:
+            if obj is None:
+                break
+            prefix.append(obj)
+        _release_all(objs[len(prefix) :])
+        return prefix
+
+    def _load_chunks(self, keys: Sequence[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        """Reads chunks straight into memory objects of LMCache's CPU allocator; ``None``
+        where a chunk is missing, incomplete or cannot be allocated."""
+        chunks = [chunk_key(k) for k in keys]
+        objs: List[Optional[MemoryObj]] = [None] * len(keys)
+        lengths: List[Optional[int]] = [None] * len(keys)
+        try:
+            if self.save_chunk_meta:
+                metas = [bytearray(self.remote_metadata_bytes) for _ in keys]
+                found = self._load.call(lambda c: c.get_many_into([k + META_SUFFIX for k in chunks], metas))
+                for i, n in enumerate(found):
+                    if n == self.remote_metadata_bytes:
+                        meta = RemoteMetadata.deserialize(metas[i])
+                        objs[i] = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+                        lengths[i] = meta.length
+            else:
+                for i in range(len(keys)):
+                    objs[i] = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
+            wanted = [i for i, obj in enumerate(objs) if obj is not None]
+            if wanted:
+                outs = [objs[i].byte_array for i in wanted]
+                read = self._load.call(lambda c: c.get_many_into([chunks[i] + KV_SUFFIX for i in wanted], outs))
+                for i, n in zip(wanted, read):
+                    objs[i] = self._loaded(objs[i], n, lengths[i])
+        except Error:
+            _release_all(objs)
+            return [None] * len(keys)
+        return objs
+
+    def _loaded(self, obj: MemoryObj, read: Optional[int], length: Optional[int]) -> Optional[MemoryObj]:
+        """``obj`` after ``read`` bytes landed in it (``None`` and released if that is not
+        a whole chunk)."""
+        try:
+            if read is None or read == 0 or (length is not None and read != length):
+                raise ValueError(f"read {read} bytes of a chunk of {length}")
+            return obj if length is not None else self.reshape_partial_chunk(obj, read)
+        except ValueError:
+            obj.ref_count_down()
+            return None
+
+    # -- stores
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj):
+        await self.batched_put([key], [memory_obj])
+
+    async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
+        """Stores chunks straight from their memory objects; a chunk that cannot be stored
+        is left out (LMCache recomputes it), never an error per chunk in the log."""
+        if keys:
+            await self._run(self._store_thread, lambda: self._store_chunks(keys, memory_objs))
+
+    def _store_chunks(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]) -> None:
+        """The chunks' bytes, then (once every one is stored) their metadata: a chunk
+        whose metadata can be read is whole."""
+        chunks = [chunk_key(k) for k in keys]
+        data = [obj.byte_array for obj in memory_objs]
+        try:
+            self._store.call(lambda c: c.put_many([(k + KV_SUFFIX, d) for k, d in zip(chunks, data)]))
+            if self.save_chunk_meta:
+                metas = [
+                    (k + META_SUFFIX, RemoteMetadata(len(d), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize())
+                    for k, d, obj in zip(chunks, data, memory_objs)
+                ]
+                self._store.call(lambda c: c.put_many(metas))
+        except Error:
+            pass  # logged once by the link; LMCache recomputes these chunks
+
+    # -- the rest of LMCache's interface
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        chunk = chunk_key(key)
+        try:
+            existed = self._store.call(lambda c: c.delete(chunk + KV_SUFFIX))
+            if self.save_chunk_meta:
+                existed = self._store.call(lambda c: c.delete(chunk + META_SUFFIX)) and existed
+        except Error:
+            return False
+        return existed
+
+    async def list(self) -> List[str]:
+        """LMCache's key strings of every stored chunk."""
+        suffix = META_SUFFIX if self.save_chunk_meta else KV_SUFFIX
+        entries = await self._run(self._load_thread, lambda: self._load.call(lambda c: list(c.list(KEY_ROOT))))
+        keys = []
+        for name, _size in entries:
+            name = name.decode()
+            if name.endswith(suffix):
+                try:
+                    keys.append(engine_key_string(name[: -len(suffix)]))
+                except ValueError:
+                    continue  # not a chunk of this connector's
+        return keys
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        try:
+            await self._run(self._load_thread, lambda: self._load.call(lambda c: c.get("lmcache/ping")))
+        except Error as e:
+            return int(e.status)
+        return 0
+
+    async def close(self):
+        self._store_thread.shutdown(wait=True)
+        self._load_thread.shutdown(wait=True)
+        self._store.close()
+        self._load.close()
+        logger.info("remote_dram: closed the connection to %s", self.address)
+
+    async def _run(self, thread: concurrent.futures.ThreadPoolExecutor, f: Callable[[], T], release: Optional[Callable[[T], None]] = None) -> T:
+        """``f()`` on ``thread``. If the caller stops waiting (LMCache cancels a load that
+        outlives ``blocking_timeout_secs``), the call still ends within its own timeout,
+        and ``release`` then frees what it produced. Either way the coroutine ends only
+        once ``f`` has returned."""
+        future = asyncio.wrap_future(thread.submit(f))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller's buffers stay in use until the transfer ends (within the
+            # client's timeout), so this coroutine ends only then.
+            while not future.done():
+                try:
+                    await asyncio.wait([future])
+                except asyncio.CancelledError:
+                    continue
+            if release is not None and future.exception() is None:
+                release(future.result())
+            raise
+
+
+class InertConnector(RemoteConnector):
+    """The plugin entry's connector when ``remote_url`` already names the tier: it holds
+    nothing, so chunks are stored and found once, through ``remote_url``'s backend."""
+
+    def __init__(self, context: ConnectorContext):
+        super().__init__(context.config, context.metadata)
+
+    async def exists(self, key):
+        return False
+
+    def exists_sync(self, key):
+        return False
+
+    async def get(self, key):
+        return None
+
+    async def put(self, key, memory_obj):
+        return None
+
+    async def list(self):
+        return []
+
+    async def close(self):
+        return None
+
+    def __repr__(self) -> str:
+        return "<remote_dram plugin entry (the tier is remote_url's)>"
+
+
+class RemoteDramConnectorAdapter(ConnectorAdapter):
+    """What LMCache's plugin loader instantiates: builds a :class:`RemoteDramConnector` for
+    ``remote_dram://…`` URLs and for the ``remote_dram`` plugin entry."""
+
+    def __init__(self) -> None:
+        super().__init__(SCHEME)
+
+    def can_parse(self, url: str) -> bool:
+        if url.startswith(SCHEME):
+            return True
+        return url.startswith("plugin://") and extract_plugin_type(url[len("plugin://") :]) == PLUGIN_TYPE
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        config = context.config
+        extra = dict(config.extra_config or {}) if config is not None else {}
+        if context.url.startswith(SCHEME):
+            return RemoteDramConnector(_address(context.url), context, extra)
+        if "remote_dram.url" in extra:
+            return RemoteDramConnector(_address(extra["remote_dram.url"]), context, extra)
+        remote_url = getattr(config, "remote_url", None) or ""
+        if remote_url.startswith(SCHEME):
+            logger.info("remote_dram: plugin entry loaded; the tier is remote_url (%s)", remote_url)
+            return InertConnector(context)
+        raise ValueError("remote_dram: give the servers as remote_url: remote_dram://HOST:PORT or extra_config remote_dram.url")
+
+
+def _address(url: str) -> str:
+    """The servers of ``remote_dram://HOST:PORT[,HOST:PORT…]`` or ``remote_dram://etcd://…/NAME``."""
+    address = url[len(SCHEME) :] if url.startswith(SCHEME) else url
+    if not address:
+        raise ValueError(f"remote_dram: {url!r} names no server")
+    return address
+
+
+def _token(extra: dict) -> Optional[str]:
+    path = extra.get("remote_dram.auth_token_file")
+    if path:
+        with open(os.path.expanduser(str(path))) as f:
+            return f.readline().strip()
+    return os.environ.get("RDRAM_AUTH_TOKEN") or None
+
+
+def _release_all(objs) -> None:
+    for obj in objs:
+        if obj is not None:
+            obj.ref_count_down()

@@ -1,0 +1,173 @@
+"""remote_dram as LMCache's remote tier (remote_dram.lmcache), against real `rdram serve`
+processes, with LMCache 0.5.6 from PyPI on the CPU: LMCache's own check tool, its
+StorageManager configured from YAML, two instances sharing chunks, and a server that is
+down. Each LMCache instance runs in a process of its own (lmcache_instance.py)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("lmcache", reason="LMCache is not installed (python/tests/run.sh installs it unless RDRAM_TEST_LMCACHE=0)")
+
+from conftest import ROOT, ServerProc  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "lmcache" / "remote_dram.yaml"
+INSTANCE = pathlib.Path(__file__).with_name("lmcache_instance.py")
+
+
+def config(tmp_path: pathlib.Path, address: str, *, plugin_only: bool = False, save_chunk_meta: bool = True) -> pathlib.Path:
+    """The shipped example config, pointed at `address`. `plugin_only` names the servers in
+    extra_config instead of remote_url (the plugin form)."""
+    text = EXAMPLE.read_text()
+    assert 'remote_url: "remote_dram://127.0.0.1:7000"' in text
+    text = text.replace("127.0.0.1:7000", address)
+    if plugin_only:
+        text = text.replace(f'remote_url: "remote_dram://{address}"', "")
+        text += f'  remote_dram.url: "remote_dram://{address}"\n'
+    if not save_chunk_meta:
+        text += "  save_chunk_meta: false\n"
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(text)
+    return path
+
+
+def run(args: list[str], cfg: pathlib.Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {"LMCACHE_CONFIG_FILE": str(cfg), "PYTHONUNBUFFERED": "1"}
+    import os
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def instance(cfg: pathlib.Path, role: str, *extra: str) -> subprocess.CompletedProcess:
+    return run([str(INSTANCE), str(cfg), role, *extra], cfg)
+
+
+def assert_checks_passed(p: subprocess.CompletedProcess, at_least: int) -> None:
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    passed = [line for line in p.stdout.splitlines() if line.startswith("ok ")]
+    assert len(passed) >= at_least and "FAIL" not in p.stdout, out
+
+
+@pytest.fixture
+def server():
+    s = ServerProc(memory="1GiB")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def key_count(address: str) -> int:
+    import remote_dram
+
+    with remote_dram.Client(address) as c:
+        return sum(1 for _ in c.list("lmcache/"))
+
+
+@pytest.mark.parametrize(
+    "kv_dtype,obj_size,save_chunk_meta",
+    [("bfloat16", 1024, True), ("float16", 262144, True), ("float32", 4096, True), ("bfloat16", 65536, False)],
+)
+def test_lmcache_basic_check_passes(server, tmp_path, kv_dtype, obj_size, save_chunk_meta):
+    """`python -m lmcache.v1.basic_check --mode test_remote` with the example config:
+    every validation passes (exists before and after, put, get byte for byte)."""
+    cfg = config(tmp_path, server.address, save_chunk_meta=save_chunk_meta)
+    p = run(["-m", "lmcache.v1.basic_check", "--mode", "test_remote", "--kv-dtype", kv_dtype, "--obj-size", str(obj_size), "--num-keys", "8"], cfg)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    validations = re.findall(r"Validation[^:]*: (\d+)/(\d+) passed", p.stdout)
+    assert len(validations) == 5, out  # exists (missing), put, exists (stored), get not None, get content
+    assert all(a == b == "8" for a, b in validations), out
+    assert "Test Failed" not in out and "unreachable" not in out, out
+    assert key_count(server.address) == (16 if save_chunk_meta else 8)
+
+
+@pytest.mark.parametrize("dtype,plugin_only,save_chunk_meta", [("bfloat16", False, True), ("float16", True, True), ("bfloat16", False, False)])
+def test_lmcache_storage_manager_reads_dropped_chunks_back_from_remote_dram(server, tmp_path, dtype, plugin_only, save_chunk_meta):
+    """LMCache's StorageManager from YAML: chunks of 256 tokens x 32 layers x 8 heads x
+    128 dims (and a partial one of 100 tokens) stored, dropped from the local CPU tier,
+    found in and read back from remote_dram byte for byte; a chunk never stored misses.
+    The example's plugin entry stores nothing of its own: two keys a chunk (one without
+    metadata), under the model's prefix."""
+    cfg = config(tmp_path, server.address, plugin_only=plugin_only, save_chunk_meta=save_chunk_meta)
+    p = instance(cfg, "store-reload", "--dtype", dtype)
+    assert_checks_passed(p, at_least=10)
+    import remote_dram
+    from remote_dram.lmcache import key_prefix
+
+    with remote_dram.Client(server.address) as c:
+        names = [k.decode() for k, _ in c.list(key_prefix("org/model-7b", 1, 0))]
+        sizes = {k.decode(): size for k, size in c.list("lmcache/")}
+    per_chunk = 2 if save_chunk_meta else 1
+    assert len(names) == 4 * per_chunk, names
+    assert len(sizes) == len(names), sizes
+    kv = sorted(size for name, size in sizes.items() if name.endswith("/kv"))
+    assert kv == [2 * 32 * 100 * 1024 * 2] + [2 * 32 * 256 * 1024 * 2] * 3
+
+
+def test_two_lmcache_instances_share_chunks_through_one_server(server, tmp_path):
+    """One LMCache process stores chunks; another, started after it exited, finds and reads
+    them (cross-instance reuse, the reason for a remote tier)."""
+    cfg = config(tmp_path, server.address)
+    stored = instance(cfg, "store", "--seed", "7")
+    assert stored.returncode == 0 and "stored" in stored.stdout, stored.stdout + stored.stderr
+    loaded = instance(cfg, "load", "--seed", "7")
+    assert_checks_passed(loaded, at_least=10)
+    # A different model prefix deletes nothing; the model's prefix deletes every chunk.
+    import remote_dram
+    from remote_dram.lmcache import key_prefix, prefix_end
+
+    with remote_dram.Client(server.address) as c:
+        other = key_prefix("org/model")
+        assert c.delete_range(other, prefix_end(other)) == 0
+        mine = key_prefix("org/model-7b")
+        assert c.delete_range(mine, prefix_end(mine)) == 8
+        assert list(c.list("lmcache/")) == []
+
+
+def test_lmcache_falls_back_while_the_server_is_down_and_reconnects(tmp_path):
+    """With the server down LMCache's lookups miss and its stores are dropped at once, the
+    outage is logged once per connection (not per chunk); once a server listens on the
+    address, chunks round-trip again without a restart."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    cfg = config(tmp_path, address)
+    import os
+
+    p = subprocess.Popen(
+        [sys.executable, str(INSTANCE), str(cfg), "outage"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "LMCACHE_CONFIG_FILE": str(cfg), "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("waiting") or time.monotonic() > deadline:
+            break
+    assert lines and lines[-1].startswith("waiting"), "".join(lines)
+    down = next(line for line in lines if line.startswith("down: "))
+    assert float(down.split()[1]) < 30, down  # bounded by nothing but the calls' own work
+    srv = subprocess.Popen(
+        [str(ROOT / "target" / "release" / "rdram") if not os.environ.get("RDRAM_BIN") else os.environ["RDRAM_BIN"],
+         "serve", "--listen", address, "--workers", "1", "--memory", "512MiB", "--hugepages", "off"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        out, _ = p.communicate("up\n", timeout=180)
+    finally:
+        srv.terminate()
+        assert srv.wait(timeout=30) == 0
+    log = "".join(lines) + out
+    print(*(line for line in log.splitlines() if line.startswith(("down: ", "up again"))), sep="\n")
+    assert p.returncode == 0 and "FAIL" not in log, log
+    assert log.count("is unreachable") == 2, log  # once for the store connection, once for the load one
+    assert log.count("reconnected to") >= 1, log
