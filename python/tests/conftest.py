@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 import pytest
 
@@ -80,3 +84,35 @@ def prefix(request):
 def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `code` in a separate Python process (same interpreter and environment)."""
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    """A real etcd on two free loopback ports, for clusters; yields its HOST:PORT."""
+    if shutil.which("etcd") is None:
+        pytest.fail("etcd is not installed (make deps installs Debian's etcd-server)")
+    client, peer = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as data:
+        proc = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", data,
+             "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"t=http://127.0.0.1:{peer}", "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", client), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "etcd did not start"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{client}"
+        proc.kill()
+        proc.wait()

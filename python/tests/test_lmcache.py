@@ -6,8 +6,9 @@ down. Each LMCache instance runs in a process of its own (lmcache_instance.py)."
 from __future__ import annotations
 
 import pathlib
+import json
+import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 
 pytest.importorskip("lmcache", reason="LMCache is not installed (python/tests/run.sh installs it unless RDRAM_TEST_LMCACHE=0)")
 
-from conftest import ROOT, ServerProc  # noqa: E402
+from conftest import RDRAM, ROOT, ServerProc, free_port  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "lmcache" / "remote_dram.yaml"
 INSTANCE = pathlib.Path(__file__).with_name("lmcache_instance.py")
@@ -40,8 +41,6 @@ def config(tmp_path: pathlib.Path, address: str, *, plugin_only: bool = False, s
 
 def run(args: list[str], cfg: pathlib.Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {"LMCACHE_CONFIG_FILE": str(cfg), "PYTHONUNBUFFERED": "1"}
-    import os
-
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
 
 
@@ -135,13 +134,8 @@ def test_lmcache_falls_back_while_the_server_is_down_and_reconnects(tmp_path):
     """With the server down LMCache's lookups miss and its stores are dropped at once, the
     outage is logged once per connection (not per chunk); once a server listens on the
     address, chunks round-trip again without a restart."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{free_port()}"
     cfg = config(tmp_path, address)
-    import os
-
     p = subprocess.Popen(
         [sys.executable, str(INSTANCE), str(cfg), "outage"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -157,8 +151,7 @@ def test_lmcache_falls_back_while_the_server_is_down_and_reconnects(tmp_path):
     down = next(line for line in lines if line.startswith("down: "))
     assert float(down.split()[1]) < 30, down  # bounded by nothing but the calls' own work
     srv = subprocess.Popen(
-        [str(ROOT / "target" / "release" / "rdram") if not os.environ.get("RDRAM_BIN") else os.environ["RDRAM_BIN"],
-         "serve", "--listen", address, "--workers", "1", "--memory", "512MiB", "--hugepages", "off"],
+        [RDRAM, "serve", "--listen", address, "--workers", "1", "--memory", "512MiB", "--hugepages", "off"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -171,3 +164,26 @@ def test_lmcache_falls_back_while_the_server_is_down_and_reconnects(tmp_path):
     assert p.returncode == 0 and "FAIL" not in log, log
     assert log.count("is unreachable") == 2, log  # once for the store connection, once for the load one
     assert log.count("reconnected to") >= 1, log
+
+
+def test_lmcache_over_a_cluster_keeps_chunks_when_a_replica_dies(etcd, tmp_path):
+    """remote_url names a cluster on etcd with two replicas per key: chunks LMCache
+    stored are read back by another LMCache process after one server was SIGKILLed."""
+    url = f"etcd://{etcd}/lmcache"
+    created = subprocess.run([RDRAM, "cluster", "create", url, "--replicas", "2"], capture_output=True, text=True)
+    assert created.returncode == 0, created.stderr
+    members = [ServerProc("--cluster", url, "--lease-ttl-ms", "2000", workers=1, memory="512MiB") for _ in range(2)]
+    try:
+        cfg = config(tmp_path, url)
+        stored = instance(cfg, "store-reload", "--seed", "3")
+        assert_checks_passed(stored, at_least=10)
+        members[0].proc.kill()
+        members[0].proc.wait()
+        deadline = time.monotonic() + 30
+        while len(json.loads(subprocess.run([RDRAM, "cluster", "status", url], capture_output=True, text=True).stdout)["members"]) != 1:
+            assert time.monotonic() < deadline, "the killed server is still a member after 30 s"
+            time.sleep(0.2)
+        loaded = instance(cfg, "load", "--seed", "3")
+        assert_checks_passed(loaded, at_least=10)
+    finally:
+        assert members[1].stop() == 0, "".join(members[1].log)
