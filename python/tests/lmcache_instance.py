@@ -21,6 +21,7 @@ Prints one line per check; exits 0 only if every check held.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 
@@ -119,6 +120,21 @@ def miss(sm: StorageManager, dtype: torch.dtype, check: Checks) -> None:
     check(sm.get(key) is None, "a chunk never stored reads as None")
 
 
+def list_and_remove(sm: StorageManager, items, check: Checks) -> None:
+    """The connector lists LMCache's key strings of what it holds, and removes a chunk
+    (stored again after)."""
+    remote = remote_dram_backend(sm)
+    connector = remote.connection.getWrappedConnector()
+    listed = asyncio.run_coroutine_threadsafe(connector.list(), remote.loop).result()
+    expected = sorted(k.to_string() for k, _ in items)
+    check(sorted(listed) == expected, f"list() gives LMCache's key strings of the {len(items)} chunks")
+    gone = items[0][0]
+    check(connector.remove_sync(gone), f"remove_sync removes chunk {gone.chunk_hash}")
+    sm.remove(gone, locations=["LocalCPUBackend"])
+    check(sm.contains(gone) is None and not connector.remove_sync(gone), "a removed chunk is found nowhere")
+    store(sm, items[:1])  # back, for the callers that read every chunk after this
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -137,6 +153,7 @@ def main() -> int:
                 sm.remove(key, locations=["LocalCPUBackend"])
             load_and_compare(sm, items, check)
             miss(sm, dtype, check)
+            list_and_remove(sm, items, check)
         elif args.role == "store":
             store(sm, items)
             print("stored", flush=True)
