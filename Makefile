@@ -59,11 +59,13 @@ redis:
 
 # The kill soak (not in CI): writers and readers SIGKILLed every ~2 s against a real
 # server, SOAK_SECS per transport (default 600; the four together take 40 minutes), with
-# SOAK_SERVER_ARGS given to `rdram serve` (e.g. --stranded-endpoint-limit 8).
+# SOAK_SERVER_ARGS given to `rdram serve` (e.g. --stranded-endpoint-limit 8); then, per
+# transport, a server's RSS after 300 clients SIGKILLed one after another.
 SOAK_SECS ?= 600
 SOAK_TRANSPORTS ?= tcp,shm,fabric:tcp;ofi_rxm,fabric:shm
 soak: deps
 	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" SOAK_SERVER_ARGS="$(SOAK_SERVER_ARGS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
+	SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" $(CARGO) test --release --test soak -- --ignored --exact killed_clients_leave_no_memory --nocapture
 
 # Clippy over the crate (library, binaries, tests) and the Python package, warnings as
 # errors (not in CI: a newer toolchain's new lints must not fail a build).

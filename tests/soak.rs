@@ -235,14 +235,7 @@ fn soak_one(transport: &str, seconds: u64) {
 fn soak() {
     let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
     let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
-    for t in transports.split(',') {
-        let t = match t {
-            "shm" => common::SHM,
-            "tcp" => common::TCP,
-            "fabric:tcp;ofi_rxm" => common::FABRIC_TCP,
-            "fabric:shm" => common::FABRIC_SHM,
-            other => panic!("unknown transport {other}"),
-        };
+    for t in transports.split(',').map(transport_setting) {
         // Each transport in its own process: the UCX transport list is fixed per process.
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "soak_transport", "--ignored", "--nocapture", "--test-threads=1"])
@@ -251,6 +244,79 @@ fn soak() {
             .status()
             .unwrap();
         assert!(out.success(), "soak over {t} failed");
+    }
+}
+
+/// The resident memory a server may keep after 300 clients were SIGKILLed, over its
+/// baseline. Over libfabric the target of 1 MiB is not met: the shard threads' malloc
+/// arenas grow with departed clients (about 20 MiB after these 300 over tcp;ofi_rxm) while
+/// the live heap stays level (heaptrack), and malloc_trim does not hand that memory back;
+/// the bound below only catches a leak that grows past that.
+const RSS_AFTER_KILLED_UCX_KIB: u64 = 1024;
+const RSS_AFTER_KILLED_FABRIC_KIB: u64 = 32 * 1024;
+const KILLED_CLIENTS: usize = 300;
+
+/// A server's resident memory after [`KILLED_CLIENTS`] clients, one after another, each
+/// SIGKILLed once its first put was acknowledged, per transport (each in a process of its
+/// own); printed, and held to the bounds above.
+#[test]
+#[ignore = "long: run by make soak"]
+fn killed_clients_leave_no_memory() {
+    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
+    for t in transports.split(',').map(transport_setting) {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "killed_clients_one_transport", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("SOAK_ONE", t)
+            .status()
+            .unwrap();
+        assert!(out.success(), "killed clients over {t} failed");
+    }
+}
+
+#[test]
+#[ignore = "one transport of killed_clients_leave_no_memory (make soak)"]
+fn killed_clients_one_transport() {
+    let Ok(t) = std::env::var("SOAK_ONE") else { return };
+    common::init(&t);
+    let server = ServerProc::start(&["--workers", "2", "--memory", "256MiB"]);
+    let pid = server.child.id();
+    let mut kids = Children { procs: Vec::new(), acked: Default::default(), acks: Default::default(), kills: 0 };
+    let mut kill_after_first_put = |kids: &mut Children| {
+        let before = kids.acks.load(std::sync::atomic::Ordering::Relaxed);
+        kids.spawn(&server.addr, "writer", 0);
+        assert!(
+            common::wait_until(Duration::from_secs(30), || kids.acks.load(std::sync::atomic::Ordering::Relaxed) > before),
+            "a writer got no put acknowledged in 30 s"
+        );
+        let (_, _, mut child) = kids.procs.pop().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kids.kills += 1;
+    };
+    // Baseline after one client has come and gone (libraries' one-time allocations).
+    kill_after_first_put(&mut kids);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss0 = common::rss_kib(pid).unwrap();
+    for _ in 0..KILLED_CLIENTS {
+        kill_after_first_put(&mut kids);
+    }
+    let bound = if t.starts_with("fabric") { RSS_AFTER_KILLED_FABRIC_KIB } else { RSS_AFTER_KILLED_UCX_KIB };
+    // A UCX shard with no client left recycles a worker holding departed clients'
+    // endpoints after a second, and destroys it after RETIRED_GRACE (10 s).
+    let settled = common::wait_until(Duration::from_secs(30), || common::rss_kib(pid).unwrap() <= rss0 + bound);
+    let rss1 = common::rss_kib(pid).unwrap();
+    println!("killed clients over {t}: {} SIGKILLed clients, server RSS {rss0} -> {rss1} KiB ({:+} KiB)", kids.kills, rss1 as i64 - rss0 as i64);
+    assert!(settled, "{t}: server RSS {rss0} -> {rss1} KiB after {KILLED_CLIENTS} killed clients (bound {bound} KiB over the baseline)");
+}
+
+/// What `common::init` takes for a transport named in SOAK_TRANSPORTS.
+fn transport_setting(t: &str) -> &'static str {
+    match t {
+        "shm" => common::SHM,
+        "tcp" => common::TCP,
+        "fabric:tcp;ofi_rxm" => common::FABRIC_TCP,
+        "fabric:shm" => common::FABRIC_SHM,
+        other => panic!("unknown transport {other}"),
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
-use super::{RetryBackoff, WorkerInfo};
+use super::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
@@ -133,6 +133,8 @@ pub struct FabricShardWorker {
     /// Set when the endpoints must be replaced (see `replace_rails`), until they are.
     replace_due: bool,
     replace_retry: RetryBackoff,
+    /// What departed clients held goes back to the system (see [`FreedMemory`]).
+    freed: FreedMemory,
     /// How the rails were opened, to open their replacements alike.
     provider: String,
     listen: std::net::IpAddr,
@@ -211,6 +213,7 @@ impl FabricShardWorker {
             retired: Vec::new(),
             replace_due: false,
             replace_retry: RetryBackoff::new(),
+            freed: FreedMemory::new(),
             provider: provider.to_string(),
             listen,
             address,
@@ -270,6 +273,7 @@ impl FabricShardWorker {
                 self.cut_stalled_reads();
                 self.service.publish_metrics(self.reads.len());
                 let now = Instant::now();
+                self.freed.return_if_due(now);
                 if self.replace_due && self.replace_retry.ready(now) {
                     match self.replace_rails() {
                         Ok(()) => {
@@ -515,6 +519,7 @@ impl FabricShardWorker {
     /// before each hello, so the slot table never grows past the clients alive.
     fn forget_departed(&mut self) {
         for client in self.service.take_departed() {
+            self.freed.freed();
             if self.large_sends_to(client) {
                 self.replace_due = true;
             }

@@ -13,7 +13,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tracing::{debug, warn};
@@ -206,6 +206,42 @@ impl ShardAddress {
     /// Tells every connected client to reconnect (a shard's old endpoints are going).
     pub fn tell_moved(&self) {
         self.0.write().unwrap_or_else(|e| e.into_inner()).1 += 1;
+    }
+}
+
+/// Hands the pages the allocator holds free back to the system: without it, the memory
+/// of many departed clients stays in the server's resident set although nothing uses it.
+fn return_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of glibc's heaps; callable any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Returns freed memory (see [`return_freed_memory`]) after clients departed or a worker
+/// was destroyed, at most once a second: trimming walks every heap of the allocator.
+pub(super) struct FreedMemory {
+    due: bool,
+    last: Option<Instant>,
+}
+
+impl FreedMemory {
+    pub fn new() -> FreedMemory {
+        FreedMemory { due: false, last: None }
+    }
+
+    /// Something a departed client held was freed.
+    pub fn freed(&mut self) {
+        self.due = true;
+    }
+
+    pub fn return_if_due(&mut self, now: Instant) {
+        if self.due && self.last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            return_freed_memory();
+            self.due = false;
+            self.last = Some(now);
+        }
     }
 }
 

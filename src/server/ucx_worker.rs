@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use super::queue_probe::{self, QueueProbe};
 use super::ucx_generations::{PerGeneration, ReplyEps};
 use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
-use super::{RetryBackoff, ShardAddress, WorkerInfo};
+use super::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
@@ -53,6 +53,9 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 const RETIRED_GRACE: Duration = Duration::from_secs(10);
 /// Recycled workers (see [`ReplyEps`]) that may wait for their last client at once.
 const MAX_RECYCLED: usize = 2;
+/// A shard with no client left recycles a worker that holds departed clients' endpoints
+/// after this long: what they hold comes back without waiting for the stranded limit.
+const IDLE_RECYCLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Bytes of the arena a reply is sent from, and the arena's mapping on the worker that sends.
 #[derive(Clone, Copy)]
@@ -204,8 +207,12 @@ pub struct ShardWorker {
     /// how many make it hand new clients a fresh one
     /// ([`super::ServerConfig::stranded_endpoint_limit`]).
     stranded: usize,
+    /// Since when endpoints are stranded on the current worker.
+    stranded_since: Option<Instant>,
     stranded_limit: usize,
     recycle_retry: RetryBackoff,
+    /// What departed clients held goes back to the system (see [`FreedMemory`]).
+    freed: FreedMemory,
     /// The helper thread starting a fresh worker (see [`ShardWorker::prepare_spare`]);
     /// joined when the worker is taken, or when the shard stops.
     spare: Option<std::thread::JoinHandle<Result<Worker>>>,
@@ -264,8 +271,10 @@ impl ShardWorker {
             closing: Vec::new(),
             reply_eps: ReplyEps::default(),
             stranded: 0,
+            stranded_since: None,
             stranded_limit: stranded_limit.max(1),
             recycle_retry: RetryBackoff::new(),
+            freed: FreedMemory::new(),
             spare: None,
         });
         let me = &mut *w as *mut ShardWorker;
@@ -324,9 +333,13 @@ impl ShardWorker {
                     let gone = (*this).watch_queue(!did_work);
                     let generations: Vec<u64> = gone.iter().map(|r| r.generation).collect();
                     drop(gone);
-                    for generation in generations {
+                    for &generation in &generations {
                         (*this).reclaim_orphans(generation);
                     }
+                    if !generations.is_empty() {
+                        (*this).freed.freed();
+                    }
+                    (*this).freed.return_if_due(Instant::now());
                     (*this).service.publish_metrics((*this).puts.len());
                 }
                 last_sweep = Instant::now();
@@ -403,7 +416,7 @@ impl ShardWorker {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
                 warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
             }
-        } else if self.stranded >= self.stranded_limit && self.recycle_retry.ready(now) {
+        } else if (self.stranded >= self.stranded_limit || self.idle_with_stranded(now)) && self.recycle_retry.ready(now) {
             match self.replace_worker(Retirement::Recycled) {
                 Ok(()) => self.recycle_retry.succeeded(),
                 Err(e) => {
@@ -424,6 +437,12 @@ impl ShardWorker {
             return gone;
         }
         Vec::new()
+    }
+
+    /// Whether endpoints have been stranded on the current worker for a while and no client
+    /// is left to serve: then recycling disturbs no one.
+    fn idle_with_stranded(&self, now: Instant) -> bool {
+        self.stranded_since.is_some_and(|since| now.duration_since(since) >= IDLE_RECYCLE_AFTER) && self.service.live_clients().next().is_none()
     }
 
     /// Frees the replies to departed clients that worker `generation` still had in flight
@@ -543,13 +562,18 @@ impl ShardWorker {
             Retirement::Recycled => {
                 self.address.hand_out(hex);
                 self.service.metrics.worker_recycled();
-                tracing::info!(
+                let message = format!(
                     "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
                      new clients get a fresh worker (the switch took {:.1} ms), the old one goes when its last client leaves",
                     self.service.index,
                     self.stranded,
                     started.elapsed().as_secs_f64() * 1e3
                 );
+                if self.stranded >= self.stranded_limit {
+                    tracing::info!("{message}");
+                } else {
+                    debug!("{message} (no client was left)");
+                }
                 // Everyone welcomed with the old address joined before this (the bootstrap
                 // tells the workers before it reads the address).
                 self.service.sync_membership();
@@ -559,6 +583,7 @@ impl ShardWorker {
         self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, generation: self.generation, since: Instant::now(), why, unheard });
         self.generation = generation;
         self.stranded = 0;
+        self.stranded_since = None;
         if let Err(e) = self.probe.connect(&address) {
             warn!("shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected", self.service.index, e.message);
         }
@@ -719,8 +744,12 @@ impl ShardWorker {
         if departed.is_empty() {
             return;
         }
+        self.freed.freed();
         let generation = self.generation;
         self.stranded += self.reply_eps.departed(&departed).into_iter().filter(|&g| g == generation).count();
+        if self.stranded > 0 && self.stranded_since.is_none() {
+            self.stranded_since = Some(Instant::now());
+        }
         for client in departed {
             self.backlog.remove(&client);
             let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
