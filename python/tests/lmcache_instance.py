@@ -13,7 +13,9 @@ chunk of 100 tokens. Roles:
 - ``load``: a fresh instance reads chunks another process stored;
 - ``outage``: the server is down at start; every lookup misses at once and every store is
   dropped without an error; after the line "up" on stdin (the server started), chunks
-  round-trip again.
+  round-trip again;
+- ``restart``: chunks round-trip; after the line "killed" on stdin (the test SIGKILLed the
+  server), as ``outage``.
 
 Prints one line per check; exits 0 only if every check held.
 """
@@ -135,10 +137,36 @@ def list_and_remove(sm: StorageManager, items, check: Checks) -> None:
     store(sm, items[:1])  # back, for the callers that read every chunk after this
 
 
+def down_then_up(sm: StorageManager, items, check: Checks) -> None:
+    """With the server down: lookups and loads miss at once, stores are dropped without an
+    error; after the line "up" on stdin (a server listens again), chunks round-trip."""
+    start = time.monotonic()
+    for key, _ in items:
+        sm.remove(key, locations=["LocalCPUBackend"])
+        check(sm.contains(key) is None, f"server down: chunk {key.chunk_hash} is a miss")
+        check(sm.get(key) is None, f"server down: chunk {key.chunk_hash} reads as None")
+    store(sm, items, wait=False)
+    for key, _ in items:
+        sm.remove(key, locations=["LocalCPUBackend"])
+    print(f"down: {time.monotonic() - start:.2f} s for every call", flush=True)
+    print("waiting", flush=True)
+    check(sys.stdin.readline().strip() == "up", "the test started the server")
+    deadline = time.monotonic() + 20
+    while sm.contains(items[0][0]) is None and time.monotonic() < deadline:
+        store(sm, items[:1], wait=False)
+        sm.remove(items[0][0], locations=["LocalCPUBackend"])
+        time.sleep(0.2)
+    print(f"up again after {20 - (deadline - time.monotonic()):.2f} s", flush=True)
+    store(sm, items)
+    for key, _ in items:
+        sm.remove(key, locations=["LocalCPUBackend"])
+    load_and_compare(sm, items, check)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
-    ap.add_argument("role", choices=["store-reload", "store", "load", "outage"])
+    ap.add_argument("role", choices=["store-reload", "store", "load", "outage", "restart"])
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -160,27 +188,16 @@ def main() -> int:
         elif args.role == "load":
             load_and_compare(sm, items, check)
             miss(sm, dtype, check)
+        elif args.role == "outage":
+            down_then_up(sm, items, check)
         else:
-            start = time.monotonic()
-            for key, _ in items:
-                check(sm.contains(key) is None, f"server down: chunk {key.chunk_hash} is a miss")
-            store(sm, items, wait=False)
-            for key, _ in items:
-                sm.remove(key, locations=["LocalCPUBackend"])
-                check(sm.get(key) is None, f"server down: chunk {key.chunk_hash} reads as None")
-            print(f"down: {time.monotonic() - start:.2f} s for every call", flush=True)
-            print("waiting", flush=True)
-            check(sys.stdin.readline().strip() == "up", "the test started the server")
-            deadline = time.monotonic() + 20
-            while sm.contains(items[0][0]) is None and time.monotonic() < deadline:
-                store(sm, items[:1], wait=False)
-                sm.remove(items[0][0], locations=["LocalCPUBackend"])
-                time.sleep(0.2)
-            print(f"up again after {20 - (deadline - time.monotonic()):.2f} s", flush=True)
             store(sm, items)
             for key, _ in items:
                 sm.remove(key, locations=["LocalCPUBackend"])
             load_and_compare(sm, items, check)
+            print("waiting", flush=True)
+            check(sys.stdin.readline().strip() == "killed", "the test killed the server")
+            down_then_up(sm, items, check)
     finally:
         sm.close()
     print(f"{check.failed} checks failed", flush=True)
