@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """LMCache's remote tier on remote_dram against the same tier on Redis, in one run.
 
-Starts `rdram serve` and `redis-server` on loopback ports, then, for each tier, one
-process with LMCache's own RemoteBackend (the layer its StorageManager calls) that
-stores CHUNKS chunks of KV cache (TOKENS tokens x LAYERS layers x 8 heads x 128 dims,
-bfloat16) in one batch and loads them back, ROUNDS times; prints the median store and
-load rates. Tiers: remote_dram with and without chunk metadata, LMCache's native RESP
-connector (resp://, its fast Redis client) and its redis-py connector (redis://).
+Starts `rdram serve` (UCX shared memory, and UCX tcp), `redis-server` and LMCache's own
+`lm` server on loopback ports, then, for each tier, one process with LMCache's own
+RemoteBackend (the layer its StorageManager calls) that stores CHUNKS chunks of KV cache
+(TOKENS tokens x LAYERS layers x 8 heads x 128 dims, bfloat16) one chunk a call (p50 and
+p99 per chunk), then in one batch, and loads them back the same ways, ROUNDS times; prints
+medians. Tiers: remote_dram over shm (with and without chunk metadata) and tcp, LMCache's
+Redis connectors (redis://, redis-py; resp://, its native client) and its lm:// server.
 
     target/venv-python/bin/python bench/lmcache_tier.py [--chunks 16] [--tokens 256] [--layers 32] [--rounds 5]
 
@@ -94,18 +95,34 @@ def one_tier(args) -> dict:
         obj.tensor.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16))
         objs.append(obj)
     conn = backend.connection
-    store, load = [], []
-    for _ in range(args.rounds):
-        for obj in objs:
+
+    def put(ks, os_):
+        for obj in os_:
             obj.ref_count_up()  # the connector's wrapper releases one reference a store
-        start = time.perf_counter()
         if conn.support_batched_put():
-            coro = conn.batched_put(keys, objs)
+            coro = conn.batched_put(ks, os_)
         else:
             async def each():
-                await asyncio.gather(*(conn.put(k, o) for k, o in zip(keys, objs)))
+                await asyncio.gather(*(conn.put(k, o) for k, o in zip(ks, os_)))
             coro = each()
         asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # One chunk a call, one call at a time: latency per chunk.
+    single_store, single_load = [], []
+    for _ in range(args.rounds):
+        for k, o in zip(keys, objs):
+            start = time.perf_counter()
+            put([k], [o])
+            single_store.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            got = backend.get_blocking(k)
+            single_load.append(time.perf_counter() - start)
+            assert got is not None, "a chunk just stored is missing"
+            got.ref_count_down()
+    store, load = [], []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        put(keys, objs)
         store.append(time.perf_counter() - start)
         start = time.perf_counter()
         got = backend.batched_get_blocking(keys)
@@ -120,10 +137,17 @@ def one_tier(args) -> dict:
     closer.start()
     closer.join(5)
     total = args.chunks * chunk_bytes
+
+    def p(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
     return {
         "tier": args.label, "chunk_mib": chunk_bytes / 2**20, "chunks": args.chunks,
         "store_gbps": total / statistics.median(store) / 1e9, "load_gbps": total / statistics.median(load) / 1e9,
-        "store_ms": statistics.median(store) * 1e3, "load_ms": statistics.median(load) * 1e3,
+        "store_cps": args.chunks / statistics.median(store), "load_cps": args.chunks / statistics.median(load),
+        "one_store_p50": p(single_store, 0.5), "one_store_p99": p(single_store, 0.99),
+        "one_load_p50": p(single_load, 0.5), "one_load_p99": p(single_load, 0.99),
     }
 
 
@@ -146,32 +170,41 @@ def main() -> int:
 
     chunk_bytes = 2 * args.layers * args.tokens * 1024 * 2
     memory = f"{max(1, (2 * args.chunks * chunk_bytes) >> 30) + 1}GiB"
-    rdram_port, redis_port = free_port(), free_port()
+    shm = {"UCX_TLS": "posix,sysv,cma,self", "UCX_NET_DEVICES": "lo"}
+    tcp = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "RDRAM_UCX_TCP": "1"}
+    ports = {name: free_port() for name in ("shm", "tcp", "redis", "lm")}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    rdram = [args.rdram, "serve", "--memory", memory, *args.serve_args.split()]
     servers = [
-        subprocess.Popen([args.rdram, "serve", "--listen", f"127.0.0.1:{rdram_port}", "--memory", memory, *args.serve_args.split()],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--proto-max-bulk-len", "1gb"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen(rdram + ["--listen", f"127.0.0.1:{ports['shm']}"], env={**os.environ, **shm}, **quiet),
+        subprocess.Popen(rdram + ["--listen", f"127.0.0.1:{ports['tcp']}", "--ucx-tcp"], env={**os.environ, **tcp}, **quiet),
+        subprocess.Popen(["redis-server", "--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--proto-max-bulk-len", "1gb"], **quiet),
+        subprocess.Popen([sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(ports["lm"]), "cpu"], **quiet),
     ]
     try:
-        wait_port(rdram_port)
-        wait_port(redis_port)
+        for port in ports.values():
+            wait_port(port)
         tiers = [
-            ("remote_dram", f"remote_dram://127.0.0.1:{rdram_port}", True),
-            ("remote_dram, no metadata", f"remote_dram://127.0.0.1:{rdram_port}", False),
-            ("Redis, resp:// (LMCache's native client)", f"resp://127.0.0.1:{redis_port}", False),
-            ("Redis, redis:// (redis-py)", f"redis://127.0.0.1:{redis_port}", True),
+            ("remote_dram, UCX shm", f"remote_dram://127.0.0.1:{ports['shm']}", True, shm),
+            ("remote_dram, UCX shm, no metadata", f"remote_dram://127.0.0.1:{ports['shm']}", False, shm),
+            ("remote_dram, UCX tcp", f"remote_dram://127.0.0.1:{ports['tcp']}", True, tcp),
+            ("Redis, redis:// (redis-py)", f"redis://127.0.0.1:{ports['redis']}", True, {}),
+            ("Redis, resp:// (LMCache's native client)", f"resp://127.0.0.1:{ports['redis']}", False, {}),
+            ("LMCache's lm:// server", f"lm://127.0.0.1:{ports['lm']}", True, {}),
         ]
         print(f"{args.chunks} chunks of {chunk_bytes / 2**20:.0f} MiB ({args.tokens} tokens x {args.layers} layers x 8 x 128, bfloat16), "
               f"median of {args.rounds} rounds")
-        print(f"{'tier':44} {'store GB/s':>10} {'load GB/s':>10} {'store ms':>9} {'load ms':>9}")
-        for label, url, meta in tiers:
+        print(f"{'':44} {'batch of ' + str(args.chunks) + ' chunks':^43} {'one chunk a call, ms':^31}")
+        print(f"{'tier':44} {'store GB/s':>10} {'load GB/s':>10} {'store/s':>10} {'load/s':>10} "
+              f"{'store p50':>10} {'p99':>6} {'load p50':>9} {'p99':>6}")
+        for label, url, meta, env in tiers:
             cmd = [sys.executable, __file__, "--one", "--url", url, "--label", label, "--chunks", str(args.chunks),
                    "--tokens", str(args.tokens), "--layers", str(args.layers), "--rounds", str(args.rounds)]
             if meta:
                 cmd.append("--save-chunk-meta")
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "LMCACHE_LOG_LEVEL": "WARNING"})
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env, "LMCACHE_LOG_LEVEL": "WARNING"})
             except subprocess.TimeoutExpired:
                 print(f"{label:44} took more than 600 s")
                 continue
@@ -179,7 +212,8 @@ def main() -> int:
                 print(f"{label:44} failed:\n{p.stderr[-2000:]}")
                 continue
             r = json.loads(p.stdout.strip().splitlines()[-1])
-            print(f"{label:44} {r['store_gbps']:10.2f} {r['load_gbps']:10.2f} {r['store_ms']:9.1f} {r['load_ms']:9.1f}")
+            print(f"{label:44} {r['store_gbps']:10.2f} {r['load_gbps']:10.2f} {r['store_cps']:10.0f} {r['load_cps']:10.0f} "
+                  f"{r['one_store_p50']:10.2f} {r['one_store_p99']:6.2f} {r['one_load_p50']:9.2f} {r['one_load_p99']:6.2f}")
     finally:
         for s in servers:
             s.terminate()
