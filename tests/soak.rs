@@ -281,7 +281,7 @@ fn killed_clients_one_transport() {
     let server = ServerProc::start(&["--workers", "2", "--memory", "256MiB"]);
     let pid = server.child.id();
     let mut kids = Children { procs: Vec::new(), acked: Default::default(), acks: Default::default(), kills: 0 };
-    let mut kill_after_first_put = |kids: &mut Children| {
+    let kill_after_first_put = |kids: &mut Children| {
         let before = kids.acks.load(std::sync::atomic::Ordering::Relaxed);
         kids.spawn(&server.addr, "writer", 0);
         assert!(
