@@ -42,7 +42,7 @@ pub struct ServerConfig {
     /// Clients connected at once; more are refused with "server at capacity".
     pub max_clients: usize,
     /// How long a transfer may go without finishing (plus its size at
-    /// [`service::MIN_TRANSFER_RATE`]) before the server gives up on it and takes back
+    /// `MIN_TRANSFER_RATE`) before the server gives up on it and takes back
     /// what it held: a client that starts a large put and stops progressing.
     pub stall_timeout: Duration,
     /// UCX: departed shared-memory clients' endpoints a shard worker may hold before new

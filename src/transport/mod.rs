@@ -152,7 +152,7 @@ impl Poller {
     /// (libfabric's shm), an idle loop naps a millisecond at a time, and one that naps
     /// while a large copy runs (the peer copies from or into our memory) answers up to a
     /// millisecond late: a 4 MiB GET took 1.3 ms instead of 0.4. So the spin lasts until
-    /// the copy should be over, bounded by [`TRANSFER_SPIN_MAX`].
+    /// the copy should be over, bounded by `TRANSFER_SPIN_MAX`.
     pub fn expect_transfer(&mut self, bytes: usize) {
         let expected = self.spin + Duration::from_micros(bytes as u64 / EXPECTED_BYTES_PER_US);
         let until = Instant::now() + expected.min(TRANSFER_SPIN_MAX);

@@ -270,7 +270,7 @@ impl Worker {
     /// A context and a worker with active messages and wakeup, in serialized mode: used
     /// by one thread at a time, which need not be the thread that created it (a client
     /// handle may move between threads; single-thread mode would forbid that). No RMA: a
-    /// peer must not read or write this process's memory one-sidedly (see [`HARDENING`]).
+    /// peer must not read or write this process's memory one-sidedly (see `HARDENING` in this module).
     pub fn new(tcp: &Tcp) -> Result<Worker> {
         Self::with_settings(tcp, &[])
     }
