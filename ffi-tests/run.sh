@@ -50,6 +50,24 @@ run "$work/threads" "$server"
 run "$work/test_cpp" "$server"
 run "$work/reconnect"
 
+echo "-- README.md's C quick start, as it is printed, in a main() against the server"
+# Its #include lines at file scope, the rest in main(), with the data it names declared;
+# it must store "k" and read the same bytes back.
+awk '/^```c$/{on=1; next} on && /^```$/{exit} on' "$here/../README.md" > "$work/readme.c.body"
+{
+  echo '#include <stdio.h>'
+  echo '#include <string.h>'
+  grep '^#include' "$work/readme.c.body"
+  echo 'int main(void) {'
+  echo '    const uint8_t data[] = "hello from the README"; size_t data_len = sizeof data;'
+  echo '    uint8_t buf[64]; size_t buf_len = sizeof buf;'
+  grep -v '^#include' "$work/readme.c.body" | sed "s/127.0.0.1:7000/$server/"
+  echo '    return len == data_len && memcmp(buf, data, len) == 0 ? 0 : 1;'
+  echo '}'
+} > "$work/readme.c"
+cc -std=c11 -Wall -Wextra -Werror -g "$work/readme.c" -o "$work/readme" $flags
+run "$work/readme"
+
 echo "-- embedded server in a C process, writer and reader as separate C processes"
 mkfifo "$work/ctl"
 exec 3<>"$work/ctl"  # the embedded server runs until this, its stdin's only writer, closes
