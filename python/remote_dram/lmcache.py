@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import struct
 import threading
 import time
 from typing import Callable, List, Optional, Sequence, TypeVar
@@ -184,7 +185,8 @@ class _Link:
                 continue
             with self._lock:
                 if self._closed.is_set():
-                    break
+                    client.close()
+                    return
                 self._client = client
                 down_for = time.monotonic() - (self._down_since or time.monotonic())
                 self._down_since = None
@@ -302,8 +304,8 @@ class RemoteDramConnector(RemoteConnector):
                 metas = [bytearray(self.remote_metadata_bytes) for _ in keys]
                 found = self._load.call(lambda c: c.get_many_into([k + META_SUFFIX for k in chunks], metas))
                 for i, n in enumerate(found):
-                    if n == self.remote_metadata_bytes:
-                        meta = RemoteMetadata.deserialize(metas[i])
+                    meta = self._metadata(metas[i]) if n == self.remote_metadata_bytes else None
+                    if meta is not None:
                         objs[i] = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
                         lengths[i] = meta.length
             else:
@@ -319,6 +321,15 @@ class RemoteDramConnector(RemoteConnector):
             _release_all(objs)
             return [None] * len(keys)
         return objs
+
+    @staticmethod
+    def _metadata(raw: bytearray) -> Optional[RemoteMetadata]:
+        """A chunk's metadata, or None (a miss) when the bytes are not LMCache's: anyone
+        with the token may have written the key."""
+        try:
+            return RemoteMetadata.deserialize(raw)
+        except (ValueError, KeyError, struct.error):
+            return None
 
     def _loaded(self, obj: MemoryObj, read: Optional[int], length: Optional[int]) -> Optional[MemoryObj]:
         """``obj`` after ``read`` bytes landed in it (``None`` and released if that is not
@@ -359,19 +370,34 @@ class RemoteDramConnector(RemoteConnector):
                 ]
                 self._store.call(lambda c: c.put_many(metas))
         except Error:
-            pass  # logged once by the link; LMCache recomputes these chunks
+            # Logged once by the link; LMCache recomputes these chunks. Bytes stored
+            # without their metadata would never be read: they go, with the batch.
+            if self.save_chunk_meta:
+                self._remove(chunks)
+
+    def _remove(self, chunks: Sequence[str]) -> None:
+        """Deletes chunks, best effort (until the servers cannot be reached)."""
+        for chunk in chunks:
+            try:
+                self._delete_chunk(chunk)
+            except Error:
+                return
+
+    def _delete_chunk(self, chunk: str) -> bool:
+        """Deletes a chunk, its metadata first (from then on it reads as missing); whether
+        it was stored."""
+        existed = True
+        if self.save_chunk_meta:
+            existed = self._store.call(lambda c: c.delete(chunk + META_SUFFIX))
+        return self._store.call(lambda c: c.delete(chunk + KV_SUFFIX)) and existed
 
     # -- the rest of LMCache's interface
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        chunk = chunk_key(key)
         try:
-            existed = self._store.call(lambda c: c.delete(chunk + KV_SUFFIX))
-            if self.save_chunk_meta:
-                existed = self._store.call(lambda c: c.delete(chunk + META_SUFFIX)) and existed
+            return self._delete_chunk(chunk_key(key))
         except Error:
             return False
-        return existed
 
     async def list(self) -> List[str]:
         """LMCache's key strings of every stored chunk."""

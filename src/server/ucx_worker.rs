@@ -440,9 +440,13 @@ impl ShardWorker {
     }
 
     /// Whether endpoints have been stranded on the current worker for a while and no client
-    /// is left to serve: then recycling disturbs no one.
+    /// is left to serve: then recycling disturbs no one. Not while an earlier worker is
+    /// still retiring, so that clients that come and go one at a time keep at most two
+    /// workers alive.
     fn idle_with_stranded(&self, now: Instant) -> bool {
-        self.stranded_since.is_some_and(|since| now.duration_since(since) >= IDLE_RECYCLE_AFTER) && self.service.live_clients().next().is_none()
+        self.retired.is_empty()
+            && self.stranded_since.is_some_and(|since| now.duration_since(since) >= IDLE_RECYCLE_AFTER)
+            && self.service.live_clients().next().is_none()
     }
 
     /// Frees the replies to departed clients that worker `generation` still had in flight
