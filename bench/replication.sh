@@ -3,6 +3,9 @@
 # same two servers' worth of cluster with R = 1, and a static list, measured in one run.
 #
 #   bench/replication.sh [SIZES]      SIZES: rdram-bench --sizes (default 8,1MiB)
+#
+# Last, two clients measure at once, each against a server of its own: what this host can
+# move for two writers, the bound for R = 2 (which moves every value twice).
 #   env: BIN (default target/release), SECONDS_EACH (default 3), KEEP (keep logs)
 #
 # UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
@@ -36,7 +39,8 @@ for line in sys.stdin:
     r = json.loads(line)
     print("  %-3s %8s B  p50 %8.2f us  p99 %8.2f us  %8.1f MB/s" % (r["op"], r["size"], r["p50_us"], r["p99_us"], r.get("mb_per_s", 0)))'
 }
-static="$(serve s1),$(serve s2)"
+s1=$(serve s1); s2=$(serve s2)
+static="$s1,$s2"
 for r in 1 2; do
   "$BIN/rdram" cluster create "etcd://$etcd/r$r" --replicas $r >/dev/null
   serve "r$r-a" --cluster "etcd://$etcd/r$r" >/dev/null
@@ -45,3 +49,8 @@ done
 echo "static list of two servers:"; measure "$static"
 echo "cluster, R = 1:"; measure "etcd://$etcd/r1"
 echo "cluster, R = 2:"; measure "etcd://$etcd/r2"
+# What R = 2 is up against on this host: two clients at once, each putting to a server of
+# its own (the bytes a replicated put moves, with no replication protocol at all).
+echo "two clients at once, one static server each (this host's ceiling for R = 2):"
+measure "$s1" >"$work/one" & other=$!
+measure "$s2"; wait $other; cat "$work/one"

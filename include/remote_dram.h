@@ -280,7 +280,7 @@ const char *rdram_strerror(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 7)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 8)". Static; never NULL.
  */
 const char *rdram_version(void);
 

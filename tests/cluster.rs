@@ -433,6 +433,68 @@ fn a_server_paused_past_its_lease_is_fenced() {
     one_server_fails_under_load(true);
 }
 
+/// Large values reach a key's other replicas staged while its primary takes them
+/// (flags::STAGE), singly and in batches: every key ends on exactly two servers with one
+/// generation and the same bytes; a refused conditional write leaves nothing staged, and
+/// once the keys are deleted the servers hold no bytes.
+#[test]
+fn large_values_are_staged_on_their_replicas() {
+    use remote_dram::client::{PutOptions, WriteCondition};
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("staged");
+    create(&url, 2);
+    let servers = [member(&url), member(&url), member(&url)];
+    let ready = wait_until(Duration::from_secs(30), || {
+        let (_, members, settled) = placement(&url);
+        settled && members.len() == 3
+    });
+    assert!(ready, "{}", status(&url));
+    let value = |i: usize| common::pattern(i as u64, 300_000 + i);
+    let mut c = client(&url);
+    let mut generations = std::collections::BTreeMap::new();
+    for i in 0..12 {
+        let ttl = (i % 3 == 0).then_some(Duration::from_secs(600));
+        let written = c.put_with(format!("big{i}").as_bytes(), &value(i), &PutOptions { ttl, ..Default::default() }).unwrap();
+        let remote_dram::client::WriteResult::Written { generation } = written else { panic!("{written:?}") };
+        generations.insert(format!("big{i}"), generation);
+    }
+    let keys: Vec<String> = (12..20).map(|i| format!("big{i}")).collect();
+    let values: Vec<Vec<u8>> = (12..20).map(value).collect();
+    let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (k.as_bytes(), v.as_slice())).collect();
+    for (key, r) in keys.iter().zip(c.put_many(&items, 4)) {
+        generations.insert(key.clone(), r.unwrap());
+    }
+    let refused = c.put_with(b"big0", &value(99), &PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() }).unwrap();
+    assert!(matches!(refused, remote_dram::client::WriteResult::ConditionFailed), "{refused:?}");
+
+    let mut holders = std::collections::BTreeMap::<String, Vec<u64>>::new();
+    for server in &servers {
+        let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        for (key, &generation) in &generations {
+            if let Some(v) = direct.get(key.as_bytes()).unwrap() {
+                let i: usize = key[3..].parse().unwrap();
+                assert!(v.data == value(i), "{key} on {} is byte-exact", server.addr);
+                holders.entry(key.clone()).or_default().push(v.generation);
+                assert_eq!(v.generation, generation, "{key} on {}", server.addr);
+            }
+        }
+        let stats = direct.stats().unwrap();
+        let staged: u64 = stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["staged_values"].as_u64().unwrap()).sum();
+        assert_eq!(staged, 0, "nothing is left staged on {}", server.addr);
+    }
+    for key in generations.keys() {
+        assert_eq!(holders.get(key).map(Vec::len), Some(2), "{key} is held by two servers");
+    }
+    for key in generations.keys() {
+        assert!(c.delete(key.as_bytes()).unwrap());
+    }
+    for server in &servers {
+        let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        assert_eq!(direct.stats().unwrap()["used_bytes"].as_u64(), Some(0), "{} holds no bytes", server.addr);
+    }
+}
+
 fn one_server_fails_under_load(pause: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};

@@ -180,6 +180,10 @@ pub struct Client {
     spin: Duration,
 }
 
+/// Puts of values this large or larger send them to every replica at once (staged);
+/// smaller ones are copied after the primary's reply, which costs the same round trip.
+const STAGE_FROM: usize = 256 * 1024;
+
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// First and longest pause before a request that a cluster's view change turned back is
 /// sent again.
@@ -556,6 +560,7 @@ impl Client {
     fn pipelined<'a>(&mut self, n: usize, depth: usize, item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
         let mut results = self.pipelined_once(n, depth, &item);
         if self.cluster.is_some() {
+            let mut to_copy = Vec::new();
             for (i, result) in results.iter_mut().enumerate() {
                 let turned_back = match result {
                     Ok(r) => matches!(r.header.status(), Status::Moved | Status::ViewChanged | Status::KeyMoving),
@@ -564,18 +569,67 @@ impl Client {
                 let Ok((op, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
                     *result = check_key(key).and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
-                } else if let (Ok(reply), Op::Put) = (&*result, op) {
-                    if reply.header.status() == Status::Ok && self.conn.copies_writes() {
-                        let (now, _) = self.conn.replicas_of(key);
-                        let started = std::time::Instant::now();
-                        if let Err(e) = self.copy_write(key, &RequestHeader::new(op, 0, 0), payload, reply, now[0], started) {
-                            *result = Err(e);
-                        }
+                } else if result.as_ref().is_ok_and(|r| op == Op::Put && r.header.status() == Status::Ok) && self.conn.copies_writes() {
+                    to_copy.push(i);
+                }
+            }
+            self.copy_batch(&to_copy, depth, &item, &mut results);
+        }
+        results
+    }
+
+    /// Copies the writes of a batch that the keys' primaries took (items `which` of
+    /// `results`) to the keys' other replicas, pipelined as the batch was. A write whose
+    /// copy did not land at once, or whose key is moving, is then copied on its own
+    /// ([`Client::copy_write`], which waits out view changes).
+    fn copy_batch<'a>(&mut self, which: &[usize], depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>, results: &mut [Result<Reply>]) {
+        let mut alone = Vec::new();
+        let mut in_flight = std::collections::VecDeque::new();
+        let depth = depth.max(1);
+        for &i in which {
+            let (Ok((_, key, payload, _)), Ok(reply)) = (item(i), &results[i]) else { continue };
+            let (now, then) = self.conn.replicas_of(key);
+            if !then.is_empty() {
+                alone.push(i);
+                continue;
+            }
+            let mut copy = RequestHeader::new(Op::Put, 0, 0);
+            copy.flags = flags::IMPORT;
+            copy.if_equal = reply.header.generation;
+            for &server in &now[1..] {
+                if in_flight.len() == depth {
+                    let (j, id) = in_flight.pop_front().unwrap();
+                    if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
+                        alone.push(j);
                     }
+                }
+                match self.submit_key(key, copy, payload, Receive::Owned, server) {
+                    Ok(id) => in_flight.push_back((i, id)),
+                    Err(_) => alone.push(i),
                 }
             }
         }
-        results
+        for (j, id) in in_flight {
+            if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
+                alone.push(j);
+            }
+        }
+        alone.sort_unstable();
+        alone.dedup();
+        let started = std::time::Instant::now();
+        for i in alone {
+            let Ok((op, key, payload, _)) = item(i) else { continue };
+            let copied = match &results[i] {
+                Ok(reply) => {
+                    let primary = self.conn.replicas_of(key).0[0];
+                    self.copy_write(key, &RequestHeader::new(op, 0, 0), payload, reply, primary, started, &mut Vec::new())
+                }
+                Err(_) => continue,
+            };
+            if let Err(e) = copied {
+                results[i] = Err(e);
+            }
+        }
     }
 
     fn pipelined_once<'a>(&mut self, n: usize, depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
@@ -796,14 +850,93 @@ impl Client {
             return self.send_key(key, h, payload, receive, None).map(|(reply, _)| reply);
         }
         let started = std::time::Instant::now();
-        let (reply, primary) = self.settle_key(key, h, payload, receive, started)?;
+        let (first, mut staged) = match self.stage_copies(key, &h, payload) {
+            Some((primary, sent)) => {
+                // The primary's first attempt goes beside the staged copies, and all are
+                // waited for before anything (a retry's reconnect) could replace the
+                // connection they use: the caller's value is read by no one after return.
+                let first = self.submit_key(key, h, payload, receive, primary).and_then(|id| self.conn.wait(id)).map(|r| (r, primary));
+                (Some(first), self.staged(sent))
+            }
+            None => (None, Vec::new()),
+        };
+        let settled = self.settle_key(key, h, payload, receive, started, first);
+        let (reply, primary) = match settled {
+            Ok(settled) => settled,
+            Err(e) => {
+                self.discard_staged(key, &mut staged);
+                return Err(e);
+            }
+        };
         let copied = h.flags & (flags::IMPORT | flags::MIGRATE) == 0 && reply.header.status() == Status::Ok;
-        match Op::from_u8(h.op) {
-            Some(Op::Put) if copied => self.copy_write(key, &h, payload, &reply, primary, started)?,
-            Some(Op::Delete) if copied && reply.header.value_size != 0 => self.copy_write(key, &h, payload, &reply, primary, started)?,
-            _ => {}
+        let copy = match Op::from_u8(h.op) {
+            Some(Op::Put) if copied => self.copy_write(key, &h, payload, &reply, primary, started, &mut staged),
+            Some(Op::Delete) if copied && reply.header.value_size != 0 => self.copy_write(key, &h, payload, &reply, primary, started, &mut staged),
+            _ => Ok(()),
+        };
+        self.discard_staged(key, &mut staged);
+        copy.map(|()| reply)
+    }
+
+    /// Sends a large put's value to the key's replicas other than its primary as staged
+    /// copies ([`flags::STAGE`]), to go while the primary takes it: the copy that follows
+    /// the primary's reply is then a small publish, not the value again. Returns the
+    /// key's primary and the (server, request id) of each copy submitted; None, and
+    /// nothing sent, for smaller values (where a copy costs the same round trip), long
+    /// keys, keys with one replica, or a primary that cannot be reached.
+    fn stage_copies(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8]) -> Option<(usize, Vec<(usize, u64)>)> {
+        let plain_put = Op::from_u8(h.op) == Some(Op::Put) && h.flags & (flags::IMPORT | flags::MIGRATE) == 0;
+        if !plain_put || payload.len() < STAGE_FROM || key.len() > INLINE_KEY_MAX || self.live().is_err() || !self.conn.copies_writes() {
+            return None;
         }
-        Ok(reply)
+        let primary = self.conn.route(key).0;
+        if self.conn.is_dead(primary) {
+            return None;
+        }
+        let (now, then) = self.conn.replicas_of(key);
+        let required = if then.is_empty() { now } else { then };
+        let mut stage = RequestHeader::new(Op::Put, 0, 0);
+        stage.flags = flags::STAGE;
+        let mut sent = Vec::new();
+        for server in required {
+            if server == primary || self.conn.is_dead(server) {
+                continue;
+            }
+            if let Ok(id) = self.submit_key(key, stage, payload, Receive::Owned, server) {
+                sent.push((server, id));
+            }
+        }
+        Some((primary, sent))
+    }
+
+    /// Waits for the staged copies [`Client::stage_copies`] sent: the servers that hold
+    /// one, by node, with the id to publish it under.
+    fn staged(&mut self, sent: Vec<(usize, u64)>) -> Vec<(String, u64)> {
+        let mut held = Vec::new();
+        for (server, id) in sent {
+            if self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
+                held.push((self.conn.servers[server].node.clone(), id));
+            }
+        }
+        held
+    }
+
+    /// Drops the staged copies left unpublished (the primary refused the write, or the
+    /// key's replicas changed), so that the servers free them now rather than when they
+    /// lapse.
+    fn discard_staged(&mut self, key: &[u8], staged: &mut Vec<(String, u64)>) {
+        let mut discard = RequestHeader::new(Op::Delete, 0, 0);
+        discard.flags = flags::STAGE;
+        let mut sent = Vec::new();
+        for (node, id) in staged.drain(..) {
+            discard.if_not_equal = id;
+            if let Some(server) = self.conn.server_named(&node) {
+                sent.extend(self.submit_key(key, discard, &[], Receive::Owned, server).ok());
+            }
+        }
+        for id in sent {
+            let _ = self.conn.wait(id);
+        }
     }
 
     /// Copies a write that a cluster key's primary (server `primary`) took to the key's
@@ -812,7 +945,12 @@ impl Client {
     /// leaving (while keys move) get it too where they answer. Sent again, to the
     /// replicas that did not take it yet, until the call's timeout; the primary's write
     /// is never repeated, so a conditional write is applied once.
-    fn copy_write(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8], reply: &Reply, primary: usize, started: std::time::Instant) -> Result<()> {
+    ///
+    /// A replica in `staged` holds the value already ([`Client::stage_copies`]): it gets
+    /// a publish of it instead, and the full copy only if that fails. Publishes sent are
+    /// taken out of `staged`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_write(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8], reply: &Reply, primary: usize, started: std::time::Instant, staged: &mut Vec<(String, u64)>) -> Result<()> {
         if !self.conn.copies_writes() {
             return Ok(());
         }
@@ -860,7 +998,16 @@ impl Client {
                     }
                     continue;
                 }
-                match self.submit_key(key, copy, payload, Receive::Owned, server) {
+                let submitted = match staged.iter().position(|(n, _)| n == node) {
+                    Some(at) => {
+                        let mut publish = copy;
+                        publish.flags |= flags::STAGE;
+                        publish.if_not_equal = staged.swap_remove(at).1;
+                        self.submit_key(key, publish, &[], Receive::Owned, server)
+                    }
+                    None => self.submit_key(key, copy, payload, Receive::Owned, server),
+                };
+                match submitted {
                     Ok(id) => sent.push((server, must, id)),
                     Err(e) if must => missing = Some(e.message),
                     Err(_) => {}
@@ -893,8 +1040,9 @@ impl Client {
 
     /// Sends a cluster key's request until it is not turned back by a view change (see
     /// [`Client::call_key_into`]); returns the reply and the server that gave it.
-    fn settle_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive, started: std::time::Instant) -> Result<(Reply, usize)> {
-        let mut reply = self.send_key(key, h, payload, receive, None);
+    /// `first`: the reply to a first attempt already made.
+    fn settle_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive, started: std::time::Instant, first: Option<Result<(Reply, usize)>>) -> Result<(Reply, usize)> {
+        let mut reply = first.unwrap_or_else(|| self.send_key(key, h, payload, receive, None));
         let mut pause = CLUSTER_RETRY_MIN;
         loop {
             let mut asked = None;

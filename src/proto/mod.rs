@@ -44,7 +44,7 @@ use crate::error::Status;
 /// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
 /// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
 /// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
-pub const PROTOCOL_VERSION: u8 = 7;
+pub const PROTOCOL_VERSION: u8 = 8;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
@@ -126,8 +126,16 @@ pub mod flags {
     /// Delete (with `IF_EQUAL`): end the handover, deleting the key if it still holds
     /// the generation handed over.
     pub const MIGRATE: u32 = 1 << 13;
+    /// A replica's copy of a write sent while the key's primary takes it, before its
+    /// generation is known. Put: the value is received and held unpublished (reachable
+    /// by no one) for this session under the request's id. Put with `IMPORT` and no
+    /// value: publishes the value staged under the id in `if_not_equal`, with the
+    /// generation in `if_equal` (as an import). Delete: discards the value staged under
+    /// the id in `if_not_equal`. Staged values are bounded per shard, lapse, and go
+    /// when their session ends (see `server/staging.rs`).
+    pub const STAGE: u32 = 1 << 14;
     /// Every flag a request may carry once it is whole.
-    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE;
+    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE | STAGE;
     /// Over libfabric's shm: this message is the first part of a longer request, whose
     /// other parts follow (see [`crate::proto::fabric::split_request`]). The worker joins
     /// the parts and clears the flag before it reads the request, so nothing else accepts it.

@@ -6,6 +6,7 @@ pub use bootstrap::{constant_time_eq, FD_HEADROOM};
 mod fabric_worker;
 mod queue_probe;
 pub(crate) mod service;
+mod staging;
 mod ucx_generations;
 mod ucx_worker;
 

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::store::alloc::Extent;
 use crate::store::{ByteRange, Condition, GetOutcome, Layout, Shard};
+use super::staging::Staging;
 
 /// Why a request was not admitted, with its id when that could be read (so that the
 /// sender still gets an answer).
@@ -129,6 +130,8 @@ pub struct Service {
     pub reply_budget: Arc<ReplyBudget>,
     /// In a cluster: the placement that requests routed with a view are checked against.
     placement: Option<PlacementCheck>,
+    /// Replicated values received ahead of their generation ([`flags::STAGE`]).
+    staging: Staging,
 }
 
 /// A cluster member's shard's side of placement: the routing last read from the
@@ -182,7 +185,10 @@ impl Pressure {
 
 impl Service {
     pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, reply_budget: Arc<ReplyBudget>) -> Service {
+        // A quarter of the arena at most waits for publishes: the rest stays for values.
+        let staging = Staging::new(shard.stats().capacity_bytes / 4);
         Service {
+            staging,
             index,
             shards,
             sessions: FxHashMap::default(),
@@ -234,7 +240,7 @@ impl Service {
         if h.view != held {
             return Err(Error::new(Status::ViewChanged, format!("request routed with placement version {}, this server holds version {held}", h.view)));
         }
-        let replicating = h.flags & flags::IMPORT != 0;
+        let replicating = h.flags & (flags::IMPORT | flags::STAGE) != 0;
         if replicating || (h.flags & flags::ASKING != 0 && !write) {
             return if routing.holds(me, key) { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("the key has no replica on this server in placement version {held}"))) };
         }
@@ -311,6 +317,18 @@ impl Service {
                 }
             }
         }
+        self.free_staged();
+    }
+
+    /// Frees staged values that lapsed or whose session ended.
+    fn free_staged(&mut self) {
+        if self.staging.is_empty() {
+            return;
+        }
+        let sessions = &self.sessions;
+        for extent in self.staging.drain(Instant::now(), |session| !sessions.contains_key(&session)) {
+            self.shard.release(extent);
+        }
     }
 
     /// The client a session belongs to, if that client is still connected. A session
@@ -367,6 +385,7 @@ impl Service {
     /// Publishes the shard's state for metric scrapes and logs what an operator should
     /// hear about (called on the worker's sweeps).
     pub fn publish_metrics(&mut self, transfers_in_flight: usize) {
+        self.free_staged();
         let stats = self.shard.stats();
         self.metrics.publish(&stats, transfers_in_flight);
         self.pressure.observe(self.index, &stats);
@@ -426,10 +445,16 @@ impl Service {
         if value_len > proto::MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN)));
         }
+        if h.flags & flags::STAGE != 0 {
+            if h.flags & flags::IMPORT != 0 {
+                return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
+            }
+            self.staging.admit(arriving)?;
+        }
         if !in_payload {
             self.check_shard(req.inline)?;
             self.check_placement(&h, req.inline, true)?;
-            if h.flags & flags::IMPORT == 0 {
+            if h.flags & (flags::IMPORT | flags::STAGE) == 0 {
                 self.shard.precheck_put(req.inline, &condition(&h))?;
             }
         }
@@ -488,7 +513,7 @@ impl Service {
             self.shard.release(p.extent);
             return error_reply(id, &e, out);
         }
-        match self.commit(p.extent, p.layout, &p.header) {
+        match self.commit_or_stage(p.extent, p.layout, &p.header) {
             Ok(generation) => ok_reply(id, generation, p.layout.value_len),
             Err(e) => error_reply(id, &e, out),
         }
@@ -516,15 +541,46 @@ impl Service {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
         self.check_placement(h, key, true)?;
-        if h.flags & flags::IMPORT == 0 {
-            self.shard.precheck_put(key, &condition(h))?;
+        const STAGED_IMPORT: u32 = flags::IMPORT | flags::STAGE;
+        match h.flags & STAGED_IMPORT {
+            STAGED_IMPORT => return self.publish_staged(h, key, value.len()),
+            flags::STAGE => self.staging.admit(value.len() as u64)?,
+            0 => self.shard.precheck_put(key, &condition(h))?,
+            _ => {}
         }
         // Copied here from the receive buffer: aligned to where the value sits in it.
         let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
-        let generation = self.commit(extent, layout, h)?;
+        let generation = self.commit_or_stage(extent, layout, h)?;
         Ok(ok_reply(h.request_id, generation, value.len() as u64))
+    }
+
+    /// Publishes the value this session staged for `key` under the request id in
+    /// `if_not_equal`, with the generation in `if_equal` ([`flags::STAGE`]).
+    fn publish_staged(&mut self, h: &RequestHeader, key: &[u8], value_len: usize) -> Result<ReplyHeader> {
+        if value_len != 0 {
+            return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
+        }
+        let staged = self.staging.take(h.session, h.if_not_equal).ok_or_else(|| Error::new(Status::Missing, format!("no value is staged under request id {} (it lapsed, or never arrived)", h.if_not_equal)))?;
+        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
+            self.shard.release(staged.extent);
+            return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's", h.if_not_equal)));
+        }
+        let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
+        Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
+    }
+
+    /// Publishes a put's value, or holds it for a later publish when it is staged.
+    fn commit_or_stage(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
+        if h.flags & (flags::STAGE | flags::IMPORT) != flags::STAGE {
+            return self.commit(extent, layout, h);
+        }
+        self.staging.hold(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
+            self.shard.release(extent);
+            e
+        })?;
+        Ok(0)
     }
 
     /// Publishes a put's key and value, written into `extent`: under a new generation if
@@ -573,6 +629,16 @@ impl Service {
 
     fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
+        if h.flags & flags::STAGE != 0 {
+            // Discards what this session staged (the key's primary refused the write):
+            // only the session's own value, so no placement to check.
+            let staged = self.staging.take(h.session, h.if_not_equal);
+            let found = staged.is_some();
+            if let Some(s) = staged {
+                self.shard.release(s.extent);
+            }
+            return Ok(ok_reply(h.request_id, 0, found as u64));
+        }
         self.check_placement(h, key, true)?;
         if h.flags & flags::MIGRATE != 0 {
             self.end_handover(key);
@@ -631,6 +697,9 @@ impl Service {
         stats["received_bytes"] = received.into();
         stats["sent_bytes"] = sent.into();
         stats["server_clients"] = self.sessions.len().into();
+        let (staged, staged_bytes) = self.staging.held();
+        stats["staged_values"] = staged.into();
+        stats["staged_bytes"] = staged_bytes.into();
         if let Some(p) = &self.placement {
             // The server's, not the shard's: the same on every shard.
             let moves = &p.role.moves;
