@@ -186,7 +186,7 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
     let live = |a: &String| state.members.iter().any(|m| m.address == *a);
     let Some(p) = &state.placement else {
         let replicas = state.settings.as_ref().map_or(1, |s| s.replicas.max(1) as usize);
-        return (!wanted.is_empty()).then(|| Placement { epoch: 1, members: wanted, next: None, replicas, version: 1 });
+        return (!wanted.is_empty()).then_some(Placement { epoch: 1, members: wanted, next: None, replicas, version: 1 });
     };
     let changed = |p: Placement| Placement { version: p.version + 1, ..p };
     match &p.next {
