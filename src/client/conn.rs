@@ -76,6 +76,13 @@ impl Receive {
     }
 }
 
+/// Ids of a link's own abort requests: apart from the connection's request ids (counted
+/// from 1) and from libfabric's hello ids (from 1 << 60).
+pub(super) const ABORT_ID_BASE: u64 = 1 << 59;
+/// How long a given-up call waits for the server to confirm that it no longer touches
+/// the caller's memory, before closing the connection to make sure of it.
+pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 /// What a transport does for a connection: one thread drives it, through `&mut self`.
 pub(super) trait Link {
     /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and

@@ -16,7 +16,7 @@ use super::requests::Requests;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -569,8 +569,6 @@ impl FabricLink {
     }
 }
 
-/// Ids of the link's own abort requests (below the hello ids).
-const ABORT_ID_BASE: u64 = 1 << 59;
 
 impl FabricLink {
     /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
@@ -620,10 +618,6 @@ impl FabricLink {
         err
     }
 }
-
-/// How long a given-up call waits for the server to confirm that it no longer touches
-/// the caller's memory.
-const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// Takes a reply header (and inline payload) that arrived in `p.reply_buf`. Returns the
 /// payload length when the payload follows as its own message.

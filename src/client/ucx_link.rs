@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink};
+use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
@@ -185,11 +185,6 @@ impl UcxLink {
     }
 }
 
-/// Ids of the link's own abort requests, apart from the connection's request ids.
-const ABORT_ID_BASE: u64 = 1 << 61;
-/// How long a given-up call waits for the server to confirm that it no longer touches
-/// the caller's memory, before closing the connection to make sure of it.
-pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 impl UcxLink {
     /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
