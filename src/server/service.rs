@@ -449,7 +449,7 @@ impl Service {
             if h.flags & flags::IMPORT != 0 {
                 return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
             }
-            self.staging.admit(arriving)?;
+            self.staging.admit(h.session, arriving)?;
         }
         if !in_payload {
             self.check_shard(req.inline)?;
@@ -544,7 +544,7 @@ impl Service {
         const STAGED_IMPORT: u32 = flags::IMPORT | flags::STAGE;
         match h.flags & STAGED_IMPORT {
             STAGED_IMPORT => return self.publish_staged(h, key, value.len()),
-            flags::STAGE => self.staging.admit(value.len() as u64)?,
+            flags::STAGE => self.staging.admit(h.session, value.len() as u64)?,
             0 => self.shard.precheck_put(key, &condition(h))?,
             _ => {}
         }
