@@ -141,6 +141,12 @@ class _Link:
         except Error as e:
             self._went_down(e)
 
+    @property
+    def down(self) -> bool:
+        """Whether this connection found the servers unreachable and is not back yet."""
+        with self._lock:
+            return self._down_since is not None
+
     def _connect(self) -> Client:
         return Client(self._address, auth_token=self._token, timeout=self._timeout, connect_timeout=self._connect_timeout)
 

@@ -148,6 +148,13 @@ def down_then_up(sm: StorageManager, items, check: Checks) -> None:
     store(sm, items, wait=False)
     for key, _ in items:
         sm.remove(key, locations=["LocalCPUBackend"])
+    # LMCache stores in the background: the server may only come back once the store
+    # connection has met the outage (else it would reconnect at once, unlogged).
+    store_link = remote_dram_backend(sm).connection.getWrappedConnector()._store
+    deadline = time.monotonic() + 20
+    while not store_link.down and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check(store_link.down, "server down: the store connection found it unreachable")
     print(f"down: {time.monotonic() - start:.2f} s for every call", flush=True)
     print("waiting", flush=True)
     check(sys.stdin.readline().strip() == "up", "the test started the server")
