@@ -596,7 +596,7 @@ impl Client {
             let mut copy = RequestHeader::new(Op::Put, 0, 0);
             copy.flags = flags::IMPORT;
             copy.if_equal = reply.header.generation;
-            for &server in &now[1..] {
+            for &server in now.iter().skip(1) {
                 if in_flight.len() == depth {
                     let (j, id) = in_flight.pop_front().unwrap();
                     if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {

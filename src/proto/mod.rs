@@ -128,7 +128,7 @@ pub mod flags {
     pub const MIGRATE: u32 = 1 << 13;
     /// A replica's copy of a write sent while the key's primary takes it, before its
     /// generation is known. Put: the value is received and held unpublished (reachable
-    /// by no one) for this session under the request's id. Put with `IMPORT` and no
+    /// by no one) for the sending client's session under the request's id. Put with `IMPORT` and no
     /// value: publishes the value staged under the id in `if_not_equal`, with the
     /// generation in `if_equal` (as an import). Delete: discards the value staged under
     /// the id in `if_not_equal`. Staged values are bounded per shard, lapse, and go

@@ -556,7 +556,7 @@ impl Service {
         Ok(ok_reply(h.request_id, generation, value.len() as u64))
     }
 
-    /// Publishes the value this session staged for `key` under the request id in
+    /// Publishes the value the client's session staged for `key` under the request id in
     /// `if_not_equal`, with the generation in `if_equal` ([`flags::STAGE`]).
     fn publish_staged(&mut self, h: &RequestHeader, key: &[u8], value_len: usize) -> Result<ReplyHeader> {
         if value_len != 0 {
@@ -630,7 +630,7 @@ impl Service {
     fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         if h.flags & flags::STAGE != 0 {
-            // Discards what this session staged (the key's primary refused the write):
+            // Discards what the client's session staged (the key's primary refused the write):
             // only the session's own value, so no placement to check.
             let staged = self.staging.take(h.session, h.if_not_equal);
             let found = staged.is_some();

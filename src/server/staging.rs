@@ -62,7 +62,7 @@ impl Staging {
         if values >= MAX_STAGED_PER_SESSION || bytes + len > self.max_bytes / 2 {
             return Err(Error::new(
                 Status::Unavailable,
-                format!("this session holds {values} staged values ({bytes} bytes) on this shard, limit {MAX_STAGED_PER_SESSION} and {} bytes; publish or discard them", self.max_bytes / 2),
+                format!("the client's session holds {values} staged values ({bytes} bytes) on this shard, limit {MAX_STAGED_PER_SESSION} and {} bytes; publish or discard them", self.max_bytes / 2),
             ));
         }
         Ok(())
