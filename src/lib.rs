@@ -5,6 +5,8 @@
 //! - [`client::Client`] routes each request straight to the owning shard's worker.
 //! - [`store`] holds the semantics (generations, conditions, ranges, TTL, eviction),
 //!   [`proto`] the wire format, [`transport`] the network.
+//! - [`gpu`] tells device memory from host memory and copies between them (CUDA's
+//!   driver, loaded at run time); the client stages device memory through it.
 //! - [`gateway`] serves TensorStore's `tsgrpc_kvstore` gRPC protocol from the engine.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -16,6 +18,7 @@ pub mod ffi;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod gateway;
+pub mod gpu;
 pub mod metrics;
 pub mod proto;
 pub mod server;

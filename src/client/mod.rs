@@ -3,6 +3,7 @@
 //! the key's shard: servers are chosen by rendezvous hashing, shards by key hash.
 
 mod conn;
+mod device;
 mod fabric_link;
 mod requests;
 mod ucx_link;
@@ -15,6 +16,7 @@ use crate::cluster;
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::store::ByteRange;
+pub use device::CHUNK as DEVICE_CHUNK;
 use crate::transport::{PollMode, DEFAULT_SPIN};
 use conn::{ConnectOptions, Connection, Receive, Reply, Sink};
 
@@ -178,6 +180,8 @@ pub struct Client {
     backoff: Duration,
     /// What [`Client::set_spin`] last set (the connect-time spin until then).
     spin: Duration,
+    /// Streams and pinned buffers for device memory, made when the client first meets it.
+    device_staging: Option<Box<device::DeviceStaging>>,
 }
 
 /// Puts of values this large or larger send them to every replica at once (staged);
@@ -243,6 +247,7 @@ impl Client {
             reconnect_at: std::time::Instant::now(),
             backoff: RECONNECT_BACKOFF_MIN,
             spin: opts.spin,
+            device_staging: None,
         })
     }
 
@@ -666,7 +671,12 @@ impl Client {
     ///
     /// # Safety
     /// The memory must stay valid until [`Client::deregister`] or the client is dropped.
+    /// Device memory needs no registration (it moves through the client's pinned
+    /// buffers): registering it does nothing.
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
+        if len > 0 && crate::gpu::kind_of(base as usize) != crate::gpu::MemoryKind::Host {
+            return Ok(());
+        }
         // SAFETY: the caller keeps the memory valid until it is deregistered (this function's contract).
         unsafe {
             self.conn.register(base, len)?;
@@ -676,6 +686,9 @@ impl Client {
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
+        if crate::gpu::kind_of(base as usize) != crate::gpu::MemoryKind::Host {
+            return Ok(());
+        }
         self.regions.retain(|r| r.0 != base as usize);
         self.conn.deregister(base)
     }

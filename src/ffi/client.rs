@@ -207,8 +207,9 @@ pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
 }
 
 /// Stores a value. `key` (1 B–64 KiB) must not be NULL; `value` may be NULL when
-/// `value_len` is 0. `generation_out` may be NULL; on success it receives the new
-/// generation. Both buffers are borrowed for the call only.
+/// `value_len` is 0, and may be host memory or CUDA device memory (asked of the CUDA
+/// driver, when the machine has one). `generation_out` may be NULL; on success it
+/// receives the new generation. Both buffers are borrowed for the call only.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_put(
     client: *mut rdram_client,
@@ -241,7 +242,9 @@ pub unsafe extern "C" fn rdram_put_cond(
         guard(|| {
             let c = handle(client)?;
             let key = key_arg(key, key_len)?;
-            let value = bytes(value, value_len, "value")?;
+            if value.is_null() && value_len > 0 {
+                return Err(null_arg("value"));
+            }
             let mut opts = PutOptions::default();
             if let Some(o) = options.as_ref() {
                 opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
@@ -252,7 +255,8 @@ pub unsafe extern "C" fn rdram_put_cond(
                 };
                 opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
             }
-            match c.put_with(key, value, &opts)? {
+            // Host or CUDA device memory: the client asks the driver.
+            match c.put_from(key, value, value_len, &opts)? {
                 WriteResult::Written { generation } => {
                     write(generation_out, generation);
                     Ok(RDRAM_OK)
@@ -264,7 +268,7 @@ pub unsafe extern "C" fn rdram_put_cond(
 }
 
 /// Reads a value into the caller's buffer `buf` of `buf_len` bytes (`buf` may be NULL when
-/// `buf_len` is 0). On RDRAM_OK, `*value_len_out` is the value's length. On
+/// `buf_len` is 0), host memory or CUDA device memory. On RDRAM_OK, `*value_len_out` is the value's length. On
 /// RDRAM_BUFFER_TOO_SMALL, `*value_len_out` is the size needed and the value is untouched
 /// on the server: call again with a big enough buffer. RDRAM_MISSING: no such key.
 /// `value_len_out` and `generation_out` may be NULL.
@@ -328,9 +332,8 @@ pub unsafe extern "C" fn rdram_get_cond(
                 return Err(null_arg("buf"));
             }
             let opts = get_options(options)?;
-            let mut empty = [0u8; 0];
-            let sink: &mut [u8] = if buf_len == 0 { &mut empty } else { std::slice::from_raw_parts_mut(buf, buf_len) };
-            match c.get_into(key, &opts, sink)? {
+            // Host or CUDA device memory: the client asks the driver.
+            match c.get_into_ptr(key, &opts, buf, buf_len)? {
                 GetInto::Value { len, generation, .. } => {
                     write(value_len_out, len);
                     write(generation_out, generation);
@@ -554,6 +557,7 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
 /// and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
 /// status of the first item that failed (see each item's status).
 /// Keys in batches are limited to 1 KiB.
+/// Items in CUDA device memory are staged through host memory one at a time.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
@@ -569,6 +573,15 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
             let mut args = Vec::with_capacity(n);
             let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
             for it in items.iter() {
+                if on_device(it.value, it.value_len) {
+                    // Staged through host memory on its own, by the client.
+                    let put = key_arg(it.key, it.key_len).and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
+                    results.push(Some(put.and_then(|w| match w {
+                        WriteResult::Written { generation } => Ok(generation),
+                        WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional put reported a failed condition")),
+                    })));
+                    continue;
+                }
                 match key_arg(it.key, it.key_len).and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?))) {
                     Ok(a) => {
                         args.push(a);
@@ -587,6 +600,7 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
 /// Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
 /// RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
 /// got an answer (whatever it was), else the first other error (see each item's status).
+/// Items in CUDA device memory are staged into it one at a time.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
@@ -604,6 +618,8 @@ pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram
                 let key = key_arg(it.key, it.key_len);
                 match key {
                     Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
+                    // Staged into device memory on its own, by the client.
+                    Ok(k) if on_device(it.buf, it.buf_len) => results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len))),
                     Ok(k) => {
                         keys.push(k);
                         bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
@@ -728,6 +744,11 @@ unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error
 
 /// A batch's results in item order: the items refused before sending (`Some`) and, in
 /// the gaps, the answers to those sent, in the order they were sent.
+/// Whether a batch item's buffer is device memory (moved on its own, staged).
+fn on_device(ptr: *const u8, len: usize) -> bool {
+    len > 0 && crate::gpu::kind_of(ptr as usize) != crate::gpu::MemoryKind::Host
+}
+
 fn merge_results<R>(refused: Vec<Option<crate::Result<R>>>, sent: Vec<crate::Result<R>>) -> Vec<crate::Result<R>> {
     let mut sent = sent.into_iter();
     refused.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one answer per item sent"))).collect()

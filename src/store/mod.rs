@@ -6,4 +6,4 @@ pub mod index;
 pub mod shard;
 
 pub use arena::{parse_size, Backing, HugePages};
-pub use shard::{ByteRange, Condition, GetOutcome, Layout, Mode, Shard, ShardStats};
+pub use shard::{resolve_range, ByteRange, Condition, GetOutcome, Layout, Mode, Shard, ShardStats};

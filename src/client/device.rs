@@ -1,0 +1,246 @@
+//! Puts from and gets into CUDA device memory, staged through pinned host buffers.
+//!
+//! A pointer's memory kind is asked of the driver per call ([`gpu::kind_of`]); host
+//! memory takes the ordinary path. Device memory moves in two steps, on a stream of the
+//! client's own:
+//! - a put copies the value into a pinned host buffer (kept for the next put up to
+//!   [`KEEP_PUT_BUFFER`]), then puts it from there;
+//! - a get receives the value in [`CHUNK`]-byte ranges pinned to its generation, into two
+//!   pinned chunk buffers in turn: while the network fills one, the GPU copies the other
+//!   into place. A value that changes while it is read is read again.
+//!
+//! Every call synchronizes the stream before it returns, whatever happened: no copy
+//! touches the caller's device memory afterwards.
+
+use super::conn::{Receive, Sink};
+use super::{check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
+use crate::error::{Error, Result, Status};
+use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};
+use crate::proto::MAX_VALUE_LEN;
+use crate::store::{resolve_range, ByteRange};
+
+/// Bytes a get reads per request into device memory.
+pub const CHUNK: usize = 4 << 20;
+/// A put's pinned buffer is kept for the next put up to this size (larger ones are freed).
+pub const KEEP_PUT_BUFFER: usize = 64 << 20;
+/// Reads of a value that keeps changing under a chunked get.
+const READ_ATTEMPTS: usize = 3;
+
+/// What a client keeps once it has met device memory.
+pub(super) struct DeviceStaging {
+    device: &'static dyn Device,
+    /// One stream per GPU met, by ordinal.
+    streams: Vec<(i32, Box<dyn Stream>)>,
+    /// The two buffers a get's chunks arrive in, in turn.
+    chunks: [HostBuffer; 2],
+    /// A put's value, whole.
+    put_buffer: Option<HostBuffer>,
+}
+
+impl DeviceStaging {
+    fn new(device: &'static dyn Device) -> Result<DeviceStaging> {
+        let chunks = [device.host_buffer(CHUNK)?, device.host_buffer(CHUNK)?];
+        Ok(DeviceStaging { device, streams: Vec::new(), chunks, put_buffer: None })
+    }
+
+    fn stream(&mut self, ordinal: i32) -> Result<&mut dyn Stream> {
+        let at = match self.streams.iter().position(|s| s.0 == ordinal) {
+            Some(i) => i,
+            None => {
+                self.streams.push((ordinal, self.device.stream(ordinal)?));
+                self.streams.len() - 1
+            }
+        };
+        Ok(&mut *self.streams[at].1)
+    }
+
+    /// Copies `len` bytes of device memory at `addr` into a pinned buffer.
+    fn copy_to_host(&mut self, addr: usize, len: usize, ordinal: i32) -> Result<&[u8]> {
+        if self.put_buffer.as_ref().is_none_or(|b| b.len() < len) {
+            self.put_buffer = None;
+            self.put_buffer = Some(self.device.host_buffer(len)?);
+        }
+        let host = self.put_buffer.as_mut().unwrap().as_mut_ptr();
+        let stream = self.stream(ordinal)?;
+        // SAFETY: the put buffer holds `len` bytes and is used by nothing else; the caller
+        // of `put_from` keeps the device range valid; the stream is synchronized below,
+        // before either is used again or the call returns.
+        let queued = unsafe { stream.to_host(host, addr, len) };
+        let synchronized = stream.synchronize();
+        queued.and(synchronized)?;
+        Ok(&self.put_buffer.as_ref().unwrap().as_slice()[..len])
+    }
+
+    /// Drops a put buffer larger than is kept between calls.
+    fn trim(&mut self) {
+        if self.put_buffer.as_ref().is_some_and(|b| b.len() > KEEP_PUT_BUFFER) {
+            self.put_buffer = None;
+        }
+    }
+}
+
+/// How a chunked read ended.
+enum Chunked {
+    Done(GetInto),
+    /// The value changed between two chunks: read it again.
+    Changed,
+}
+
+impl Client {
+    /// Stores the `len` bytes at `ptr`, host memory or CUDA device memory (asked of the
+    /// driver), as `key`'s value. See [`Client::put_with`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` is host memory valid for reads, or device memory of one GPU,
+    /// and no one writes it until the call returns (`ptr` may be null when `len` is 0).
+    pub unsafe fn put_from(&mut self, key: &[u8], ptr: *const u8, len: usize, opts: &PutOptions) -> Result<WriteResult> {
+        match device_kind(ptr as usize, len) {
+            // SAFETY: host memory valid for reads of `len` bytes (this function's contract).
+            MemoryKind::Host => self.put_with(key, unsafe { host_slice(ptr, len) }, opts),
+            MemoryKind::Device { ordinal } => self.put_from_device(key, ptr as usize, len, ordinal, opts),
+        }
+    }
+
+    /// Reads a value (or a byte range of it) into the `len` bytes at `ptr`, host memory or
+    /// CUDA device memory (asked of the driver). See [`Client::get_into`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` is host memory valid for writes, or device memory of one GPU,
+    /// and no one else reads or writes it until the call returns (`ptr` may be null when
+    /// `len` is 0).
+    pub unsafe fn get_into_ptr(&mut self, key: &[u8], opts: &GetOptions, ptr: *mut u8, len: usize) -> Result<GetInto> {
+        match device_kind(ptr as usize, len) {
+            // SAFETY: host memory valid for writes of `len` bytes, ours for the call
+            // (this function's contract).
+            MemoryKind::Host => self.get_into(key, opts, unsafe { host_slice_mut(ptr, len) }),
+            MemoryKind::Device { ordinal } => self.get_into_device(key, opts, ptr as usize, len, ordinal),
+        }
+    }
+
+    fn staging(&mut self) -> Result<Box<DeviceStaging>> {
+        match self.device_staging.take() {
+            Some(s) => Ok(s),
+            None => {
+                let device = gpu::device().ok_or_else(|| Error::new(Status::Internal, "device memory without a device"))?;
+                Ok(Box::new(DeviceStaging::new(device)?))
+            }
+        }
+    }
+
+    fn put_from_device(&mut self, key: &[u8], addr: usize, len: usize, ordinal: i32, opts: &PutOptions) -> Result<WriteResult> {
+        check_key(key)?;
+        if len as u64 > MAX_VALUE_LEN {
+            return Err(Error::new(Status::ValueTooLarge, format!("{len} bytes > limit {MAX_VALUE_LEN}")));
+        }
+        let mut staging = self.staging()?;
+        let result = match staging.copy_to_host(addr, len, ordinal) {
+            Ok(value) => self.put_with(key, value, opts),
+            Err(e) => Err(e),
+        };
+        staging.trim();
+        self.device_staging = Some(staging);
+        result
+    }
+
+    fn get_into_device(&mut self, key: &[u8], opts: &GetOptions, addr: usize, len: usize, ordinal: i32) -> Result<GetInto> {
+        check_key(key)?;
+        let mut staging = self.staging()?;
+        let mut result = Ok(Chunked::Changed);
+        for _ in 0..READ_ATTEMPTS {
+            result = self.read_chunks(&mut staging, key, opts, addr, len, ordinal);
+            if !matches!(result, Ok(Chunked::Changed)) {
+                break;
+            }
+        }
+        // Whatever happened, no copy runs after the return.
+        let synchronized = staging.stream(ordinal).and_then(|s| s.synchronize());
+        self.device_staging = Some(staging);
+        match result? {
+            Chunked::Done(got) => synchronized.map(|()| got),
+            Chunked::Changed => Err(Error::new(Status::Unavailable, format!("the value changed during each of {READ_ATTEMPTS} reads in chunks"))),
+        }
+    }
+
+    /// One read of a value into device memory: the first request learns its generation
+    /// and length (and carries the value when it fits in a chunk); longer values follow in
+    /// ranges pinned to that generation.
+    fn read_chunks(&mut self, staging: &mut DeviceStaging, key: &[u8], opts: &GetOptions, addr: usize, len: usize, ordinal: i32) -> Result<Chunked> {
+        let DeviceStaging { chunks, .. } = &mut *staging;
+        let first = self.call_key_into(key, get_header(opts), &[], Receive::Into(Sink::new(chunks[0].as_mut_slice())))?;
+        if first.header.status() != Status::Ok {
+            return get_into_result(first).map(Chunked::Done);
+        }
+        let (generation, size, total) = (first.header.generation, first.header.value_size, first.len);
+        if total > len {
+            return Ok(Chunked::Done(GetInto::TooSmall { needed: total }));
+        }
+        let done = GetInto::Value { len: total, generation, size };
+        if !first.withheld {
+            let host = staging.chunks[0].as_mut_ptr();
+            // SAFETY: the chunk holds `total` bytes received; `total <= len` bytes of the
+            // caller's device memory (its contract); synchronized before the return.
+            unsafe { staging.stream(ordinal)?.to_device(addr, host, total)? };
+            return Ok(Chunked::Done(done));
+        }
+        let start = match opts.range {
+            Some(r) => resolve_range(r, size)?.0,
+            None => 0,
+        };
+        let mut at = 0;
+        for turn in 0.. {
+            if at == total {
+                break;
+            }
+            let n = CHUNK.min(total - at);
+            let chunk = &mut staging.chunks[turn % 2];
+            let range = ByteRange { start: (start + at as u64) as i64, end: (start + (at + n) as u64) as i64 };
+            let pinned = GetOptions { if_equal: Some(generation), if_not_equal: None, range: Some(range) };
+            // The chunk buffer is free: the copy out of it (two turns ago) was waited for.
+            let reply = self.call_key_into(key, get_header(&pinned), &[], Receive::Into(Sink::new(&mut chunk.as_mut_slice()[..n])))?;
+            match reply.header.status() {
+                Status::Ok if !reply.withheld && reply.len == n => {}
+                Status::Ok | Status::Unchanged | Status::Missing | Status::OutOfRange => return Ok(Chunked::Changed),
+                s => return Err(error_of(s, &reply)),
+            }
+            let host = chunk.as_mut_ptr();
+            let stream = staging.stream(ordinal)?;
+            // The copy out of the other buffer ran while this chunk arrived; it must end
+            // before that buffer takes the next chunk.
+            stream.synchronize()?;
+            // SAFETY: `n` bytes received into the chunk, to `[addr+at, addr+at+n)` within
+            // the caller's `len` bytes; synchronized before the chunk is reused or the
+            // call returns.
+            unsafe { stream.to_device(addr + at, host, n)? };
+            at += n;
+        }
+        Ok(Chunked::Done(done))
+    }
+}
+
+/// The kind of memory of a caller's range (its first byte's).
+fn device_kind(addr: usize, len: usize) -> MemoryKind {
+    if len == 0 {
+        return MemoryKind::Host;
+    }
+    gpu::kind_of(addr)
+}
+
+/// # Safety
+/// `ptr` is valid for reads of `len` bytes (or `len` is 0).
+unsafe fn host_slice<'a>(ptr: *const u8, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(ptr, len) }
+}
+
+/// # Safety
+/// `ptr` is valid for writes of `len` bytes and unaliased (or `len` is 0).
+unsafe fn host_slice_mut<'a>(ptr: *mut u8, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+}
