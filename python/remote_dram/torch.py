@@ -30,15 +30,20 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}/{name}"
 
 
+# Devices whose tensors the client reads and writes in place (CUDA memory is staged by the client).
+_IN_PLACE = ("cpu", "cuda")
+
+
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous CPU tensor (every dtype, bfloat16 included)."""
+    """A flat uint8 view of a contiguous tensor (every dtype, bfloat16 included)."""
     return t.reshape(-1).view(torch.uint8)
 
 
 def save_state_dict(client, prefix: str, state_dict: Mapping[str, torch.Tensor]) -> int:
     """Writes every tensor of ``state_dict`` under ``prefix/NAME``, then the manifest.
-    Returns the manifest's generation. Tensors on other devices or not contiguous are
-    copied to contiguous CPU memory first; CPU contiguous ones are sent without a copy."""
+    Returns the manifest's generation. Contiguous CPU and CUDA tensors are sent from
+    where they are (CUDA memory staged by the client); others are made contiguous, and
+    tensors on other devices are copied to the CPU first."""
     names = list(state_dict)
     if MANIFEST in names:
         raise ValueError(f"a tensor may not be named {MANIFEST!r} (the manifest's key)")
@@ -47,7 +52,8 @@ def save_state_dict(client, prefix: str, state_dict: Mapping[str, torch.Tensor])
         t = state_dict[name]
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state_dict[{name!r}] is a {type(t).__name__}, not a tensor")
-        tensors.append(t.detach().to("cpu").contiguous())
+        t = t.detach()
+        tensors.append((t if t.device.type in _IN_PLACE else t.to("cpu")).contiguous())
     generations = client.put_many([(_key(prefix, n), _as_bytes(t)) for n, t in zip(names, tensors)])
     manifest = {
         "format": FORMAT,
@@ -65,7 +71,8 @@ def load_state_dict(client, prefix: str, like: Mapping[str, torch.Tensor] | None
 
     With ``like`` (for example ``model.state_dict()``), its tensors are filled in place
     and returned; names, dtypes and shapes must match the checkpoint's. Contiguous CPU
-    tensors receive the bytes directly; others go through a CPU tensor and ``copy_``."""
+    and CUDA tensors receive the bytes directly (CUDA memory staged by the client);
+    others go through a CPU tensor and ``copy_``."""
     entry = client.get_entry(_key(prefix, MANIFEST))
     if entry is None:
         return None
@@ -80,24 +87,24 @@ def load_state_dict(client, prefix: str, like: Mapping[str, torch.Tensor] | None
             raise KeyError(f"checkpoint {prefix!r} and `like` differ: missing in like {missing}, not in checkpoint {unexpected}")
 
     result: OrderedDict[str, torch.Tensor] = OrderedDict()
-    hosts = []  # where each tensor's bytes land
-    staged = []  # (target, host) pairs that need a copy after the transfer
+    dests = []  # where each tensor's bytes land
+    staged = []  # (target, CPU tensor) pairs that need a copy after the transfer
     for s in specs:
         dtype = getattr(torch, s["dtype"])
         shape = tuple(s["shape"])
         target = like[s["name"]] if like is not None else None
         if target is not None and (target.dtype != dtype or tuple(target.shape) != shape):
             raise ValueError(f"{s['name']}: checkpoint has {s['dtype']}{list(shape)}, like has {target.dtype}{list(target.shape)}")
-        if target is not None and target.device.type == "cpu" and target.is_contiguous():
-            host = target
+        if target is not None and target.device.type in _IN_PLACE and target.is_contiguous():
+            dest = target
         else:
-            host = torch.empty(shape, dtype=dtype)
+            dest = torch.empty(shape, dtype=dtype)
             if target is not None:
-                staged.append((target, host))
-        hosts.append(host)
-        result[s["name"]] = target if target is not None else host
+                staged.append((target, dest))
+        dests.append(dest)
+        result[s["name"]] = target if target is not None else dest
 
-    lengths = client.get_many_into([_key(prefix, s["name"]) for s in specs], [_as_bytes(h) for h in hosts])
+    lengths = client.get_many_into([_key(prefix, s["name"]) for s in specs], [_as_bytes(d) for d in dests])
     for s, n in zip(specs, lengths):
         if n != s["nbytes"]:
             raise Error(f"checkpoint {prefix!r} changed while loading: {s['name']} is {'missing' if n is None else f'{n} bytes'}", Status.UNAVAILABLE)

@@ -15,6 +15,14 @@ use remote_dram::transport::PollMode;
 use crate::buffer::{Buffer, RawBytes};
 use crate::errors::{buffer_too_small, in_batch, invalid, to_py};
 
+/// A put's generation; an unconditional put whose condition failed is an internal error.
+fn written(w: remote_dram::Result<WriteResult>) -> remote_dram::Result<u64> {
+    match w? {
+        WriteResult::Written { generation } => Ok(generation),
+        WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "an unconditional put reported a failed condition")),
+    }
+}
+
 /// Requests a batch keeps in flight (the C ABI's `rdram_mput`/`rdram_mget` use the same).
 const BATCH_DEPTH: usize = 64;
 
@@ -28,7 +36,9 @@ const BATCH_DEPTH: usize = 64;
 ///
 /// Keys are ``bytes`` or ``str`` (UTF-8). Values are anything with the buffer protocol
 /// (bytes, bytearray, memoryview, C-contiguous numpy arrays) or CPU torch tensors, and
-/// move without a copy.
+/// move without a copy. CUDA device memory is taken too: torch CUDA tensors, objects with
+/// ``__cuda_array_interface__`` (CuPy) or a CUDA ``__dlpack__`` (JAX); it is staged
+/// through pinned host buffers of the client's own.
 ///
 /// Every call releases the GIL while it waits for the network. One client may be shared
 /// by threads: its calls are serialised, one at a time. For parallel transfers open one
@@ -155,8 +165,9 @@ impl PyClient {
         let value = Buffer::readable(value)?;
         let bytes = value.raw();
         let opts = PutOptions { condition, ttl };
-        // SAFETY: `value` stays exported until after the call returns.
-        match self.call(py, |c| c.put_with(&key.0, unsafe { bytes.as_slice() }, &opts))? {
+        // SAFETY: `value` stays exported until after the call returns; host or device
+        // memory, as the client asks the driver.
+        match self.call(py, |c| unsafe { c.put_from(&key.0, bytes.addr() as *const u8, bytes.len(), &opts) })? {
             WriteResult::Written { generation } => Ok(Some(generation)),
             WriteResult::ConditionFailed => Ok(None),
         }
@@ -200,8 +211,9 @@ impl PyClient {
         let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
         let out = Buffer::writable(out)?;
         let bytes = out.raw();
-        // SAFETY: `out` stays exported (and so pinned) until after the call returns.
-        let result = self.call(py, |c| c.get_into(&key.0, &opts, unsafe { bytes.as_mut_slice() }))?;
+        // SAFETY: `out` stays exported (and so pinned) until after the call returns; host
+        // or device memory, as the client asks the driver.
+        let result = self.call(py, |c| unsafe { c.get_into_ptr(&key.0, &opts, bytes.addr() as *mut u8, bytes.len()) })?;
         into_result(py, result, bytes.len())
     }
 
@@ -266,11 +278,21 @@ impl PyClient {
             values.push(Buffer::readable(&value)?);
         }
         let raw: Vec<RawBytes> = values.iter().map(Buffer::raw).collect();
-        let results = self.call(py, |c| {
-            // SAFETY: every value stays exported until after the call returns.
-            let pairs: Vec<(&[u8], &[u8])> = keys.iter().zip(&raw).map(|(k, v)| (k.as_slice(), unsafe { v.as_slice() })).collect();
-            Ok(c.put_many(&pairs, BATCH_DEPTH))
-        })?;
+        let results = if values.iter().any(Buffer::on_device) {
+            // Device memory is staged one value at a time.
+            let opts = PutOptions::default();
+            self.call(py, |c| {
+                // SAFETY: every value stays exported until after the call returns.
+                let put = |(k, v): (&Vec<u8>, &RawBytes)| unsafe { c.put_from(k, v.addr() as *const u8, v.len(), &opts) };
+                Ok(keys.iter().zip(&raw).map(put).map(written).collect::<Vec<_>>())
+            })?
+        } else {
+            self.call(py, |c| {
+                // SAFETY: every value stays exported until after the call returns.
+                let pairs: Vec<(&[u8], &[u8])> = keys.iter().zip(&raw).map(|(k, v)| (k.as_slice(), unsafe { v.as_slice() })).collect();
+                Ok(c.put_many(&pairs, BATCH_DEPTH))
+            })?
+        };
         results.into_iter().enumerate().map(|(i, r)| r.map_err(|e| in_batch(py, e, i))).collect()
     }
 
@@ -321,13 +343,24 @@ impl PyClient {
         if overlapping(&raw) {
             return Err(invalid(py, "the output buffers overlap: give each key its own memory"));
         }
-        let results = self.call(py, |c| {
-            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            // SAFETY: every buffer stays exported until after the call returns, and no two
-            // overlap (checked above), so the mutable slices do not alias.
-            let mut bufs: Vec<&mut [u8]> = raw.iter().map(|b| unsafe { b.as_mut_slice() }).collect();
-            Ok(c.get_many_into(&refs, &mut bufs, BATCH_DEPTH))
-        })?;
+        let results = if outs.iter().any(Buffer::on_device) {
+            // Device memory is staged one value at a time.
+            let opts = GetOptions::default();
+            self.call(py, |c| {
+                // SAFETY: every buffer stays exported until after the call returns, and no
+                // two overlap (checked above).
+                let get = |(k, b): (&Vec<u8>, &RawBytes)| unsafe { c.get_into_ptr(k, &opts, b.addr() as *mut u8, b.len()) };
+                Ok(keys.iter().zip(&raw).map(get).collect::<Vec<_>>())
+            })?
+        } else {
+            self.call(py, |c| {
+                let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                // SAFETY: every buffer stays exported until after the call returns, and no two
+                // overlap (checked above), so the mutable slices do not alias.
+                let mut bufs: Vec<&mut [u8]> = raw.iter().map(|b| unsafe { b.as_mut_slice() }).collect();
+                Ok(c.get_many_into(&refs, &mut bufs, BATCH_DEPTH))
+            })?
+        };
         results
             .into_iter()
             .enumerate()

@@ -179,6 +179,14 @@ impl Device for Cuda {
             )
         })
     }
+
+    fn wait_for_stream(&self, ordinal: i32, stream: usize) -> Result<()> {
+        self.in_context(ordinal, || {
+            // SAFETY: a stream handle another library gave for this GPU (or the legacy
+            // default stream, 1), its context current.
+            self.check("cuStreamSynchronize", unsafe { (self.api.stream_synchronize)(stream as CuStream) })
+        })
+    }
 }
 
 /// A non-blocking stream of one GPU's primary context.

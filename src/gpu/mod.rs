@@ -36,6 +36,9 @@ pub trait Device: Send + Sync {
     fn stream(&'static self, ordinal: i32) -> Result<Box<dyn Stream>>;
     /// `len` bytes of host memory the GPU copies to and from at full speed (pinned).
     fn host_buffer(&'static self, len: usize) -> Result<HostBuffer>;
+    /// Waits for the work queued on a stream of another library's (given as its CUDA
+    /// handle; 1 is the legacy default stream) on GPU `ordinal`.
+    fn wait_for_stream(&self, ordinal: i32, stream: usize) -> Result<()>;
 }
 
 /// A queue of copies that run in order, while the calling thread goes on.
@@ -126,4 +129,14 @@ pub fn install(device: &'static dyn Device) -> bool {
 /// The kind of memory at `addr`: host memory when no driver is loaded.
 pub fn kind_of(addr: usize) -> MemoryKind {
     device().map_or(MemoryKind::Host, |d| d.kind(addr))
+}
+
+/// Waits for the work queued on another library's stream (its CUDA handle) that uses the
+/// device memory at `addr`, before the client reads or writes it: nothing to wait for in
+/// host memory.
+pub fn wait_for_stream(addr: usize, stream: usize) -> Result<()> {
+    match (device(), kind_of(addr)) {
+        (Some(d), MemoryKind::Device { ordinal }) => d.wait_for_stream(ordinal, stream),
+        _ => Ok(()),
+    }
 }

@@ -101,6 +101,11 @@ impl Device for Posing {
         Ok(Box::new(PosingStream { posing: self, jobs: Some(jobs), thread: Some(thread) }))
     }
 
+    fn wait_for_stream(&self, _ordinal: i32, _stream: usize) -> Result<()> {
+        // Nothing else queues work on the posing device.
+        Ok(())
+    }
+
     fn host_buffer(&'static self, len: usize) -> Result<HostBuffer> {
         let memory: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
         let counter = &self.host_buffers;
