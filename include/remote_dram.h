@@ -280,7 +280,7 @@ const char *rdram_strerror(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 8)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 9)". Static; never NULL.
  */
 const char *rdram_version(void);
 
@@ -304,8 +304,9 @@ void rdram_client_close(struct rdram_client *client);
 
 /**
  * Stores a value. `key` (1 B–64 KiB) must not be NULL; `value` may be NULL when
- * `value_len` is 0. `generation_out` may be NULL; on success it receives the new
- * generation. Both buffers are borrowed for the call only.
+ * `value_len` is 0, and may be host memory or CUDA device memory (asked of the CUDA
+ * driver, when the machine has one). `generation_out` may be NULL; on success it
+ * receives the new generation. Both buffers are borrowed for the call only.
  */
 rdram_status rdram_put(struct rdram_client *client,
                        const uint8_t *key,
@@ -328,7 +329,7 @@ rdram_status rdram_put_cond(struct rdram_client *client,
 
 /**
  * Reads a value into the caller's buffer `buf` of `buf_len` bytes (`buf` may be NULL when
- * `buf_len` is 0). On RDRAM_OK, `*value_len_out` is the value's length. On
+ * `buf_len` is 0), host memory or CUDA device memory. On RDRAM_OK, `*value_len_out` is the value's length. On
  * RDRAM_BUFFER_TOO_SMALL, `*value_len_out` is the size needed and the value is untouched
  * on the server: call again with a big enough buffer. RDRAM_MISSING: no such key.
  * `value_len_out` and `generation_out` may be NULL.
@@ -466,6 +467,7 @@ void rdram_string_free(char *s);
  * and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
  * status of the first item that failed (see each item's status).
  * Keys in batches are limited to 1 KiB.
+ * Items in CUDA device memory are staged through host memory one at a time.
  */
 rdram_status rdram_mput(struct rdram_client *client, struct rdram_put_item *items, size_t n);
 
@@ -474,6 +476,7 @@ rdram_status rdram_mput(struct rdram_client *client, struct rdram_put_item *item
  * Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
  * RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
  * got an answer (whatever it was), else the first other error (see each item's status).
+ * Items in CUDA device memory are staged into it one at a time.
  */
 rdram_status rdram_mget(struct rdram_client *client, struct rdram_get_item *items, size_t n);
 

@@ -10,8 +10,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{pattern, wait_until, ServerProc, SHM};
-use remote_dram::client::{ByteRange, GetInto, GetOptions, PutOptions, WriteResult, DEVICE_CHUNK};
+use remote_dram::client::{ByteRange, GetInto, GetOptions, PutOptions, WriteCondition, WriteResult, DEVICE_CHUNK};
 use remote_dram::gpu::posing::{self, Posing};
+use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
 use remote_dram::{Client, ClientOptions, Status};
 
 /// The posing device is the process's; its counters are read by one test at a time.
@@ -62,6 +63,12 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Values staged on the server's shards (a put in parts left none behind).
+fn staged(c: &mut Client) -> u64 {
+    let stats = c.stats().unwrap();
+    stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["staged_values"].as_u64().unwrap()).sum()
+}
+
 fn generation(w: WriteResult) -> u64 {
     match w {
         WriteResult::Written { generation } => generation,
@@ -93,9 +100,25 @@ fn device_values_round_trip_through_staging() {
         assert_eq!(got, GetInto::Value { len, generation: g, size: len as u64 });
         assert!(dst.memory == value, "{len} bytes read into device memory differ");
         assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
-        let expected_copies = if len == 0 { 0 } else { 1 + len.div_ceil(DEVICE_CHUNK) as u64 };
-        assert_eq!(posing.copies.load(Ordering::Relaxed) - copies, expected_copies, "{len} bytes: one copy for the put, one per chunk for the get");
+        let per_chunk = 2 * len.div_ceil(DEVICE_CHUNK) as u64;
+        assert_eq!(posing.copies.load(Ordering::Relaxed) - copies, per_chunk, "{len} bytes: one copy per chunk for the put (in parts), and for the get");
     }
+    assert_eq!(staged(&mut c), 0, "nothing is left staged by puts in parts");
+
+    // A put in parts keeps its condition and TTL, which the commit carries.
+    let len = 2 * DEVICE_CHUNK + 1;
+    let key = format!("dev/{}", DEVICE_CHUNK + 1);
+    let absent = PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() };
+    let src = DeviceBuffer::with(posing, &pattern(50, len));
+    // SAFETY: memory of `src`, unchanged for the call.
+    assert_eq!(unsafe { c.put_from(key.as_bytes(), src.memory.as_ptr(), len, &absent) }.unwrap(), WriteResult::ConditionFailed);
+    assert_eq!(c.get(key.as_bytes()).unwrap().unwrap().data.len(), DEVICE_CHUNK + 1, "a failed condition wrote nothing");
+    let brief = PutOptions { ttl: Some(Duration::from_millis(300)), ..Default::default() };
+    // SAFETY: as above.
+    assert!(matches!(unsafe { c.put_from(b"dev/brief", src.memory.as_ptr(), len, &brief) }.unwrap(), WriteResult::Written { .. }));
+    assert_eq!(c.get(b"dev/brief").unwrap().unwrap().data, pattern(50, len));
+    assert!(wait_until(Duration::from_secs(5), || c.get(b"dev/brief").unwrap().is_none()), "the TTL given with the parts holds");
+    assert_eq!(staged(&mut c), 0);
 
     // A value put from host memory reads into device memory; a byte range from the middle
     // of a multi-chunk value, and a suffix, land at the buffer's start.
@@ -144,10 +167,16 @@ fn device_failures_and_timeouts_leave_no_copy_behind() {
     let len = 2 * DEVICE_CHUNK;
     let value = pattern(7, len);
 
-    posing.fail_after(Some(0));
-    let e = DeviceBuffer::with(posing, &value).put(&mut c, b"k").unwrap_err();
-    assert_eq!(e.status, Status::Io, "{e}");
-    assert_eq!(c.get(b"k").unwrap(), None, "a put whose device copy failed stored something");
+    // The first part's copy fails; then the second's, once the first part was sent.
+    for fail_after in [0, 1] {
+        posing.fail_after(Some(fail_after));
+        let e = DeviceBuffer::with(posing, &value).put(&mut c, b"k").unwrap_err();
+        assert_eq!(e.status, Status::Io, "{e}");
+        assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(c.get(b"k").unwrap(), None, "a put whose device copy failed stored something");
+        assert_eq!(staged(&mut c), 0, "a put in parts that failed left its parts staged");
+    }
+    posing.fail_after(None);
 
     c.put(b"k", &value).unwrap();
     posing.fail_after(Some(1));
@@ -183,4 +212,60 @@ fn device_failures_and_timeouts_leave_no_copy_behind() {
     assert!(dst.memory[..2 * DEVICE_CHUNK] == value[..2 * DEVICE_CHUNK], "the chunk copies queued finished before the return");
     common::signal(pid, common::SIGCONT);
     posing.set_copy_delay(Duration::ZERO);
+}
+
+/// A server with too little staging room for a value's parts takes it whole; parts that
+/// name another session's value, come out of order or commit an incomplete value are
+/// refused.
+#[test]
+fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
+    let (_one, posing) = setup();
+    // 32 MiB shards stage at most 8 MiB, 4 MiB per session: 3 chunks do not fit.
+    let server = ServerProc::start(&["--memory", "64MiB"]);
+    let mut c = server.client();
+    let len = 3 * DEVICE_CHUNK;
+    let value = pattern(11, len);
+    let copies = posing.copies.load(Ordering::Relaxed);
+    generation(DeviceBuffer::with(posing, &value).put(&mut c, b"whole").unwrap());
+    assert_eq!(posing.copies.load(Ordering::Relaxed) - copies, 3, "the first two parts' copies, refused, then the value whole in one copy");
+    assert_eq!(c.get(b"whole").unwrap().unwrap().data, value);
+    assert_eq!(staged(&mut c), 0);
+
+    let key = b"parts";
+    let shard = remote_dram::proto::shard_of(key, 2); // ServerProc's two workers
+    let send = |c: &mut Client, start: i64, end: i64, stage: u64, payload: &[u8]| {
+        let (session, id) = c.raw_session();
+        let mut h = RequestHeader::new(Op::Put, id, session);
+        h.flags = flags::STAGE | flags::HAS_RANGE;
+        h.key_len = key.len() as u32;
+        (h.range_start, h.range_end, h.if_not_equal) = (start, end, stage);
+        let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
+        h.encode((&mut buf[..]).try_into().unwrap());
+        buf.extend_from_slice(key);
+        let (status, msg) = c.raw_request(shard, &buf, payload, Duration::from_secs(10)).unwrap();
+        (status, msg, id)
+    };
+    let part = pattern(12, 1000);
+    let (status, msg, stage) = send(&mut c, 0, 3000, 0, &part);
+    assert_eq!(status, Status::Ok, "{msg}");
+    assert_eq!(send(&mut c, 2000, 3000, stage, &part).0, Status::Invalid, "out of order");
+    assert_eq!(send(&mut c, 1000, 3000, stage + 99, &part).0, Status::Missing, "no such value");
+    let mut other = server.client();
+    assert_eq!(send(&mut other, 1000, 3000, stage, &part).0, Status::Missing, "another session's value");
+    assert_eq!(send(&mut c, 3000, 3000, stage, &[]).0, Status::Invalid, "a commit of an incomplete value");
+    assert_eq!(c.get(key).unwrap(), None);
+    assert_eq!(staged(&mut c), 0, "the refused commit freed the value");
+    // Whole, in order: committed as an ordinary put.
+    let (_, _, stage) = send(&mut c, 0, 2000, 0, &part);
+    assert_eq!(send(&mut c, 1000, 2000, stage, &part).0, Status::Ok);
+    let (status, msg, _) = send(&mut c, 2000, 2000, stage, &[]);
+    assert_eq!(status, Status::Ok, "{msg}");
+    assert_eq!(c.get(key).unwrap().unwrap().data, [&part[..], &part[..]].concat());
+    // A value left unfinished goes with its session.
+    send(&mut other, 0, 3000, 0, &part);
+    assert_eq!(staged(&mut c), 1);
+    drop(other);
+    assert!(wait_until(Duration::from_secs(5), || staged(&mut c) == 0), "an ended session's parts were freed");
+    assert!(c.delete(key).unwrap() && c.delete(b"whole").unwrap());
+    assert_eq!(c.stats().unwrap()["used_bytes"].as_u64(), Some(0), "nothing staged or stored is left");
 }

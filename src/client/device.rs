@@ -3,8 +3,13 @@
 //! A pointer's memory kind is asked of the driver per call ([`gpu::kind_of`]); host
 //! memory takes the ordinary path. Device memory moves in two steps, on a stream of the
 //! client's own:
-//! - a put copies the value into a pinned host buffer (kept for the next put up to
-//!   [`KEEP_PUT_BUFFER`]), then puts it from there;
+//! - a put of more than [`CHUNK`] bytes sends the value in parts of that size, staged on
+//!   the server ([`crate::proto::flags::STAGE`] with a range), from two pinned chunk
+//!   buffers in turn: while one part crosses the network, the GPU copies the next into
+//!   the other buffer; an empty part at the end commits the value as an ordinary put.
+//!   Smaller values, values for a cluster, and values the server has no staging room for
+//!   are copied whole into a pinned buffer (kept for the next put up to
+//!   [`KEEP_PUT_BUFFER`]) and put from there;
 //! - a get receives the value in [`CHUNK`]-byte ranges pinned to its generation, into two
 //!   pinned chunk buffers in turn: while the network fills one, the GPU copies the other
 //!   into place. A value that changes while it is read is read again.
@@ -13,10 +18,10 @@
 //! touches the caller's device memory afterwards.
 
 use super::conn::{Receive, Sink};
-use super::{check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
+use super::{apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};
-use crate::proto::MAX_VALUE_LEN;
+use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
 use crate::store::{resolve_range, ByteRange};
 
 /// Bytes a get reads per request into device memory.
@@ -133,13 +138,82 @@ impl Client {
             return Err(Error::new(Status::ValueTooLarge, format!("{len} bytes > limit {MAX_VALUE_LEN}")));
         }
         let mut staging = self.staging()?;
-        let result = match staging.copy_to_host(addr, len, ordinal) {
-            Ok(value) => self.put_with(key, value, opts),
-            Err(e) => Err(e),
-        };
+        let mut result = Err(Error::new(Status::Unavailable, "not sent in parts"));
+        if len > CHUNK && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
+            let mut stage_id = None;
+            result = self.put_in_parts(&mut staging, key, addr, len, ordinal, opts, &mut stage_id);
+            if let (Err(_), Some(id)) = (&result, stage_id) {
+                self.discard_parts(key, id);
+            }
+        }
+        // The server had no staging room, or the value lapsed or the connection was
+        // replaced while its parts arrived (a part names the session's value): sent whole.
+        if result.as_ref().is_err_and(|e| matches!(e.status, Status::Unavailable | Status::Missing | Status::Transport)) {
+            result = match staging.copy_to_host(addr, len, ordinal) {
+                Ok(value) => self.put_with(key, value, opts),
+                Err(e) => Err(e),
+            };
+        }
+        // Whatever happened, no copy runs after the return.
+        let synchronized = staging.stream(ordinal).and_then(|s| s.synchronize());
         staging.trim();
         self.device_staging = Some(staging);
-        result
+        result.and_then(|r| synchronized.map(|()| r))
+    }
+
+    /// Sends a value of device memory in parts of [`CHUNK`] bytes, the GPU copying the next
+    /// part into one chunk buffer while the other's part crosses the network, then commits
+    /// it. `stage_id` receives the id the server stages the value under once it does.
+    #[allow(clippy::too_many_arguments)]
+    fn put_in_parts(&mut self, staging: &mut DeviceStaging, key: &[u8], addr: usize, len: usize, ordinal: i32, opts: &PutOptions, stage_id: &mut Option<u64>) -> Result<WriteResult> {
+        let parts = len.div_ceil(CHUNK);
+        let part_len = |k: usize| CHUNK.min(len - k * CHUNK);
+        let first = staging.chunks[0].as_mut_ptr();
+        let stream = staging.stream(ordinal)?;
+        // SAFETY: the chunk buffer holds CHUNK bytes used by nothing else; the caller's
+        // device range holds `len` bytes; synchronized right after.
+        unsafe { stream.to_host(first, addr, part_len(0))? };
+        stream.synchronize()?;
+        for k in 0..parts {
+            if k + 1 < parts {
+                let next = staging.chunks[(k + 1) % 2].as_mut_ptr();
+                // SAFETY: the other chunk buffer, whose part was sent (its call returned);
+                // synchronized before that buffer is sent or the call returns.
+                unsafe { staging.stream(ordinal)?.to_host(next, addr + (k + 1) * CHUNK, part_len(k + 1))? };
+            }
+            let mut h = RequestHeader::new(Op::Put, 0, 0);
+            h.flags |= flags::STAGE | flags::HAS_RANGE;
+            (h.range_start, h.range_end, h.if_not_equal) = ((k * CHUNK) as i64, len as i64, stage_id.unwrap_or(0));
+            let reply = self.call_key(key, h, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
+            if reply.header.status() != Status::Ok {
+                return Err(error_of(reply.header.status(), &reply));
+            }
+            stage_id.get_or_insert(reply.header.request_id);
+            // The next part is in its buffer.
+            staging.stream(ordinal)?.synchronize()?;
+        }
+        let mut h = RequestHeader::new(Op::Put, 0, 0);
+        h.flags |= flags::STAGE | flags::HAS_RANGE;
+        (h.range_start, h.range_end, h.if_not_equal) = (len as i64, len as i64, stage_id.take().unwrap_or(0));
+        apply_write_condition(&mut h, opts.condition);
+        if let Some(ttl) = opts.ttl {
+            h.flags |= flags::HAS_TTL;
+            h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
+        }
+        let reply = self.call_key(key, h, &[])?;
+        match reply.header.status() {
+            Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
+            Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
+            s => Err(error_of(s, &reply)),
+        }
+    }
+
+    /// Frees what a put in parts left on the server (it would lapse anyway).
+    fn discard_parts(&mut self, key: &[u8], stage_id: u64) {
+        let mut h = RequestHeader::new(Op::Delete, 0, 0);
+        h.flags |= flags::STAGE;
+        h.if_not_equal = stage_id;
+        let _ = self.call_key(key, h, &[]);
     }
 
     fn get_into_device(&mut self, key: &[u8], opts: &GetOptions, addr: usize, len: usize, ordinal: i32) -> Result<GetInto> {

@@ -44,7 +44,7 @@ use crate::error::Status;
 /// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
 /// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
 /// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
@@ -133,6 +133,13 @@ pub mod flags {
     /// generation in `if_equal` (as an import). Delete: discards the value staged under
     /// the id in `if_not_equal`. Staged values are bounded per shard, lapse, and go
     /// when their session ends (see `server/staging.rs`).
+    ///
+    /// Put with [`HAS_RANGE`] (not `IMPORT`): a part of a value staged in parts, the key
+    /// inline: bytes `[range_start, range_start + payload)` of a value of `range_end`
+    /// bytes. The first part (at 0) stages the value under the request's id, the later
+    /// ones name it in `if_not_equal` and come in order, one at a time. The empty part at
+    /// `range_start == range_end` commits the value as an ordinary put (its condition and
+    /// TTL in the header). A client copying a value out of GPU memory sends it so.
     pub const STAGE: u32 = 1 << 14;
     /// Every flag a request may carry once it is whole.
     pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE | STAGE;

@@ -59,6 +59,9 @@ pub struct PendingPut {
     pub cut: Option<Vec<Extent>>,
     /// When the request arrived, while requests are timed (for the service-time metric).
     pub arrived: Option<Instant>,
+    /// A part of a value staged in parts: the id the value is staged under. The extent
+    /// is the staged value's, which this transfer owns until it ends.
+    pub part: Option<u64>,
 }
 
 /// What the bootstrap tells every worker about clients: each welcomed client's secret
@@ -445,6 +448,11 @@ impl Service {
         if value_len > proto::MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN)));
         }
+        if is_part(&h) {
+            let (extent, layout, id) = self.begin_part(&h, req.inline, arriving)?;
+            let dest_offset = u64::from(layout.value_at) + h.range_start as u64;
+            return Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived, part: Some(id) });
+        }
         if h.flags & flags::STAGE != 0 {
             if h.flags & flags::IMPORT != 0 {
                 return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
@@ -469,7 +477,7 @@ impl Service {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
             (layout, extent, u64::from(layout.value_at))
         };
-        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived })
+        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived, part: None })
     }
 
     /// Where a pending put's bytes go.
@@ -489,6 +497,9 @@ impl Service {
 
     fn publish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
         let id = p.header.request_id;
+        if let Some(stage_id) = p.part {
+            return self.end_part(p, stage_id, arrived, out);
+        }
         if let Some(held) = p.cut {
             for part in held {
                 self.shard.release(part);
@@ -540,6 +551,9 @@ impl Service {
     fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
+        if is_part(h) {
+            return self.eager_part(h, key, value);
+        }
         self.check_placement(h, key, true)?;
         const STAGED_IMPORT: u32 = flags::IMPORT | flags::STAGE;
         match h.flags & STAGED_IMPORT {
@@ -568,6 +582,93 @@ impl Service {
             return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's", h.if_not_equal)));
         }
         let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
+        Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
+    }
+
+    /// Admits a part of a value staged in parts ([`flags::STAGE`] with a range): the
+    /// first (at offset 0) reserves the whole value's extent and stages it under the
+    /// request's id, later ones name that id in `if_not_equal`. The extent, the layout and
+    /// the id; the part's transfer owns the extent until [`Service::end_part`].
+    fn begin_part(&mut self, h: &RequestHeader, key: &[u8], len: u64) -> Result<(Extent, Layout, u64)> {
+        if h.flags & flags::KEY_IN_PAYLOAD != 0 || h.range_start < 0 || h.range_end < h.range_start || h.range_end as u64 > proto::MAX_VALUE_LEN {
+            return Err(Error::new(Status::Invalid, format!("a part [{}, {}) of a value staged in parts (its key inline, 0 <= start <= length <= {})", h.range_start, h.range_end, proto::MAX_VALUE_LEN)));
+        }
+        self.check_shard(key)?;
+        self.check_placement(h, key, true)?;
+        let (offset, total) = (h.range_start as u64, h.range_end as u64);
+        if offset > 0 {
+            let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
+            if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len() {
+                self.staging.part_ended(h.session, h.if_not_equal, 0, true).ok();
+                return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's", h.if_not_equal)));
+            }
+            return Ok((extent, layout, h.if_not_equal));
+        }
+        if len > total || total == 0 {
+            return Err(Error::new(Status::Invalid, format!("a first part of {len} bytes of a {total}-byte value")));
+        }
+        let layout = Layout::aligned_to(key.len(), total, u64::from(h.aux_len));
+        self.staging.admit(h.session, layout.extent_len())?;
+        let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
+        self.shard.extent_mut(extent)[..key.len()].copy_from_slice(key);
+        self.staging.begin_assembly(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
+            self.shard.release(extent);
+            e
+        })?;
+        Ok((extent, layout, h.request_id))
+    }
+
+    /// A part's transfer ended: the bytes of the value received so far, or the value is
+    /// over (the part failed or was cut, or the value was discarded meanwhile) and freed.
+    fn end_part(&mut self, p: PendingPut, stage_id: u64, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
+        let (h, id) = (p.header, p.header.request_id);
+        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived && p.cut.is_none()) {
+            Ok(received) => ok_reply(id, 0, received),
+            Err(over) => {
+                match (p.cut, over) {
+                    // A cut transfer freed the extent but what it still writes into.
+                    (Some(held), _) => held.into_iter().for_each(|part| self.shard.release(part)),
+                    (None, Some(staged)) => self.shard.release(staged.extent),
+                    (None, None) => {}
+                }
+                let why = if arrived { "the value staged in parts lapsed or was discarded while a part arrived" } else { "a part's transfer failed; the value staged in parts is discarded" };
+                error_reply(id, &Error::new(Status::Transport, why), out)
+            }
+        }
+    }
+
+    /// A part that arrived with its request (or the empty part at the value's end, which
+    /// commits the value as an ordinary put, with its condition and TTL).
+    fn eager_part(&mut self, h: &RequestHeader, key: &[u8], part: &[u8]) -> Result<ReplyHeader> {
+        if value_is_whole(h, part.len()) {
+            return self.commit_parts(h, key);
+        }
+        let (extent, layout, stage_id) = self.begin_part(h, key, part.len() as u64)?;
+        let at = layout.value_at as usize + h.range_start as usize;
+        self.shard.extent_mut(extent)[at..][..part.len()].copy_from_slice(part);
+        match self.staging.part_ended(h.session, stage_id, part.len() as u64, true) {
+            Ok(received) => Ok(ok_reply(h.request_id, 0, received)),
+            Err(over) => {
+                if let Some(staged) = over {
+                    self.shard.release(staged.extent);
+                }
+                Err(Error::new(Status::Missing, "the value staged in parts lapsed"))
+            }
+        }
+    }
+
+    /// Publishes a value whose parts all arrived, as a put under a new generation if its
+    /// condition holds.
+    fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
+        self.check_placement(h, key, true)?;
+        let id = h.if_not_equal;
+        let staged = self.staging.take(h.session, id).ok_or_else(|| Error::new(Status::Missing, format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)")))?;
+        let whole = staged.assembly.is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
+        if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
+            self.shard.release(staged.extent);
+            return Err(Error::new(Status::Invalid, format!("the value staged under request id {id} is not whole, or is another key's")));
+        }
+        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
         Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
     }
 
@@ -718,6 +819,16 @@ pub fn error_reply(request_id: u64, err: &Error, out: &mut Vec<u8>) -> ReplyHead
     out.clear();
     out.extend_from_slice(err.message.as_bytes());
     ReplyHeader::new(request_id, err.status)
+}
+
+/// A part of a value staged in parts ([`flags::STAGE`] with a range, not an import).
+fn is_part(h: &RequestHeader) -> bool {
+    h.flags & (flags::STAGE | flags::HAS_RANGE | flags::IMPORT) == flags::STAGE | flags::HAS_RANGE
+}
+
+/// The empty part at a value's end, which commits it.
+fn value_is_whole(h: &RequestHeader, part_len: usize) -> bool {
+    part_len == 0 && h.range_start == h.range_end && h.range_start > 0
 }
 
 fn ok_reply(request_id: u64, generation: u64, value_size: u64) -> ReplyHeader {

@@ -6,9 +6,13 @@
 //! the staged value under that generation. The value crosses the network to every replica
 //! at once, instead of once to the primary and then once more to each replica.
 //!
+//! A value can also be staged in parts, in order, one part in flight at a time, and then
+//! committed as an ordinary put (see [`flags::STAGE`]): a client copying a value out of GPU
+//! memory sends one part while the GPU copies the next.
+//!
 //! A staged value is reachable by no reader or writer; it is bounded in count and bytes
 //! per shard and per session, held for at most [`STAGE_HOLD`], and freed when its
-//! session ends.
+//! session ends (once a part still arriving into it has ended).
 //!
 //! [`flags::STAGE`]: crate::proto::flags::STAGE
 
@@ -33,6 +37,20 @@ pub struct Staged {
     pub extent: Extent,
     pub layout: Layout,
     until: Instant,
+    /// For a value staged in parts: how far it has arrived.
+    pub assembly: Option<Assembly>,
+}
+
+/// The state of a value staged in parts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Assembly {
+    /// Bytes of the value received, from its start.
+    pub received: u64,
+    /// A part is arriving into the extent: until it ends, its transfer owns the extent.
+    in_flight: bool,
+    /// Lapsed, discarded or its session ended while a part was arriving: it goes when
+    /// the part ends.
+    doomed: bool,
 }
 
 /// One shard's staged values, by the session that staged each and its request's id.
@@ -95,12 +113,58 @@ impl Staging {
             return Err((extent, Error::new(Status::Invalid, format!("a value is staged under request id {id} already"))));
         }
         self.count(session, extent.len, true);
-        self.held.insert((session, id), Staged { extent, layout, until: Instant::now() + STAGE_HOLD });
+        self.held.insert((session, id), Staged { extent, layout, until: Instant::now() + STAGE_HOLD, assembly: None });
         Ok(())
     }
 
-    /// Takes the value staged for `(session, id)` out (to publish or discard it).
+    /// Holds `extent` for a value staged in parts under `(session, id)`, its first part
+    /// arriving; as [`Staging::hold`] otherwise.
+    pub fn begin_assembly(&mut self, session: u64, id: u64, extent: Extent, layout: Layout) -> std::result::Result<(), (Extent, Error)> {
+        self.hold(session, id, extent, layout)?;
+        self.held.get_mut(&(session, id)).unwrap().assembly = Some(Assembly { in_flight: true, ..Assembly::default() });
+        Ok(())
+    }
+
+    /// Admits the part of `len` bytes at `offset` of the value staged in parts under
+    /// `(session, id)`, whose whole length is `total`: its extent and layout.
+    pub fn next_part(&mut self, session: u64, id: u64, offset: u64, len: u64, total: u64) -> Result<(Extent, Layout)> {
+        let missing = || Error::new(Status::Missing, format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"));
+        let staged = self.held.get_mut(&(session, id)).ok_or_else(missing)?;
+        let assembly = staged.assembly.as_mut().filter(|a| !a.doomed).ok_or_else(missing)?;
+        if assembly.in_flight || offset != assembly.received || total != staged.layout.value_len || offset + len > total {
+            return Err(Error::new(
+                Status::Invalid,
+                format!("part [{offset}, {}) of {total} bytes: the value staged under request id {id} has {} of {} bytes, and takes its parts in order, one at a time", offset + len, assembly.received, staged.layout.value_len),
+            ));
+        }
+        assembly.in_flight = true;
+        Ok((staged.extent, staged.layout))
+    }
+
+    /// A part of the value staged in parts under `(session, id)` ended: received
+    /// (`arrived`) or failed. Ok: the bytes of the value received so far. Err: the value
+    /// is over (the part failed, or the value lapsed or was discarded meanwhile), and
+    /// taken out: its extent is the caller's to free.
+    pub fn part_ended(&mut self, session: u64, id: u64, len: u64, arrived: bool) -> std::result::Result<u64, Option<Staged>> {
+        let Some(assembly) = self.held.get_mut(&(session, id)).and_then(|s| s.assembly.as_mut()) else {
+            return Err(None);
+        };
+        assembly.in_flight = false;
+        if arrived && !assembly.doomed {
+            assembly.received += len;
+            return Ok(assembly.received);
+        }
+        Err(self.take(session, id))
+    }
+
+    /// Takes the value staged for `(session, id)` out (to publish or discard it). A value
+    /// with a part arriving stays until the part ends, and goes then.
     pub fn take(&mut self, session: u64, id: u64) -> Option<Staged> {
+        let staged = self.held.get_mut(&(session, id))?;
+        if let Some(a) = staged.assembly.as_mut().filter(|a| a.in_flight) {
+            a.doomed = true;
+            return None;
+        }
         let staged = self.held.remove(&(session, id))?;
         self.count(session, staged.extent.len, false);
         Some(staged)
@@ -115,10 +179,13 @@ impl Staging {
         let mut gone = Vec::new();
         self.held.retain(|&(session, _), s| {
             let keep = s.until > now && !ended(session);
-            if !keep {
-                gone.push((session, s.extent));
+            match s.assembly.as_mut().filter(|a| a.in_flight) {
+                // Its part's transfer still writes into the extent.
+                Some(a) if !keep => a.doomed = true,
+                _ if !keep => gone.push((session, s.extent)),
+                _ => {}
             }
-            keep
+            keep || s.assembly.is_some_and(|a| a.in_flight)
         });
         for &(session, extent) in &gone {
             self.count(session, extent.len, false);
@@ -168,5 +235,29 @@ mod tests {
         assert!(s.drain(Instant::now(), |_| false).is_empty());
         assert_eq!(s.drain(Instant::now() + STAGE_HOLD, |_| false).len(), MAX_STAGED_PER_SESSION, "lapsed values go");
         assert!(s.admit(3, 500).is_ok());
+    }
+
+    #[test]
+    fn parts_arrive_in_order_and_a_part_in_flight_keeps_its_extent() {
+        let mut s = Staging::new(1 << 20);
+        let layout = Layout::packed(1, 300);
+        s.begin_assembly(1, 7, extent(0, 400), layout).map_err(|(_, e)| e).unwrap();
+        assert_eq!(s.next_part(1, 7, 0, 100, 300).unwrap_err().status, Status::Invalid, "one part in flight at a time");
+        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(100));
+        assert_eq!(s.next_part(1, 7, 150, 100, 300).unwrap_err().status, Status::Invalid, "parts come in order");
+        assert_eq!(s.next_part(1, 7, 100, 201, 300).unwrap_err().status, Status::Invalid, "parts end within the value");
+        assert_eq!(s.next_part(2, 7, 100, 100, 300).unwrap_err().status, Status::Missing, "another session's value");
+        assert!(s.next_part(1, 7, 100, 100, 300).is_ok());
+        // Discarded and lapsed while the part arrives: the extent stays until the part ends.
+        assert!(s.take(1, 7).is_none());
+        assert!(s.drain(Instant::now() + STAGE_HOLD, |_| true).is_empty());
+        assert_eq!(s.held().0, 1);
+        let over = s.part_ended(1, 7, 100, true).unwrap_err();
+        assert_eq!(over.map(|v| v.extent.offset), Some(0), "the part ended: the extent is the caller's to free");
+        assert!(s.is_empty() && s.held() == (0, 0));
+        // A failed part ends the value.
+        s.begin_assembly(1, 8, extent(0, 400), layout).map_err(|(_, e)| e).unwrap();
+        assert!(s.part_ended(1, 8, 100, false).unwrap_err().is_some());
+        assert!(s.is_empty());
     }
 }
