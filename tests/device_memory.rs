@@ -252,6 +252,17 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     assert_eq!(send(&mut c, 1000, 3000, stage + 99, &part).0, Status::Missing, "no such value");
     let mut other = server.client();
     assert_eq!(send(&mut other, 1000, 3000, stage, &part).0, Status::Missing, "another session's value");
+    // An import names no value staged in parts (its bytes may not all have arrived).
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(Op::Put, id, session);
+    h.flags = flags::STAGE | flags::IMPORT;
+    (h.key_len, h.if_not_equal, h.if_equal) = (key.len() as u32, stage, 5);
+    let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
+    h.encode((&mut buf[..]).try_into().unwrap());
+    buf.extend_from_slice(key);
+    assert_eq!(c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0, Status::Invalid, "an import of a value staged in parts");
+    assert_eq!(c.get(key).unwrap(), None);
+    let (_, _, stage) = send(&mut c, 0, 3000, 0, &part);
     assert_eq!(send(&mut c, 3000, 3000, stage, &[]).0, Status::Invalid, "a commit of an incomplete value");
     assert_eq!(c.get(key).unwrap(), None);
     assert_eq!(staged(&mut c), 0, "the refused commit freed the value");
@@ -268,4 +279,81 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     assert!(wait_until(Duration::from_secs(5), || staged(&mut c) == 0), "an ended session's parts were freed");
     assert!(c.delete(key).unwrap() && c.delete(b"whole").unwrap());
     assert_eq!(c.stats().unwrap()["used_bytes"].as_u64(), Some(0), "nothing staged or stored is left");
+}
+
+/// The C ABI's declarations this test calls (include/remote_dram.h), linked from the crate.
+mod c_abi {
+    use std::ffi::{c_char, c_void};
+
+    #[repr(C)]
+    pub struct PutItem {
+        pub key: *const u8,
+        pub key_len: usize,
+        pub value: *const u8,
+        pub value_len: usize,
+        pub generation: u64,
+        pub status: i32,
+    }
+
+    #[repr(C)]
+    pub struct GetItem {
+        pub key: *const u8,
+        pub key_len: usize,
+        pub buf: *mut u8,
+        pub buf_len: usize,
+        pub value_len: usize,
+        pub generation: u64,
+        pub status: i32,
+    }
+
+    extern "C" {
+        pub fn rdram_client_connect(addresses: *const c_char, options: *const c_void, out: *mut *mut c_void) -> i32;
+        pub fn rdram_client_close(client: *mut c_void);
+        pub fn rdram_put(client: *mut c_void, key: *const u8, key_len: usize, value: *const u8, value_len: usize, generation_out: *mut u64) -> i32;
+        pub fn rdram_get(client: *mut c_void, key: *const u8, key_len: usize, buf: *mut u8, buf_len: usize, value_len_out: *mut usize, generation_out: *mut u64) -> i32;
+        pub fn rdram_mput(client: *mut c_void, items: *mut PutItem, n: usize) -> i32;
+        pub fn rdram_mget(client: *mut c_void, items: *mut GetItem, n: usize) -> i32;
+        pub fn rdram_register(client: *mut c_void, addr: *mut c_void, len: usize) -> i32;
+    }
+}
+
+/// The C ABI takes device pointers: single calls and batches mixing device and host buffers.
+#[test]
+fn c_abi_takes_device_pointers() {
+    let (_one, posing) = setup();
+    let server = ServerProc::start(&["--memory", "256MiB"]);
+    let addr = std::ffi::CString::new(server.addr.clone()).unwrap();
+    let len = 2 * DEVICE_CHUNK + 5;
+    let value = pattern(21, len);
+    let src = DeviceBuffer::with(posing, &value);
+    let mut dst = DeviceBuffer::new(posing, len, 0);
+    let host_value = pattern(22, 1000);
+    let mut host_dst = vec![0u8; 1000];
+    let mut dst2 = DeviceBuffer::new(posing, 1000, 0);
+    // SAFETY: every pointer is to live memory of the lengths given; the handle is closed last.
+    unsafe {
+        let mut c = std::ptr::null_mut();
+        assert_eq!(c_abi::rdram_client_connect(addr.as_ptr(), std::ptr::null(), &mut c), 0);
+        let (mut generation, mut got) = (0u64, 0usize);
+        assert_eq!(c_abi::rdram_put(c, b"c/dev".as_ptr(), 5, src.memory.as_ptr(), len, &mut generation), 0);
+        assert_eq!(c_abi::rdram_get(c, b"c/dev".as_ptr(), 5, dst.memory.as_mut_ptr(), len, &mut got, std::ptr::null_mut()), 0);
+        assert!(got == len && dst.memory == value, "rdram_get into device memory");
+        assert_eq!(c_abi::rdram_register(c, dst.memory.as_mut_ptr().cast(), len), 0, "registering device memory is accepted");
+
+        let mut puts = [
+            c_abi::PutItem { key: b"c/b1".as_ptr(), key_len: 4, value: src.memory.as_ptr(), value_len: 1000, generation: 0, status: -99 },
+            c_abi::PutItem { key: b"c/b2".as_ptr(), key_len: 4, value: host_value.as_ptr(), value_len: 1000, generation: 0, status: -99 },
+        ];
+        assert_eq!(c_abi::rdram_mput(c, puts.as_mut_ptr(), 2), 0);
+        assert!(puts.iter().all(|p| p.status == 0 && p.generation > 0));
+        let mut gets = [
+            c_abi::GetItem { key: b"c/b2".as_ptr(), key_len: 4, buf: dst2.memory.as_mut_ptr(), buf_len: 1000, value_len: 0, generation: 0, status: -99 },
+            c_abi::GetItem { key: b"c/b1".as_ptr(), key_len: 4, buf: host_dst.as_mut_ptr(), buf_len: 1000, value_len: 0, generation: 0, status: -99 },
+        ];
+        assert_eq!(c_abi::rdram_mget(c, gets.as_mut_ptr(), 2), 0);
+        assert!(gets.iter().all(|g| g.status == 0 && g.value_len == 1000));
+        c_abi::rdram_client_close(c);
+    }
+    assert!(dst2.memory == host_value, "a batch item read into device memory");
+    assert!(host_dst[..] == value[..1000], "a batch item put from device memory");
 }

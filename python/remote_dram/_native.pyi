@@ -9,11 +9,15 @@ from typing import Any, Optional, Tuple, Union
 from typing_extensions import Buffer as _Buffer  # bytes, bytearray, memoryview, numpy arrays...
 
 Key = Union[bytes, str]
-#: Anything with the buffer protocol, or a CPU torch tensor.
+#: Anything with the buffer protocol, a torch tensor on the CPU or a CUDA device, or a CUDA
+#: array offered through ``__cuda_array_interface__`` (CuPy) or ``__dlpack__`` (JAX).
 Value = Union[_Buffer, Any]
 ByteRange = Tuple[int, Optional[int]]
 
 PROTOCOL_VERSION: int
+
+def _pose_as_device(addr: int, length: int) -> bool:
+    """For tests without a GPU: host memory the client then takes for CUDA device memory."""
 
 class Entry:
     value: Optional[bytes]

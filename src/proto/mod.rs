@@ -555,7 +555,7 @@ mod tests {
         assert_eq!((d, op), (h, Op::Put));
 
         let mut bad = buf;
-        bad[2] = 9;
+        bad[2] = PROTOCOL_VERSION + 1;
         let e = RequestHeader::decode(&bad).unwrap_err();
         assert_eq!((e.status, e.request_id), (Status::VersionMismatch, Some(42)));
         let mut bad = buf;

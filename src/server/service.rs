@@ -577,9 +577,11 @@ impl Service {
             return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
         }
         let staged = self.staging.take(h.session, h.if_not_equal).ok_or_else(|| Error::new(Status::Missing, format!("no value is staged under request id {} (it lapsed, or never arrived)", h.if_not_equal)))?;
-        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
+        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key || staged.assembly.is_some() {
+            // (A value staged in parts is committed by its last part, never imported: its
+            // extent may hold bytes that never arrived.)
             self.shard.release(staged.extent);
-            return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's", h.if_not_equal)));
+            return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's, or staged in parts", h.if_not_equal)));
         }
         let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
         Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
