@@ -154,6 +154,8 @@ fn clients_follow_the_member_set_as_servers_join_and_leave() {
     c.put(b"after-leave", b"1").unwrap();
     assert_eq!(c.get(b"after-leave").unwrap().unwrap().data, b"1");
 
+    let kept = c.session_with(&a.addr);
+    assert!(kept.is_some());
     let joined = member(&url);
     let follows = wait_until(Duration::from_secs(5), || {
         let _ = c.get(b"k0");
@@ -161,6 +163,12 @@ fn clients_follow_the_member_set_as_servers_join_and_leave() {
     });
     assert!(follows, "the client follows a join: {:?}", c.layout());
     assert!(c.layout().iter().any(|(node, _)| *node == joined.addr));
+    assert_eq!(c.session_with(&a.addr), kept, "a join connects to the joining server only: the connection to the others is kept");
+    assert_eq!(c.get(b"after-leave").unwrap().unwrap().data, b"1");
+    for i in 0..20 {
+        c.put(format!("j{i}").as_bytes(), b"joined").unwrap();
+        assert_eq!(c.get(format!("j{i}").as_bytes()).unwrap().unwrap().data, b"joined");
+    }
 }
 
 /// A member that dies (SIGKILL) leaves the view when its lease expires.

@@ -97,6 +97,9 @@ pub(super) trait Link {
     unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
     fn deregister(&mut self, base: *mut u8) -> Result<()>;
     fn is_dead(&self, server: usize) -> bool;
+    /// Connects to more servers (their welcomes and bootstrap connections), numbered after
+    /// those connected already; in use once this returns.
+    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<TcpStream>, timeout: Duration) -> Result<()>;
     /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
     fn set_spin(&mut self, spin: Duration);
     /// Whether requests may go with their header in its short form (see
@@ -163,6 +166,17 @@ impl Liveness {
         Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now(), lost })
     }
 
+    /// Watches one more server's bootstrap connection (a server added to the connection).
+    pub fn add(&mut self, stream: TcpStream, node: &str) -> Result<()> {
+        stream.set_nonblocking(true)?;
+        self.streams.push(stream);
+        self.gone.push(false);
+        if let Some((nodes, _, _)) = &mut self.lost {
+            nodes.push(node.to_string());
+        }
+        Ok(())
+    }
+
     /// A server whose connection closed, or that moved a shard to new endpoints
     /// ([`crate::proto::bootstrap::MOVED_NOTICE`]), each reported once; checks at most every
     /// [`LIVENESS_CHECK`], so it is cheap to call on every turn of a wait loop.
@@ -227,6 +241,31 @@ pub struct Connection {
     replicas: usize,
     next_to: Vec<usize>,
     next_seeds: Vec<u64>,
+    /// What a server must offer to join this connection (see [`Connection::add_servers`]).
+    joins: Joins,
+}
+
+/// What the link was made for: a server added later must fit it, or the connection is
+/// made anew.
+#[derive(Clone, Debug)]
+struct Joins {
+    transport: String,
+    provider: String,
+    /// UCX over shared memory only, within this scope.
+    shared_memory_only: Option<Option<String>>,
+    /// UCX with its tcp transport.
+    ucx_tcp: bool,
+    /// A server's connecting failed half-way: the link may hold part of it, so no
+    /// server joins this connection any more.
+    closed: bool,
+}
+
+impl Joins {
+    fn fit(&self, w: &Welcome) -> bool {
+        (&w.transport, &w.provider) == (&self.transport, &self.provider)
+            && self.shared_memory_only.as_ref().is_none_or(|scope| w.shared_memory_scope.is_some() && w.shared_memory_scope == *scope)
+            && (w.transport != "ucx" || w.ucx_tcp == self.ucx_tcp)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -288,6 +327,13 @@ impl Connection {
         }
         let liveness = Liveness::new(bootstraps, addresses.to_vec(), opts.lost.clone())?;
         let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
+        let joins = Joins {
+            transport: welcomes[0].transport.clone(),
+            provider: welcomes[0].provider.clone(),
+            shared_memory_only: all_local.then(|| scope.clone()),
+            ucx_tcp: welcomes.iter().all(|w| w.ucx_tcp),
+            closed: false,
+        };
         // A server that offers shared memory where this client cannot map it (see
         // `Welcome::shared_memory_scope`): failures to connect then say why.
         let elsewhere = welcomes.iter().find(|w| !shares_memory_with(w, &here)).map(|w| w.node.clone());
@@ -337,22 +383,59 @@ impl Connection {
             .collect::<Vec<_>>();
         let route_seeds = servers.iter().map(|s| s.node_seed).collect();
         let route_to = (0..servers.len()).collect();
-        let mut conn = Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None, replicas: 1, next_to: Vec::new(), next_seeds: Vec::new() };
+        let mut conn =
+            Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None, replicas: 1, next_to: Vec::new(), next_seeds: Vec::new(), joins };
         if welcomes_transport_is_ucx {
-            conn.round_trip_every_shard(opts.connect_timeout)?;
+            conn.round_trip_every_shard(0, opts.connect_timeout)?;
         }
         Ok(conn)
     }
 
-    /// One round trip with every shard worker before the connection is handed out: UCX
+    /// Connects to servers that joined (a cluster's new members) beside those connected,
+    /// which go on serving: false when one of them does not fit the link (another
+    /// transport, or a UCX context made for shared memory only and a server it cannot
+    /// reach so), and the connection must be made anew.
+    pub fn add_servers(&mut self, addresses: &[String], opts: &ConnectOptions) -> Result<bool> {
+        if self.joins.closed {
+            return Ok(false);
+        }
+        let mut welcomes = Vec::new();
+        let mut bootstraps = Vec::new();
+        for addr in addresses {
+            let (welcome, stream) = handshake(addr, opts)?;
+            if !self.joins.fit(&welcome) {
+                return Ok(false);
+            }
+            if self.server_named(&welcome.node).is_some() || welcomes.iter().any(|w: &Welcome| w.node == welcome.node) {
+                return Err(Error::new(Status::Invalid, format!("server {} is connected already", welcome.node)));
+            }
+            welcomes.push(welcome);
+            bootstraps.push(stream);
+        }
+        let first = self.servers.len();
+        if let Err(e) = self.link.add_servers(&welcomes, bootstraps, opts.connect_timeout) {
+            self.joins.closed = true;
+            return Err(e);
+        }
+        for w in welcomes {
+            self.servers.push(ServerConn { node_seed: proto::node_seed(&w.node), shards: w.shards.len(), session: w.session, node: w.node });
+        }
+        if self.joins.transport == "ucx" {
+            self.round_trip_every_shard(first, opts.connect_timeout)?;
+        }
+        Ok(true)
+    }
+
+    /// One round trip with every shard worker (of the servers from `first_server` on)
+    /// before the connection is handed out: UCX
     /// 1.13.1 aborts a server (`ucp_request.c:684 ... got REP message`) when a client's
     /// tcp endpoint fails while the server's wireup reply to it is still queued, so a
     /// client that connects and closes at once could bring the server down. After a round
     /// trip that window is closed. (An abort that names no request is the cheapest request:
     /// the worker answers at once.)
-    fn round_trip_every_shard(&mut self, timeout: Duration) -> Result<()> {
+    fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration) -> Result<()> {
         let mut ids = Vec::new();
-        for server in 0..self.servers.len() {
+        for server in first_server..self.servers.len() {
             for shard in 0..self.servers[server].shards {
                 let mut h = RequestHeader::new(proto::Op::Abort, 0, 0);
                 h.ttl_or_limit = u64::MAX;

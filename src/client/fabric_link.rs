@@ -127,27 +127,35 @@ impl FabricLink {
             rails: std::mem::ManuallyDrop::new(rails),
             poisoned: false,
         };
+        link.connect_servers(welcomes, opts.connect_timeout)?;
+        Ok(link)
+    }
+
+    /// Adds each server's shards as peers, numbered after the servers connected, and
+    /// introduces us to them.
+    fn connect_servers(&mut self, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
+        let first = self.servers.len();
         for w in welcomes {
             let mut shards = Vec::new();
             for addrs in &w.shards {
                 let addrs = crate::proto::fabric::decode_addresses(addrs)?;
-                if addrs.len() != link.rails.eps.len() {
-                    return Err(Error::new(Status::Transport, format!("server {} has {} rails per shard, expected {}", w.node, addrs.len(), link.rails.eps.len())));
+                if addrs.len() != self.rails.eps.len() {
+                    return Err(Error::new(Status::Transport, format!("server {} has {} rails per shard, expected {}", w.node, addrs.len(), self.rails.eps.len())));
                 }
-                let peers = link.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
+                let peers = self.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
                 shards.push(Shard { peers, slot: u32::MAX, credential: 0 });
             }
-            link.servers.push(Server { node: w.node.clone(), shards, dead: None });
+            self.servers.push(Server { node: w.node.clone(), shards, dead: None });
         }
-        link.hello(welcomes, opts.connect_timeout)?;
-        Ok(link)
+        self.hello(first, welcomes, timeout)
     }
 
-    /// Introduces us to every shard worker and learns our slot at each.
-    fn hello(&mut self, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
+    /// Introduces us to every shard worker of the servers from `first` on (whose
+    /// welcomes these are) and learns our slot at each.
+    fn hello(&mut self, first: usize, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
         let addresses = self.rails.addresses()?;
         let mut waiting = Vec::new();
-        for (s, w) in welcomes.iter().enumerate() {
+        for (s, w) in welcomes.iter().enumerate().map(|(i, w)| (first + i, w)) {
             for shard in 0..self.servers[s].shards.len() {
                 let id = HELLO_ID_BASE + waiting.len() as u64;
                 let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
@@ -754,6 +762,13 @@ impl Link for FabricLink {
 
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
+    }
+
+    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<std::net::TcpStream>, timeout: Duration) -> Result<()> {
+        for (w, stream) in welcomes.iter().zip(bootstraps) {
+            self.liveness.add(stream, &w.node)?;
+        }
+        self.connect_servers(welcomes, timeout)
     }
 
     fn set_spin(&mut self, spin: Duration) {

@@ -272,17 +272,31 @@ impl Client {
         self.cluster.is_none() || self.addresses.contains(&self.conn.servers[i].node)
     }
 
-    /// Routes with the cluster's newest view on the servers already connected, when they
-    /// are all the view needs: a view change that adds no server (keys placed where they
-    /// were moving, a server drained or dead) costs no new connection.
+    /// Routes with the cluster's newest view on the servers already connected, connecting
+    /// to those that joined beside them: a view change costs no new connection to a server
+    /// connected already, and the others serve on while a joining one is connected.
+    /// False when the connection must be made anew (a joining server that does not fit it).
     fn reroute(&mut self) -> Result<bool> {
         let Some((watch, _)) = &self.cluster else { return Ok(false) };
         let view = view_of(watch)?;
         let addresses = view.addresses();
         // A server of the view whose connection is lost is still routed to: its keys fail
         // over to their other replicas, and it leaves the view once its lease lapses.
-        if !addresses.iter().all(|a| self.conn.server_named(a).is_some()) {
-            return Ok(false);
+        let joined: Vec<String> = addresses.iter().filter(|a| self.conn.server_named(a).is_none()).cloned().collect();
+        if !joined.is_empty() {
+            // Servers that left stay connected (unrouted) until the connection is made
+            // anew: that is when they would outnumber the view.
+            if self.conn.servers.len() + joined.len() > 2 * addresses.len() {
+                return Ok(false);
+            }
+            match self.conn.add_servers(&joined, &self.opts) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => {
+                    tracing::debug!("connecting to joining servers {}: {e}", joined.join(","));
+                    return Ok(false);
+                }
+            }
         }
         self.conn.route_with_view(&view.placement)?;
         self.addresses = addresses;
@@ -829,6 +843,13 @@ impl Client {
     #[doc(hidden)]
     pub fn raw_submit(&mut self, shard: usize, header: &[u8], payload: &[u8]) -> Result<u64> {
         self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)
+    }
+
+    /// This client's session with server `node`, while connected to it (tests: whether a
+    /// connection was kept across a view change).
+    #[doc(hidden)]
+    pub fn session_with(&self, node: &str) -> Option<u64> {
+        self.conn.server_named(node).map(|i| self.conn.session(i))
     }
 
     /// The session credential and next request id, for building raw requests.

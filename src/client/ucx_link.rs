@@ -140,21 +140,31 @@ impl UcxLink {
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
         let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), zombies: Vec::new(), next_abort: ABORT_ID_BASE, poller: Poller::new(poll.poll, poll.spin), liveness, worker };
-        for (i, welcome) in welcomes.iter().enumerate() {
+        link.connect_servers(welcomes)?;
+        Ok(link)
+    }
+
+    /// Makes an endpoint to every shard of each server, numbered after those connected.
+    fn connect_servers(&mut self, welcomes: &[Welcome]) -> Result<()> {
+        for welcome in welcomes {
+            let server = self.servers.len();
             let mut eps = Vec::new();
             let mut tags = Vec::new();
             for shard_addr in &welcome.shards {
                 let bytes = hex_decode(shard_addr)?;
-                let mut tag = Box::new(EpTag { state: state_ptr, server: i });
+                let mut tag = Box::new(EpTag { state: self.state.0, server });
                 // SAFETY: tag is kept alive in ServerEps until the endpoint is closed.
                 let (ep, _detects_failure) =
-                    unsafe { link.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
+                    unsafe { self.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
                 eps.push(ep);
                 tags.push(tag);
             }
-            link.servers.push(ServerEps { node: welcome.node.clone(), eps, _tags: tags, dead: None });
+            if self.state.failed.len() <= server {
+                self.state.failed.push(None);
+            }
+            self.servers.push(ServerEps { node: welcome.node.clone(), eps, _tags: tags, dead: None });
         }
-        Ok(link)
+        Ok(())
     }
 
     /// Closes a server's endpoints (completing what is in flight with errors) and fails
@@ -385,6 +395,13 @@ impl Link for UcxLink {
 
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
+    }
+
+    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<std::net::TcpStream>, _timeout: Duration) -> Result<()> {
+        for (w, stream) in welcomes.iter().zip(bootstraps) {
+            self.liveness.add(stream, &w.node)?;
+        }
+        self.connect_servers(welcomes)
     }
 
     fn set_spin(&mut self, spin: Duration) {
