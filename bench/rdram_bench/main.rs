@@ -107,6 +107,10 @@ fn buffer_count(args: &Args) -> usize {
 
 fn main() {
     let args = Args::parse();
+    // The library's logs (a cluster's view changes, reconnects) on stderr, when RUST_LOG asks.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     if args.depth == 0 {
         fail("--depth must be at least 1");
     }

@@ -313,6 +313,7 @@ impl Client {
             return Ok(&mut self.conn);
         }
         let routed = !view_changed || self.reroute()?;
+        tracing::debug!(view_changed, routed, lost = self.lost_a_server(), "the connection is looked at again");
         if routed && !self.lost_a_server() {
             return Ok(&mut self.conn);
         }
@@ -337,6 +338,7 @@ impl Client {
             let wait = self.reconnect_at - now;
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(","))));
         }
+        tracing::debug!("connecting anew to {}", self.addresses.join(","));
         let fresh = Connection::connect(&self.addresses, &self.opts).and_then(|mut c| {
             for &(base, len) in &self.regions {
                 // SAFETY: the caller keeps registered memory valid until it deregisters
