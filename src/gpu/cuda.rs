@@ -142,7 +142,13 @@ impl Device for Cuda {
         // SAFETY: three attributes, each with an out-pointer to a local of the size the
         // driver writes (CUmemorytype and booleans: 32 bits; the ordinal: int). For memory
         // unknown to CUDA the call succeeds and leaves the type 0.
-        let r = unsafe { (self.api.pointer_get_attributes)(attrs.len() as c_uint, attrs.as_ptr(), data.as_mut_ptr(), addr as CuDevicePtr) };
+        let mut ask = || unsafe { (self.api.pointer_get_attributes)(attrs.len() as c_uint, attrs.as_ptr(), data.as_mut_ptr(), addr as CuDevicePtr) };
+        let mut r = ask();
+        if r != CUDA_SUCCESS {
+            // A thread with no context current (one that never used CUDA): asked again
+            // with a primary context current, rather than taking device memory for host.
+            r = self.in_context(0, || Ok(ask())).unwrap_or(r);
+        }
         if r == CUDA_SUCCESS && mem_type == CU_MEMORYTYPE_DEVICE && managed == 0 && ordinal >= 0 {
             MemoryKind::Device { ordinal }
         } else {
@@ -166,18 +172,13 @@ impl Device for Cuda {
             // SAFETY: an out-pointer to a local; portable memory is pinned for every context.
             self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut ptr, len.max(1), CU_MEMHOSTALLOC_PORTABLE) })
         })?;
-        let free = self.api.mem_free_host;
-        // SAFETY: cuMemHostAlloc returned `len` bytes of host memory that only this buffer
-        // owns; cuMemFreeHost frees it once, on drop.
-        Ok(unsafe {
-            HostBuffer::new(
-                ptr.cast(),
-                len,
-                Box::new(move |p, _| {
-                    free(p.cast());
-                }),
-            )
-        })
+        let free = move |p: *mut u8, _len: usize| {
+            // SAFETY: memory from cuMemHostAlloc, freed once (on the buffer's drop), with
+            // the context it was allocated in current.
+            let _ = self.in_context(0, || self.check("cuMemFreeHost", unsafe { (self.api.mem_free_host)(p.cast()) }));
+        };
+        // SAFETY: cuMemHostAlloc returned `len` bytes of host memory that only this buffer owns.
+        Ok(unsafe { HostBuffer::new(ptr.cast(), len, Box::new(free)) })
     }
 
     fn wait_for_stream(&self, ordinal: i32, stream: usize) -> Result<()> {
