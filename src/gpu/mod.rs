@@ -113,10 +113,16 @@ impl Drop for HostBuffer {
 
 static DEVICE: OnceLock<Option<&'static dyn Device>> = OnceLock::new();
 
-/// The process's device: the CUDA driver when it loads, none otherwise (every pointer is
-/// host memory then). Fixed at the first call.
+/// The process's device: the CUDA driver when it loads (and `RDRAM_CUDA` is not `off`),
+/// none otherwise (every pointer is host memory then). Fixed at the first call, which
+/// initializes the driver.
 pub fn device() -> Option<&'static dyn Device> {
-    *DEVICE.get_or_init(|| cuda::Cuda::load().map(|c| &*Box::leak(Box::new(c)) as &'static dyn Device))
+    *DEVICE.get_or_init(|| {
+        if std::env::var("RDRAM_CUDA").is_ok_and(|v| v == "off") {
+            return None;
+        }
+        cuda::Cuda::load().map(|c| &*Box::leak(Box::new(c)) as &'static dyn Device)
+    })
 }
 
 /// Makes `device` the process's device, in place of the CUDA driver: for tests, before
