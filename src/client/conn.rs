@@ -252,7 +252,7 @@ struct Joins {
     transport: String,
     provider: String,
     /// UCX over shared memory only, within this scope.
-    shared_memory_only: Option<Option<String>>,
+    shared_memory_only: Option<String>,
     /// UCX with its tcp transport.
     ucx_tcp: bool,
     /// A server's connecting failed half-way: the link may hold part of it, so no
@@ -263,7 +263,7 @@ struct Joins {
 impl Joins {
     fn fit(&self, w: &Welcome) -> bool {
         (&w.transport, &w.provider) == (&self.transport, &self.provider)
-            && self.shared_memory_only.as_ref().is_none_or(|scope| w.shared_memory_scope.is_some() && w.shared_memory_scope == *scope)
+            && self.shared_memory_only.as_ref().is_none_or(|scope| w.shared_memory_scope.as_ref() == Some(scope))
             && (w.transport != "ucx" || w.ucx_tcp == self.ucx_tcp)
     }
 }
@@ -330,7 +330,8 @@ impl Connection {
         let joins = Joins {
             transport: welcomes[0].transport.clone(),
             provider: welcomes[0].provider.clone(),
-            shared_memory_only: all_local.then(|| scope.clone()),
+            // (`all_local` holds only with a scope of our own.)
+            shared_memory_only: scope.clone().filter(|_| all_local),
             ucx_tcp: welcomes.iter().all(|w| w.ucx_tcp),
             closed: false,
         };

@@ -142,7 +142,11 @@ impl Client {
         if len > CHUNK && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
             let mut stage_id = None;
             result = self.put_in_parts(&mut staging, key, addr, len, ordinal, opts, &mut stage_id);
-            if let (Err(_), Some(id)) = (&result, stage_id) {
+            // Discarded where the server answered (a refused part, a failed copy here);
+            // a server that did not answer frees the parts when they lapse or the
+            // session ends, and is not waited for a second time.
+            let answered = result.as_ref().is_err_and(|e| !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport));
+            if let (true, Some(id)) = (answered, stage_id) {
                 self.discard_parts(key, id);
             }
         }

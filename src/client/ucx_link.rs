@@ -134,7 +134,7 @@ impl UcxLink {
         };
         let worker = Box::new(Worker::with_settings(&tcp, if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
         let state =
-            StatePtr::new(State { worker: &*worker, pending: Requests::default(), failed: vec![None; welcomes.len()], registered: Vec::new() });
+            StatePtr::new(State { worker: &*worker, pending: Requests::default(), failed: Vec::new(), registered: Vec::new() });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
@@ -148,21 +148,34 @@ impl UcxLink {
     fn connect_servers(&mut self, welcomes: &[Welcome]) -> Result<()> {
         for welcome in welcomes {
             let server = self.servers.len();
+            // Before its endpoints exist: their error callback looks its server up here.
+            self.state.failed.push(None);
             let mut eps = Vec::new();
             let mut tags = Vec::new();
+            let mut failed = None;
             for shard_addr in &welcome.shards {
-                let bytes = hex_decode(shard_addr)?;
                 let mut tag = Box::new(EpTag { state: self.state.0, server });
                 // SAFETY: tag is kept alive in ServerEps until the endpoint is closed.
-                let (ep, _detects_failure) =
-                    unsafe { self.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)? };
-                eps.push(ep);
-                tags.push(tag);
-            }
-            if self.state.failed.len() <= server {
-                self.state.failed.push(None);
+                let connected = hex_decode(shard_addr)
+                    .and_then(|bytes| unsafe { self.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void) });
+                match connected {
+                    Ok((ep, _detects_failure)) => {
+                        eps.push(ep);
+                        tags.push(tag);
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
             self.servers.push(ServerEps { node: welcome.node.clone(), eps, _tags: tags, dead: None });
+            if let Some(e) = failed {
+                // The endpoints made are closed (their tags live on with the server, which
+                // keeps its place so that later servers' numbers still match).
+                self.fail_server(server, e.status, e.message.clone());
+                return Err(e);
+            }
         }
         Ok(())
     }
