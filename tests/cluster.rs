@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{rdram, wait_until, ServerProc, RDRAM};
+use remote_dram::client::KeyRange;
 use remote_dram::{Client, ClientOptions};
 
 /// Lease TTL the tests' servers register with.
@@ -169,6 +170,24 @@ fn clients_follow_the_member_set_as_servers_join_and_leave() {
         c.put(format!("j{i}").as_bytes(), b"joined").unwrap();
         assert_eq!(c.get(format!("j{i}").as_bytes()).unwrap().unwrap().data, b"joined");
     }
+
+    // A listing paged alternately by this client (which connected to the joining server
+    // last) and a fresh one (as the gateway pages with whichever client is free) lists
+    // every key once.
+    let mut fresh = client(&url);
+    let range = KeyRange::prefix(b"j");
+    let (mut listed, mut cursor, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let by = if pages % 2 == 0 { &mut c } else { &mut fresh };
+        let (page, next) = by.list_page(&range, cursor.as_ref()).unwrap();
+        listed.extend(page.into_iter().map(|e| String::from_utf8(e.key).unwrap()));
+        pages += 1;
+        match next {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(sorted(listed), sorted((0..20).map(|i| format!("j{i}")).collect()), "every key listed once over {pages} pages");
 }
 
 /// A member that dies (SIGKILL) leaves the view when its lease expires.

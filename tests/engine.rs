@@ -34,6 +34,25 @@ fn two_server_cluster() {
         assert_eq!(other.get(format!("c/{i}").as_bytes()).unwrap().unwrap().data, pattern(i, 100));
     }
     assert_eq!(other.list(&KeyRange::prefix(b"c/")).unwrap().len(), 200);
+    // A listing paged alternately by the two clients (as the gateway pages with whichever
+    // of its clients is free) lists every key once, whatever order each was given.
+    let range = KeyRange::prefix(b"c/");
+    let (mut listed, mut cursor, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let by = if pages % 2 == 0 { &mut c } else { &mut other };
+        let (page, next) = by.list_page(&range, cursor.as_ref()).unwrap();
+        listed.extend(page.into_iter().map(|e| e.key));
+        pages += 1;
+        match next {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "one page per server's shard at least: {pages}");
+    listed.sort();
+    let mut want: Vec<Vec<u8>> = (0..200u64).map(|i| format!("c/{i}").into_bytes()).collect();
+    want.sort();
+    assert_eq!(listed, want, "every key listed once");
 }
 
 /// Cache mode: a full arena evicts the least recently used values.

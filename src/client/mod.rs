@@ -127,10 +127,12 @@ pub struct ListEntry {
     pub size: u64,
 }
 
-/// Where a listing paged with [`Client::list_page`] goes on: a shard, and the key to list
-/// it from.
+/// Where a listing paged with [`Client::list_page`] goes on: a server's shard, named by
+/// the server's address (not by its place in one client's connection, so that any client
+/// of the same servers can take the listing on), and the key to list it from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListCursor {
+    node: String,
     shard: usize,
     min: Vec<u8>,
 }
@@ -789,18 +791,37 @@ impl Client {
 
     /// One page of the keys in `range` (`from` `None` for the first): one shard's, in key
     /// order, as many as one reply carries (at most 1 MiB of keys), and where the next page
-    /// starts (`None` after the last). The pages list each key once; across shards they
-    /// are not in order. A cursor belongs to this client's view of the servers' shards.
+    /// starts (`None` after the last). Shards are listed in the order of their servers'
+    /// addresses, so the pages list each key once; across shards they are not in order.
+    /// A cursor may be taken on by another client of the same servers (the gateway pages
+    /// with whichever of its clients is free); a shard whose server left meanwhile is
+    /// passed over.
     pub fn list_page(&mut self, range: &KeyRange, from: Option<&ListCursor>) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
-        let shards = self.all_shards();
-        let (index, min) = from.map_or((0, &range.min), |c| (c.shard, &c.min));
-        let &(server, shard) = shards.get(index).ok_or_else(|| Error::new(Status::Invalid, format!("list cursor at shard {index} of {}", shards.len())))?;
+        let mut shards: Vec<(&str, usize, usize)> = Vec::new();
+        let servers = self.all_shards();
+        for &(server, shard) in &servers {
+            shards.push((self.conn.servers[server].node.as_str(), shard, server));
+        }
+        shards.sort_unstable();
+        let (index, min) = match from {
+            None => (0, &range.min),
+            Some(c) => {
+                let at = shards.partition_point(|&(node, shard, _)| (node, shard) < (c.node.as_str(), c.shard));
+                match shards.get(at) {
+                    Some(&(node, shard, _)) if (node, shard) == (c.node.as_str(), c.shard) => (at, &c.min),
+                    _ => (at, &range.min),
+                }
+            }
+        };
+        let Some(&(_, shard, server)) = shards.get(index) else { return Ok((Vec::new(), None)) };
+        let next_shard = shards.get(index + 1).map(|&(node, shard, _)| (node.to_string(), shard));
+        let node = self.conn.servers[server].node.clone();
         let reply = self.call_range(server, shard, Op::List, min, range.max.as_deref(), proto::LIST_BATCH as u64)?;
         let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
         let after_last = entries.last().filter(|_| reply.header.more != 0).and_then(|(last, _)| key_after(last));
         let next = match after_last {
-            Some(min) => Some(ListCursor { shard: index, min }),
-            None => (index + 1 < shards.len()).then(|| ListCursor { shard: index + 1, min: range.min.clone() }),
+            Some(min) => Some(ListCursor { node, shard, min }),
+            None => next_shard.map(|(node, shard)| ListCursor { node, shard, min: range.min.clone() }),
         };
         Ok((entries.into_iter().map(|(key, size)| ListEntry { key, size }).collect(), next))
     }
