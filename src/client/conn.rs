@@ -2,215 +2,18 @@
 //! ids, and a [`Link`] that moves requests and replies over the transport the servers
 //! announced (UCX or libfabric). Callers see the same API whatever the transport.
 
-use std::sync::Arc;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::fabric_link::FabricLink;
+use super::link::{Link, Liveness, Receive, Reply};
 use super::ucx_link::UcxLink;
+use super::ClientOptions;
+use crate::cluster::LostServers;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
-use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN, PROTOCOL_VERSION, VALUE_ALIGN};
-use crate::transport::PollMode;
-
-pub struct Reply {
-    pub header: ReplyHeader,
-    /// The payload, unless it went to the request's sink.
-    pub payload: Vec<u8>,
-    /// Payload length: bytes received, or the length of a payload that was `withheld`.
-    pub len: usize,
-    /// The payload was longer than the request takes (its sink, or its
-    /// [`Receive::OwnedAtMost`] limit): it stayed on the server and nothing was written.
-    pub withheld: bool,
-}
-
-impl Reply {
-    pub(super) fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
-        Reply { header, len: payload.len(), payload, withheld: false }
-    }
-}
-
-/// A caller's buffer that a successful reply's payload is received into directly.
-#[derive(Clone, Copy)]
-pub struct Sink {
-    pub(super) ptr: *mut u8,
-    pub(super) cap: usize,
-}
-
-impl Sink {
-    /// The buffer must stay valid, and unused by anyone else, until the request's
-    /// `wait` returns.
-    pub fn new(buf: &mut [u8]) -> Sink {
-        Sink { ptr: buf.as_mut_ptr(), cap: buf.len() }
-    }
-}
-
-/// Where a request's successful reply payload goes.
-#[derive(Clone, Copy)]
-pub enum Receive {
-    /// Into a `Vec` the link allocates for it.
-    Owned,
-    /// The same when it is at most this many bytes; a longer one stays on the server and
-    /// the reply gives only its length (`Reply::withheld`), so a caller bounds what one
-    /// request can make it hold before knowing the value's size.
-    OwnedAtMost(usize),
-    /// Straight into a caller's buffer; a payload longer than the buffer is withheld alike.
-    Into(Sink),
-}
-
-impl Receive {
-    pub(super) fn sink(self) -> Option<Sink> {
-        match self {
-            Receive::Into(s) => Some(s),
-            Receive::Owned | Receive::OwnedAtMost(_) => None,
-        }
-    }
-
-    /// The longest payload the request takes.
-    pub(super) fn limit(self) -> Option<usize> {
-        match self {
-            Receive::Owned => None,
-            Receive::OwnedAtMost(n) => Some(n),
-            Receive::Into(s) => Some(s.cap),
-        }
-    }
-}
-
-/// Ids of a link's own abort requests: apart from the connection's request ids (counted
-/// from 1) and from libfabric's hello ids (from 1 << 60).
-pub(super) const ABORT_ID_BASE: u64 = 1 << 59;
-/// How long a given-up call waits for the server to confirm that it no longer touches
-/// the caller's memory, before closing the connection to make sure of it.
-pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
-
-/// What a transport does for a connection: one thread drives it, through `&mut self`.
-pub(super) trait Link {
-    /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and
-    /// `payload` must stay valid until `wait_for(id)` returns.
-    #[allow(clippy::too_many_arguments)]
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()>;
-    /// Waits for request `id` to complete; a server that does not answer in `timeout` is
-    /// declared gone (as is one whose connection failed).
-    fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply>;
-    /// # Safety
-    /// The memory must stay valid until deregistered (or the link is dropped).
-    unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()>;
-    fn deregister(&mut self, base: *mut u8) -> Result<()>;
-    fn is_dead(&self, server: usize) -> bool;
-    /// Connects to more servers (their welcomes and bootstrap connections), numbered after
-    /// those connected already; in use once this returns.
-    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<TcpStream>, timeout: Duration) -> Result<()>;
-    /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
-    fn set_spin(&mut self, spin: Duration);
-    /// Whether requests may go with their header in its short form (see
-    /// [`proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
-    /// the full form in place (the credential, a read's limit).
-    fn takes_short_headers(&self) -> bool {
-        false
-    }
-}
-
-/// A waiting call's deadline, started at its first clock read rather than at the call:
-/// wait loops read the clock only on passes the poller marks due (within
-/// [`CLOCK_EVERY`](crate::transport::CLOCK_EVERY) passes), and most small requests are
-/// answered before the first one.
-pub(super) struct Deadline {
-    timeout: Duration,
-    at: Option<Instant>,
-    /// Time left as of the last read.
-    left: Duration,
-}
-
-impl Deadline {
-    pub fn new(timeout: Duration) -> Deadline {
-        Deadline { timeout, at: None, left: timeout }
-    }
-
-    /// Reads the clock: the time now, and whether the deadline has passed.
-    pub fn read(&mut self) -> (Instant, bool) {
-        let now = Instant::now();
-        let at = *self.at.get_or_insert(now + self.timeout);
-        self.left = at.saturating_duration_since(now);
-        (now, now >= at)
-    }
-
-    /// The longest a wait may sleep now (as of the last read; at most 100 ms, so that
-    /// liveness checks go on).
-    pub fn max_sleep(&self) -> Duration {
-        self.left.min(Duration::from_millis(100))
-    }
-}
-
-/// How often a waiting client checks that its servers' bootstrap connections are open.
-const LIVENESS_CHECK: Duration = Duration::from_millis(10);
-
-/// The servers' bootstrap connections, which each server holds open while it runs: one
-/// that closes means that server process is gone. Transports that cannot see a peer die
-/// (libfabric RDM, UCX over shared memory) learn it here instead of at a timeout.
-pub(super) struct Liveness {
-    streams: Vec<TcpStream>,
-    gone: Vec<bool>,
-    newly_gone: Vec<usize>,
-    last_check: Instant,
-    /// In a cluster: the servers' names, and those whose lease lapsed (a server stopped
-    /// but not dead keeps its connection open), with the version last looked at.
-    lost: Option<(Vec<String>, Arc<crate::cluster::LostServers>, u64)>,
-}
-
-impl Liveness {
-    pub fn new(streams: Vec<TcpStream>, nodes: Vec<String>, lost: Option<Arc<crate::cluster::LostServers>>) -> Result<Liveness> {
-        for s in &streams {
-            s.set_nonblocking(true)?;
-        }
-        let lost = lost.map(|l| (nodes, l, 0));
-        Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now(), lost })
-    }
-
-    /// Watches one more server's bootstrap connection (a server added to the connection).
-    pub fn add(&mut self, stream: TcpStream, node: &str) -> Result<()> {
-        stream.set_nonblocking(true)?;
-        self.streams.push(stream);
-        self.gone.push(false);
-        if let Some((nodes, _, _)) = &mut self.lost {
-            nodes.push(node.to_string());
-        }
-        Ok(())
-    }
-
-    /// A server whose connection closed, or that moved a shard to new endpoints
-    /// ([`crate::proto::bootstrap::MOVED_NOTICE`]), each reported once; checks at most every
-    /// [`LIVENESS_CHECK`], so it is cheap to call on every turn of a wait loop.
-    pub fn next_gone(&mut self, now: Instant) -> Option<usize> {
-        if self.newly_gone.is_empty() && now - self.last_check >= LIVENESS_CHECK {
-            self.last_check = now;
-            let mut byte = [0u8; 1];
-            for (i, s) in self.streams.iter().enumerate() {
-                let closed = match s.peek(&mut byte) {
-                    Ok(0) => true,
-                    Ok(_) => byte[0] == crate::proto::bootstrap::MOVED_NOTICE,
-                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-                };
-                if closed && !self.gone[i] {
-                    self.gone[i] = true;
-                    self.newly_gone.push(i);
-                }
-            }
-            if let Some((nodes, lost, seen)) = &mut self.lost {
-                let version = lost.version();
-                if version != *seen {
-                    *seen = version;
-                    for (i, node) in nodes.iter().enumerate() {
-                        if lost.contains(node) && !self.gone[i] {
-                            self.gone[i] = true;
-                            self.newly_gone.push(i);
-                        }
-                    }
-                }
-            }
-        }
-        self.newly_gone.pop()
-    }
-}
+use crate::proto::{self, flags, Op, RequestHeader, MAX_REQUEST_HEADER_LEN, PROTOCOL_VERSION, VALUE_ALIGN};
 
 pub struct ServerConn {
     pub node: String,
@@ -268,34 +71,20 @@ impl Joins {
     }
 }
 
-#[derive(Clone, Debug)]
-pub struct ConnectOptions {
-    pub auth_token: Option<String>,
-    pub poll: PollMode,
-    pub spin: Duration,
-    /// Upper bound on one operation; a server that does not answer in time is declared gone.
-    pub timeout: Duration,
-    pub connect_timeout: Duration,
-    /// See [`crate::ClientOptions::local_shared_memory`].
-    pub local_shared_memory: bool,
-    /// In a cluster: the servers whose lease lapsed, given up on at once.
-    pub lost: Option<Arc<crate::cluster::LostServers>>,
-}
-
 impl Connection {
-    pub fn connect(addresses: &[String], opts: &ConnectOptions) -> Result<Connection> {
-        match Self::connect_once(addresses, opts) {
+    pub fn connect(addresses: &[String], opts: &ClientOptions, lost: Option<&Arc<LostServers>>) -> Result<Connection> {
+        match Self::connect_once(addresses, opts, lost) {
             // Shared memory could not reach the server (another IPC namespace, say):
             // once more, with every transport.
             Err(e) if opts.local_shared_memory && e.status == Status::Transport => {
                 tracing::debug!("shared memory did not reach {}: {}; trying every transport", addresses.join(","), e.message);
-                Self::connect_once(addresses, &ConnectOptions { local_shared_memory: false, ..opts.clone() })
+                Self::connect_once(addresses, &ClientOptions { local_shared_memory: false, ..opts.clone() }, lost)
             }
             r => r,
         }
     }
 
-    fn connect_once(addresses: &[String], opts: &ConnectOptions) -> Result<Connection> {
+    fn connect_once(addresses: &[String], opts: &ClientOptions, lost: Option<&Arc<LostServers>>) -> Result<Connection> {
         if addresses.is_empty() {
             return Err(Error::new(Status::Invalid, "no server address given"));
         }
@@ -325,8 +114,7 @@ impl Connection {
             local_ip.get_or_insert(ip);
             welcomes.push(welcome);
         }
-        let liveness = Liveness::new(bootstraps, addresses.to_vec(), opts.lost.clone())?;
-        let welcomes_transport_is_ucx = welcomes[0].transport == "ucx";
+        let liveness = Liveness::new(bootstraps, addresses.to_vec(), lost.cloned())?;
         let joins = Joins {
             transport: welcomes[0].transport.clone(),
             provider: welcomes[0].provider.clone(),
@@ -336,46 +124,14 @@ impl Connection {
             closed: false,
         };
         // A server that offers shared memory where this client cannot map it (see
-        // `Welcome::shared_memory_scope`): failures to connect then say why.
+        // `Welcome::shared_memory_scope`): the links say so when connecting fails.
         let elsewhere = welcomes.iter().find(|w| !shares_memory_with(w, &here)).map(|w| w.node.clone());
-        let why = |node: &str| {
-            format!("server {node} runs as another user, or on another host or in other namespaces, where the OS lets it share no memory with this client")
-        };
         let link: Box<dyn Link> = match welcomes[0].transport.as_str() {
             "ucx" => {
-                if let Some(node) = elsewhere.as_deref().filter(|_| crate::transport::ucx::env_allows_only_shared_memory()) {
-                    return Err(Error::new(
-                        Status::Transport,
-                        format!("UCX_TLS allows only shared memory, and {}; run this client as the server's user on its host, or let UCX_TLS include tcp", why(node)),
-                    ));
-                }
-                let opts = ConnectOptions { local_shared_memory: all_local, ..opts.clone() };
-                // UCX then tried the server's shared memory anyway (its only transport, or
-                // one this client's UCX_TLS forced): say why it could not map it. UCX's
-                // errors reach us as their status text.
-                let shm_failed = crate::transport::ucx::status_string(crate::transport::ucx::sys::UCS_ERR_SHMEM_SEGMENT);
-                let unreachable = crate::transport::ucx::status_string(crate::transport::ucx::sys::UCS_ERR_UNREACHABLE);
-                Box::new(UcxLink::connect(&welcomes, liveness, local_ip, &opts).map_err(|mut e| {
-                    if let Some(node) = elsewhere.as_deref().filter(|_| e.message.contains(&shm_failed)) {
-                        e.message = format!("{} ({})", e.message, why(node));
-                    } else if e.message.contains(&unreachable) && welcomes.iter().any(|w| !w.ucx_tcp) {
-                        e.message = format!(
-                            "{} (the server runs UCX without its tcp transport, as by default: between hosts serve with \
-                             --transport fabric, or with --ucx-tcp on a trusted network)",
-                            e.message
-                        );
-                    }
-                    e
-                })?)
+                let opts = ClientOptions { local_shared_memory: all_local, ..opts.clone() };
+                Box::new(UcxLink::connect(&welcomes, liveness, local_ip, &opts, elsewhere.as_deref())?)
             }
-            // libfabric's shm regions are their owner's alone: mapping another user's fails
-            // in fi_av_insert ("Invalid argument"), which says nothing of why.
-            "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts).map_err(|mut e| {
-                if let Some(node) = elsewhere.as_deref().filter(|_| welcomes[0].provider == "shm") {
-                    e.message = format!("{} ({}: run this client as the server's user on its host, or serve with --provider \"tcp;ofi_rxm\")", e.message, why(node));
-                }
-                e
-            })?),
+            "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts, elsewhere.as_deref())?),
             other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
         };
         let servers = welcomes
@@ -386,7 +142,7 @@ impl Connection {
         let route_to = (0..servers.len()).collect();
         let mut conn =
             Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None, replicas: 1, next_to: Vec::new(), next_seeds: Vec::new(), joins };
-        if welcomes_transport_is_ucx {
+        if conn.link.round_trip_before_use() {
             conn.round_trip_every_shard(0, opts.connect_timeout)?;
         }
         Ok(conn)
@@ -396,7 +152,7 @@ impl Connection {
     /// which go on serving: false when one of them does not fit the link (another
     /// transport, or a UCX context made for shared memory only and a server it cannot
     /// reach so), and the connection must be made anew.
-    pub fn add_servers(&mut self, addresses: &[String], opts: &ConnectOptions) -> Result<bool> {
+    pub fn add_servers(&mut self, addresses: &[String], opts: &ClientOptions) -> Result<bool> {
         if self.joins.closed {
             return Ok(false);
         }
@@ -421,19 +177,16 @@ impl Connection {
         for w in welcomes {
             self.servers.push(ServerConn { node_seed: proto::node_seed(&w.node), shards: w.shards.len(), session: w.session, node: w.node });
         }
-        if self.joins.transport == "ucx" {
+        if self.link.round_trip_before_use() {
             self.round_trip_every_shard(first, opts.connect_timeout)?;
         }
         Ok(true)
     }
 
     /// One round trip with every shard worker (of the servers from `first_server` on)
-    /// before the connection is handed out: UCX
-    /// 1.13.1 aborts a server (`ucp_request.c:684 ... got REP message`) when a client's
-    /// tcp endpoint fails while the server's wireup reply to it is still queued, so a
-    /// client that connects and closes at once could bring the server down. After a round
-    /// trip that window is closed. (An abort that names no request is the cheapest request:
-    /// the worker answers at once.)
+    /// before the connection is handed out, for links that need it (see
+    /// [`Link::round_trip_before_use`]). An abort that names no request is the cheapest
+    /// request: the worker answers at once.
     fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration) -> Result<()> {
         let mut ids = Vec::new();
         for server in first_server..self.servers.len() {
@@ -575,7 +328,7 @@ impl Connection {
 /// The bootstrap handshake. Also returns the connection: its local address is the
 /// interface IP-based libfabric providers should use, and the server keeps it open for as
 /// long as it lives.
-fn handshake(addr: &str, opts: &ConnectOptions) -> Result<(Welcome, TcpStream)> {
+fn handshake(addr: &str, opts: &ClientOptions) -> Result<(Welcome, TcpStream)> {
     let unavailable = |e: std::io::Error| Error::new(Status::Unavailable, format!("cannot reach server {addr}: {e}"));
     let sockaddr = addr
         .to_socket_addrs()

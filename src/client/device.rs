@@ -17,7 +17,7 @@
 //! Every call synchronizes the stream before it returns, whatever happened: no copy
 //! touches the caller's device memory afterwards.
 
-use super::conn::{Receive, Sink};
+use super::link::{Receive, Sink};
 use super::{apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};

@@ -16,7 +16,8 @@ use super::requests::Requests;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -110,8 +111,26 @@ pub struct FabricLink {
     liveness: Liveness,
 }
 
+// SAFETY: the domains are opened `FI_THREAD_SAFE`, so their endpoints may be driven from
+// any thread; a link is driven through `&mut self` only and is not Sync, and its raw
+// pointers point at buffers the link owns.
+unsafe impl Send for FabricLink {}
+
 impl FabricLink {
-    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ConnectOptions) -> Result<FabricLink> {
+    /// `elsewhere`: a server that offers shared memory this client cannot map, which a
+    /// failure then names.
+    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ClientOptions, elsewhere: Option<&str>) -> Result<FabricLink> {
+        Self::connect_to(welcomes, liveness, local_ip, opts).map_err(|mut e| {
+            // libfabric's shm regions are their owner's alone: mapping another user's fails
+            // in fi_av_insert ("Invalid argument"), which says nothing of why.
+            if let Some(node) = elsewhere.filter(|_| welcomes[0].provider == "shm") {
+                e.message = format!("{} ({}: run this client as the server's user on its host, or serve with --provider \"tcp;ofi_rxm\")", e.message, shares_no_memory(node));
+            }
+            e
+        })
+    }
+
+    fn connect_to(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ClientOptions) -> Result<FabricLink> {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
         let rails = Rails::open(provider, local_ip, first_shard.len())?;

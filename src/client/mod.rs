@@ -5,6 +5,7 @@
 mod conn;
 mod device;
 mod fabric_link;
+mod link;
 mod requests;
 mod ucx_link;
 
@@ -18,7 +19,8 @@ use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, 
 pub use crate::store::ByteRange;
 pub use device::CHUNK as DEVICE_CHUNK;
 use crate::transport::{PollMode, DEFAULT_SPIN};
-use conn::{ConnectOptions, Connection, Receive, Reply, Sink};
+use conn::Connection;
+use link::{Receive, Reply, Sink};
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -32,9 +34,9 @@ pub struct ClientOptions {
     /// transports only (unless `UCX_TLS` is set), all transports if that fails. On by
     /// default. With every transport, UCX picks tcp even on the same host: the endpoints
     /// ask for peer-failure detection, which its shared-memory transports lack (a server's
-    /// death is seen on the bootstrap connection either way). GET 8 B then took 7.2 µs
-    /// instead of 0.62 on the 2-vCPU VM, 9-12 µs instead of 1.1 on the 16-core GPU host.
-    /// Such a context also starts about 25 ms sooner (no tcp interface discovery).
+    /// death is seen on the bootstrap connection either way), and small requests take
+    /// about ten times longer. Such a context also starts sooner (no tcp interface
+    /// discovery).
     pub local_shared_memory: bool,
 }
 
@@ -174,7 +176,7 @@ pub struct Client {
     /// For a cluster named by an `etcd://` string: its member set, followed in the
     /// background, and the revision of the view `addresses` came from.
     cluster: Option<(cluster::Watch, i64)>,
-    opts: ConnectOptions,
+    opts: ClientOptions,
     /// Caller memory registered through [`Client::register`], redone on a new connection.
     regions: Vec<(usize, usize)>,
     /// No reconnect before this; the step after a failed attempt.
@@ -197,11 +199,6 @@ const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(1);
 const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(10);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-// SAFETY: the UCX worker is in serialized mode, which allows use from any one thread at a
-// time; `&mut self` on every operation (and no Sync) guarantees exactly that, and the raw
-// pointers inside only point at memory the client owns.
-unsafe impl Send for Client {}
-
 impl Client {
     /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`, or to the live
     /// members of a cluster, `"etcd://HOST:PORT[,HOST:PORT...]/NAME"`, whose changes it
@@ -223,16 +220,8 @@ impl Client {
             Some(v) => v.addresses(),
             None => addresses.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
         };
-        let copts = ConnectOptions {
-            auth_token: opts.auth_token,
-            poll: opts.poll,
-            spin: opts.spin,
-            timeout: opts.timeout,
-            connect_timeout: opts.connect_timeout,
-            local_shared_memory: opts.local_shared_memory,
-            lost: cluster.as_ref().map(|(watch, _)| watch.lost()),
-        };
-        let mut conn = Connection::connect(&list, &copts)?;
+        let lost = cluster.as_ref().map(|(watch, _)| watch.lost());
+        let mut conn = Connection::connect(&list, &opts, lost.as_ref())?;
         let cluster = match (cluster, view) {
             (Some((watch, _)), Some(view)) => {
                 conn.route_with_view(&view.placement)?;
@@ -244,11 +233,11 @@ impl Client {
             conn,
             addresses: list,
             cluster,
-            opts: copts,
+            spin: opts.spin,
+            opts,
             regions: Vec::new(),
             reconnect_at: std::time::Instant::now(),
             backoff: RECONNECT_BACKOFF_MIN,
-            spin: opts.spin,
             device_staging: None,
         })
     }
@@ -341,7 +330,8 @@ impl Client {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(","))));
         }
         tracing::debug!("connecting anew to {}", self.addresses.join(","));
-        let fresh = Connection::connect(&self.addresses, &self.opts).and_then(|mut c| {
+        let lost = self.cluster.as_ref().map(|(watch, _)| watch.lost());
+        let fresh = Connection::connect(&self.addresses, &self.opts, lost.as_ref()).and_then(|mut c| {
             for &(base, len) in &self.regions {
                 // SAFETY: the caller keeps registered memory valid until it deregisters
                 // (the contract of `register`), which also removes it from `regions`.

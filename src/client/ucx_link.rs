@@ -13,7 +13,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::conn::{ConnectOptions, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
@@ -121,10 +122,40 @@ pub struct UcxLink {
     worker: Box<Worker>,
 }
 
+// SAFETY: the worker is made in serialized mode (`UCS_THREAD_MODE_SERIALIZED`), which
+// allows use from any one thread at a time; a link is driven through `&mut self` only
+// and is not Sync, and its raw pointers point at memory the link owns.
+unsafe impl Send for UcxLink {}
+
 impl UcxLink {
     /// `local_ip`: this host's address toward the servers, where UCX's tcp transport
-    /// listens when the servers run it (see [`ucx::Tcp`]).
-    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, poll: &ConnectOptions) -> Result<UcxLink> {
+    /// listens when the servers run it (see [`ucx::Tcp`]). `elsewhere`: a server that
+    /// offers shared memory this client cannot map, which a failure then names.
+    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, opts: &ClientOptions, elsewhere: Option<&str>) -> Result<UcxLink> {
+        if let Some(node) = elsewhere.filter(|_| ucx::env_allows_only_shared_memory()) {
+            return Err(Error::new(
+                Status::Transport,
+                format!("UCX_TLS allows only shared memory, and {}; run this client as the server's user on its host, or let UCX_TLS include tcp", shares_no_memory(node)),
+            ));
+        }
+        Self::connect_to(welcomes, liveness, local_ip, opts).map_err(|mut e| {
+            // UCX tried the server's shared memory anyway (its only transport, or one this
+            // client's UCX_TLS forced): say why it could not map it. UCX's errors reach us
+            // as their status text.
+            if let Some(node) = elsewhere.filter(|_| e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_SHMEM_SEGMENT))) {
+                e.message = format!("{} ({})", e.message, shares_no_memory(node));
+            } else if e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_UNREACHABLE)) && welcomes.iter().any(|w| !w.ucx_tcp) {
+                e.message = format!(
+                    "{} (the server runs UCX without its tcp transport, as by default: between hosts serve with \
+                     --transport fabric, or with --ucx-tcp on a trusted network)",
+                    e.message
+                );
+            }
+            e
+        })
+    }
+
+    fn connect_to(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, poll: &ClientOptions) -> Result<UcxLink> {
         if poll.local_shared_memory {
             tracing::debug!("UCX over shared memory only: the servers share this process's host, namespaces and user");
         }
@@ -422,6 +453,14 @@ impl Link for UcxLink {
     }
 
     fn takes_short_headers(&self) -> bool {
+        true
+    }
+
+    /// UCX (seen with 1.13.1) aborts a server (`ucp_request.c:684 ... got REP message`)
+    /// when a client's tcp endpoint fails while the server's wireup reply to it is still
+    /// queued, so a client that connects and closes at once could bring the server down.
+    /// After a round trip that window is closed.
+    fn round_trip_before_use(&self) -> bool {
         true
     }
 }

@@ -2,7 +2,8 @@
 //! here over `tcp;ofi_rxm` and `shm`, which speak the same API.
 //!
 //! One [`Endpoint`] = one fabric, domain, address vector, completion queue and endpoint,
-//! owned by one thread (`FI_THREAD_DOMAIN`), like a UCX worker. Messages are tagged sends
+//! driven by one thread at a time, like a UCX worker (opened `FI_THREAD_SAFE`: see
+//! `get_info`). Messages are tagged sends
 //! and receives; callers pass an `fi_context`-sized context per operation and get it back
 //! in the completion.
 //!
