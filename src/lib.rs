@@ -1,16 +1,22 @@
-//! remote_dram: the DRAM of server nodes as a key-value store reached over UCX.
+//! remote_dram: the DRAM of server nodes as a key-value store reached over UCX or
+//! libfabric.
 //!
-//! - [`server::Server`] runs one pinned worker per shard; each owns a UCX worker and an
-//!   arena of (huge-page backed) DRAM.
+//! - [`server::Server`] runs one pinned worker per shard; each owns the transport's
+//!   endpoints (a UCX worker, or libfabric endpoints) and an arena of (huge-page backed)
+//!   DRAM.
 //! - [`client::Client`] routes each request straight to the owning shard's worker.
 //! - [`store`] holds the semantics (generations, conditions, ranges, TTL, eviction),
 //!   [`proto`] the wire format, [`transport`] the network.
 //! - [`gpu`] tells device memory from host memory and copies between them (CUDA's
 //!   driver, loaded at run time); the client stages device memory through it.
+//! - [`cluster`] keeps a cluster's membership and placement in etcd; servers copy and
+//!   move keys when it changes, clients route by it.
 //! - [`gateway`] serves TensorStore's `tsgrpc_kvstore` gRPC protocol from the engine.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod auth;
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod error;

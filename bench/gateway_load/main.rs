@@ -31,7 +31,7 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Value size, e.g. 4MiB.
-    #[arg(long, default_value = "4MiB", value_parser = remote_dram::store::parse_size)]
+    #[arg(long, default_value = "4MiB", value_parser = remote_dram::cli::parse_size)]
     size: u64,
     /// Seconds per op.
     #[arg(long, default_value_t = 3.0)]

@@ -21,7 +21,8 @@ use hdrhistogram::Histogram;
 // VM against quanta's 20, an eighth of a small GET.
 use quanta::Instant;
 use remote_dram::client::{GetInto, GetOptions};
-use remote_dram::store::{parse_size, HugePages, Mode};
+use remote_dram::cli::parse_size;
+use remote_dram::store::{HugePages, Mode};
 use remote_dram::transport::PollMode;
 use remote_dram::{Client, ClientOptions, Server, ServerConfig};
 

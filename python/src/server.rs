@@ -6,7 +6,8 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use remote_dram::server::{Server, ServerConfig, TransportChoice};
-use remote_dram::store::{parse_size, Mode};
+use remote_dram::cli::parse_size;
+use remote_dram::store::Mode;
 
 use crate::errors::{invalid, to_py};
 

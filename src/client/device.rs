@@ -22,7 +22,7 @@ use super::{apply_write_condition, check_key, error_of, get_header, get_into_res
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
-use crate::store::{resolve_range, ByteRange};
+use crate::proto::ByteRange;
 
 /// Bytes a get reads per request into device memory.
 pub const CHUNK: usize = 4 << 20;
@@ -261,7 +261,7 @@ impl Client {
             return Ok(Chunked::Done(done));
         }
         let start = match opts.range {
-            Some(r) => resolve_range(r, size)?.0,
+            Some(r) => r.resolve(size)?.0,
             None => 0,
         };
         let mut at = 0;

@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::cluster;
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
-pub use crate::store::ByteRange;
+pub use crate::proto::ByteRange;
 pub use device::CHUNK as DEVICE_CHUNK;
 use crate::transport::{PollMode, DEFAULT_SPIN};
 use conn::Connection;

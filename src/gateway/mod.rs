@@ -62,7 +62,7 @@ impl TokenCheck {
     fn verify(&self, authorization: Option<&str>) -> std::result::Result<(), tonic::Status> {
         let Some(expected) = &self.0 else { return Ok(()) };
         match authorization.and_then(|v| v.strip_prefix("Bearer ")) {
-            Some(t) if crate::server::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(t) if crate::auth::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
             Some(_) => Err(tonic::Status::unauthenticated("wrong gateway token")),
             None => Err(tonic::Status::unauthenticated("this gateway requires 'authorization: Bearer <token>' metadata")),
         }

@@ -18,7 +18,6 @@ use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
     ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, ListEntry, PutOptions, Value, WriteCondition, WriteResult,
 };
-use crate::store::shard::resolve_range;
 use crate::proto::MAX_KEY_LEN;
 
 /// Value bytes per streamed ReadResponse, as upstream sends them. Not more: the
@@ -352,7 +351,7 @@ impl Gateway {
             // A never-equal read asks for no bytes, so only a value read gets here.
             GetAtMost::TooLong { len, generation, size } => {
                 let asked = r.byte_range.map_or(ByteRange { start: 0, end: -1 }, |b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
-                let (start, end) = resolve_range(asked, size).map_err(|e| status_of(&e))?;
+                let (start, end) = asked.resolve(size).map_err(|e| status_of(&e))?;
                 debug_assert_eq!(end - start, len as u64);
                 Ok(self.read_in_windows(r.key, generation, start..end, bound))
             }

@@ -38,6 +38,8 @@
 
 pub mod bootstrap;
 pub mod fabric;
+mod range;
+pub use range::ByteRange;
 
 use crate::error::Status;
 

@@ -299,7 +299,7 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<Kept> {
     }
     if let Some(expected) = &shared.token {
         let given = hello.token.as_deref().unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+        if !crate::auth::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
             let why = if hello.token.is_none() { "this server requires an auth token" } else { "wrong auth token" };
             refuse(&mut stream, Status::AuthFailed, why.into())?;
             return Err(refused(Status::AuthFailed, why));
@@ -358,27 +358,4 @@ fn random_session() -> Result<u64> {
     let mut bytes = [0u8; 8];
     getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a session: {e}")))?;
     Ok(u64::from_le_bytes(bytes).max(1))
-}
-
-/// Compares without an early exit, so the time taken tells nothing about where the
-/// first difference is, nor about the expected length.
-pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = (given.len() ^ expected.len()) as u64;
-    for (i, &e) in expected.iter().enumerate() {
-        diff |= (e ^ given.get(i).copied().unwrap_or(!e)) as u64;
-    }
-    diff == 0
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn token_comparison_needs_the_same_bytes_and_length() {
-        use super::constant_time_eq as eq;
-        assert!(eq(b"secret", b"secret"));
-        assert!(!eq(b"secre", b"secret"));
-        assert!(!eq(b"secretX", b"secret"));
-        assert!(!eq(b"", b"secret"));
-        assert!(!eq(b"secreT", b"secret"));
-    }
 }

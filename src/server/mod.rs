@@ -2,7 +2,7 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
-pub use bootstrap::{constant_time_eq, FD_HEADROOM};
+pub use bootstrap::FD_HEADROOM;
 mod fabric_worker;
 mod queue_probe;
 pub(crate) mod service;

@@ -12,7 +12,8 @@ use crate::metrics::ShardMetrics;
 use tracing::{info, warn};
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::store::alloc::Extent;
-use crate::store::{ByteRange, Condition, GetOutcome, Layout, Shard};
+use crate::proto::ByteRange;
+use crate::store::{Condition, GetOutcome, Layout, Shard};
 use super::staging::Staging;
 
 /// Why a request was not admitted, with its id when that could be read (so that the

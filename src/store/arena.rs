@@ -10,7 +10,7 @@ pub const HUGE_PAGE: usize = 2 << 20;
 const SMALL_PAGE: usize = 4096;
 
 /// What the user asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HugePages {
     /// hugetlb pages if reserved, else transparent huge pages, else 4 KiB pages.
@@ -119,35 +119,9 @@ fn thp_enabled() -> bool {
         .unwrap_or(false)
 }
 
-/// Parses sizes like `1GiB`, `512MiB`, `64M`, `4096`.
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("1XB").is_err());
-        assert!(parse_size("").is_err());
-    }
 
     #[test]
     fn arena_without_hugepages_is_4k_and_writable() {

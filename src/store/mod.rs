@@ -5,5 +5,5 @@ pub mod arena;
 pub mod index;
 pub mod shard;
 
-pub use arena::{parse_size, Backing, HugePages};
-pub use shard::{resolve_range, ByteRange, Condition, GetOutcome, Layout, Mode, Shard, ShardStats};
+pub use arena::{Backing, HugePages};
+pub use shard::{Condition, GetOutcome, Layout, Mode, Shard, ShardStats};

@@ -17,9 +17,9 @@ use super::alloc::{Extent, ExtentAllocator, GRANULE};
 use super::arena::{Arena, Backing, HugePages};
 use super::index::{Entry, Index};
 use crate::error::{Error, Result, Status};
-use crate::proto::VALUE_ALIGN;
+use crate::proto::{ByteRange, VALUE_ALIGN};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// A full arena answers "no space".
@@ -73,14 +73,6 @@ pub struct Condition {
     pub if_equal: Option<u64>,
     pub if_not_equal: Option<u64>,
     pub if_absent: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ByteRange {
-    /// Negative: suffix, counted from the end.
-    pub start: i64,
-    /// -1: to the end.
-    pub end: i64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -449,7 +441,7 @@ impl Shard {
         let size = e.value_len;
         let (start, end) = match range {
             None => (0, size),
-            Some(r) => resolve_range(r, size)?,
+            Some(r) => r.resolve(size)?,
         };
         Ok(GetOutcome::Value { generation, value_size: size, offset: e.value_offset() + start, len: end - start, extent: e.extent.offset })
     }
@@ -539,18 +531,6 @@ impl Shard {
             counters: self.counters.clone(),
         }
     }
-}
-
-/// TensorStore's byte-range rules: negative start counts from the end, end -1 means the
-/// end; a range outside the value is an error.
-pub fn resolve_range(r: ByteRange, size: u64) -> Result<(u64, u64)> {
-    let size_i = size as i64;
-    let start = if r.start < 0 { r.start + size_i } else { r.start };
-    let end = if r.end == -1 { size_i } else { r.end };
-    if start < 0 || end < 0 || end > size_i || start > end {
-        return Err(Error::new(Status::OutOfRange, format!("byte range [{}, {}) of a {size}-byte value", r.start, r.end)));
-    }
-    Ok((start as u64, end as u64))
 }
 
 #[cfg(test)]
@@ -660,17 +640,6 @@ mod tests {
         }
         assert!(c.stats().index_bytes <= c.stats().index_budget_bytes);
         assert!(c.stats().counters.evictions > 0);
-    }
-
-    #[test]
-    fn ranges_follow_tensorstore() {
-        assert_eq!(resolve_range(ByteRange { start: 0, end: -1 }, 10).unwrap(), (0, 10));
-        assert_eq!(resolve_range(ByteRange { start: -3, end: -1 }, 10).unwrap(), (7, 10));
-        assert_eq!(resolve_range(ByteRange { start: 2, end: 5 }, 10).unwrap(), (2, 5));
-        assert_eq!(resolve_range(ByteRange { start: 10, end: 10 }, 10).unwrap(), (10, 10));
-        for bad in [(-11, -1), (0, 11), (6, 5)] {
-            assert_eq!(resolve_range(ByteRange { start: bad.0, end: bad.1 }, 10).unwrap_err().status, Status::OutOfRange);
-        }
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub fn interface_of(ip: std::net::IpAddr) -> Option<String> {
     found
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PollMode {
     /// Spin on progress forever: lowest latency, one core per poller.
@@ -194,7 +194,7 @@ impl Poller {
             self.slept = true;
             // No fd to sleep on (libfabric's shm): nap, 1 ms then longer (up to 4 ms)
             // while idle, without spinning again in between.
-            let nap = fabric::rails::NAP * (1 << self.naps.min(2));
+            let nap = NAP * (1 << self.naps.min(2));
             self.naps += 1;
             std::thread::sleep(nap.min(max_sleep));
             self.idle_turns = CLOCK_EVERY - 1;
@@ -208,6 +208,9 @@ impl Poller {
         Ok(())
     }
 }
+
+/// How long an idle loop first naps when the transport has no fd to sleep on.
+const NAP: Duration = Duration::from_millis(1);
 
 fn wait_readable(fd: RawFd, timeout: Duration) {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
-use remote_dram::store::{parse_size, HugePages, Mode};
+use remote_dram::cli::parse_size;
+use remote_dram::store::{HugePages, Mode};
 use remote_dram::transport::PollMode;
 use remote_dram::{Client, ClientOptions, Error, Server, ServerConfig, Status, TransportChoice};
 

@@ -5,7 +5,6 @@
 
 use std::net::IpAddr;
 use std::os::fd::RawFd;
-use std::time::Duration;
 
 use super::{Completion, Endpoint, MemoryRegion, RemoteAccess};
 use crate::error::{Error, Result, Status};
@@ -145,8 +144,6 @@ pub fn stripes(len: usize, rails: usize) -> impl Iterator<Item = (usize, usize)>
     (0..parts).map(move |p| (p * chunk, len.saturating_sub(p * chunk).min(chunk))).filter(move |&(off, l)| l > 0 || (off == 0 && len == 0))
 }
 
-/// How long an idle loop naps when the provider has no fd to sleep on.
-pub const NAP: Duration = Duration::from_millis(1);
 
 impl Transport for Rails {
     fn arm(&self) -> Result<bool> {
