@@ -32,11 +32,25 @@ impl Etcd {
     }
 
     fn start_in(dir: tempfile::TempDir, client_port: u16, peer_port: u16) -> Etcd {
-        let client = format!("http://127.0.0.1:{client_port}");
+        Self::start_with(dir, client_port, peer_port, &[])
+    }
+
+    /// An etcd that clients reach over TLS only, showing a certificate `pki`'s CA signed
+    /// and asking for a client certificate it signed.
+    fn start_tls(pki: &Pki) -> Etcd {
+        let tls = ["--cert-file", &pki.path("server.pem"), "--key-file", &pki.path("server.key"), "--trusted-ca-file", &pki.path("ca.pem"), "--client-cert-auth"];
+        Self::start_with(tempfile::tempdir().unwrap(), free_port(), free_port(), &tls.map(|a| a.to_string()))
+    }
+
+    /// `tls`: etcd's TLS flags for its client port (none: plain http).
+    fn start_with(dir: tempfile::TempDir, client_port: u16, peer_port: u16, tls: &[String]) -> Etcd {
+        let scheme = if tls.is_empty() { "http" } else { "https" };
+        let client = format!("{scheme}://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let child = Command::new("etcd")
             .args(["--name", "t", "--data-dir"])
             .arg(dir.path())
+            .args(tls)
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "error"])
@@ -791,5 +805,69 @@ fn etcd_credentials_come_from_a_file() {
     let server = ServerProc::start_with_env(&["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl], &[("RDRAM_ETCD_CREDENTIALS_FILE", file)]);
     with(&["put", "--server", &url, "k", "authenticated"]);
     assert_eq!(with(&["get", "--server", &url, "k"]), b"authenticated");
+    drop(server);
+}
+
+/// A certificate authority, and etcd's server and a client's certificates it signed
+/// (openssl, which `make deps` installs).
+struct Pki(tempfile::TempDir);
+
+impl Pki {
+    fn new() -> Pki {
+        let pki = Pki(tempfile::tempdir().unwrap());
+        let p = |name: &str| pki.path(name);
+        pki.openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=rdram-test-ca", "-keyout", &p("ca.key"), "-out", &p("ca.pem")]);
+        for (name, ext) in [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"), ("client", "extendedKeyUsage=clientAuth\n")] {
+            let (key, csr, pem, extfile) = (p(&format!("{name}.key")), p(&format!("{name}.csr")), p(&format!("{name}.pem")), p(&format!("{name}.ext")));
+            std::fs::write(&extfile, ext).unwrap();
+            pki.openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", &format!("/CN={name}"), "-keyout", &key, "-out", &csr]);
+            pki.openssl(&["x509", "-req", "-in", &csr, "-CA", &p("ca.pem"), "-CAkey", &p("ca.key"), "-CAcreateserial", "-days", "1", "-extfile", &extfile, "-out", &pem]);
+        }
+        pki
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.path().join(name).to_str().unwrap().to_string()
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl").args(args).output().expect("openssl (make deps installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// etcd over TLS that asks for client certificates: servers and commands reach it with the
+/// CA, certificate and key the environment names, and not without them.
+#[test]
+fn etcd_over_tls_with_a_client_certificate() {
+    common::init(common::SHM);
+    let pki = Pki::new();
+    let etcd = Etcd::start_tls(&pki);
+    let url = etcd.url("tls");
+    let run = |args: &[&str], env: &[(&str, String)]| Command::new(RDRAM).args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str()))).output().unwrap();
+
+    let out = run(&["cluster", "create", &url], &[]);
+    assert!(!out.status.success(), "plain http to an etcd that speaks TLS fails");
+    let ca_only = [("RDRAM_ETCD_CA_FILE", pki.path("ca.pem"))];
+    let out = run(&["cluster", "create", &url], &ca_only);
+    assert!(!out.status.success(), "TLS without the client certificate etcd asks for fails");
+    let out = run(&["cluster", "create", &url], &[("RDRAM_ETCD_CERT_FILE", pki.path("client.pem"))]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RDRAM_ETCD_CA_FILE"), "a certificate without a CA says what is missing");
+
+    let env = [("RDRAM_ETCD_CA_FILE", pki.path("ca.pem")), ("RDRAM_ETCD_CERT_FILE", pki.path("client.pem")), ("RDRAM_ETCD_KEY_FILE", pki.path("client.key"))];
+    let with = |args: &[&str]| {
+        let out = run(args, &env);
+        assert!(out.status.success(), "rdram {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    with(&["cluster", "create", &url]);
+    let ttl = TTL_MS.to_string();
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = ServerProc::start_with_env(&["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl], &env_refs);
+    with(&["put", "--server", &url, "k", "over tls"]);
+    assert_eq!(with(&["get", "--server", &url, "k"]), b"over tls");
+    let status: serde_json::Value = serde_json::from_slice(&with(&["cluster", "status", &url])).unwrap();
+    assert_eq!(status["members"].as_array().map(Vec::len), Some(1), "{status}");
     drop(server);
 }

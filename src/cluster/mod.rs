@@ -225,19 +225,62 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// read by servers, clients and commands alike whenever they connect to etcd.
 pub const CREDENTIALS_FILE_ENV: &str = "RDRAM_ETCD_CREDENTIALS_FILE";
 
+/// Names a PEM file of the certificate authority that signed etcd's server certificate:
+/// etcd is then reached over TLS (`https://`), its certificate checked against that CA.
+pub const CA_FILE_ENV: &str = "RDRAM_ETCD_CA_FILE";
+/// Name PEM files of a client certificate and its key, for an etcd that asks for client
+/// certificates (`--client-cert-auth`); with [`CA_FILE_ENV`] only.
+pub const CERT_FILE_ENV: &str = "RDRAM_ETCD_CERT_FILE";
+pub const KEY_FILE_ENV: &str = "RDRAM_ETCD_KEY_FILE";
+
+/// Reads the file an environment variable names: None when it is not set.
+fn file_named_by(env: &str, what: &str) -> Result<Option<(String, String)>> {
+    let Some(path) = std::env::var_os(env) else { return Ok(None) };
+    let shown = std::path::Path::new(&path).display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::new(Status::Invalid, format!("{what} {shown} ({env}): {e}")))?;
+    Ok(Some((text, shown)))
+}
+
+/// Warns when a secret's file can be read by others than its owner.
+fn warn_if_shared(shown: &str, what: &str) {
+    if std::fs::metadata(shown).is_ok_and(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o077 != 0) {
+        warn!("{what} {shown} is readable by others than its owner");
+    }
+}
+
 /// The etcd user and password [`CREDENTIALS_FILE_ENV`] names, if it is set.
 fn credentials() -> Result<Option<(String, String)>> {
-    let Some(path) = std::env::var_os(CREDENTIALS_FILE_ENV) else { return Ok(None) };
-    let shown = std::path::Path::new(&path).display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::new(Status::Invalid, format!("etcd credentials file {shown}: {e}")))?;
+    let Some((text, shown)) = file_named_by(CREDENTIALS_FILE_ENV, "etcd credentials file")? else { return Ok(None) };
     let line = text.lines().next().unwrap_or_default().trim_end();
     let Some((user, password)) = line.split_once(':').filter(|(user, _)| !user.is_empty()) else {
         return Err(Error::new(Status::Invalid, format!("etcd credentials file {shown}: its first line must be USER:PASSWORD")));
     };
-    if std::fs::metadata(&path).is_ok_and(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o077 != 0) {
-        warn!("etcd credentials file {shown} is readable by others than its owner");
-    }
+    warn_if_shared(&shown, "etcd credentials file");
     Ok(Some((user.to_string(), password.to_string())))
+}
+
+/// TLS toward etcd, from the files [`CA_FILE_ENV`], [`CERT_FILE_ENV`] and [`KEY_FILE_ENV`]
+/// name (None: plain http).
+fn tls() -> Result<Option<etcd_client::TlsOptions>> {
+    let ca = file_named_by(CA_FILE_ENV, "etcd CA file")?;
+    let cert = file_named_by(CERT_FILE_ENV, "etcd client certificate")?;
+    let key = file_named_by(KEY_FILE_ENV, "etcd client key")?;
+    let Some((ca, _)) = ca else {
+        return match cert.is_some() || key.is_some() {
+            true => Err(Error::new(Status::Invalid, format!("{CERT_FILE_ENV} and {KEY_FILE_ENV} need {CA_FILE_ENV} (the CA of etcd's certificate)"))),
+            false => Ok(None),
+        };
+    };
+    let mut options = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    match (cert, key) {
+        (Some((cert, _)), Some((key, shown))) => {
+            warn_if_shared(&shown, "etcd client key");
+            options = options.identity(etcd_client::Identity::from_pem(cert, key));
+        }
+        (None, None) => {}
+        _ => return Err(Error::new(Status::Invalid, format!("a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV}"))),
+    }
+    Ok(Some(options))
 }
 
 async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
@@ -245,7 +288,14 @@ async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
     if let Some((user, password)) = credentials()? {
         options = options.with_user(user, password);
     }
-    etcd_client::Client::connect(url.endpoints.clone(), Some(options)).await.map_err(|e| etcd_error(url, "cannot connect", e))
+    let mut endpoints = url.endpoints.clone();
+    if let Some(tls) = tls()? {
+        options = options.with_tls(tls);
+        for e in &mut endpoints {
+            *e = e.replacen("http://", "https://", 1);
+        }
+    }
+    etcd_client::Client::connect(endpoints, Some(options)).await.map_err(|e| etcd_error(url, "cannot connect", e))
 }
 
 async fn read_settings(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<Option<Settings>> {
