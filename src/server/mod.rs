@@ -4,10 +4,8 @@
 mod bootstrap;
 pub use bootstrap::FD_HEADROOM;
 mod fabric_worker;
-mod queue_probe;
 pub(crate) mod service;
 mod staging;
-mod ucx_generations;
 mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};
@@ -175,7 +173,7 @@ impl ServerInfo {
 }
 
 /// A shard worker's transport address(es) as the bootstrap hands them out. A UCX shard
-/// changes it when it replaces a stuck worker (see `queue_probe`).
+/// changes it when it replaces a stuck worker (see `ucx_worker::queue_probe`).
 #[derive(Clone)]
 pub(super) struct ShardAddress(Arc<std::sync::RwLock<(String, u64)>>);
 

@@ -1,4 +1,4 @@
-//! Bookkeeping of a UCX shard's workers (generations): a shard replaces its worker when the
+//! Bookkeeping of a UCX shard's workers (incarnations): a shard replaces its worker when the
 //! receive queue gets stuck, or recycles it when departed clients' endpoints pile up on it
 //! (see [`ReplyEps`]); until a retired worker is destroyed, the shard tracks what is in
 //! flight on it and which clients it still serves.
@@ -7,20 +7,20 @@ use rustc_hash::FxHashMap;
 
 use crate::transport::ucx::{sys, Worker};
 
-/// A count of operations in flight per worker generation (a handful at most).
+/// A count of operations in flight per worker incarnation (a handful at most).
 #[derive(Default)]
-pub(super) struct PerGeneration(Vec<(u64, usize)>);
+pub(super) struct PerIncarnation(Vec<(u64, usize)>);
 
-impl PerGeneration {
-    pub(super) fn add(&mut self, generation: u64) {
-        match self.0.iter_mut().find(|(g, _)| *g == generation) {
+impl PerIncarnation {
+    pub(super) fn add(&mut self, incarnation: u64) {
+        match self.0.iter_mut().find(|(g, _)| *g == incarnation) {
             Some((_, n)) => *n += 1,
-            None => self.0.push((generation, 1)),
+            None => self.0.push((incarnation, 1)),
         }
     }
 
-    pub(super) fn remove(&mut self, generation: u64) {
-        if let Some(i) = self.0.iter().position(|(g, _)| *g == generation) {
+    pub(super) fn remove(&mut self, incarnation: u64) {
+        if let Some(i) = self.0.iter().position(|(g, _)| *g == incarnation) {
             self.0[i].1 -= 1;
             if self.0[i].1 == 0 {
                 self.0.swap_remove(i);
@@ -28,8 +28,8 @@ impl PerGeneration {
         }
     }
 
-    pub(super) fn count(&self, generation: u64) -> usize {
-        self.0.iter().find(|(g, _)| *g == generation).map_or(0, |(_, n)| *n)
+    pub(super) fn count(&self, incarnation: u64) -> usize {
+        self.0.iter().find(|(g, _)| *g == incarnation).map_or(0, |(_, n)| *n)
     }
 
     pub(super) fn total(&self) -> usize {
@@ -37,13 +37,13 @@ impl PerGeneration {
     }
 }
 
-/// Which worker (generation) each client's requests arrive on, and whether UCX will ever
+/// Which worker (incarnation) each client's requests arrive on, and whether UCX will ever
 /// free that endpoint by itself. Over shared memory without peer-failure detection it
 /// never does: UCX keeps an endpoint its peer connected to until the worker is destroyed
 /// (closing it does not free it), and each keeps mappings of the peer's queues (~50 KB of
 /// memory, 3 mappings; every `rdram get` from a shell left that behind for good). Those a
 /// departed client leaves are counted as stranded on their worker, whose replacement
-/// after [`super::ServerConfig::stranded_endpoint_limit`] of them bounds the total.
+/// after [`crate::server::ServerConfig::stranded_endpoint_limit`] of them bounds the total.
 #[derive(Default)]
 pub(super) struct ReplyEps {
     by_ep: FxHashMap<usize, ReplyEp>,
@@ -55,32 +55,32 @@ pub(super) struct ReplyEps {
 #[derive(Clone, Copy)]
 struct ReplyEp {
     client: u64,
-    generation: u64,
+    incarnation: u64,
     /// Only the worker's destruction frees it.
     stranded_when_left: bool,
 }
 
 impl ReplyEps {
-    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `generation`.
-    pub(super) fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, generation: u64) {
+    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `incarnation`.
+    pub(super) fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, incarnation: u64) {
         let key = ep as usize;
         if key == self.last || client == 0 || self.by_ep.contains_key(&key) {
             return;
         }
         // SAFETY: UCX handed ep to the request callback running now: it is live.
         let stranded_when_left = unsafe { worker.ep_lacks_failure_detection(ep) };
-        self.by_ep.insert(key, ReplyEp { client, generation, stranded_when_left });
+        self.by_ep.insert(key, ReplyEp { client, incarnation, stranded_when_left });
         self.last = key;
     }
 
-    /// Forgets the endpoints of clients that left; returns the generations of those left
+    /// Forgets the endpoints of clients that left; returns the incarnations of those left
     /// stranded, one entry each.
     pub(super) fn departed(&mut self, departed: &[u64]) -> Vec<u64> {
         let mut stranded = Vec::new();
         self.by_ep.retain(|_, e| {
             let left = departed.contains(&e.client);
             if left && e.stranded_when_left {
-                stranded.push(e.generation);
+                stranded.push(e.incarnation);
             }
             !left
         });
@@ -93,26 +93,26 @@ impl ReplyEps {
         self.by_ep.values().any(|e| e.client == client)
     }
 
-    /// Whether a client that has not left came by worker `generation`.
-    pub(super) fn serves(&self, generation: u64) -> bool {
-        self.by_ep.values().any(|e| e.generation == generation)
+    /// Whether a client that has not left came by worker `incarnation`.
+    pub(super) fn serves(&self, incarnation: u64) -> bool {
+        self.by_ep.values().any(|e| e.incarnation == incarnation)
     }
 
-    /// Worker `generation` was destroyed: its endpoints are gone (their addresses may
+    /// Worker `incarnation` was destroyed: its endpoints are gone (their addresses may
     /// come back for new ones).
-    pub(super) fn forget_generation(&mut self, generation: u64) {
-        self.by_ep.retain(|_, e| e.generation != generation);
+    pub(super) fn forget_incarnation(&mut self, incarnation: u64) {
+        self.by_ep.retain(|_, e| e.incarnation != incarnation);
         self.last = 0;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::PerGeneration;
+    use super::PerIncarnation;
 
     #[test]
     fn operations_in_flight_are_counted_per_worker() {
-        let mut n = PerGeneration::default();
+        let mut n = PerIncarnation::default();
         n.add(0);
         n.add(1);
         n.add(1);

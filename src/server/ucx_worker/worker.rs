@@ -17,7 +17,7 @@
 //! to clients), a new one takes its place under a new address, and clients reconnect.
 //!
 //! The same machinery, without telling anyone, bounds what departed shared-memory clients
-//! leave behind (see [`ReplyEps`]): after [`super::ServerConfig::stranded_endpoint_limit`]
+//! leave behind (see [`ReplyEps`]): after [`crate::server::ServerConfig::stranded_endpoint_limit`]
 //! of them, new clients are handed a fresh worker, and the old one serves the clients it
 //! has until the last one leaves, then goes with everything the departed ones left.
 
@@ -33,9 +33,9 @@ use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
 use super::queue_probe::{self, QueueProbe};
-use super::ucx_generations::{PerGeneration, ReplyEps};
-use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
-use super::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
+use super::incarnations::{PerIncarnation, ReplyEps};
+use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
+use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::store::Shard;
@@ -79,7 +79,7 @@ struct ReplyMsg {
     /// Owned payload bytes charged to that client while the send is pending.
     charged: u64,
     /// The worker it is sent by (see [`Arrival`]).
-    generation: u64,
+    incarnation: u64,
 }
 
 impl ReplyMsg {
@@ -91,7 +91,7 @@ impl ReplyMsg {
 struct PutInFlight {
     worker: *mut ShardWorker,
     /// The worker it arrives by (see [`Arrival`]).
-    generation: u64,
+    incarnation: u64,
     /// Null once the endpoint was closed (see [`ShardWorker::cut_stalled_puts`]).
     reply_ep: sys::ucp_ep_h,
     /// When the transfer is cut if it has not finished (its client stopped progressing).
@@ -108,7 +108,7 @@ struct Retired {
     memh: sys::ucp_mem_h,
     /// After `worker`: its callbacks may run until it is destroyed.
     _arrival: ArrivalBox,
-    generation: u64,
+    incarnation: u64,
     since: Instant,
     why: Retirement,
     /// Recycled: clients connected when it was, that had sent this shard nothing yet (so
@@ -131,7 +131,7 @@ enum Retirement {
 #[derive(Clone, Copy)]
 struct Arrival {
     shard: *mut ShardWorker,
-    generation: u64,
+    incarnation: u64,
     /// The worker itself: a rendezvous descriptor is received through the worker it came by.
     worker: ucx::WorkerHandle,
     memh: sys::ucp_mem_h,
@@ -169,19 +169,19 @@ pub struct ShardWorker {
     /// Before `service`: the UCX workers are destroyed before the arena they move bytes of.
     retired: Vec<Retired>,
     worker: Worker,
-    pub(super) service: Service,
+    pub(in crate::server) service: Service,
     memh: sys::ucp_mem_h,
     /// What the current worker's callbacks are given; after `worker`.
     arrival: ArrivalBox,
     /// The current worker's number: each replacement takes the next.
-    generation: u64,
+    incarnation: u64,
     /// The current worker's address as the bootstrap hands it out.
     address: ShardAddress,
     probe: QueueProbe,
     /// The last probe nonce received (see [`queue_probe`]).
     probe_seen: u64,
     /// Replies whose send UCX has not completed yet, per worker.
-    replies_in_flight: PerGeneration,
+    replies_in_flight: PerIncarnation,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
     /// Rendezvous puts being received, by (client session, request id): what an abort
@@ -189,7 +189,7 @@ pub struct ShardWorker {
     puts: HashMap<(u64, u64), *mut PutInFlight>,
     /// Replies to known clients not yet completed, by box address -> client.
     sending: HashMap<usize, u64>,
-    /// Replies to departed clients not yet completed, by box address -> worker generation:
+    /// Replies to departed clients not yet completed, by box address -> worker incarnation:
     /// they may never complete (over shared memory the client pulls the bytes itself), so
     /// they keep no worker from being destroyed, and are freed here if the worker's
     /// destruction did not end them (see [`ShardWorker::reclaim_orphans`]).
@@ -197,15 +197,15 @@ pub struct ShardWorker {
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
     backlog: FxHashMap<u64, Backlog>,
-    /// See [`super::ServerConfig::stall_timeout`].
+    /// See [`crate::server::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Endpoints closed because a transfer on them stalled, until UCX finishes the close.
-    /// With the worker (generation) the endpoint belonged to.
+    /// With the worker (incarnation) the endpoint belonged to.
     closing: Vec<(sys::ucs_status_ptr_t, u64)>,
     reply_eps: ReplyEps,
     /// Departed clients' endpoints stranded on the current worker (see [`ReplyEps`]), and
     /// how many make it hand new clients a fresh one
-    /// ([`super::ServerConfig::stranded_endpoint_limit`]).
+    /// ([`crate::server::ServerConfig::stranded_endpoint_limit`]).
     stranded: usize,
     /// Since when endpoints are stranded on the current worker.
     stranded_since: Option<Instant>,
@@ -256,12 +256,12 @@ impl ShardWorker {
             retired: Vec::new(),
             worker,
             memh,
-            arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), generation: 0, worker: handle, memh }),
-            generation: 0,
+            arrival: ArrivalBox::new(Arrival { shard: ptr::null_mut(), incarnation: 0, worker: handle, memh }),
+            incarnation: 0,
             address: ShardAddress::new(crate::proto::bootstrap::hex_encode(&address)),
             probe,
             probe_seen: 0,
-            replies_in_flight: PerGeneration::default(),
+            replies_in_flight: PerIncarnation::default(),
             reply_pool: Vec::new(),
             puts: HashMap::new(),
             sending: HashMap::new(),
@@ -331,12 +331,12 @@ impl ShardWorker {
                     (*this).forget_departed();
                     (*this).cut_stalled_puts();
                     let gone = (*this).watch_queue(!did_work);
-                    let generations: Vec<u64> = gone.iter().map(|r| r.generation).collect();
+                    let incarnations: Vec<u64> = gone.iter().map(|r| r.incarnation).collect();
                     drop(gone);
-                    for &generation in &generations {
-                        (*this).reclaim_orphans(generation);
+                    for &incarnation in &incarnations {
+                        (*this).reclaim_orphans(incarnation);
                     }
-                    if !generations.is_empty() {
+                    if !incarnations.is_empty() {
                         (*this).freed.freed();
                     }
                     (*this).freed.return_if_due(Instant::now());
@@ -392,13 +392,13 @@ impl ShardWorker {
         !self.puts.is_empty() || self.replies_in_flight.total() > 0 || self.reap_closed()
     }
 
-    /// Whether anything of ours is still in flight on worker `generation` (which may be
+    /// Whether anything of ours is still in flight on worker `incarnation` (which may be
     /// destroyed only once nothing is: its callbacks would never come).
-    fn in_flight_on(&self, generation: u64) -> bool {
+    fn in_flight_on(&self, incarnation: u64) -> bool {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
-        self.replies_in_flight.count(generation) > 0
-            || self.puts.values().any(|&p| unsafe { (*p).generation } == generation)
-            || self.closing.iter().any(|&(_, g)| g == generation)
+        self.replies_in_flight.count(incarnation) > 0
+            || self.puts.values().any(|&p| unsafe { (*p).incarnation } == incarnation)
+            || self.closing.iter().any(|&(_, g)| g == incarnation)
     }
 
     /// Probes the receive queue and replaces a stuck worker; hands out a fresh worker once
@@ -431,8 +431,8 @@ impl ShardWorker {
             let (gone, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
             self.retired = kept;
             for r in &gone {
-                debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.generation);
-                self.reply_eps.forget_generation(r.generation);
+                debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.incarnation);
+                self.reply_eps.forget_incarnation(r.incarnation);
             }
             return gone;
         }
@@ -449,10 +449,10 @@ impl ShardWorker {
             && self.service.live_clients().next().is_none()
     }
 
-    /// Frees the replies to departed clients that worker `generation` still had in flight
+    /// Frees the replies to departed clients that worker `incarnation` still had in flight
     /// when it was destroyed without ending them (their callbacks will never come).
-    fn reclaim_orphans(&mut self, generation: u64) {
-        let left: Vec<usize> = self.orphans.iter().filter(|&(_, &g)| g == generation).map(|(&m, _)| m).collect();
+    fn reclaim_orphans(&mut self, incarnation: u64) {
+        let left: Vec<usize> = self.orphans.iter().filter(|&(_, &g)| g == incarnation).map(|(&m, _)| m).collect();
         for m in left {
             self.orphans.remove(&m);
             // SAFETY: an orphan's box is owned by its send until the callback, which never
@@ -467,17 +467,17 @@ impl ShardWorker {
     /// oldest goes, and all clients are told to reconnect (as for a stuck worker). A worker
     /// is destroyed only with nothing of ours in flight on it.
     fn retirement_over(&self, r: &Retired, now: Instant) -> bool {
-        if now.duration_since(r.since) < RETIRED_GRACE || self.in_flight_on(r.generation) {
+        if now.duration_since(r.since) < RETIRED_GRACE || self.in_flight_on(r.incarnation) {
             return false;
         }
         match r.why {
             Retirement::Stuck => true,
             Retirement::Recycled => {
                 let waited_for = |c: &u64| self.service.is_live(*c) && !self.reply_eps.knows(*c);
-                if !self.reply_eps.serves(r.generation) && !r.unheard.iter().any(waited_for) {
+                if !self.reply_eps.serves(r.incarnation) && !r.unheard.iter().any(waited_for) {
                     return true;
                 }
-                let newer_waiting = self.retired.iter().filter(|o| o.why == Retirement::Recycled && o.generation > r.generation && self.reply_eps.serves(o.generation)).count();
+                let newer_waiting = self.retired.iter().filter(|o| o.why == Retirement::Recycled && o.incarnation > r.incarnation && self.reply_eps.serves(o.incarnation)).count();
                 if newer_waiting >= MAX_RECYCLED {
                     warn!("shard {}: clients of a recycled worker told to reconnect ({} recycled workers kept at most)", self.service.index, MAX_RECYCLED);
                     self.address.tell_moved();
@@ -539,8 +539,8 @@ impl ShardWorker {
         let mut fresh = self.take_fresh_worker()?;
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
-        let generation = self.generation + 1;
-        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, generation, worker: fresh.handle(), memh });
+        let incarnation = self.incarnation + 1;
+        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, incarnation, worker: fresh.handle(), memh });
         let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, &arrival).map(|()| a)) {
             Ok(a) => a,
             Err(e) => {
@@ -584,8 +584,8 @@ impl ShardWorker {
                 unheard = self.service.live_clients().filter(|&c| !self.reply_eps.knows(c)).collect();
             }
         }
-        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, generation: self.generation, since: Instant::now(), why, unheard });
-        self.generation = generation;
+        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, incarnation: self.incarnation, since: Instant::now(), why, unheard });
+        self.incarnation = incarnation;
         self.stranded = 0;
         self.stranded_since = None;
         if let Err(e) = self.probe.connect(&address) {
@@ -597,7 +597,7 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], header_len: 0, payload: Vec::new(), pinned: None, client: 0, charged: 0, generation: 0 })
+            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], header_len: 0, payload: Vec::new(), pinned: None, client: 0, charged: 0, incarnation: 0 })
         });
         m.payload.clear();
         m.pinned = None;
@@ -616,16 +616,16 @@ impl ShardWorker {
         self.reply_pool.push(m);
     }
 
-    /// Sends a reply on `ep` of worker `generation`. `arena`: bytes of the arena to send
+    /// Sends a reply on `ep` of worker `incarnation`. `arena`: bytes of the arena to send
     /// instead of the owned payload.
-    fn send_reply(&mut self, ep: sys::ucp_ep_h, generation: u64, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<ArenaSlice>) {
+    fn send_reply(&mut self, ep: sys::ucp_ep_h, incarnation: u64, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<ArenaSlice>) {
         if ep.is_null() {
             self.finish_reply(m);
             return;
         }
         let sent = arena.map_or(m.payload.len(), |a| a.len as usize);
         m.header_len = header.encode_compact(sent, &mut m.header);
-        m.generation = generation;
+        m.incarnation = incarnation;
         let raw = Box::into_raw(m);
         // SAFETY: header and payload live in the box (heap, stable while leaked) or the
         // arena (pinned below while in flight), untouched until the completion; ep is the
@@ -642,7 +642,7 @@ impl ShardWorker {
         // the send finished (or failed) inside the call, else in on_reply_sent.
         match started {
             Ok(Started::Pending) => {
-                self.replies_in_flight.add(generation);
+                self.replies_in_flight.add(incarnation);
                 // SAFETY: raw is the live box leaked above, owned by the pending send.
                 let (client, owned) = unsafe { ((*raw).client, (*raw).payload.len() as u64) };
                 if client != 0 {
@@ -672,17 +672,17 @@ impl ShardWorker {
     /// owned bytes.
     fn answer(&mut self, ep: sys::ucp_ep_h, came_by: Arrival, answer: Answer, m: Box<ReplyMsg>) {
         match answer {
-            Answer::Owned(header) => self.send_reply(ep, came_by.generation, header, m, None),
+            Answer::Owned(header) => self.send_reply(ep, came_by.incarnation, header, m, None),
             Answer::Arena { header, offset, len, extent } => {
-                self.send_reply(ep, came_by.generation, header, m, Some(ArenaSlice { offset, len, extent, memh: came_by.memh }))
+                self.send_reply(ep, came_by.incarnation, header, m, Some(ArenaSlice { offset, len, extent, memh: came_by.memh }))
             }
         }
     }
 
-    fn reply_error(&mut self, ep: sys::ucp_ep_h, generation: u64, request_id: u64, err: &Error) {
+    fn reply_error(&mut self, ep: sys::ucp_ep_h, incarnation: u64, request_id: u64, err: &Error) {
         let mut m = self.take_reply();
         let header = service::error_reply(request_id, err, &mut m.payload);
-        self.send_reply(ep, generation, header, m, None);
+        self.send_reply(ep, incarnation, header, m, None);
     }
 
     /// Handles one request from the AM callback. `data` is the eager payload, or the
@@ -691,13 +691,13 @@ impl ShardWorker {
         let ep = info.reply_ep;
         let (req, client) = match self.service.admit(header) {
             Ok(r) => {
-                self.reply_eps.note(&self.worker, ep, r.1, came_by.generation);
+                self.reply_eps.note(&self.worker, ep, r.1, came_by.incarnation);
                 r
             }
             Err((id, e)) => {
                 debug!("shard {}: refused request: {}", self.service.index, e.message);
                 if let Some(id) = id {
-                    self.reply_error(ep, came_by.generation, id, &e);
+                    self.reply_error(ep, came_by.incarnation, id, &e);
                 }
                 return sys::UCS_OK;
             }
@@ -720,7 +720,7 @@ impl ShardWorker {
             // descriptor and releases the sender.
             match self.service.begin_put(&req, length as u64) {
                 Ok(p) => self.receive_put(ep, came_by, p, data),
-                Err(e) => self.reply_error(ep, came_by.generation, req.header.request_id, &e),
+                Err(e) => self.reply_error(ep, came_by.incarnation, req.header.request_id, &e),
             }
             return sys::UCS_OK;
         }
@@ -749,8 +749,8 @@ impl ShardWorker {
             return;
         }
         self.freed.freed();
-        let generation = self.generation;
-        self.stranded += self.reply_eps.departed(&departed).into_iter().filter(|&g| g == generation).count();
+        let incarnation = self.incarnation;
+        self.stranded += self.reply_eps.departed(&departed).into_iter().filter(|&g| g == incarnation).count();
         if self.stranded > 0 && self.stranded_since.is_none() {
             self.stranded_since = Some(Instant::now());
         }
@@ -767,8 +767,8 @@ impl ShardWorker {
                 }
                 // Its send may never end (a dead shared-memory peer): uncharged now.
                 self.service.reply_budget.discharge(std::mem::take(&mut msg.charged));
-                self.replies_in_flight.remove(msg.generation);
-                self.orphans.insert(m, msg.generation);
+                self.replies_in_flight.remove(msg.incarnation);
+                self.orphans.insert(m, msg.incarnation);
             }
         }
     }
@@ -788,9 +788,9 @@ impl ShardWorker {
     /// endpoints were closed.
     fn cut_puts(&mut self, which: impl Fn(&PutInFlight) -> bool) -> usize {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
-        let doomed: Vec<(sys::ucp_ep_h, u64)> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| (p.reply_ep, p.generation)).collect();
+        let doomed: Vec<(sys::ucp_ep_h, u64)> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| (p.reply_ep, p.incarnation)).collect();
         let mut closed = 0;
-        for (ep, generation) in doomed {
+        for (ep, incarnation) in doomed {
             // Several puts may share the endpoint: close it once.
             // SAFETY: as above.
             let on_ep: Vec<*mut PutInFlight> = self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
@@ -804,7 +804,7 @@ impl ShardWorker {
             // SAFETY: ep is a live endpoint (no put referred to a closed one). Closing goes
             // through the endpoint's own worker whichever `Worker` value starts it.
             if let Some(request) = unsafe { self.worker.close_ep_nb(ep) } {
-                self.closing.push((request, generation));
+                self.closing.push((request, incarnation));
             }
             closed += 1;
         }
@@ -823,7 +823,7 @@ impl ShardWorker {
         let length = put.arriving as usize;
         let key = (put.header.session, put.header.request_id);
         let deadline = service::transfer_deadline(self.stall_timeout, put.arriving);
-        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, generation: came_by.generation, reply_ep: ep, deadline, put, abort: None }));
+        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, incarnation: came_by.incarnation, reply_ep: ep, deadline, put, abort: None }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
         // The descriptor is received through the worker it came by, which may be a retired one.
@@ -849,11 +849,11 @@ impl ShardWorker {
         let wanted = p.abort.is_none() && self.service.client_of(p.put.header.session).is_some();
         let mut m = self.take_reply();
         let header = self.service.finish_put(p.put, status == sys::UCS_OK && wanted, &mut m.payload);
-        self.send_reply(p.reply_ep, p.generation, header, m, None);
+        self.send_reply(p.reply_ep, p.incarnation, header, m, None);
         if let Some(abort) = p.abort {
             debug!("shard {}: put abandoned by its client; discarded", self.service.index);
             let m = self.take_reply();
-            self.send_reply(p.reply_ep, p.generation, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
+            self.send_reply(p.reply_ep, p.incarnation, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
         }
     }
 }
@@ -915,7 +915,7 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
         let w = &mut *m.worker;
         // A reply to a departed client was counted out when it left.
         if w.orphans.remove(&m.key()).is_none() {
-            w.replies_in_flight.remove(m.generation);
+            w.replies_in_flight.remove(m.incarnation);
         }
         w.sending.remove(&m.key());
         // Zero for a reply to a departed client (discharged when it left).

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
-use super::{FreedMemory, RetryBackoff, WorkerInfo};
+use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
+use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
@@ -139,8 +139,8 @@ pub struct FabricShardWorker {
     provider: String,
     listen: std::net::IpAddr,
     /// What the bootstrap hands out; changes when the rails are replaced.
-    address: super::ShardAddress,
-    pub(super) service: Service,
+    address: crate::server::ShardAddress,
+    pub(in crate::server) service: Service,
     arena_mr: Vec<MemoryRegion>,
     recv_mr: Vec<MemoryRegion>,
     recv_slab: Vec<u8>,
@@ -164,7 +164,7 @@ pub struct FabricShardWorker {
     /// or stalled): their further requests and replies are dropped at once, not waited on
     /// again, until they depart. One that was only stalled times out and reconnects.
     unresponsive: FxHashSet<u64>,
-    /// See [`super::ServerConfig::stall_timeout`].
+    /// See [`crate::server::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Bytes of reply payloads sent since the last poll pass: the receiver copies them
     /// while this loop finds nothing to do (see [`Poller::expect_transfer`]).
@@ -207,7 +207,7 @@ impl FabricShardWorker {
         let arena_mr = rails.register(shard.arena().base(), shard.arena().len(), RemoteAccess::None)?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
-        let address = super::ShardAddress::new(wire::encode_addresses(&rails.addresses()?));
+        let address = crate::server::ShardAddress::new(wire::encode_addresses(&rails.addresses()?));
         let mut w = Box::new(FabricShardWorker {
             rails,
             retired: Vec::new(),

@@ -1,0 +1,5 @@
+//! The shard worker over libfabric.
+
+mod worker;
+
+pub(super) use worker::FabricShardWorker;
