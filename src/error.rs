@@ -1,115 +1,92 @@
-//! One status enum for the whole crate (and, later, the C ABI): 0 is OK, positive values
-//! are normal outcomes that are not errors, negative values are errors.
+//! One status enum for the whole crate: 0 is OK, positive values are normal outcomes that
+//! are not errors, negative values are errors. Each status is written once, in the table
+//! below: its code, its name (the C ABI's `RDRAM_*` and Python's `Status` in upper case,
+//! metric labels as they are) and what it means. `tests/header.rs` checks the C header,
+//! Python's `remote_dram.errors` and the C++ driver against it.
 
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(i8)]
-pub enum Status {
-    Ok = 0,
+macro_rules! statuses {
+    ($($(#[$doc:meta])* $variant:ident = $code:literal, $label:literal, $describe:literal;)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(i8)]
+        pub enum Status {
+            $($(#[$doc])* $variant = $code,)*
+        }
+
+        impl Status {
+            /// Every status, in the table's order.
+            pub const ALL: &'static [Status] = &[$(Status::$variant),*];
+
+            /// The status of a code from the wire; an unknown code is `Internal`.
+            pub fn from_code(code: i8) -> Status {
+                match code {
+                    $($code => Status::$variant,)*
+                    _ => Status::Internal,
+                }
+            }
+
+            /// The status's name in lower case: a metric label, and the C ABI's
+            /// `RDRAM_*` and Python's `Status` names in upper case.
+            pub fn label(self) -> &'static str {
+                match self {
+                    $(Status::$variant => $label,)*
+                }
+            }
+
+            pub fn describe(self) -> &'static str {
+                match self {
+                    $(Status::$variant => $describe,)*
+                }
+            }
+        }
+    };
+}
+
+statuses! {
+    Ok = 0, "ok", "ok";
     /// The key does not exist (a normal result of get).
-    Missing = 1,
+    Missing = 1, "missing", "key not found";
     /// Conditional get: the generation matched `if_not_equal` (or not `if_equal`).
-    Unchanged = 2,
+    Unchanged = 2, "unchanged", "generation unchanged";
     /// Conditional put/delete: the condition did not hold; nothing changed.
-    ConditionFailed = 3,
+    ConditionFailed = 3, "condition_failed", "generation condition failed";
     /// Cluster: the key moved to the server named in the payload while the cluster's view
     /// changes; the client asks there ([`crate::proto::flags::ASKING`]). Never returned to
     /// callers.
-    Moved = 4,
-    Invalid = -1,
-    KeyTooLarge = -2,
-    ValueTooLarge = -3,
-    NoSpace = -4,
-    OutOfRange = -5,
-    AuthFailed = -6,
-    VersionMismatch = -7,
-    Unavailable = -8,
-    Timeout = -9,
-    Transport = -10,
-    Io = -11,
-    Internal = -12,
-    WrongShard = -13,
+    Moved = 4, "moved", "the key moved to another server";
+    Invalid = -1, "invalid_argument", "invalid argument";
+    KeyTooLarge = -2, "key_too_large", "key too large";
+    ValueTooLarge = -3, "value_too_large", "value too large";
+    NoSpace = -4, "no_space", "no space left in the shard's arena";
+    OutOfRange = -5, "out_of_range", "byte range out of range";
+    AuthFailed = -6, "auth_failed", "authentication failed";
+    VersionMismatch = -7, "version_mismatch", "protocol version mismatch";
+    Unavailable = -8, "unavailable", "server unavailable";
+    Timeout = -9, "timeout", "operation timed out";
+    Transport = -10, "transport", "transport error";
+    Io = -11, "io", "I/O error";
+    Internal = -12, "internal", "internal error";
+    WrongShard = -13, "wrong_shard", "request sent to the wrong shard";
     /// The caller's buffer is too small for the value; nothing was lost.
-    BufferTooSmall = -14,
+    BufferTooSmall = -14, "buffer_too_small", "buffer too small for the value";
     /// A panic was caught at the C boundary.
-    Panic = -15,
+    Panic = -15, "panic", "internal panic caught at the C boundary";
     /// A required pointer argument was NULL (C ABI).
-    NullArgument = -16,
+    NullArgument = -16, "null_argument", "a required pointer argument is NULL";
     /// Cluster: the request was routed with a view the server does not hold; the client
     /// refreshes its view and sends it again.
-    ViewChanged = -17,
+    ViewChanged = -17, "view_changed", "the cluster's view changed";
     /// Cluster: the key is being handed to another server this moment; the client sends
     /// the write again shortly.
-    KeyMoving = -18,
+    KeyMoving = -18, "key_moving", "the key is moving to another server";
 }
 
 impl Status {
-    pub fn from_code(code: i8) -> Status {
-        use Status::*;
-        [Ok, Missing, Unchanged, ConditionFailed, Moved, Invalid, KeyTooLarge, ValueTooLarge, NoSpace, OutOfRange, AuthFailed,
-         VersionMismatch, Unavailable, Timeout, Transport, Io, Internal, WrongShard, BufferTooSmall, Panic, NullArgument,
-         ViewChanged, KeyMoving]
-            .into_iter()
-            .find(|s| *s as i8 == code)
-            .unwrap_or(Internal)
-    }
-
-    /// The status as a metric label: the C ABI's name in lower case.
-    pub fn label(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Missing => "missing",
-            Status::Unchanged => "unchanged",
-            Status::ConditionFailed => "condition_failed",
-            Status::Invalid => "invalid_argument",
-            Status::KeyTooLarge => "key_too_large",
-            Status::ValueTooLarge => "value_too_large",
-            Status::NoSpace => "no_space",
-            Status::OutOfRange => "out_of_range",
-            Status::AuthFailed => "auth_failed",
-            Status::VersionMismatch => "version_mismatch",
-            Status::Unavailable => "unavailable",
-            Status::Timeout => "timeout",
-            Status::Transport => "transport",
-            Status::Io => "io",
-            Status::Internal => "internal",
-            Status::WrongShard => "wrong_shard",
-            Status::BufferTooSmall => "buffer_too_small",
-            Status::Panic => "panic",
-            Status::NullArgument => "null_argument",
-            Status::Moved => "moved",
-            Status::ViewChanged => "view_changed",
-            Status::KeyMoving => "key_moving",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Missing => "key not found",
-            Status::Unchanged => "generation unchanged",
-            Status::ConditionFailed => "generation condition failed",
-            Status::Invalid => "invalid argument",
-            Status::KeyTooLarge => "key too large",
-            Status::ValueTooLarge => "value too large",
-            Status::NoSpace => "no space left in the shard's arena",
-            Status::OutOfRange => "byte range out of range",
-            Status::AuthFailed => "authentication failed",
-            Status::VersionMismatch => "protocol version mismatch",
-            Status::Unavailable => "server unavailable",
-            Status::Timeout => "operation timed out",
-            Status::Transport => "transport error",
-            Status::Io => "I/O error",
-            Status::Internal => "internal error",
-            Status::WrongShard => "request sent to the wrong shard",
-            Status::BufferTooSmall => "buffer too small for the value",
-            Status::Panic => "internal panic caught at the C boundary",
-            Status::NullArgument => "a required pointer argument is NULL",
-            Status::Moved => "the key moved to another server",
-            Status::ViewChanged => "the cluster's view changed",
-            Status::KeyMoving => "the key is moving to another server",
-        }
+    /// Statuses the client settles itself (cluster view changes) and never returns: the
+    /// C ABI and Python have no name for them.
+    pub fn is_internal_to_clusters(self) -> bool {
+        matches!(self, Status::Moved | Status::ViewChanged | Status::KeyMoving)
     }
 }
 

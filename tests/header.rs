@@ -14,3 +14,43 @@ fn header_limits_match_the_protocol() {
     assert!(header.contains(&format!("#define RDRAM_MAX_KEY_LEN {}", remote_dram::proto::MAX_KEY_LEN)));
     assert!(header.contains(&format!("#define RDRAM_MAX_VALUE_LEN {}", remote_dram::proto::MAX_VALUE_LEN)));
 }
+
+/// `NAME = CODE` lines of a C enum or a Python class body, from the line that starts
+/// with `start` to the first line after it that starts with `end`.
+fn named_codes(text: &str, start: &str, end: &str) -> Vec<(String, i64)> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(start)).skip(1);
+    let mut found = Vec::new();
+    for line in lines.by_ref().take_while(|l| !l.starts_with(end)) {
+        let Some((name, code)) = line.trim().trim_end_matches(',').split_once(" = ") else { continue };
+        if let Ok(code) = code.trim().parse() {
+            found.push((name.trim().to_string(), code));
+        }
+    }
+    found
+}
+
+/// The status table in src/error.rs is the only place codes are written by hand; the C
+/// header's `rdram_status`, Python's `remote_dram.errors.Status` must agree with it. (The
+/// C ABI's, the gateway's and the C++ driver's mappings are exhaustive matches or name
+/// the header's constants, so their compilers check them.)
+#[test]
+fn status_codes_agree_everywhere() {
+    use remote_dram::Status;
+    let named = |prefix: &str, s: Status| format!("{prefix}{}", s.label().to_ascii_uppercase());
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/remote_dram.h")).unwrap();
+    let c = named_codes(&header, "enum rdram_status", "}");
+    let want_c: Vec<(String, i64)> = Status::ALL.iter().filter(|s| !s.is_internal_to_clusters()).map(|&s| (named("RDRAM_", s), s as i64)).collect();
+    assert_eq!(c, want_c, "include/remote_dram.h's rdram_status and src/error.rs's table");
+
+    let python = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/python/remote_dram/errors.py")).unwrap();
+    let py = named_codes(&python, "class Status(", "class ");
+    // Python has no NULL pointers and no C boundary to catch panics at.
+    let c_only = [Status::NullArgument, Status::Panic];
+    let want_py: Vec<(String, i64)> = Status::ALL.iter().filter(|s| !s.is_internal_to_clusters() && !c_only.contains(s)).map(|&s| (named("", s), s as i64)).collect();
+    assert_eq!(py, want_py, "python/remote_dram/errors.py's Status and src/error.rs's table");
+
+    for &s in Status::ALL {
+        assert_eq!(Status::from_code(s as i8), s);
+    }
+    assert_eq!(Status::from_code(100), Status::Internal, "an unknown code is internal");
+}
