@@ -21,8 +21,19 @@ struct Etcd {
     dir: tempfile::TempDir,
 }
 
+/// A loopback port free now, and never handed out before in this process: tests run side
+/// by side, and the kernel may offer a port just closed again, so that two etcds started
+/// at once could be given the same port.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl Etcd {
@@ -58,9 +69,12 @@ impl Etcd {
             .stderr(Stdio::null())
             .spawn()
             .expect("etcd (make deps installs Debian's etcd-server)");
-        let etcd = Etcd { child, client_port, peer_port, dir };
+        let mut etcd = Etcd { child, client_port, peer_port, dir };
         let up = wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", client_port)).is_ok());
         assert!(up, "etcd did not start listening on {client_port}");
+        // An etcd that could not bind its ports exits at once; the port may be another's.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(etcd.child.try_wait().unwrap().is_none(), "etcd exited at start (ports {client_port}, {peer_port} taken?)");
         etcd
     }
 
