@@ -787,11 +787,8 @@ impl Client {
     /// with whichever of its clients is free); a shard whose server left meanwhile is
     /// passed over.
     pub fn list_page(&mut self, range: &KeyRange, from: Option<&ListCursor>) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
-        let mut shards: Vec<(&str, usize, usize)> = Vec::new();
-        let servers = self.all_shards();
-        for &(server, shard) in &servers {
-            shards.push((self.conn.servers[server].node.as_str(), shard, server));
-        }
+        // (address, shard, server index), in address order.
+        let mut shards: Vec<(&str, usize, usize)> = self.all_shards().into_iter().map(|(server, shard)| (self.conn.servers[server].node.as_str(), shard, server)).collect();
         shards.sort_unstable();
         let (index, min) = match from {
             None => (0, &range.min),
