@@ -30,7 +30,7 @@ demo: build
 
 test: test-rust test-ffi test-gateway test-python
 
-test-rust: deps
+test-rust: build
 	$(CARGO) test --release -- --test-threads=2
 
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).

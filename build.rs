@@ -73,6 +73,10 @@ fn probe_ucx() -> pkg_config::Library {
         for dir in &ucx.link_paths {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
         }
+        // For the binaries of packages that depend on this one (bench/build.rs reads it
+        // as DEP_UCP_RPATH): link arguments do not pass to dependents.
+        let dirs: Vec<String> = ucx.link_paths.iter().map(|d| d.display().to_string()).collect();
+        println!("cargo:rpath={}", dirs.join(":"));
     }
     ucx
 }

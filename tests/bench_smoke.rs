@@ -7,10 +7,12 @@ use std::process::Command;
 
 use common::{ServerProc, TCP};
 
-const BENCH: &str = env!("CARGO_BIN_EXE_rdram-bench");
+fn rdram_bench() -> Command {
+    Command::new(common::bench_binary("rdram-bench"))
+}
 
 fn bench(server: &ServerProc, out: &Path, args: &[&str]) -> Vec<serde_json::Value> {
-    let result = Command::new(BENCH)
+    let result = rdram_bench()
         .args(["--server", &server.addr, "--poll", "adaptive", "--json", "--out"])
         .arg(out)
         .args(args)
@@ -119,7 +121,7 @@ fn keys_are_as_long_as_asked() {
     // library, which shows the keys really are that long.
     let rows = bench(&server, dir.path(), &["--ops", "get,put", "--sizes", "64", "--key-len", &limit.to_string(), "--count", "20", "--warmup", "0"]);
     assert_eq!(rows.len(), 2);
-    let out = Command::new(BENCH)
+    let out = rdram_bench()
         .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "64", "--count", "5", "--key-len"])
         .arg((limit + 1).to_string())
         .arg("--out")
@@ -133,13 +135,13 @@ fn keys_are_as_long_as_asked() {
 
 #[test]
 fn bad_arguments_are_refused_clearly() {
-    let out = Command::new(BENCH).args(["--embedded", "--depth", "0"]).output().unwrap();
+    let out = rdram_bench().args(["--embedded", "--depth", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--depth must be at least 1"));
-    let out = Command::new(BENCH).args(["--embedded", "--rate", "100", "--depth", "4"]).output().unwrap();
+    let out = rdram_bench().args(["--embedded", "--rate", "100", "--depth", "4"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--depth 1"));
-    let out = Command::new(BENCH).args(["--server", "127.0.0.1:1", "--ops", "scan"]).output().unwrap();
+    let out = rdram_bench().args(["--server", "127.0.0.1:1", "--ops", "scan"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("scan"));
 }

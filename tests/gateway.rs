@@ -374,7 +374,7 @@ async fn a_silent_connection_gives_its_place_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_tool_writes_and_reads_through_the_gateway() {
     let (_server, gateway) = start();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-gateway-load"))
+    let out = std::process::Command::new(common::bench_binary("rdram-gateway-load"))
         .args(["--gateway", &gateway.addr, "--connections", "2", "--concurrency", "4", "--size", "300KiB", "--seconds", "0.3", "--threads", "2"])
         .output()
         .expect("run rdram-gateway-load");

@@ -174,7 +174,7 @@ fn a_default_library_client_reaches_a_local_server_over_shared_memory() {
     assert_eq!(server.shard_metric("rdram_worker_recycles_total", 0), 0);
     // rdram-bench: a long-lived client of the library, its options the defaults but for polling.
     let plots = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+    let out = Command::new(common::bench_binary("rdram-bench"))
         .args(["--server", &server.addr, "--ops", "get,put", "--sizes", "8,300000", "--count", "200", "--warmup", "0", "--poll", "adaptive"])
         .args(["--out", plots.path().to_str().unwrap()])
         .env_remove("UCX_TLS")

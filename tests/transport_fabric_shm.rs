@@ -168,7 +168,7 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
     common::init(common::FABRIC_SHM);
     let server = common::ServerProc::start(&["--metrics", "127.0.0.1:0"]);
     let addr = server.addr.as_str();
-    let bench = env!("CARGO_BIN_EXE_rdram-bench");
+    let bench = common::bench_binary("rdram-bench");
     let mut client = Command::new(bench)
         .args(["--server", addr, "--ops", "get", "--sizes", "8", "--keys", "1", "--seconds", "60"])
         .stdout(Stdio::null())
@@ -245,7 +245,7 @@ fn large_getter(server: &common::ServerProc, seconds: &str) -> std::process::Chi
 /// `rdram-bench` getting `keys` values of `size` bytes for `seconds`.
 fn getter_of(server: &common::ServerProc, seconds: &str, size: &str, keys: &str) -> std::process::Child {
     use std::process::{Command, Stdio};
-    Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+    Command::new(common::bench_binary("rdram-bench"))
         .args(["--server", &server.addr, "--ops", "get", "--sizes", size, "--keys", keys, "--seconds", seconds])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

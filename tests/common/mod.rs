@@ -11,6 +11,14 @@ use remote_dram::{Client, ClientOptions};
 
 pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
 
+/// A load generator of the `rdram-bench` package (bench/), built next to `rdram` by
+/// `cargo build --release` (make test builds it before the tests).
+pub fn bench_binary(name: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(RDRAM).with_file_name(name);
+    assert!(path.exists(), "{} is missing: `cargo build --release` builds it (the workspace's default members)", path.display());
+    path
+}
+
 pub const TCP: &str = "tcp";
 pub const SHM: &str = "posix,sysv,cma,self";
 /// libfabric providers: "fabric:" + the provider name `rdram serve` gets.

@@ -485,7 +485,7 @@ pub fn departed_clients_free_their_slots(transport: &str) {
     assert!(wait_until(Duration::from_secs(5), || clients(&mut observer) == 1), "a client that exited keeps its slot");
     // A client killed while connected: the bench, running for a minute.
     let out = tempfile::Builder::new().prefix("rdram-departed-").tempdir().unwrap();
-    let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+    let mut bench = std::process::Command::new(common::bench_binary("rdram-bench"))
         .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "8", "--seconds", "60", "--warmup", "0"])
         .arg("--out")
         .arg(out.path())
@@ -504,7 +504,7 @@ pub fn bench_against_server(transport: &str) {
     common::init(transport);
     let server = ServerProc::start(&["--memory", "256MiB"]);
     let plots = tempfile::Builder::new().prefix("rdram-bench-").tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdram-bench"))
+    let out = std::process::Command::new(common::bench_binary("rdram-bench"))
         .args(["--server", &server.addr, "--poll", "adaptive", "--json", "--ops", "get,put", "--sizes", "8,1MiB", "--depth", "4", "--seconds", "0.3", "--warmup", "0.05"])
         .arg("--out")
         .arg(plots.path())
