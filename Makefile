@@ -28,7 +28,7 @@ build: deps
 demo: build
 	scripts/demo.sh target/release/rdram
 
-test: test-rust test-ffi test-gateway test-python
+test: lint test-rust test-ffi test-gateway test-python
 
 test-rust: build
 	$(CARGO) test --release -- --test-threads=2
@@ -67,11 +67,12 @@ soak: deps
 	SOAK_SECS=$(SOAK_SECS) SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" SOAK_SERVER_ARGS="$(SOAK_SERVER_ARGS)" $(CARGO) test --release --test soak -- --ignored --exact soak --nocapture
 	SOAK_TRANSPORTS="$(SOAK_TRANSPORTS)" $(CARGO) test --release --test soak -- --ignored --exact killed_clients_leave_no_memory --nocapture
 
-# Clippy over the crate (library, binaries, tests) and the Python package, warnings as
-# errors (not in CI: a newer toolchain's new lints must not fail a build).
+# Formatting as rustfmt.toml says (`cargo fmt --all` applies it), then clippy over the
+# workspace (library, binaries, tests, the Python package, the load generators), warnings
+# as errors. make test runs it first.
 lint: deps
-	$(CARGO) clippy --release --all-targets -- -D warnings
-	cd python && $(CARGO) clippy --release -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
 # starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).

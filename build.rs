@@ -7,7 +7,10 @@ use std::{env, path::PathBuf};
 
 fn main() {
     // Versioned SONAME for libremote_dram.so (the ABI major).
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libremote_dram.so.{}", env::var("CARGO_PKG_VERSION_MAJOR").unwrap());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,-soname,libremote_dram.so.{}",
+        env::var("CARGO_PKG_VERSION_MAJOR").unwrap()
+    );
     let ucx = probe_ucx();
 
     let mut builder = bindgen::Builder::default()
@@ -56,7 +59,9 @@ fn probe_ucx() -> pkg_config::Library {
     let use_unpacked = env::var("RDRAM_UCX").as_deref() != Ok("system");
     if use_unpacked {
         if !unpacked.exists() {
-            panic!("UCX 1.22 not found in target/ucx: run `make deps` (or set RDRAM_UCX=system to use the system's UCX)");
+            panic!(
+                "UCX 1.22 not found in target/ucx: run `make deps` (or set RDRAM_UCX=system to use the system's UCX)"
+            );
         }
         println!("cargo:rerun-if-changed={}", unpacked.display());
         let path = env::var("PKG_CONFIG_PATH").map(|p| format!("{}:{p}", unpacked.display()));
@@ -110,7 +115,9 @@ fn generate_fabric_bindings() {
         builder = builder.clang_arg(format!("-I{}", path.display()));
     }
     let bindings = builder.generate().expect("bindgen failed on the libfabric headers");
-    bindings.write_to_file(PathBuf::from(env::var("OUT_DIR").unwrap()).join("fabric_bindings.rs")).expect("write fabric bindings");
+    bindings
+        .write_to_file(PathBuf::from(env::var("OUT_DIR").unwrap()).join("fabric_bindings.rs"))
+        .expect("write fabric bindings");
     println!("cargo:rerun-if-changed=src/transport/fabric/shim.c");
     println!("cargo:rerun-if-changed=src/transport/fabric/shim.h");
 }

@@ -32,7 +32,8 @@ impl ValueEnum for HugePages {
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(match self {
-            HugePages::Auto => PossibleValue::new("auto").help("hugetlb pages if reserved, else transparent huge pages, else 4 KiB pages"),
+            HugePages::Auto => PossibleValue::new("auto")
+                .help("hugetlb pages if reserved, else transparent huge pages, else 4 KiB pages"),
             HugePages::On => PossibleValue::new("on").help("hugetlb 2 MiB pages or fail"),
             HugePages::Off => PossibleValue::new("off").help("4 KiB pages only"),
         })
@@ -59,8 +60,12 @@ impl ValueEnum for PollMode {
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(match self {
-            PollMode::Busy => PossibleValue::new("busy").help("spin on progress forever: lowest latency, one core per poller"),
-            PollMode::Adaptive => PossibleValue::new("adaptive").help("spin for a bounded time, then sleep on the transport's event fd"),
+            PollMode::Busy => {
+                PossibleValue::new("busy").help("spin on progress forever: lowest latency, one core per poller")
+            }
+            PollMode::Adaptive => {
+                PossibleValue::new("adaptive").help("spin for a bounded time, then sleep on the transport's event fd")
+            }
         })
     }
 }

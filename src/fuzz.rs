@@ -116,11 +116,21 @@ pub fn shard_request(data: &[u8]) {
             let (tx, rx) = crossbeam_channel::unbounded();
             tx.send(Membership::Joined { client: 1, session: SESSION }).unwrap();
             let shard = Shard::new(4 << 20, HugePages::Off, Mode::Cache).expect("a 4 MiB shard");
-            let mut s = Service::new(0, 1, rx, shard, std::sync::Arc::new(crate::server::service::ReplyBudget::new(u64::MAX)));
+            let mut s =
+                Service::new(0, 1, rx, shard, std::sync::Arc::new(crate::server::service::ReplyBudget::new(u64::MAX)));
             s.sync_membership();
             // A member of a cluster whose keys move (view 3, from "a" to "a" and "b").
             let role = std::sync::Arc::new(crate::cluster::ServerRole::default());
-            role.set("a", crate::cluster::Placement { epoch: 3, members: vec!["a".into()], next: Some(vec!["a".into(), "b".into()]), replicas: 1, version: 3 });
+            role.set(
+                "a",
+                crate::cluster::Placement {
+                    epoch: 3,
+                    members: vec!["a".into()],
+                    next: Some(vec!["a".into(), "b".into()]),
+                    replicas: 1,
+                    version: 3,
+                },
+            );
             s.set_cluster_role(role);
             s
         });
@@ -130,7 +140,9 @@ pub fn shard_request(data: &[u8]) {
             msg[16..24].copy_from_slice(&SESSION.to_le_bytes());
         }
         let mut out = Vec::new();
-        let admitted = service.admit_message(&msg, SESSION).map(|(req, payload)| (req.header, req.op, req.inline.to_vec(), payload.to_vec()));
+        let admitted = service
+            .admit_message(&msg, SESSION)
+            .map(|(req, payload)| (req.header, req.op, req.inline.to_vec(), payload.to_vec()));
         if let Ok((header, op, inline, payload)) = admitted {
             let req = crate::server::service::Request { header, op, inline: &inline };
             let _ = service.serve(&req, &payload, &mut out);

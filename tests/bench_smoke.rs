@@ -43,7 +43,8 @@ fn parse_hgrm(path: &Path) -> u64 {
         }
         let cols: Vec<&str> = line.split_whitespace().collect();
         assert!(cols.len() == 4 || cols.len() == 3, "{line}");
-        let (value, q, count): (f64, f64, u64) = (cols[0].parse().unwrap(), cols[1].parse().unwrap(), cols[2].parse().unwrap());
+        let (value, q, count): (f64, f64, u64) =
+            (cols[0].parse().unwrap(), cols[1].parse().unwrap(), cols[2].parse().unwrap());
         assert!(q >= last_q && value >= last_value && count >= last_count, "not monotonic at {line}");
         (last_q, last_value, last_count) = (q, value, count);
     }
@@ -61,10 +62,26 @@ fn closed_loop_mix_with_zipf_keys() {
     let rows = bench(
         &server,
         out,
-        &["--ops", "get,put,mix", "--sizes", "8,4KiB", "--depth", "4", "--distribution", "zipf", "--seconds", "0.3", "--warmup", "0.05"],
+        &[
+            "--ops",
+            "get,put,mix",
+            "--sizes",
+            "8,4KiB",
+            "--depth",
+            "4",
+            "--distribution",
+            "zipf",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0.05",
+        ],
     );
     let names: Vec<String> = rows.iter().map(|r| format!("{}-{}", r["op"].as_str().unwrap(), r["size"])).collect();
-    assert_eq!(names, ["get-8", "get-4096", "put-8", "put-4096", "mix:get-8", "mix:put-8", "mix:get-4096", "mix:put-4096"]);
+    assert_eq!(
+        names,
+        ["get-8", "get-4096", "put-8", "put-4096", "mix:get-8", "mix:put-8", "mix:get-4096", "mix:put-4096"]
+    );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {r}"));
         assert!(f("ops_per_s") > 0.0, "{r}");
@@ -88,7 +105,8 @@ fn open_loop_counts_every_scheduled_request() {
     let server = ServerProc::start(&[]);
     let dir = tempdir("open");
     let out = dir.path();
-    let rows = bench(&server, out, &["--ops", "get", "--sizes", "64", "--rate", "2000", "--count", "300", "--warmup", "0"]);
+    let rows =
+        bench(&server, out, &["--ops", "get", "--sizes", "64", "--rate", "2000", "--count", "300", "--warmup", "0"]);
     assert_eq!(rows.len(), 1);
     assert_eq!(parse_hgrm(&out.join("get-64.hgrm")), 300);
     // 300 requests at 2000/s take at least 150 ms however fast each one is.
@@ -102,7 +120,11 @@ fn requests_rotate_through_the_buffers_asked_for() {
     let dir = tempdir("buffers");
     let out = dir.path();
     // 3 buffers at depth 2 round up to 4: each batch takes the next two.
-    let rows = bench(&server, out, &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"]);
+    let rows = bench(
+        &server,
+        out,
+        &["--ops", "get,put", "--sizes", "4KiB", "--depth", "2", "--buffers", "3", "--count", "40", "--warmup", "0"],
+    );
     assert_eq!(rows.len(), 2);
     for r in &rows {
         assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
@@ -119,10 +141,26 @@ fn keys_are_as_long_as_asked() {
     let limit = remote_dram::proto::MAX_KEY_LEN;
     // The longest key the protocol takes works; one byte more is refused by the client
     // library, which shows the keys really are that long.
-    let rows = bench(&server, dir.path(), &["--ops", "get,put", "--sizes", "64", "--key-len", &limit.to_string(), "--count", "20", "--warmup", "0"]);
+    let rows = bench(
+        &server,
+        dir.path(),
+        &["--ops", "get,put", "--sizes", "64", "--key-len", &limit.to_string(), "--count", "20", "--warmup", "0"],
+    );
     assert_eq!(rows.len(), 2);
     let out = rdram_bench()
-        .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "64", "--count", "5", "--key-len"])
+        .args([
+            "--server",
+            &server.addr,
+            "--poll",
+            "adaptive",
+            "--ops",
+            "get",
+            "--sizes",
+            "64",
+            "--count",
+            "5",
+            "--key-len",
+        ])
         .arg((limit + 1).to_string())
         .arg("--out")
         .arg(dir.path())

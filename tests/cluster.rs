@@ -49,7 +49,15 @@ impl Etcd {
     /// An etcd that clients reach over TLS only, showing a certificate `pki`'s CA signed
     /// and asking for a client certificate it signed.
     fn start_tls(pki: &Pki) -> Etcd {
-        let tls = ["--cert-file", &pki.path("server.pem"), "--key-file", &pki.path("server.key"), "--trusted-ca-file", &pki.path("ca.pem"), "--client-cert-auth"];
+        let tls = [
+            "--cert-file",
+            &pki.path("server.pem"),
+            "--key-file",
+            &pki.path("server.key"),
+            "--trusted-ca-file",
+            &pki.path("ca.pem"),
+            "--client-cert-auth",
+        ];
         Self::start_with(tempfile::tempdir().unwrap(), free_port(), free_port(), &tls.map(|a| a.to_string()))
     }
 
@@ -70,11 +78,15 @@ impl Etcd {
             .spawn()
             .expect("etcd (make deps installs Debian's etcd-server)");
         let mut etcd = Etcd { child, client_port, peer_port, dir };
-        let up = wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", client_port)).is_ok());
+        let up =
+            wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", client_port)).is_ok());
         assert!(up, "etcd did not start listening on {client_port}");
         // An etcd that could not bind its ports exits at once; the port may be another's.
         std::thread::sleep(Duration::from_millis(100));
-        assert!(etcd.child.try_wait().unwrap().is_none(), "etcd exited at start (ports {client_port}, {peer_port} taken?)");
+        assert!(
+            etcd.child.try_wait().unwrap().is_none(),
+            "etcd exited at start (ports {client_port}, {peer_port} taken?)"
+        );
         etcd
     }
 
@@ -192,7 +204,11 @@ fn clients_follow_the_member_set_as_servers_join_and_leave() {
     });
     assert!(follows, "the client follows a join: {:?}", c.layout());
     assert!(c.layout().iter().any(|(node, _)| *node == joined.addr));
-    assert_eq!(c.session_with(&a.addr), kept, "a join connects to the joining server only: the connection to the others is kept");
+    assert_eq!(
+        c.session_with(&a.addr),
+        kept,
+        "a join connects to the joining server only: the connection to the others is kept"
+    );
     assert_eq!(c.get(b"after-leave").unwrap().unwrap().data, b"1");
     for i in 0..20 {
         c.put(format!("j{i}").as_bytes(), b"joined").unwrap();
@@ -215,7 +231,11 @@ fn clients_follow_the_member_set_as_servers_join_and_leave() {
             None => break,
         }
     }
-    assert_eq!(sorted(listed), sorted((0..20).map(|i| format!("j{i}")).collect()), "every key listed once over {pages} pages");
+    assert_eq!(
+        sorted(listed),
+        sorted((0..20).map(|i| format!("j{i}")).collect()),
+        "every key listed once over {pages} pages"
+    );
 }
 
 /// A member that dies (SIGKILL) leaves the view when its lease expires.
@@ -375,7 +395,10 @@ fn keys_stay_readable_while_servers_join_and_drain() {
                 let result = c.get(key.as_bytes()).and_then(|v| {
                     let v = v.expect("counters exist");
                     let count = u64::from_le_bytes(v.data[..8].try_into().unwrap());
-                    let opts = remote_dram::client::PutOptions { condition: remote_dram::client::WriteCondition::IfEqual(v.generation), ttl: None };
+                    let opts = remote_dram::client::PutOptions {
+                        condition: remote_dram::client::WriteCondition::IfEqual(v.generation),
+                        ttl: None,
+                    };
                     c.put_with(key.as_bytes(), &(count + 1).to_le_bytes(), &opts)
                 });
                 match result {
@@ -414,9 +437,17 @@ fn keys_stay_readable_while_servers_join_and_drain() {
     assert!(on_d > preload as u64 / 8, "the new server took its share of the keys: {on_d}");
     let handed_over: u64 = [&a, &b, &c]
         .iter()
-        .map(|s| Client::connect(&s.addr, ClientOptions::default()).unwrap().stats().unwrap()["servers"][0]["shards"][0]["handed_over_keys"].as_u64().unwrap())
+        .map(|s| {
+            Client::connect(&s.addr, ClientOptions::default()).unwrap().stats().unwrap()["servers"][0]["shards"][0]
+                ["handed_over_keys"]
+                .as_u64()
+                .unwrap()
+        })
         .sum();
-    assert!(handed_over > preload as u64 / 8, "the sources count the keys they handed over in their stats: {handed_over}");
+    assert!(
+        handed_over > preload as u64 / 8,
+        "the sources count the keys they handed over in their stats: {handed_over}"
+    );
 
     // One server drains on request, another on SIGTERM with --drain: each exits 0.
     let (code, _, err) = rdram(&["cluster", "drain", &url, &b.addr], None);
@@ -435,7 +466,12 @@ fn keys_stay_readable_while_servers_join_and_drain() {
         t.join().unwrap();
     }
     let load = Arc::try_unwrap(load).ok().unwrap().into_inner().unwrap();
-    eprintln!("{} reads, {} increments, {} keys added during the moves", load.reads, load.increments, load.written.len());
+    eprintln!(
+        "{} reads, {} increments, {} keys added during the moves",
+        load.reads,
+        load.increments,
+        load.written.len()
+    );
     assert!(load.misses.is_empty(), "reads missed during the moves: {:?}", &load.misses[..load.misses.len().min(10)]);
     assert!(load.errors.is_empty(), "calls failed during the moves: {:?}", &load.errors[..load.errors.len().min(10)]);
     assert!(load.reads > 100 && load.increments > 10 && load.written.len() > 10, "the load ran through the moves");
@@ -510,7 +546,8 @@ fn large_values_are_staged_on_their_replicas() {
     let mut generations = std::collections::BTreeMap::new();
     for i in 0..12 {
         let ttl = (i % 3 == 0).then_some(Duration::from_secs(600));
-        let written = c.put_with(format!("big{i}").as_bytes(), &value(i), &PutOptions { ttl, ..Default::default() }).unwrap();
+        let written =
+            c.put_with(format!("big{i}").as_bytes(), &value(i), &PutOptions { ttl, ..Default::default() }).unwrap();
         let remote_dram::client::WriteResult::Written { generation } = written else { panic!("{written:?}") };
         generations.insert(format!("big{i}"), generation);
     }
@@ -520,7 +557,9 @@ fn large_values_are_staged_on_their_replicas() {
     for (key, r) in keys.iter().zip(c.put_many(&items, 4)) {
         generations.insert(key.clone(), r.unwrap());
     }
-    let refused = c.put_with(b"big0", &value(99), &PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() }).unwrap();
+    let refused = c
+        .put_with(b"big0", &value(99), &PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() })
+        .unwrap();
     assert!(matches!(refused, remote_dram::client::WriteResult::ConditionFailed), "{refused:?}");
 
     let mut holders = std::collections::BTreeMap::<String, Vec<u64>>::new();
@@ -535,7 +574,12 @@ fn large_values_are_staged_on_their_replicas() {
             }
         }
         let stats = direct.stats().unwrap();
-        let staged: u64 = stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["staged_values"].as_u64().unwrap()).sum();
+        let staged: u64 = stats["servers"][0]["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["staged_values"].as_u64().unwrap())
+            .sum();
         assert_eq!(staged, 0, "nothing is left staged on {}", server.addr);
     }
     for key in generations.keys() {
@@ -614,7 +658,10 @@ fn one_server_fails_under_load(pause: bool) {
                 n += 1;
                 let Ok(Some(v)) = c.get(key.as_bytes()) else { continue };
                 let count = u64::from_le_bytes(v.data[..8].try_into().unwrap());
-                let opts = remote_dram::client::PutOptions { condition: remote_dram::client::WriteCondition::IfEqual(v.generation), ttl: None };
+                let opts = remote_dram::client::PutOptions {
+                    condition: remote_dram::client::WriteCondition::IfEqual(v.generation),
+                    ttl: None,
+                };
                 match c.put_with(key.as_bytes(), &(count + 1).to_le_bytes(), &opts) {
                     Ok(remote_dram::client::WriteResult::Written { .. }) => load.lock().unwrap().increments += 1,
                     Ok(remote_dram::client::WriteResult::ConditionFailed) => {}
@@ -690,7 +737,8 @@ fn one_server_fails_under_load(pause: bool) {
     // at the end of that move before the write was copied fails as of unknown outcome
     // (docs/cluster.md, Limits): allowed then, and counted as unsure above.
     let rejoin_race = |e: &str| pause && e.contains("may not last");
-    let late: Vec<_> = load.errors.iter().filter(|(at, e)| (*at == Duration::ZERO || *at > window) && !rejoin_race(e)).collect();
+    let late: Vec<_> =
+        load.errors.iter().filter(|(at, e)| (*at == Duration::ZERO || *at > window) && !rejoin_race(e)).collect();
     assert!(late.is_empty(), "calls failed outside the failover window: {late:?}");
     assert!(load.reads > 100 && load.increments > 10 && load.written.len() > 10, "the load ran through the failover");
 
@@ -712,7 +760,11 @@ fn one_server_fails_under_load(pause: bool) {
     }
     // Every acknowledged key has two replicas again, and no key has more. (A put that
     // failed may have reached one replica only: it was never acknowledged.)
-    let acknowledged: Vec<String> = (0..preload).chain(load.written.iter().copied()).map(|i| format!("k{i}")).chain((0..counters).map(|n| format!("counter{n}"))).collect();
+    let acknowledged: Vec<String> = (0..preload)
+        .chain(load.written.iter().copied())
+        .map(|i| format!("k{i}"))
+        .chain((0..counters).map(|n| format!("counter{n}")))
+        .collect();
     let copies = || {
         let mut count = std::collections::HashMap::<Vec<u8>, usize>::new();
         for s in &survivors {
@@ -735,7 +787,8 @@ fn one_server_fails_under_load(pause: bool) {
 }
 
 fn signal(server: &ServerProc, name: &str) {
-    let ok = Command::new("kill").args([&format!("-{name}"), &server.child.id().to_string()]).status().unwrap().success();
+    let ok =
+        Command::new("kill").args([&format!("-{name}"), &server.child.id().to_string()]).status().unwrap().success();
     assert!(ok, "kill -{name}");
 }
 
@@ -816,7 +869,10 @@ fn etcd_credentials_come_from_a_file() {
     };
     with(&["cluster", "create", &url]);
     let ttl = TTL_MS.to_string();
-    let server = ServerProc::start_with_env(&["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl], &[("RDRAM_ETCD_CREDENTIALS_FILE", file)]);
+    let server = ServerProc::start_with_env(
+        &["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl],
+        &[("RDRAM_ETCD_CREDENTIALS_FILE", file)],
+    );
     with(&["put", "--server", &url, "k", "authenticated"]);
     assert_eq!(with(&["get", "--server", &url, "k"]), b"authenticated");
     drop(server);
@@ -830,12 +886,61 @@ impl Pki {
     fn new() -> Pki {
         let pki = Pki(tempfile::tempdir().unwrap());
         let p = |name: &str| pki.path(name);
-        pki.openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=rdram-test-ca", "-keyout", &p("ca.key"), "-out", &p("ca.pem")]);
-        for (name, ext) in [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"), ("client", "extendedKeyUsage=clientAuth\n")] {
-            let (key, csr, pem, extfile) = (p(&format!("{name}.key")), p(&format!("{name}.csr")), p(&format!("{name}.pem")), p(&format!("{name}.ext")));
+        pki.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=rdram-test-ca",
+            "-keyout",
+            &p("ca.key"),
+            "-out",
+            &p("ca.pem"),
+        ]);
+        for (name, ext) in [
+            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            let (key, csr, pem, extfile) = (
+                p(&format!("{name}.key")),
+                p(&format!("{name}.csr")),
+                p(&format!("{name}.pem")),
+                p(&format!("{name}.ext")),
+            );
             std::fs::write(&extfile, ext).unwrap();
-            pki.openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", &format!("/CN={name}"), "-keyout", &key, "-out", &csr]);
-            pki.openssl(&["x509", "-req", "-in", &csr, "-CA", &p("ca.pem"), "-CAkey", &p("ca.key"), "-CAcreateserial", "-days", "1", "-extfile", &extfile, "-out", &pem]);
+            pki.openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={name}"),
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ]);
+            pki.openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &p("ca.pem"),
+                "-CAkey",
+                &p("ca.key"),
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                &extfile,
+                "-out",
+                &pem,
+            ]);
         }
         pki
     }
@@ -858,7 +963,9 @@ fn etcd_over_tls_with_a_client_certificate() {
     let pki = Pki::new();
     let etcd = Etcd::start_tls(&pki);
     let url = etcd.url("tls");
-    let run = |args: &[&str], env: &[(&str, String)]| Command::new(RDRAM).args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str()))).output().unwrap();
+    let run = |args: &[&str], env: &[(&str, String)]| {
+        Command::new(RDRAM).args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str()))).output().unwrap()
+    };
 
     let out = run(&["cluster", "create", &url], &[]);
     assert!(!out.status.success(), "plain http to an etcd that speaks TLS fails");
@@ -867,9 +974,16 @@ fn etcd_over_tls_with_a_client_certificate() {
     assert!(!out.status.success(), "TLS without the client certificate etcd asks for fails");
     let out = run(&["cluster", "create", &url], &[("RDRAM_ETCD_CERT_FILE", pki.path("client.pem"))]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("RDRAM_ETCD_CA_FILE"), "a certificate without a CA says what is missing");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("RDRAM_ETCD_CA_FILE"),
+        "a certificate without a CA says what is missing"
+    );
 
-    let env = [("RDRAM_ETCD_CA_FILE", pki.path("ca.pem")), ("RDRAM_ETCD_CERT_FILE", pki.path("client.pem")), ("RDRAM_ETCD_KEY_FILE", pki.path("client.key"))];
+    let env = [
+        ("RDRAM_ETCD_CA_FILE", pki.path("ca.pem")),
+        ("RDRAM_ETCD_CERT_FILE", pki.path("client.pem")),
+        ("RDRAM_ETCD_KEY_FILE", pki.path("client.key")),
+    ];
     let with = |args: &[&str]| {
         let out = run(args, &env);
         assert!(out.status.success(), "rdram {args:?}: {}", String::from_utf8_lossy(&out.stderr));

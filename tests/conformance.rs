@@ -5,7 +5,9 @@ mod common;
 use std::collections::HashMap;
 
 use common::{ServerProc, TCP};
-use remote_dram::client::{prefix_successor, ByteRange, DeleteResult, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use remote_dram::client::{
+    prefix_successor, ByteRange, DeleteResult, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
+};
 use remote_dram::{Client, Status};
 use serde_json::Value as Json;
 
@@ -14,7 +16,8 @@ fn value(v: &Json) -> Vec<u8> {
     if let Some(s) = v.as_str() {
         return s.as_bytes().to_vec();
     }
-    let (size, seed, from) = (v["size"].as_u64().unwrap(), v["seed"].as_u64().unwrap(), v["from"].as_u64().unwrap_or(0));
+    let (size, seed, from) =
+        (v["size"].as_u64().unwrap(), v["seed"].as_u64().unwrap(), v["from"].as_u64().unwrap_or(0));
     (from..size).map(|i| ((i * 31 + seed * 7) & 0xff) as u8).collect()
 }
 
@@ -44,7 +47,11 @@ impl Runner<'_> {
             None => ("", ""),
         };
         let min = [self.prefix.as_slice(), min.as_bytes()].concat();
-        let max = if max.is_empty() { prefix_successor(&self.prefix) } else { Some([self.prefix.as_slice(), max.as_bytes()].concat()) };
+        let max = if max.is_empty() {
+            prefix_successor(&self.prefix)
+        } else {
+            Some([self.prefix.as_slice(), max.as_bytes()].concat())
+        };
         KeyRange { min, max }
     }
 
@@ -57,7 +64,10 @@ impl Runner<'_> {
                     Some(None) => WriteCondition::IfAbsent,
                     Some(Some(g)) => WriteCondition::IfEqual(g),
                 };
-                let r = self.c.put_with(&self.key(&s["key"]), &value(&s["value"]), &PutOptions { condition, ttl: None }).unwrap();
+                let r = self
+                    .c
+                    .put_with(&self.key(&s["key"]), &value(&s["value"]), &PutOptions { condition, ttl: None })
+                    .unwrap();
                 match (expect, r) {
                     ("condition_failed", WriteResult::ConditionFailed) => {}
                     ("condition_failed", r) => panic!("{s}: wrote {r:?}"),
@@ -70,7 +80,8 @@ impl Runner<'_> {
                 }
             }
             "delete" => {
-                let condition = s.get("if_equal").and_then(|g| self.gen(g)).map_or(WriteCondition::None, WriteCondition::IfEqual);
+                let condition =
+                    s.get("if_equal").and_then(|g| self.gen(g)).map_or(WriteCondition::None, WriteCondition::IfEqual);
                 let r = self.c.delete_with(&self.key(&s["key"]), condition).unwrap();
                 let failed = r == DeleteResult::ConditionFailed;
                 assert_eq!(failed, expect == "condition_failed", "{s}: {r:?}");
@@ -95,7 +106,10 @@ impl Runner<'_> {
                 let want_gen = s.get("generation").map(|g| self.gen(g));
                 match (expect, r.unwrap()) {
                     ("missing", GetResult::Missing) => {
-                        assert!(matches!(want_gen, None | Some(None)), "{s}: the case expects a generation for a missing key");
+                        assert!(
+                            matches!(want_gen, None | Some(None)),
+                            "{s}: the case expects a generation for a missing key"
+                        );
                         // The result, not only the case: the key is absent from a listing too.
                         let key = self.key(&s["key"]);
                         let mut max = key.clone();
@@ -103,7 +117,9 @@ impl Runner<'_> {
                         let listed = self.c.list(&remote_dram::client::KeyRange { min: key, max: Some(max) }).unwrap();
                         assert!(listed.is_empty(), "{s}: reported missing but listed: {listed:?}");
                     }
-                    ("unspecified", GetResult::Unchanged { generation }) => assert!(want_gen.is_none_or(|g| g == Some(generation)), "{s}"),
+                    ("unspecified", GetResult::Unchanged { generation }) => {
+                        assert!(want_gen.is_none_or(|g| g == Some(generation)), "{s}")
+                    }
                     ("value", GetResult::Value(v)) => {
                         if let Some(want) = s.get("value") {
                             assert!(v.data == value(want), "{s}: value differs");
@@ -116,7 +132,10 @@ impl Runner<'_> {
             "list" => {
                 let strip = self.prefix.len() + s["strip"].as_u64().unwrap_or(0) as usize;
                 let got = self.c.list(&self.range(s)).unwrap();
-                let keys: Vec<String> = got.iter().map(|e| String::from_utf8_lossy(&e.key[strip.min(e.key.len())..]).into_owned()).collect();
+                let keys: Vec<String> = got
+                    .iter()
+                    .map(|e| String::from_utf8_lossy(&e.key[strip.min(e.key.len())..]).into_owned())
+                    .collect();
                 let want: Vec<String> = serde_json::from_value(s["expect_keys"].clone()).unwrap();
                 assert_eq!(keys, want, "{s}");
                 if let Some(sizes) = s.get("expect_sizes") {
@@ -136,7 +155,8 @@ impl Runner<'_> {
                 let n = s["count"].as_u64().unwrap() as usize;
                 let keys: Vec<Vec<u8>> = (0..n).map(|i| self.key(&Json::from(format!("k{i}")))).collect();
                 let vals: Vec<Vec<u8>> = (0..n).map(|i| format!("v{i}").into_bytes()).collect();
-                let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&vals).map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                let items: Vec<(&[u8], &[u8])> =
+                    keys.iter().zip(&vals).map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
                 assert!(self.c.put_many(&items, 64).into_iter().all(|r| r.is_ok()));
                 let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
                 for (r, v) in self.c.get_many(&refs, 64).into_iter().zip(&vals) {

@@ -101,7 +101,11 @@ fn device_values_round_trip_through_staging() {
         assert!(dst.memory == value, "{len} bytes read into device memory differ");
         assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
         let per_chunk = 2 * len.div_ceil(DEVICE_CHUNK) as u64;
-        assert_eq!(posing.copies.load(Ordering::Relaxed) - copies, per_chunk, "{len} bytes: one copy per chunk for the put (in parts), and for the get");
+        assert_eq!(
+            posing.copies.load(Ordering::Relaxed) - copies,
+            per_chunk,
+            "{len} bytes: one copy per chunk for the put (in parts), and for the get"
+        );
     }
     assert_eq!(staged(&mut c), 0, "nothing is left staged by puts in parts");
 
@@ -111,13 +115,26 @@ fn device_values_round_trip_through_staging() {
     let absent = PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() };
     let src = DeviceBuffer::with(posing, &pattern(50, len));
     // SAFETY: memory of `src`, unchanged for the call.
-    assert_eq!(unsafe { c.put_from(key.as_bytes(), src.memory.as_ptr(), len, &absent) }.unwrap(), WriteResult::ConditionFailed);
-    assert_eq!(c.get(key.as_bytes()).unwrap().unwrap().data.len(), DEVICE_CHUNK + 1, "a failed condition wrote nothing");
+    assert_eq!(
+        unsafe { c.put_from(key.as_bytes(), src.memory.as_ptr(), len, &absent) }.unwrap(),
+        WriteResult::ConditionFailed
+    );
+    assert_eq!(
+        c.get(key.as_bytes()).unwrap().unwrap().data.len(),
+        DEVICE_CHUNK + 1,
+        "a failed condition wrote nothing"
+    );
     let brief = PutOptions { ttl: Some(Duration::from_millis(300)), ..Default::default() };
     // SAFETY: as above.
-    assert!(matches!(unsafe { c.put_from(b"dev/brief", src.memory.as_ptr(), len, &brief) }.unwrap(), WriteResult::Written { .. }));
+    assert!(matches!(
+        unsafe { c.put_from(b"dev/brief", src.memory.as_ptr(), len, &brief) }.unwrap(),
+        WriteResult::Written { .. }
+    ));
     assert_eq!(c.get(b"dev/brief").unwrap().unwrap().data, pattern(50, len));
-    assert!(wait_until(Duration::from_secs(5), || c.get(b"dev/brief").unwrap().is_none()), "the TTL given with the parts holds");
+    assert!(
+        wait_until(Duration::from_secs(5), || c.get(b"dev/brief").unwrap().is_none()),
+        "the TTL given with the parts holds"
+    );
     assert_eq!(staged(&mut c), 0);
 
     // A value put from host memory reads into device memory; a byte range from the middle
@@ -127,12 +144,18 @@ fn device_values_round_trip_through_staging() {
     c.put(b"host/big", &value).unwrap();
     for (range, expect) in [
         (ByteRange { start: 3, end: -1 }, &value[3..]),
-        (ByteRange { start: DEVICE_CHUNK as i64 - 5, end: 2 * DEVICE_CHUNK as i64 + 9 }, &value[DEVICE_CHUNK - 5..2 * DEVICE_CHUNK + 9]),
+        (
+            ByteRange { start: DEVICE_CHUNK as i64 - 5, end: 2 * DEVICE_CHUNK as i64 + 9 },
+            &value[DEVICE_CHUNK - 5..2 * DEVICE_CHUNK + 9],
+        ),
         (ByteRange { start: -100, end: -1 }, &value[len - 100..]),
     ] {
         let mut dst = DeviceBuffer::new(posing, len, 0);
         let got = dst.get(&mut c, b"host/big", &GetOptions { range: Some(range), ..Default::default() }).unwrap();
-        assert!(matches!(got, GetInto::Value { len: n, size, .. } if n == expect.len() && size == len as u64), "{range:?}: {got:?}");
+        assert!(
+            matches!(got, GetInto::Value { len: n, size, .. } if n == expect.len() && size == len as u64),
+            "{range:?}: {got:?}"
+        );
         assert!(&dst.memory[..expect.len()] == expect, "{range:?}: the bytes differ");
     }
 
@@ -142,7 +165,8 @@ fn device_values_round_trip_through_staging() {
     assert!(small.memory.iter().all(|&b| b == 0x5A), "a too-small buffer was written");
     assert_eq!(small.get(&mut c, b"nothing", &GetOptions::default()).unwrap(), GetInto::Missing);
     let g = c.get(b"host/big").unwrap().unwrap().generation;
-    let unchanged = small.get(&mut c, b"host/big", &GetOptions { if_not_equal: Some(g), ..Default::default() }).unwrap();
+    let unchanged =
+        small.get(&mut c, b"host/big", &GetOptions { if_not_equal: Some(g), ..Default::default() }).unwrap();
     assert_eq!(unchanged, GetInto::Unchanged { generation: g });
 
     // Registering device memory is accepted (it needs none).
@@ -209,7 +233,10 @@ fn device_failures_and_timeouts_leave_no_copy_behind() {
     let after_return = dst.memory.clone();
     std::thread::sleep(Duration::from_millis(300));
     assert!(dst.memory == after_return, "the caller's device memory changed after the call returned");
-    assert!(dst.memory[..2 * DEVICE_CHUNK] == value[..2 * DEVICE_CHUNK], "the chunk copies queued finished before the return");
+    assert!(
+        dst.memory[..2 * DEVICE_CHUNK] == value[..2 * DEVICE_CHUNK],
+        "the chunk copies queued finished before the return"
+    );
     common::signal(pid, common::SIGCONT);
     posing.set_copy_delay(Duration::ZERO);
 }
@@ -227,7 +254,11 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     let value = pattern(11, len);
     let copies = posing.copies.load(Ordering::Relaxed);
     generation(DeviceBuffer::with(posing, &value).put(&mut c, b"whole").unwrap());
-    assert_eq!(posing.copies.load(Ordering::Relaxed) - copies, 3, "the first two parts' copies, refused, then the value whole in one copy");
+    assert_eq!(
+        posing.copies.load(Ordering::Relaxed) - copies,
+        3,
+        "the first two parts' copies, refused, then the value whole in one copy"
+    );
     assert_eq!(c.get(b"whole").unwrap().unwrap().data, value);
     assert_eq!(staged(&mut c), 0);
 
@@ -260,7 +291,11 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
     h.encode((&mut buf[..]).try_into().unwrap());
     buf.extend_from_slice(key);
-    assert_eq!(c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0, Status::Invalid, "an import of a value staged in parts");
+    assert_eq!(
+        c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0,
+        Status::Invalid,
+        "an import of a value staged in parts"
+    );
     assert_eq!(c.get(key).unwrap(), None);
     let (_, _, stage) = send(&mut c, 0, 3000, 0, &part);
     assert_eq!(send(&mut c, 3000, 3000, stage, &[]).0, Status::Invalid, "a commit of an incomplete value");
@@ -309,8 +344,23 @@ mod c_abi {
     extern "C" {
         pub fn rdram_client_connect(addresses: *const c_char, options: *const c_void, out: *mut *mut c_void) -> i32;
         pub fn rdram_client_close(client: *mut c_void);
-        pub fn rdram_put(client: *mut c_void, key: *const u8, key_len: usize, value: *const u8, value_len: usize, generation_out: *mut u64) -> i32;
-        pub fn rdram_get(client: *mut c_void, key: *const u8, key_len: usize, buf: *mut u8, buf_len: usize, value_len_out: *mut usize, generation_out: *mut u64) -> i32;
+        pub fn rdram_put(
+            client: *mut c_void,
+            key: *const u8,
+            key_len: usize,
+            value: *const u8,
+            value_len: usize,
+            generation_out: *mut u64,
+        ) -> i32;
+        pub fn rdram_get(
+            client: *mut c_void,
+            key: *const u8,
+            key_len: usize,
+            buf: *mut u8,
+            buf_len: usize,
+            value_len_out: *mut usize,
+            generation_out: *mut u64,
+        ) -> i32;
         pub fn rdram_mput(client: *mut c_void, items: *mut PutItem, n: usize) -> i32;
         pub fn rdram_mget(client: *mut c_void, items: *mut GetItem, n: usize) -> i32;
         pub fn rdram_register(client: *mut c_void, addr: *mut c_void, len: usize) -> i32;
@@ -336,19 +386,56 @@ fn c_abi_takes_device_pointers() {
         assert_eq!(c_abi::rdram_client_connect(addr.as_ptr(), std::ptr::null(), &mut c), 0);
         let (mut generation, mut got) = (0u64, 0usize);
         assert_eq!(c_abi::rdram_put(c, b"c/dev".as_ptr(), 5, src.memory.as_ptr(), len, &mut generation), 0);
-        assert_eq!(c_abi::rdram_get(c, b"c/dev".as_ptr(), 5, dst.memory.as_mut_ptr(), len, &mut got, std::ptr::null_mut()), 0);
+        assert_eq!(
+            c_abi::rdram_get(c, b"c/dev".as_ptr(), 5, dst.memory.as_mut_ptr(), len, &mut got, std::ptr::null_mut()),
+            0
+        );
         assert!(got == len && dst.memory == value, "rdram_get into device memory");
-        assert_eq!(c_abi::rdram_register(c, dst.memory.as_mut_ptr().cast(), len), 0, "registering device memory is accepted");
+        assert_eq!(
+            c_abi::rdram_register(c, dst.memory.as_mut_ptr().cast(), len),
+            0,
+            "registering device memory is accepted"
+        );
 
         let mut puts = [
-            c_abi::PutItem { key: b"c/b1".as_ptr(), key_len: 4, value: src.memory.as_ptr(), value_len: 1000, generation: 0, status: -99 },
-            c_abi::PutItem { key: b"c/b2".as_ptr(), key_len: 4, value: host_value.as_ptr(), value_len: 1000, generation: 0, status: -99 },
+            c_abi::PutItem {
+                key: b"c/b1".as_ptr(),
+                key_len: 4,
+                value: src.memory.as_ptr(),
+                value_len: 1000,
+                generation: 0,
+                status: -99,
+            },
+            c_abi::PutItem {
+                key: b"c/b2".as_ptr(),
+                key_len: 4,
+                value: host_value.as_ptr(),
+                value_len: 1000,
+                generation: 0,
+                status: -99,
+            },
         ];
         assert_eq!(c_abi::rdram_mput(c, puts.as_mut_ptr(), 2), 0);
         assert!(puts.iter().all(|p| p.status == 0 && p.generation > 0));
         let mut gets = [
-            c_abi::GetItem { key: b"c/b2".as_ptr(), key_len: 4, buf: dst2.memory.as_mut_ptr(), buf_len: 1000, value_len: 0, generation: 0, status: -99 },
-            c_abi::GetItem { key: b"c/b1".as_ptr(), key_len: 4, buf: host_dst.as_mut_ptr(), buf_len: 1000, value_len: 0, generation: 0, status: -99 },
+            c_abi::GetItem {
+                key: b"c/b2".as_ptr(),
+                key_len: 4,
+                buf: dst2.memory.as_mut_ptr(),
+                buf_len: 1000,
+                value_len: 0,
+                generation: 0,
+                status: -99,
+            },
+            c_abi::GetItem {
+                key: b"c/b1".as_ptr(),
+                key_len: 4,
+                buf: host_dst.as_mut_ptr(),
+                buf_len: 1000,
+                value_len: 0,
+                generation: 0,
+                status: -99,
+            },
         ];
         assert_eq!(c_abi::rdram_mget(c, gets.as_mut_ptr(), 2), 0);
         assert!(gets.iter().all(|g| g.status == 0 && g.value_len == 1000));

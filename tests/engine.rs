@@ -112,7 +112,8 @@ fn oversize_and_boundary_inputs() {
     assert!(c.delete(&max_key).unwrap());
     // Longest keys across list pages (a reply carries at most 1 MiB of keys): a page that
     // ends on one goes on at the least key after it, which is no longer than it.
-    let longest: Vec<Vec<u8>> = (0..40u8).map(|i| [&[b'p', i][..], &vec![b'x'; proto::MAX_KEY_LEN - 2]].concat()).collect();
+    let longest: Vec<Vec<u8>> =
+        (0..40u8).map(|i| [&[b'p', i][..], &vec![b'x'; proto::MAX_KEY_LEN - 2]].concat()).collect();
     for k in &longest {
         c.put(k, b"").unwrap();
     }
@@ -170,7 +171,14 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     h.version = proto::PROTOCOL_VERSION + 1;
     let (status, msg) = send(&mut c, h, b"keep", &[]);
     assert_eq!(status, Status::VersionMismatch);
-    assert!(msg.contains(&format!("server speaks v{}, request is v{}", proto::PROTOCOL_VERSION, proto::PROTOCOL_VERSION + 1)), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "server speaks v{}, request is v{}",
+            proto::PROTOCOL_VERSION,
+            proto::PROTOCOL_VERSION + 1
+        )),
+        "{msg}"
+    );
     // Unknown op, unknown flags, key length not matching the bytes sent, bad session.
     let mut h = header(&c, Op::Get, 4);
     h.op = 77;
@@ -222,7 +230,10 @@ fn bootstrap_version_mismatch() {
     s.write_all(b"{\"magic\":\"remote_dram\",\"version\":99}\n").unwrap();
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains(&format!("protocol version mismatch: server speaks v{}, client v99", proto::PROTOCOL_VERSION)), "{line}");
+    assert!(
+        line.contains(&format!("protocol version mismatch: server speaks v{}, client v99", proto::PROTOCOL_VERSION)),
+        "{line}"
+    );
     let mut s = TcpStream::connect(&server.addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut line = String::new();
@@ -304,7 +315,11 @@ fn staged_values_are_unseen_until_published_and_go_with_their_session() {
     // A publish names a staged value of this session, and carries no value itself.
     assert_eq!(send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage + 1000, 7, &[]).0, Status::Missing);
     let mut other = server.client();
-    assert_eq!(send(&mut other, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, &[]).0, Status::Missing, "another session's stage");
+    assert_eq!(
+        send(&mut other, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, &[]).0,
+        Status::Missing,
+        "another session's stage"
+    );
     assert_eq!(send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, b"x").0, Status::Invalid);
     let (status, msg, _) = send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, &[]);
     assert_eq!(status, Status::Ok, "{msg}");
@@ -323,7 +338,11 @@ fn staged_values_are_unseen_until_published_and_go_with_their_session() {
     assert_eq!(status, Status::Ok);
     assert_eq!(staged(&mut c).0, 1);
     drop(other);
-    assert!(wait_until(Duration::from_secs(10), || staged(&mut c) == (0, 0)), "a departed session's staged value is freed: {:?}", staged(&mut c));
+    assert!(
+        wait_until(Duration::from_secs(10), || staged(&mut c) == (0, 0)),
+        "a departed session's staged value is freed: {:?}",
+        staged(&mut c)
+    );
     c.delete(key).unwrap();
     assert_eq!(c.stats().unwrap()["used_bytes"].as_u64(), Some(0), "nothing staged or stored is left");
 }

@@ -82,7 +82,8 @@ fn listeners(pid: u32) -> Vec<String> {
 /// UCX_NET_DEVICES, no opt-in from the environment), plus `args`; `shell` runs before it
 /// (e.g. a lower fd limit).
 fn default_server(args: &[&str], shell: &str) -> ServerProc {
-    let mut serve = format!("{shell} exec {RDRAM} serve --listen 127.0.0.1:0 --workers 2 --memory 64MiB --hugepages off");
+    let mut serve =
+        format!("{shell} exec {RDRAM} serve --listen 127.0.0.1:0 --workers 2 --memory 64MiB --hugepages off");
     for a in args {
         serve.push_str(&format!(" '{a}'"));
     }
@@ -99,7 +100,11 @@ fn default_server(args: &[&str], shell: &str) -> ServerProc {
 fn a_default_server_listens_on_its_bootstrap_port_only() {
     common::init(common::SHM);
     let server = default_server(&[], "");
-    assert_eq!(listeners(server.child.id()), vec![server.addr.clone()], "a default server listens on its bootstrap port alone");
+    assert_eq!(
+        listeners(server.child.id()),
+        vec![server.addr.clone()],
+        "a default server listens on its bootstrap port alone"
+    );
     let (put, _, err) = rdram(&["put", "--server", &server.addr, "k", "v"], None);
     assert_eq!(put, 0, "{err}");
     let (get, out, err) = rdram(&["get", "--server", &server.addr, "k"], None);
@@ -162,7 +167,8 @@ fn a_server_out_of_descriptors_serves_its_clients_refuses_new_ones_and_stops() {
         limit.rlim_cur = limit.rlim_max.min(8192);
         libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
     }
-    let mut server = default_server(&["--transport", "fabric", "--provider", "tcp;ofi_rxm", "--workers", "1"], "ulimit -n 256;");
+    let mut server =
+        default_server(&["--transport", "fabric", "--provider", "tcp;ofi_rxm", "--workers", "1"], "ulimit -n 256;");
     let mut established = server.client();
     established.put(b"before", b"flood").unwrap();
     let pid = server.child.id();
@@ -182,7 +188,10 @@ fn a_server_out_of_descriptors_serves_its_clients_refuses_new_ones_and_stops() {
     }
     std::thread::sleep(Duration::from_millis(500));
     let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
-    assert!(open >= 256 - remote_dram::server::FD_HEADROOM, "the flood took the server's descriptors ({open} open of 256)");
+    assert!(
+        open >= 256 - remote_dram::server::FD_HEADROOM,
+        "the flood took the server's descriptors ({open} open of 256)"
+    );
     assert_eq!(established.get(b"before").unwrap().unwrap().data, b"flood", "the established client is served");
     established.put(b"during", b"flood").unwrap();
     let started = Instant::now();
@@ -231,7 +240,10 @@ fn idle_connections_do_not_hold_the_metrics_endpoint_shut() {
     std::thread::sleep(Duration::from_millis(300));
     for i in 0..20 {
         let body = server.scrape();
-        assert!(body.contains("rdram_keys"), "scrape #{i} while idle connections are held came back without metrics: {body:?}");
+        assert!(
+            body.contains("rdram_keys"),
+            "scrape #{i} while idle connections are held came back without metrics: {body:?}"
+        );
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     holder.join().unwrap();
@@ -245,7 +257,16 @@ fn idle_connections_do_not_hold_the_metrics_endpoint_shut() {
 fn clients_that_never_read_share_one_reply_budget() {
     common::init(common::SHM);
     let budget: u64 = 16 << 20;
-    let server = ServerProc::start(&["--workers", "2", "--memory", "256MiB", "--reply-budget", "16MiB", "--metrics", "127.0.0.1:0"]);
+    let server = ServerProc::start(&[
+        "--workers",
+        "2",
+        "--memory",
+        "256MiB",
+        "--reply-budget",
+        "16MiB",
+        "--metrics",
+        "127.0.0.1:0",
+    ]);
     let mut c = server.client();
     let long_key = |i: u32| [&i.to_be_bytes()[..], &[b'k'; (64 << 10) - 4]].concat();
     for i in 0..48 {

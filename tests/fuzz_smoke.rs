@@ -26,7 +26,9 @@ fn corpus_dir(target: &str) -> PathBuf {
 }
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
-    let mut files: Vec<_> = std::fs::read_dir(corpus_dir(target)).map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default();
+    let mut files: Vec<_> = std::fs::read_dir(corpus_dir(target))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
     files.sort();
     files.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
@@ -109,24 +111,117 @@ fn write_seed_corpus() {
     };
     let requests: Vec<(&str, Vec<u8>)> = vec![
         ("put", [header(Op::Put, b"key", &|_| {}), b"value".to_vec()].concat()),
-        ("put-ttl-if-absent", [header(Op::Put, b"k2", &|h| { h.flags = flags::HAS_TTL | flags::IF_ABSENT; h.ttl_or_limit = 5 }), b"v".to_vec()].concat()),
+        (
+            "put-ttl-if-absent",
+            [
+                header(Op::Put, b"k2", &|h| {
+                    h.flags = flags::HAS_TTL | flags::IF_ABSENT;
+                    h.ttl_or_limit = 5
+                }),
+                b"v".to_vec(),
+            ]
+            .concat(),
+        ),
         ("get", header(Op::Get, b"key", &|_| {})),
-        ("get-range", header(Op::Get, b"key", &|h| { h.flags = flags::HAS_RANGE; h.range_start = -2; h.range_end = -1 })),
-        ("get-if-not-equal", header(Op::Get, b"key", &|h| { h.flags = flags::IF_NOT_EQUAL; h.if_not_equal = 1 })),
-        ("delete-if-equal", header(Op::Delete, b"key", &|h| { h.flags = flags::IF_EQUAL; h.if_equal = 1 })),
-        ("list", [header(Op::List, b"", &|h| { h.key_len = 1; h.aux_len = 1; h.ttl_or_limit = 10 }), b"ab".to_vec()].concat()),
-        ("delete-range", [header(Op::DeleteRange, b"", &|h| { h.key_len = 1; h.flags = flags::MAX_UNBOUNDED }), b"a".to_vec()].concat()),
+        (
+            "get-range",
+            header(Op::Get, b"key", &|h| {
+                h.flags = flags::HAS_RANGE;
+                h.range_start = -2;
+                h.range_end = -1
+            }),
+        ),
+        (
+            "get-if-not-equal",
+            header(Op::Get, b"key", &|h| {
+                h.flags = flags::IF_NOT_EQUAL;
+                h.if_not_equal = 1
+            }),
+        ),
+        (
+            "delete-if-equal",
+            header(Op::Delete, b"key", &|h| {
+                h.flags = flags::IF_EQUAL;
+                h.if_equal = 1
+            }),
+        ),
+        (
+            "list",
+            [
+                header(Op::List, b"", &|h| {
+                    h.key_len = 1;
+                    h.aux_len = 1;
+                    h.ttl_or_limit = 10
+                }),
+                b"ab".to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "delete-range",
+            [
+                header(Op::DeleteRange, b"", &|h| {
+                    h.key_len = 1;
+                    h.flags = flags::MAX_UNBOUNDED
+                }),
+                b"a".to_vec(),
+            ]
+            .concat(),
+        ),
         ("stats", header(Op::Stats, b"", &|_| {})),
         ("abort", header(Op::Abort, b"", &|h| h.ttl_or_limit = 3)),
-        ("key-in-payload", [header(Op::Put, b"", &|h| { h.flags = flags::KEY_IN_PAYLOAD; h.key_len = 4 }), b"longvalue".to_vec()].concat()),
+        (
+            "key-in-payload",
+            [
+                header(Op::Put, b"", &|h| {
+                    h.flags = flags::KEY_IN_PAYLOAD;
+                    h.key_len = 4
+                }),
+                b"longvalue".to_vec(),
+            ]
+            .concat(),
+        ),
         ("get-short", short(Op::Get, b"key")),
         ("put-short", [short(Op::Put, b"key"), b"value".to_vec()].concat()),
         // Cluster requests (the fuzzed shard is a member of a cluster whose keys move).
-        ("get-view", header(Op::Get, b"key", &|h| { h.flags = flags::VIEW; h.view = 3 })),
-        ("put-view-asking", [header(Op::Put, b"key", &|h| { h.flags = flags::VIEW | flags::ASKING; h.view = 2 }), b"v".to_vec()].concat()),
-        ("put-import", [header(Op::Put, b"key", &|h| { h.flags = flags::IMPORT | flags::HAS_TTL; h.if_equal = 9; h.ttl_or_limit = 50 }), b"v".to_vec()].concat()),
+        (
+            "get-view",
+            header(Op::Get, b"key", &|h| {
+                h.flags = flags::VIEW;
+                h.view = 3
+            }),
+        ),
+        (
+            "put-view-asking",
+            [
+                header(Op::Put, b"key", &|h| {
+                    h.flags = flags::VIEW | flags::ASKING;
+                    h.view = 2
+                }),
+                b"v".to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "put-import",
+            [
+                header(Op::Put, b"key", &|h| {
+                    h.flags = flags::IMPORT | flags::HAS_TTL;
+                    h.if_equal = 9;
+                    h.ttl_or_limit = 50
+                }),
+                b"v".to_vec(),
+            ]
+            .concat(),
+        ),
         ("get-migrate", header(Op::Get, b"key", &|h| h.flags = flags::MIGRATE)),
-        ("delete-migrate", header(Op::Delete, b"key", &|h| { h.flags = flags::MIGRATE | flags::IF_EQUAL; h.if_equal = 9 })),
+        (
+            "delete-migrate",
+            header(Op::Delete, b"key", &|h| {
+                h.flags = flags::MIGRATE | flags::IF_EQUAL;
+                h.if_equal = 9
+            }),
+        ),
     ];
     for (name, bytes) in &requests {
         write("request_header", name, bytes);
@@ -161,7 +256,10 @@ fn write_seed_corpus() {
         ..Default::default()
     };
     write("gateway_request", "read", &read.encode_to_vec());
-    let del = pb::DeleteRequest { range: Some(pb::KeyRange { inclusive_min: "a".into(), exclusive_max: "b".into() }), ..Default::default() };
+    let del = pb::DeleteRequest {
+        range: Some(pb::KeyRange { inclusive_min: "a".into(), exclusive_max: "b".into() }),
+        ..Default::default()
+    };
     write("gateway_request", "delete-range", &del.encode_to_vec());
     let wr = pb::WriteRequest { key: "k".into(), generation_if_equal: vec![2].into(), value_part: "v".into() };
     write("gateway_request", "write", &wr.encode_to_vec());

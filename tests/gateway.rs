@@ -29,7 +29,11 @@ async fn write(c: &mut Grpc, key: &[u8], value: &[u8], if_equal: &[u8]) -> Resul
     let chunks: Vec<&[u8]> = if value.is_empty() { vec![&[]] } else { value.chunks(256 << 10).collect() };
     let parts: Vec<pb::WriteRequest> = chunks
         .into_iter()
-        .map(|p| pb::WriteRequest { key: key.to_vec().into(), generation_if_equal: if_equal.to_vec().into(), value_part: p.to_vec().into() })
+        .map(|p| pb::WriteRequest {
+            key: key.to_vec().into(),
+            generation_if_equal: if_equal.to_vec().into(),
+            value_part: p.to_vec().into(),
+        })
         .collect();
     let r = c.write(tokio_stream::iter(parts)).await?.into_inner();
     Ok(r.generation_and_timestamp.unwrap().generation.to_vec())
@@ -85,7 +89,9 @@ async fn protocol_edge_cases() {
     let g = write(&mut c, b"big", &big, b"").await.unwrap();
     assert_eq!((g.len(), g[0]), (9, 0x00), "tagged generation {g:?}");
     let reply = read(&mut c, pb::ReadRequest { key: "big".into(), ..Default::default() }).await.unwrap();
-    assert!(reply.iter().all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
+    assert!(reply
+        .iter()
+        .all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
     assert_eq!(reply.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>(), big);
 
     // if_equal "no value" on a present key: unspecified, current generation, no bytes.
@@ -99,7 +105,11 @@ async fn protocol_edge_cases() {
     // Generations we never minted match nothing: the condition fails, nothing changes.
     for foreign in [&[0x03u8, 1, 2, 3, 4, 5, 6, 7, 8][..], &[0x00, 1], &[0x01]] {
         assert_eq!(write(&mut c, b"big", b"overwrite", foreign).await.unwrap(), b"", "{foreign:?}");
-        let del = pb::DeleteRequest { key: Some("big".into()), generation_if_equal: foreign.to_vec().into(), ..Default::default() };
+        let del = pb::DeleteRequest {
+            key: Some("big".into()),
+            generation_if_equal: foreign.to_vec().into(),
+            ..Default::default()
+        };
         assert!(c.delete(del).await.unwrap().into_inner().generation_and_timestamp.unwrap().generation.is_empty());
     }
     let reply = read(&mut c, pb::ReadRequest { key: "big".into(), ..Default::default() }).await.unwrap();
@@ -121,7 +131,10 @@ async fn protocol_edge_cases() {
     // buffered whole (it was taken up to 8 MiB, outside the --max-buffered budget).
     let del = pb::DeleteRequest { key: Some(vec![b'k'; 1 << 20].into()), ..Default::default() };
     assert_eq!(c.delete(del).await.unwrap_err().code(), Code::OutOfRange);
-    let list = pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: vec![b'a'; 1 << 20].into(), ..Default::default() }), ..Default::default() };
+    let list = pb::ListRequest {
+        range: Some(pb::KeyRange { inclusive_min: vec![b'a'; 1 << 20].into(), ..Default::default() }),
+        ..Default::default()
+    };
     assert_eq!(c.list(list).await.unwrap_err().code(), Code::OutOfRange);
 
     // The engine stores no empty key: writing it is refused clearly, and a single-key
@@ -134,9 +147,12 @@ async fn protocol_edge_cases() {
 
     // A suffix range and an inverted one.
     let range = |min, max| Some(pb::ByteRange { inclusive_min: min, exclusive_max: max });
-    let reply = read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(-3, None), ..Default::default() }).await.unwrap();
+    let reply = read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(-3, None), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(reply[0].value_part.as_ref(), &big[big.len() - 3..]);
-    let err = read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(10, Some(5)), ..Default::default() }).await;
+    let err =
+        read(&mut c, pb::ReadRequest { key: "big".into(), byte_range: range(10, Some(5)), ..Default::default() }).await;
     assert_eq!(err.unwrap_err().code(), Code::OutOfRange);
 }
 
@@ -162,7 +178,11 @@ async fn many_concurrent_requests_over_several_connections() {
         t.await.unwrap();
     }
     let mut c = connect(&gateway).await;
-    let listed = c.list(pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: "c".into(), exclusive_max: "d".into() }), strip_prefix_length: 1, ..Default::default() });
+    let listed = c.list(pb::ListRequest {
+        range: Some(pb::KeyRange { inclusive_min: "c".into(), exclusive_max: "d".into() }),
+        strip_prefix_length: 1,
+        ..Default::default()
+    });
     let mut stream = listed.await.unwrap().into_inner();
     let mut keys = Vec::new();
     while let Some(m) = stream.message().await.unwrap() {
@@ -180,7 +200,11 @@ async fn unfinished_writes_are_bounded_globally() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
     let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB"]);
-    let part = |key: &str| pb::WriteRequest { key: key.as_bytes().to_vec().into(), value_part: vec![7u8; 3 << 20].into(), ..Default::default() };
+    let part = |key: &str| pb::WriteRequest {
+        key: key.as_bytes().to_vec().into(),
+        value_part: vec![7u8; 3 << 20].into(),
+        ..Default::default()
+    };
     // Three streams of 3 MiB each that never finish: 9 MiB > 8 MiB.
     let mut senders = Vec::new();
     let mut calls = Vec::new();
@@ -192,7 +216,10 @@ async fn unfinished_writes_are_bounded_globally() {
         senders.push(tx);
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    let third = tokio::time::timeout(std::time::Duration::from_secs(10), calls.pop().unwrap()).await.expect("the third write was not refused").unwrap();
+    let third = tokio::time::timeout(std::time::Duration::from_secs(10), calls.pop().unwrap())
+        .await
+        .expect("the third write was not refused")
+        .unwrap();
     assert_eq!(third.unwrap_err().code(), Code::ResourceExhausted);
     // Dropping the open streams gives their budget back.
     drop(senders);
@@ -232,11 +259,14 @@ async fn tiny_frames_hold_no_more_than_their_bytes() {
     const BYTES: usize = 200_000;
     let mut streams = Vec::new();
     for i in 0..4 {
-        let request = tonic::codegen::http::Request::post(format!("http://{}/tensorstore_grpc.kvstore.KvStoreService/Write", gateway.addr))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
+        let request = tonic::codegen::http::Request::post(format!(
+            "http://{}/tensorstore_grpc.kvstore.KvStoreService/Write",
+            gateway.addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
         let (reply, mut send) = client.send_request(request, false).expect("open a Write stream");
         // One message: a key, then a value part one byte longer than what will be sent.
         let key = format!("tiny/{i}");
@@ -281,7 +311,8 @@ async fn tiny_frames_hold_no_more_than_their_bytes() {
 /// User and system CPU time of a process, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read the process stat");
-    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat has its command in parentheses").1.split_whitespace().collect();
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').expect("stat has its command in parentheses").1.split_whitespace().collect();
     // utime and stime, fields 14 and 15 of stat(5), in clock ticks (100 per second on Linux).
     (fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()) as f64 / 100.0
 }
@@ -295,7 +326,17 @@ async fn a_gateway_at_its_descriptor_limit_keeps_serving() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
     let mut cmd = std::process::Command::new("prlimit");
-    cmd.args(["--nofile=48:48", common::RDRAM, "gateway", "--listen", "127.0.0.1:0", "--server", &server.addr, "--engine-clients", "1"]);
+    cmd.args([
+        "--nofile=48:48",
+        common::RDRAM,
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--server",
+        &server.addr,
+        "--engine-clients",
+        "1",
+    ]);
     let mut gateway = ServerProc::spawn_listening(cmd);
     let pid = gateway.child.id();
     // More connections than descriptors left: the rest wait in the listen backlog.
@@ -311,7 +352,9 @@ async fn a_gateway_at_its_descriptor_limit_keeps_serving() {
     let served = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         loop {
             let attempt = async {
-                let mut c = KvStoreServiceClient::connect(format!("http://{}", gateway.addr)).await.map_err(|e| e.to_string())?;
+                let mut c = KvStoreServiceClient::connect(format!("http://{}", gateway.addr))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 write(&mut c, b"after-the-limit", b"v", b"").await.map_err(|e| e.to_string())
             };
             match attempt.await {
@@ -341,11 +384,16 @@ async fn connections_past_the_limit_wait_for_a_place() {
     tokio::task::block_in_place(|| common::wait_until(std::time::Duration::from_secs(5), || held() == 2));
     assert_eq!(held(), 2, "connections held");
     let one_second = std::time::Duration::from_secs(1);
-    let third = tokio::time::timeout(one_second, async { write(&mut connect(&gateway).await, b"third", b"3", b"").await }).await;
+    let third =
+        tokio::time::timeout(one_second, async { write(&mut connect(&gateway).await, b"third", b"3", b"").await })
+            .await;
     assert!(third.is_err(), "a third connection was served past --max-connections 2: {third:?}");
     write(&mut served, b"second", b"2", b"").await.expect("a held connection is still served");
     drop(idle);
-    let after = tokio::time::timeout(std::time::Duration::from_secs(10), async { write(&mut connect(&gateway).await, b"third", b"3", b"").await }).await;
+    let after = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        write(&mut connect(&gateway).await, b"third", b"3", b"").await
+    })
+    .await;
     assert!(matches!(after, Ok(Ok(_))), "no place came free when a connection closed: {after:?}");
 }
 
@@ -360,13 +408,23 @@ async fn a_silent_connection_gives_its_place_back() {
     let gateway = ServerProc::gateway(&server.addr, &["--max-connections", "1"]);
     let mut silent = std::net::TcpStream::connect(&gateway.addr).unwrap();
     let started = std::time::Instant::now();
-    let served = tokio::time::timeout(std::time::Duration::from_secs(20), async { write(&mut connect(&gateway).await, b"k", b"v", b"").await }).await;
+    let served = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        write(&mut connect(&gateway).await, b"k", b"v", b"").await
+    })
+    .await;
     assert!(matches!(served, Ok(Ok(_))), "the place of a silent connection never came free: {served:?}");
-    assert!(started.elapsed() >= std::time::Duration::from_secs(4), "served after {:?}, before the silent connection's deadline", started.elapsed());
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(4),
+        "served after {:?}, before the silent connection's deadline",
+        started.elapsed()
+    );
     silent.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
     // The gateway's own SETTINGS frame comes first; then the end of the stream.
     let closed = std::io::Read::read_to_end(&mut silent, &mut Vec::new());
-    assert!(closed.is_ok() || closed.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "the silent connection is still open: {closed:?}");
+    assert!(
+        closed.is_ok() || closed.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the silent connection is still open: {closed:?}"
+    );
 }
 
 /// `rdram-gateway-load` (bench/gateway_load) writes and reads through a real gateway, and
@@ -375,22 +433,42 @@ async fn a_silent_connection_gives_its_place_back() {
 async fn the_load_tool_writes_and_reads_through_the_gateway() {
     let (_server, gateway) = start();
     let out = std::process::Command::new(common::bench_binary("rdram-gateway-load"))
-        .args(["--gateway", &gateway.addr, "--connections", "2", "--concurrency", "4", "--size", "300KiB", "--seconds", "0.3", "--threads", "2"])
+        .args([
+            "--gateway",
+            &gateway.addr,
+            "--connections",
+            "2",
+            "--concurrency",
+            "4",
+            "--size",
+            "300KiB",
+            "--seconds",
+            "0.3",
+            "--threads",
+            "2",
+        ])
         .output()
         .expect("run rdram-gateway-load");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "rdram-gateway-load failed: {text}{}", String::from_utf8_lossy(&out.stderr));
     for op in ["write", "read"] {
-        let calls = text.lines().find_map(|l| l.strip_prefix(&format!("{op}: "))?.split(", ").nth(1)?.strip_suffix(" calls")?.parse::<u64>().ok());
+        let calls = text.lines().find_map(|l| {
+            l.strip_prefix(&format!("{op}: "))?.split(", ").nth(1)?.strip_suffix(" calls")?.parse::<u64>().ok()
+        });
         assert!(calls.is_some_and(|n| n > 0), "no {op} calls counted: {text}");
     }
-    let value: Vec<u8> = read(&mut connect(&gateway).await, pb::ReadRequest { key: "gateway-load/3".into(), ..Default::default() })
-        .await
-        .unwrap()
-        .into_iter()
-        .flat_map(|r| r.value_part.to_vec())
-        .collect();
-    assert!(value.len() == 300 << 10 && value.iter().all(|&b| b == 0x5a), "the load tool's value is {} bytes", value.len());
+    let value: Vec<u8> =
+        read(&mut connect(&gateway).await, pb::ReadRequest { key: "gateway-load/3".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_iter()
+            .flat_map(|r| r.value_part.to_vec())
+            .collect();
+    assert!(
+        value.len() == 300 << 10 && value.iter().all(|&b| b == 0x5a),
+        "the load tool's value is {} bytes",
+        value.len()
+    );
 }
 
 /// A Write the client abandons mid-stream (its call dropped: HTTP/2 resets the stream)
@@ -403,7 +481,11 @@ async fn an_abandoned_write_stores_nothing() {
     let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--metrics", "127.0.0.1:0"]);
     let mut c = connect(&gateway).await;
     let old = write(&mut c, b"kept", b"old value", &[]).await.unwrap();
-    let part = |key: &'static str| pb::WriteRequest { key: key.into(), value_part: vec![7u8; 1 << 20].into(), ..Default::default() };
+    let part = |key: &'static str| pb::WriteRequest {
+        key: key.into(),
+        value_part: vec![7u8; 1 << 20].into(),
+        ..Default::default()
+    };
     // The senders stay open until the gateway has seen both calls go: dropped sooner, the
     // request body could end cleanly (hyper streams it from a task of its own) before the
     // stream is reset, and a Write that ends is stored.
@@ -421,7 +503,11 @@ async fn an_abandoned_write_stores_nothing() {
     assert_eq!(settled_rpcs(&gateway, "Write", "CANCELLED", 2), 2, "both abandoned writes counted as cancelled");
     drop(senders);
     let kept = read(&mut c, pb::ReadRequest { key: "kept".into(), ..Default::default() }).await.unwrap();
-    assert_eq!(kept[0].generation_and_timestamp.as_ref().unwrap().generation.to_vec(), old, "the old value's generation");
+    assert_eq!(
+        kept[0].generation_and_timestamp.as_ref().unwrap().generation.to_vec(),
+        old,
+        "the old value's generation"
+    );
     assert_eq!(kept[0].value_part.as_ref(), b"old value");
     let fresh = read(&mut c, pb::ReadRequest { key: "fresh".into(), ..Default::default() }).await.unwrap();
     assert_eq!(fresh[0].state(), State::Missing);
@@ -434,7 +520,10 @@ async fn an_abandoned_write_stores_nothing() {
 async fn unsent_reads_are_bounded_globally() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "128MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "8MiB", "--metrics", "127.0.0.1:0"]);
+    let gateway = ServerProc::gateway(
+        &server.addr,
+        &["--max-value", "64MiB", "--max-buffered", "8MiB", "--metrics", "127.0.0.1:0"],
+    );
     let mut c = connect(&gateway).await;
     let value: Vec<u8> = (0..6u32 << 20).map(|i| (i % 251) as u8).collect();
     write(&mut c, b"big", &value, &[]).await.unwrap();
@@ -474,23 +563,38 @@ async fn unsent_reads_are_bounded_globally() {
 async fn long_values_are_read_in_windows_of_one_generation() {
     common::init(TCP);
     let server = ServerProc::start(&["--memory", "256MiB"]);
-    let gateway = ServerProc::gateway(&server.addr, &["--max-value", "64MiB", "--max-buffered", "48MiB", "--metrics", "127.0.0.1:0"]);
+    let gateway = ServerProc::gateway(
+        &server.addr,
+        &["--max-value", "64MiB", "--max-buffered", "48MiB", "--metrics", "127.0.0.1:0"],
+    );
     let mut c = connect(&gateway).await;
     let old = common::pattern(1, 20 << 20);
     let g = write(&mut c, b"long", &old, &[]).await.unwrap();
     let joined = |parts: &[pb::ReadResponse]| parts.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>();
     let whole = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
-    assert!(whole.iter().all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
+    assert!(whole
+        .iter()
+        .all(|m| m.state() == State::Value && m.generation_and_timestamp.as_ref().unwrap().generation == g));
     assert!(joined(&whole) == old, "the value read back differs");
     let range = |min, max| Some(pb::ByteRange { inclusive_min: min, exclusive_max: max });
-    for (min, max, want) in [(5 << 20, Some(19 << 20), &old[5 << 20..19 << 20]), (-(9 << 20), None, &old[old.len() - (9 << 20)..])] {
-        let parts = read(&mut c, pb::ReadRequest { key: "long".into(), byte_range: range(min, max), ..Default::default() }).await.unwrap();
+    for (min, max, want) in
+        [(5 << 20, Some(19 << 20), &old[5 << 20..19 << 20]), (-(9 << 20), None, &old[old.len() - (9 << 20)..])]
+    {
+        let parts =
+            read(&mut c, pb::ReadRequest { key: "long".into(), byte_range: range(min, max), ..Default::default() })
+                .await
+                .unwrap();
         assert!(joined(&parts) == want, "range [{min}, {max:?}) differs");
     }
 
     // Three windows (8 + 8 + 4 MiB). After one part, at most a few more are in flight
     // (HTTP/2 windows), so the third window is fetched after the overwrite.
-    let mut parked = connect(&gateway).await.read(pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap().into_inner();
+    let mut parked = connect(&gateway)
+        .await
+        .read(pb::ReadRequest { key: "long".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     let mut got = parked.message().await.unwrap().expect("a first part").value_part.to_vec();
     let new = common::pattern(2, 20 << 20);
     write(&mut c, b"long", &new, &[]).await.unwrap();
@@ -522,7 +626,10 @@ async fn a_long_read_fits_a_budget_of_one_window() {
     let mut c = connect(&gateway).await;
     for _ in 0..3 {
         let parts = read(&mut c, pb::ReadRequest { key: "long".into(), ..Default::default() }).await.unwrap();
-        assert!(parts.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>() == value, "the value read back differs");
+        assert!(
+            parts.iter().flat_map(|m| m.value_part.to_vec()).collect::<Vec<u8>>() == value,
+            "the value read back differs"
+        );
     }
 }
 
@@ -534,13 +641,18 @@ async fn a_long_list_streams_every_key_once() {
     let server = ServerProc::start(&["--memory", "256MiB", "--workers", "2"]);
     let gateway = ServerProc::gateway(&server.addr, &[]);
     let mut engine = server.client();
-    let mut want: Vec<(Vec<u8>, i64)> = (0..3000usize).map(|i| (format!("many/{i:05}/{}", "k".repeat(700)).into_bytes(), (i % 7) as i64)).collect();
+    let mut want: Vec<(Vec<u8>, i64)> =
+        (0..3000usize).map(|i| (format!("many/{i:05}/{}", "k".repeat(700)).into_bytes(), (i % 7) as i64)).collect();
     for (key, size) in &want {
         engine.put(key, &vec![1u8; *size as usize]).unwrap();
     }
     engine.put(b"other", b"not listed").unwrap();
     let mut c = connect(&gateway).await;
-    let listed = c.list(pb::ListRequest { range: Some(pb::KeyRange { inclusive_min: "many/".into(), exclusive_max: "many0".into() }), strip_prefix_length: 5, ..Default::default() });
+    let listed = c.list(pb::ListRequest {
+        range: Some(pb::KeyRange { inclusive_min: "many/".into(), exclusive_max: "many0".into() }),
+        strip_prefix_length: 5,
+        ..Default::default()
+    });
     let mut stream = listed.await.unwrap().into_inner();
     let mut got = Vec::new();
     while let Some(m) = stream.message().await.unwrap() {

@@ -39,14 +39,19 @@ fn status_codes_agree_everywhere() {
     let named = |prefix: &str, s: Status| format!("{prefix}{}", s.label().to_ascii_uppercase());
     let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/remote_dram.h")).unwrap();
     let c = named_codes(&header, "enum rdram_status", "}");
-    let want_c: Vec<(String, i64)> = Status::ALL.iter().filter(|s| !s.is_internal_to_clusters()).map(|&s| (named("RDRAM_", s), s as i64)).collect();
+    let want_c: Vec<(String, i64)> =
+        Status::ALL.iter().filter(|s| !s.is_internal_to_clusters()).map(|&s| (named("RDRAM_", s), s as i64)).collect();
     assert_eq!(c, want_c, "include/remote_dram.h's rdram_status and src/error.rs's table");
 
     let python = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/python/remote_dram/errors.py")).unwrap();
     let py = named_codes(&python, "class Status(", "class ");
     // Python has no NULL pointers and no C boundary to catch panics at.
     let c_only = [Status::NullArgument, Status::Panic];
-    let want_py: Vec<(String, i64)> = Status::ALL.iter().filter(|s| !s.is_internal_to_clusters() && !c_only.contains(s)).map(|&s| (named("", s), s as i64)).collect();
+    let want_py: Vec<(String, i64)> = Status::ALL
+        .iter()
+        .filter(|s| !s.is_internal_to_clusters() && !c_only.contains(s))
+        .map(|&s| (named("", s), s as i64))
+        .collect();
     assert_eq!(py, want_py, "python/remote_dram/errors.py's Status and src/error.rs's table");
 
     for &s in Status::ALL {

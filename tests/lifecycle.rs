@@ -10,7 +10,11 @@ use common::{pattern, ServerProc};
 use remote_dram::{Client, ClientOptions, Server, ServerConfig, Status};
 
 /// Puts `len`-byte values in a loop until told to stop; returns how many were acknowledged.
-fn putter(addr: String, len: usize, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<usize> {
+fn putter(
+    addr: String,
+    len: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
         let value = pattern(3, len);
         let Ok(mut c) = Client::connect(&addr, common::options()) else { return 0 };
@@ -119,7 +123,8 @@ fn one_shot_commands_take_shared_memory_only_where_the_server_offers_it() {
     let value = pattern(8, 3 << 20);
     for (server_tls, narrowed) in [(None, true), (Some("tcp"), false), (Some("sysv,cma,self,tcp"), false)] {
         let mut cmd = Command::new(common::RDRAM);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--memory", "64MiB", "--hugepages", "off"]).env("UCX_NET_DEVICES", "lo");
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--memory", "64MiB", "--hugepages", "off"])
+            .env("UCX_NET_DEVICES", "lo");
         match server_tls {
             // UCX's tcp transport is a trusted-network opt-in.
             Some(tls) => cmd.env("UCX_TLS", tls).env("RDRAM_UCX_TCP", "1"),
@@ -175,7 +180,20 @@ fn a_default_library_client_reaches_a_local_server_over_shared_memory() {
     // rdram-bench: a long-lived client of the library, its options the defaults but for polling.
     let plots = tempfile::tempdir().unwrap();
     let out = Command::new(common::bench_binary("rdram-bench"))
-        .args(["--server", &server.addr, "--ops", "get,put", "--sizes", "8,300000", "--count", "200", "--warmup", "0", "--poll", "adaptive"])
+        .args([
+            "--server",
+            &server.addr,
+            "--ops",
+            "get,put",
+            "--sizes",
+            "8,300000",
+            "--count",
+            "200",
+            "--warmup",
+            "0",
+            "--poll",
+            "adaptive",
+        ])
         .args(["--out", plots.path().to_str().unwrap()])
         .env_remove("UCX_TLS")
         .env("UCX_NET_DEVICES", "lo")

@@ -11,7 +11,12 @@ use common::{ServerProc, TCP};
 use remote_dram::gateway::pb::{self, kv_store_service_client::KvStoreServiceClient};
 
 fn http_get(url: &str) -> String {
-    ureq::get(url).timeout(Duration::from_secs(5)).call().unwrap_or_else(|e| panic!("GET {url}: {e}")).into_string().unwrap()
+    ureq::get(url)
+        .timeout(Duration::from_secs(5))
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .into_string()
+        .unwrap()
 }
 
 fn free_port() -> u16 {
@@ -75,7 +80,12 @@ impl Prometheus {
 
     /// The value of an instant query returning one sample (None: no sample).
     fn query(&self, promql: &str) -> Option<f64> {
-        let body = ureq::get(&format!("{}/api/v1/query", self.url)).query("query", promql).call().unwrap().into_string().unwrap();
+        let body = ureq::get(&format!("{}/api/v1/query", self.url))
+            .query("query", promql)
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["status"], "success", "{promql}: {body}");
         let result = v["data"]["result"].as_array().unwrap();
@@ -105,10 +115,21 @@ impl Drop for Prometheus {
 
 fn promtool_accepts(url: &str) {
     let text = http_get(url);
-    let mut promtool = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool");
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
     promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = promtool.wait_with_output().unwrap();
-    assert!(out.status.success(), "promtool check metrics rejected {url}: {}{}\n{text}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "promtool check metrics rejected {url}: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -116,7 +137,10 @@ fn prometheus_counts_exactly_the_traffic_it_was_shown() {
     common::init(TCP);
     let server = ServerProc::start(&["--metrics", "127.0.0.1:0"]);
     let gateway = ServerProc::gateway(&server.addr, &["--metrics", "127.0.0.1:0"]);
-    let (server_metrics, gateway_metrics) = (server.metrics.clone().expect("server metrics address"), gateway.metrics.clone().expect("gateway metrics address"));
+    let (server_metrics, gateway_metrics) = (
+        server.metrics.clone().expect("server metrics address"),
+        gateway.metrics.clone().expect("gateway metrics address"),
+    );
     let Some(prom) = Prometheus::start(&[("rdram", &server_metrics), ("gateway", &gateway_metrics)]) else { return };
 
     // Known traffic straight to the server: 40 puts of 1000 B, 25 hits, 7 misses, 5 deletes.
@@ -139,11 +163,19 @@ fn prometheus_counts_exactly_the_traffic_it_was_shown() {
     runtime.block_on(async {
         let mut g = KvStoreServiceClient::connect(format!("http://{}", gateway.addr)).await.unwrap();
         for i in 0..3 {
-            let part = pb::WriteRequest { key: format!("g/{i}").into_bytes().into(), value_part: vec![1u8; 300].into(), ..Default::default() };
+            let part = pb::WriteRequest {
+                key: format!("g/{i}").into_bytes().into(),
+                value_part: vec![1u8; 300].into(),
+                ..Default::default()
+            };
             g.write(tokio_stream::iter([part])).await.unwrap();
         }
         for key in ["g/0", "g/1", "g/2", "g/none"] {
-            let mut s = g.read(pb::ReadRequest { key: key.as_bytes().to_vec().into(), ..Default::default() }).await.unwrap().into_inner();
+            let mut s = g
+                .read(pb::ReadRequest { key: key.as_bytes().to_vec().into(), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner();
             while s.message().await.unwrap().is_some() {}
         }
     });
@@ -169,7 +201,8 @@ fn prometheus_counts_exactly_the_traffic_it_was_shown() {
 
     promtool_accepts(&format!("http://{server_metrics}/metrics"));
     promtool_accepts(&format!("http://{gateway_metrics}/metrics"));
-    assert!(http_get(&format!("http://{server_metrics}/metrics")).contains("rdram_arena_capacity_bytes{shard=\"1\"} 33554432"));
+    assert!(http_get(&format!("http://{server_metrics}/metrics"))
+        .contains("rdram_arena_capacity_bytes{shard=\"1\"} 33554432"));
 }
 
 #[test]
@@ -179,7 +212,10 @@ fn refused_handshakes_are_counted_by_reason() {
     let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
     for token in [None, Some("wrong")] {
         let opts = remote_dram::ClientOptions { auth_token: token.map(str::to_string), ..Default::default() };
-        assert_eq!(remote_dram::Client::connect(&server.addr, opts).err().map(|e| e.status), Some(remote_dram::Status::AuthFailed));
+        assert_eq!(
+            remote_dram::Client::connect(&server.addr, opts).err().map(|e| e.status),
+            Some(remote_dram::Status::AuthFailed)
+        );
     }
     let text = http_get(&url);
     assert!(text.contains("rdram_handshakes_total{outcome=\"refused\",reason=\"auth\"} 2"), "{text}");
@@ -215,7 +251,11 @@ fn top_draws_the_cluster_in_a_terminal() {
     let _cleanup = KillServer(&tmux);
     // Rows: server shard ops/s MB/s used / capacity (pct) keys clients errors/s.
     let rows = |screen: &str| -> Vec<Vec<String>> {
-        screen.lines().filter(|l| l.starts_with("127.0.0.1:")).map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
+        screen
+            .lines()
+            .filter(|l| l.starts_with("127.0.0.1:"))
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
     };
     let screen_with = |pred: &dyn Fn(&[Vec<String>]) -> bool| -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -248,7 +288,10 @@ fn top_draws_the_cluster_in_a_terminal() {
     for server in stats["servers"].as_array().unwrap() {
         for shard in server["shards"].as_array().unwrap() {
             let (node, index) = (server["node"].as_str().unwrap(), shard["shard"].as_u64().unwrap().to_string());
-            let row = table.iter().find(|r| r[0] == node && r[1] == index).unwrap_or_else(|| panic!("no row for {node} shard {index}:\n{screen}"));
+            let row = table
+                .iter()
+                .find(|r| r[0] == node && r[1] == index)
+                .unwrap_or_else(|| panic!("no row for {node} shard {index}:\n{screen}"));
             assert_eq!(row[8], shard["keys"].as_u64().unwrap().to_string(), "keys of {node} shard {index}:\n{screen}");
             assert_eq!(row[6], "32", "capacity MiB:\n{screen}");
         }

@@ -33,7 +33,8 @@ fn with_token(token: &str) -> ClientOptions {
 /// The bootstrap exchange by hand: what any program that reaches the port can do.
 fn bootstrap(addr: &str, token: Option<&str>) -> (Welcome, TcpStream) {
     let mut s = TcpStream::connect(addr).unwrap();
-    write_line(&mut s, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: token.map(str::to_string) }).unwrap();
+    write_line(&mut s, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: token.map(str::to_string) })
+        .unwrap();
     let w: Welcome = read_line(&s, Duration::from_secs(5)).unwrap();
     (w, s)
 }
@@ -146,7 +147,9 @@ fn forged_hello(ep: &Endpoint, peer: u64, session: u64) -> bool {
     if !answered {
         ep.cancel(&mut rctx);
         let until = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < until && !out.iter().any(|c| matches!(c, Completion::Failed { token: 1, .. } | Completion::Done { token: 1, .. })) {
+        while Instant::now() < until
+            && !out.iter().any(|c| matches!(c, Completion::Failed { token: 1, .. } | Completion::Done { token: 1, .. }))
+        {
             ep.poll(&mut out, 4);
         }
     }
@@ -233,7 +236,17 @@ fn empty_tokens_refuse_to_start_and_loose_token_files_warn() {
 
     let empty = token_file("");
     let out = std::process::Command::new(common::RDRAM)
-        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--auth-token-file", empty.to_str().unwrap()])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "64MiB",
+            "--hugepages",
+            "off",
+            "--auth-token-file",
+            empty.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success(), "an empty token file must not start the server");
@@ -304,7 +317,9 @@ fn bootstrap_has_a_deadline_and_a_client_limit() {
 
     let a = server.client();
     let b = server.client();
-    let err = Client::connect(&server.addr, common::options()).err().expect("a third client was admitted past --max-clients 2");
+    let err = Client::connect(&server.addr, common::options())
+        .err()
+        .expect("a third client was admitted past --max-clients 2");
     assert_eq!(err.status, Status::Unavailable);
     assert!(err.message.contains("at capacity"), "{}", err.message);
     drop(a);
@@ -359,7 +374,10 @@ fn client_that_never_receives(transport: &[&str]) {
     std::thread::sleep(Duration::from_secs(3));
     let after = rss();
     assert_eq!(c.get(&long_key(3)).unwrap().unwrap().data, b"v", "others are still served");
-    assert!(after < before + (400 << 10), "server RSS grew from {before} KiB to {after} KiB for a client that never receives");
+    assert!(
+        after < before + (400 << 10),
+        "server RSS grew from {before} KiB to {after} KiB for a client that never receives"
+    );
     drop(hog);
 }
 
@@ -397,7 +415,10 @@ fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
     for _ in 0..3 {
         assert_eq!(c.get(b"small").expect("others are served").expect("stored").data, b"12345678");
     }
-    assert!(after < before + (64 << 10), "server RSS grew from {before} KiB to {after} KiB for a client that never receives {sent} replies");
+    assert!(
+        after < before + (64 << 10),
+        "server RSS grew from {before} KiB to {after} KiB for a client that never receives {sent} replies"
+    );
     drop(hog);
 }
 
@@ -424,7 +445,9 @@ fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
             .args(["put", "stalled", "--file", file.to_str().unwrap(), "--server", &server.addr])
             .spawn()
             .unwrap();
-        let reserved = common::wait_until(Duration::from_secs(10), || used(&mut c) >= 100 << 20 || matches!(child.try_wait(), Ok(Some(_))));
+        let reserved = common::wait_until(Duration::from_secs(10), || {
+            used(&mut c) >= 100 << 20 || matches!(child.try_wait(), Ok(Some(_)))
+        });
         common::signal(child.id(), common::SIGSTOP);
         if reserved && c.get(b"stalled").unwrap().is_none() && matches!(child.try_wait(), Ok(None)) {
             writer = Some(child);
@@ -439,7 +462,11 @@ fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
     let held = used(&mut c);
     assert!(held >= 120 << 20, "the stalled put holds {held} bytes");
     let other = pattern(12, 50 << 20);
-    assert_eq!(c.put(b"other", &other).unwrap_err().status, Status::NoSpace, "the stalled put should hold the space for now");
+    assert_eq!(
+        c.put(b"other", &other).unwrap_err().status,
+        Status::NoSpace,
+        "the stalled put should hold the space for now"
+    );
 
     // The deadline (1 s + 120 MiB at 64 MiB/s) passes: the space comes back.
     let started = Instant::now();
@@ -455,7 +482,11 @@ fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
     common::signal(writer.id(), common::SIGCONT);
     let status = writer.wait().unwrap();
     match c.get(b"stalled").unwrap() {
-        Some(v) => assert!(status.success() && v.data == value, "a cut put stored {} wrong bytes (writer {status})", v.data.len()),
+        Some(v) => assert!(
+            status.success() && v.data == value,
+            "a cut put stored {} wrong bytes (writer {status})",
+            v.data.len()
+        ),
         None => assert!(!status.success(), "the writer reported success, but nothing was stored"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -484,7 +515,12 @@ fn clients_killed_while_connecting_leave_the_server_serving() {
     std::fs::write(&file, pattern(5, 32 << 20)).unwrap();
     // A process takes ~0.5 s to start; spread the kills over start, connect and transfer.
     let started = Instant::now();
-    let spawn = || std::process::Command::new(common::RDRAM).args(["put", "k", "--file", file.to_str().unwrap(), "--server", &server.addr]).spawn().unwrap();
+    let spawn = || {
+        std::process::Command::new(common::RDRAM)
+            .args(["put", "k", "--file", file.to_str().unwrap(), "--server", &server.addr])
+            .spawn()
+            .unwrap()
+    };
     assert!(spawn().wait().unwrap().success());
     let typical = started.elapsed();
     for i in 0..24u32 {
@@ -531,7 +567,10 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     if !client(true, None, &["--version"]).0 {
-        eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: user nobody cannot run {}", common::RDRAM);
+        eprintln!(
+            "SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: user nobody cannot run {}",
+            common::RDRAM
+        );
         return;
     }
     let ucx = ServerProc::start_with_env(&["--workers", "1"], &[("UCX_TLS", common::SHM)]);

@@ -53,7 +53,12 @@ fn a_client_dying_inside_a_shared_memory_send_does_not_wedge_its_shard() {
     assert_eq!(served(&mut after).as_deref(), Some(&value[..]), "a new client is not served");
     after.put(b"new", b"v").unwrap();
     assert_eq!(after.get(b"new").unwrap().unwrap().data, b"v");
-    assert_eq!(server.shard_metric("rdram_worker_replacements_total", 0), 1, "the replacement is not counted once:\n{}", server.scrape());
+    assert_eq!(
+        server.shard_metric("rdram_worker_replacements_total", 0),
+        1,
+        "the replacement is not counted once:\n{}",
+        server.scrape()
+    );
     let mut server = server;
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
 }
@@ -69,7 +74,16 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
     const LIMIT: usize = 8;
     const ONE_SHOT_CLIENTS: usize = 96;
     let limit = LIMIT.to_string();
-    let server = ServerProc::start(&["--workers", "1", "--memory", "64MiB", "--metrics", "127.0.0.1:0", "--stranded-endpoint-limit", &limit]);
+    let server = ServerProc::start(&[
+        "--workers",
+        "1",
+        "--memory",
+        "64MiB",
+        "--metrics",
+        "127.0.0.1:0",
+        "--stranded-endpoint-limit",
+        &limit,
+    ]);
     let maps = || std::fs::read_to_string(format!("/proc/{}/maps", server.child.id())).unwrap().lines().count();
     let mut stays = Client::connect(&server.addr, common::options()).unwrap();
     stays.put(b"kept", b"value").unwrap();
@@ -82,14 +96,26 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
         // The client that stays is served by its own (older) worker all along, large
         // values included: received through that worker and sent from its mapping of the
         // arena (through the current worker's, a put crashed the server).
-        assert_eq!(stays.get(b"kept").unwrap().unwrap().data, b"value", "the staying client failed a call after {i} others left");
+        assert_eq!(
+            stays.get(b"kept").unwrap().unwrap().data,
+            b"value",
+            "the staying client failed a call after {i} others left"
+        );
         let big = pattern(i as u64, 256 << 10);
         stays.put(b"big", &big).unwrap();
-        assert_eq!(stays.get(b"big").unwrap().unwrap().data, big, "the staying client's large value after {i} others left");
+        assert_eq!(
+            stays.get(b"big").unwrap().unwrap().data,
+            big,
+            "the staying client's large value after {i} others left"
+        );
     }
     // One every LIMIT departures from the current worker (a client welcomed just before a
     // recycle departs from the old one, and counts there).
-    assert!(common::wait_until(Duration::from_secs(10), || server.shard_metric("rdram_worker_recycles_total", 0) >= 3), "no fresh workers handed out:\n{}", server.scrape());
+    assert!(
+        common::wait_until(Duration::from_secs(10), || server.shard_metric("rdram_worker_recycles_total", 0) >= 3),
+        "no fresh workers handed out:\n{}",
+        server.scrape()
+    );
 
     // Without recycling, each one-shot client's 3 mappings stayed: +288 here. Workers
     // without clients go after their grace (10 s); what stays does not grow with the
@@ -97,7 +123,11 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
     // departures' worth each (more when departures outpace the shard's sweeps), the
     // current worker's own mappings and a spare's (about 30 each). Measured: +78 once settled.
     let bound = baseline + 150;
-    assert!(common::wait_until(Duration::from_secs(30), || maps() <= bound), "server mappings {} stay above {bound} (baseline {baseline})", maps());
+    assert!(
+        common::wait_until(Duration::from_secs(30), || maps() <= bound),
+        "server mappings {} stay above {bound} (baseline {baseline})",
+        maps()
+    );
     eprintln!("server mappings: {} at the end, {baseline} before the one-shot clients", maps());
     assert_eq!(stays.get(b"kept").unwrap().unwrap().data, b"value");
     let mut late = Client::connect(&server.addr, common::options()).unwrap();
@@ -118,7 +148,8 @@ fn dying_sender() {
     let welcome: Welcome = read_line(&stream, Duration::from_secs(5)).unwrap();
     let worker = Worker::new(&remote_dram::transport::ucx::Tcp::Off).unwrap();
     // SAFETY: no error callback; the endpoint lives until the process dies.
-    let (ep, _) = unsafe { worker.connect(&hex_decode(&welcome.shards[0]).unwrap(), None, std::ptr::null_mut()) }.unwrap();
+    let (ep, _) =
+        unsafe { worker.connect(&hex_decode(&welcome.shards[0]).unwrap(), None, std::ptr::null_mut()) }.unwrap();
 
     let mut header = [0u8; REQUEST_HEADER_LEN];
     RequestHeader::new(Op::Put, 1, welcome.session).encode(&mut header);
@@ -141,7 +172,17 @@ fn dying_sender() {
     };
     // SAFETY: the header outlives the send (this function never returns before the
     // process dies or exits); the generic datatype needs no buffer.
-    let started = unsafe { sys::ucp_am_send_nbx(ep, AM_REQUEST as u32, header.as_ptr() as *const c_void, header.len(), std::ptr::null(), 1, &param) };
+    let started = unsafe {
+        sys::ucp_am_send_nbx(
+            ep,
+            AM_REQUEST as u32,
+            header.as_ptr() as *const c_void,
+            header.len(),
+            std::ptr::null(),
+            1,
+            &param,
+        )
+    };
     assert!(remote_dram::transport::ucx::ptr_status(started).is_none(), "the send failed to start");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
@@ -168,4 +209,3 @@ unsafe extern "C" fn pack_and_die(_state: *mut c_void, _offset: usize, _dest: *m
 }
 
 unsafe extern "C" fn finish(_state: *mut c_void) {}
-

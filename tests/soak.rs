@@ -42,7 +42,8 @@ fn check(key: u64, data: &[u8]) -> Result<u64, String> {
     if data.len() < 16 {
         return Err(format!("key {key}: {}-byte value", data.len()));
     }
-    let (k, version) = (u64::from_le_bytes(data[..8].try_into().unwrap()), u64::from_le_bytes(data[8..16].try_into().unwrap()));
+    let (k, version) =
+        (u64::from_le_bytes(data[..8].try_into().unwrap()), u64::from_le_bytes(data[8..16].try_into().unwrap()));
     if k != key || value(k, version, data.len()) != data {
         return Err(format!("key {key}: corrupt value (claims key {k} version {version}, {} bytes)", data.len()));
     }
@@ -71,7 +72,9 @@ fn soak_child() {
     let mut c = loop {
         match Client::connect(&addr, common::options()) {
             Ok(c) => break c,
-            Err(e) if started.elapsed() < Duration::from_secs(30) => eprintln!("soak child: connect failed ({e}); retrying"),
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                eprintln!("soak child: connect failed ({e}); retrying")
+            }
             Err(e) => panic!("connect: {e}"),
         }
     };
@@ -200,7 +203,10 @@ fn soak_one(transport: &str, seconds: u64) {
     // was idle; the next call reconnects.
     let _ = observer.stats();
     for (&key, &version) in &acked {
-        let v = observer.get(key_name(key).as_bytes()).unwrap().unwrap_or_else(|| panic!("acknowledged key {key} is missing"));
+        let v = observer
+            .get(key_name(key).as_bytes())
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged key {key} is missing"));
         let stored = check(key, &v.data).unwrap();
         assert!(stored >= version, "key {key}: acknowledged version {version} lost (holds {stored})");
     }
@@ -216,7 +222,12 @@ fn soak_one(transport: &str, seconds: u64) {
     let (rss1, fds1) = server_resources(pid);
     let url = format!("http://{}/metrics", server.metrics.as_deref().unwrap());
     let scraped = ureq::get(&url).call().unwrap().into_string().unwrap();
-    let replaced: u64 = scraped.lines().filter_map(|l| l.strip_prefix("rdram_worker_replacements_total")?.split_whitespace().last()?.parse::<u64>().ok()).sum();
+    let replaced: u64 = scraped
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("rdram_worker_replacements_total")?.split_whitespace().last()?.parse::<u64>().ok()
+        })
+        .sum();
     println!("soak {transport}: {replaced} stuck shared-memory queues found and their workers replaced");
     println!(
         "soak {transport}: {seconds} s, {} children killed, {} acknowledged puts on {acks_total} keys all intact; \
@@ -226,7 +237,11 @@ fn soak_one(transport: &str, seconds: u64) {
         kids.acks.load(std::sync::atomic::Ordering::Relaxed),
         shard_totals(&mut observer)
     );
-    assert!(settled, "{transport}: used bytes or pinned extents did not return to 0: {:?}", shard_totals(&mut observer));
+    assert!(
+        settled,
+        "{transport}: used bytes or pinned extents did not return to 0: {:?}",
+        shard_totals(&mut observer)
+    );
     assert!(fds1 <= fds0 + 2, "{transport}: server fds grew from {fds0} to {fds1}");
 }
 
@@ -234,7 +249,8 @@ fn soak_one(transport: &str, seconds: u64) {
 #[ignore = "long: run by make soak"]
 fn soak() {
     let seconds = std::env::var("SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
-    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
+    let transports =
+        std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
     for t in transports.split(',').map(transport_setting) {
         // Each transport in its own process: the UCX transport list is fixed per process.
         let out = Command::new(std::env::current_exe().unwrap())
@@ -262,7 +278,8 @@ const KILLED_CLIENTS: usize = 300;
 #[test]
 #[ignore = "long: run by make soak"]
 fn killed_clients_leave_no_memory() {
-    let transports = std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
+    let transports =
+        std::env::var("SOAK_TRANSPORTS").unwrap_or_else(|_| "tcp,shm,fabric:tcp;ofi_rxm,fabric:shm".into());
     for t in transports.split(',').map(transport_setting) {
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "killed_clients_one_transport", "--ignored", "--nocapture", "--test-threads=1"])
@@ -285,7 +302,8 @@ fn killed_clients_one_transport() {
         let before = kids.acks.load(std::sync::atomic::Ordering::Relaxed);
         kids.spawn(&server.addr, "writer", 0);
         assert!(
-            common::wait_until(Duration::from_secs(30), || kids.acks.load(std::sync::atomic::Ordering::Relaxed) > before),
+            common::wait_until(Duration::from_secs(30), || kids.acks.load(std::sync::atomic::Ordering::Relaxed)
+                > before),
             "a writer got no put acknowledged in 30 s"
         );
         let (_, _, mut child) = kids.procs.pop().unwrap();
@@ -305,7 +323,11 @@ fn killed_clients_one_transport() {
     // endpoints after a second, and destroys it after RETIRED_GRACE (10 s).
     let settled = common::wait_until(Duration::from_secs(30), || common::rss_kib(pid).unwrap() <= rss0 + bound);
     let rss1 = common::rss_kib(pid).unwrap();
-    println!("killed clients over {t}: {} SIGKILLed clients, server RSS {rss0} -> {rss1} KiB ({:+} KiB)", kids.kills, rss1 as i64 - rss0 as i64);
+    println!(
+        "killed clients over {t}: {} SIGKILLed clients, server RSS {rss0} -> {rss1} KiB ({:+} KiB)",
+        kids.kills,
+        rss1 as i64 - rss0 as i64
+    );
     assert!(settled, "{t}: server RSS {rss0} -> {rss1} KiB after {KILLED_CLIENTS} killed clients (bound {bound} KiB over the baseline)");
 }
 

@@ -86,14 +86,20 @@ fn hold_region_lock(path: &std::path::Path) {
 fn regions_of(pid: u32) -> Vec<std::path::PathBuf> {
     let prefix = format!("rdram-{pid}-");
     let dir = std::fs::read_dir("/dev/shm").unwrap();
-    dir.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_name().to_string_lossy().ends_with(".lock")).map(|e| e.path()).collect()
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name().to_string_lossy().starts_with(&prefix) && !e.file_name().to_string_lossy().ends_with(".lock")
+        })
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Runs `rdram ARGS` and returns its exit code and stdout, failing the test if it has not
 /// returned within `limit` (a client spinning inside libfabric, whose own timeout cannot fire).
 fn rdram_within(limit: Duration, args: &[&str]) -> (i32, Vec<u8>) {
     use std::process::{Command, Stdio};
-    let mut child = Command::new(common::RDRAM).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut child =
+        Command::new(common::RDRAM).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
     let exited = common::wait_until(limit, || child.try_wait().unwrap().is_some());
     if !exited {
         let _ = child.kill();
@@ -108,7 +114,8 @@ fn rdram_within(limit: Duration, args: &[&str]) -> (i32, Vec<u8>) {
 fn scrape(server: &common::ServerProc) -> Result<String, String> {
     let url = format!("http://{}/metrics", server.metrics.as_ref().expect("started with --metrics"));
     let pid = server.child.id();
-    let state = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| format!("no /proc/{pid}/stat: {e}"));
+    let state =
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_else(|e| format!("no /proc/{pid}/stat: {e}"));
     let failed = |e: &dyn std::fmt::Display| format!("scraping {url}: {e}; server: {}", state());
     let response = ureq::get(&url).timeout(Duration::from_secs(5)).call().map_err(|e| failed(&e))?;
     response.into_string().map_err(|e| failed(&e))
@@ -131,7 +138,8 @@ fn counter_total(server: &common::ServerProc, name: &str) -> u64 {
 /// Waits (30 s at most) until `server` has answered a GET: a [`large_getter`] has stored
 /// its keys and is getting them (a slow machine takes longer than any fixed sleep).
 fn until_getting(server: &common::ServerProc) {
-    let answered_gets = || scrape(server).is_ok_and(|t| samples_total(&t, "rdram_requests_total", "op=\"get\"").is_some_and(|n| n > 0));
+    let answered_gets =
+        || scrape(server).is_ok_and(|t| samples_total(&t, "rdram_requests_total", "op=\"get\"").is_some_and(|n| n > 0));
     assert!(common::wait_until(Duration::from_secs(30), answered_gets), "the large getter never got");
 }
 
@@ -176,7 +184,10 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
         .spawn()
         .unwrap();
     let pid = client.id();
-    assert!(common::wait_until(Duration::from_secs(10), || !regions_of(pid).is_empty()), "the client opened no shm region");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || !regions_of(pid).is_empty()),
+        "the client opened no shm region"
+    );
     std::thread::sleep(Duration::from_millis(500)); // connected and busy getting
     for region in regions_of(pid) {
         hold_region_lock(&region);
@@ -185,9 +196,11 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
     client.wait().unwrap();
     for i in 0..4 {
         let key = format!("k{i}");
-        let (code, _) = rdram_within(Duration::from_secs(15), &["put", "--server", addr, "--timeout-ms", "5000", &key, "v"]);
+        let (code, _) =
+            rdram_within(Duration::from_secs(15), &["put", "--server", addr, "--timeout-ms", "5000", &key, "v"]);
         assert_eq!(code, 0, "put {key}");
-        let (code, value) = rdram_within(Duration::from_secs(15), &["get", "--server", addr, "--timeout-ms", "5000", &key]);
+        let (code, value) =
+            rdram_within(Duration::from_secs(15), &["get", "--server", addr, "--timeout-ms", "5000", &key]);
         assert_eq!((code, value.as_slice()), (0, b"v".as_slice()), "get {key}");
     }
     assert!(counter_total(&server, "rdram_shm_locks_released_total") >= 1, "the server released no lock");
@@ -283,7 +296,11 @@ fn large_gets_finish(mut getter: std::process::Child) -> String {
     let out = getter.wait_with_output().unwrap();
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(finished && out.status.success(), "the next client's large GETs did not finish ({:?}):\n{report}\n{stderr}", out.status);
+    assert!(
+        finished && out.status.success(),
+        "the next client's large GETs did not finish ({:?}):\n{report}\n{stderr}",
+        out.status
+    );
     assert!(report.contains("| get | 3145728 |"), "{report}");
     report
 }
@@ -322,7 +339,12 @@ fn a_failed_endpoint_replacement_is_tried_again() {
         let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         let new = limit.as_ref().map_or(std::ptr::null(), |l| l as *const libc::rlimit);
         // SAFETY: pid is our child; new is null or a valid rlimit; old is an out-parameter.
-        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, new, &mut old) }, 0, "prlimit: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, new, &mut old) },
+            0,
+            "prlimit: {}",
+            std::io::Error::last_os_error()
+        );
         old
     };
     let mut killed = getter("30");
@@ -361,7 +383,11 @@ fn a_large_get_given_up_on_is_received_and_dropped_not_left_unanswered() {
     let value = common::pattern(3, LEN);
     let mut other = common::connect(&server.addr);
     other.put(b"big", &value).unwrap();
-    let mut hasty = remote_dram::Client::connect(&server.addr, ClientOptions { timeout: Duration::from_millis(300), ..common::options() }).unwrap();
+    let mut hasty = remote_dram::Client::connect(
+        &server.addr,
+        ClientOptions { timeout: Duration::from_millis(300), ..common::options() },
+    )
+    .unwrap();
     let mut out = vec![0u8; LEN];
     for round in 0..3 {
         common::stop_process(server.child.id());
@@ -370,10 +396,13 @@ fn a_large_get_given_up_on_is_received_and_dropped_not_left_unanswered() {
         common::signal(server.child.id(), common::SIGCONT);
         assert_eq!(got.err().map(|e| e.status), Some(Status::Timeout), "round {round}");
         std::thread::sleep(Duration::from_millis(300)); // the reply reaches the old connection
-        // The next call reconnects; the other client never notices.
+                                                        // The next call reconnects; the other client never notices.
         assert_eq!(hasty.get(b"big").unwrap().unwrap().data.len(), LEN, "round {round}");
         assert_eq!(other.get(b"big").unwrap().unwrap().data, value, "round {round}");
-        assert!(out.iter().all(|&b| b == 0x11), "round {round}: the caller's buffer was written after the call returned");
+        assert!(
+            out.iter().all(|&b| b == 0x11),
+            "round {round}: the caller's buffer was written after the call returned"
+        );
     }
     assert!(common::wait_until(Duration::from_secs(2), || counter_total(&server, "rdram_shm_locks_released") == 0));
     assert_eq!(counter_total(&server, "rdram_worker_replacements_total"), 0, "the shard replaced its endpoints");
@@ -391,7 +420,8 @@ fn requests_longer_than_the_inline_size_travel_in_parts() {
     let server = common::ServerProc::start(&[]);
     let mut c = server.client();
     // A 3-byte key: 72 + 3 + 4021 is exactly 4096 bytes, one message; one more, two parts.
-    let sizes = [4000, 4020, 4021, 4022, 4096, 4097, 6000, 8100, 8150, 12_000, 16_000, 16_200, 16_309, 16_310, 16_384, 20_000];
+    let sizes =
+        [4000, 4020, 4021, 4022, 4096, 4097, 6000, 8100, 8150, 12_000, 16_000, 16_200, 16_309, 16_310, 16_384, 20_000];
     for (i, size) in sizes.into_iter().enumerate() {
         let value = common::pattern(i as u64, size);
         let key = format!("k{:02}", i % 100);
@@ -411,9 +441,11 @@ fn requests_longer_than_the_inline_size_travel_in_parts() {
             let addr = server.addr.clone();
             s.spawn(move || {
                 let mut c = common::connect(&addr);
-                let values: Vec<Vec<u8>> = (0..40).map(|i| common::pattern(t * 100 + i, 5000 + 97 * i as usize)).collect();
+                let values: Vec<Vec<u8>> =
+                    (0..40).map(|i| common::pattern(t * 100 + i, 5000 + 97 * i as usize)).collect();
                 let keys: Vec<String> = (0..40).map(|i| format!("t{t}/{i}")).collect();
-                let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (k.as_bytes(), &v[..])).collect();
+                let items: Vec<(&[u8], &[u8])> =
+                    keys.iter().zip(&values).map(|(k, v)| (k.as_bytes(), &v[..])).collect();
                 for r in c.put_many(&items, 8) {
                     r.unwrap();
                 }

@@ -16,7 +16,19 @@ fn bench_against_a_fabric_server() {
 #[test]
 fn a_missing_provider_stops_the_server_clearly() {
     let out = std::process::Command::new(common::RDRAM)
-        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--transport", "fabric", "--provider", "no_such_provider"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "64MiB",
+            "--hugepages",
+            "off",
+            "--transport",
+            "fabric",
+            "--provider",
+            "no_such_provider",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

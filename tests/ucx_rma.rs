@@ -29,7 +29,11 @@ fn executable_mappings(pid: u32) -> (u64, u64) {
     let mut of_exe = maps.lines().filter(|l| l.ends_with(exe.to_str().unwrap()));
     let start = |line: &str| u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
     let first = start(of_exe.clone().next().expect("the executable's mapping"));
-    let writable = start(of_exe.find(|l| l.split_whitespace().nth(1).is_some_and(|perms| perms.starts_with("rw"))).expect("a writable mapping"));
+    let writable = start(
+        of_exe
+            .find(|l| l.split_whitespace().nth(1).is_some_and(|perms| perms.starts_with("rw")))
+            .expect("a writable mapping"),
+    );
     (first, writable)
 }
 
@@ -62,7 +66,11 @@ struct Attacker {
 
 impl Attacker {
     fn new() -> Attacker {
-        let params = ucp_params_t { field_mask: UCP_PARAM_FIELD_FEATURES as u64, features: (UCP_FEATURE_AM | UCP_FEATURE_RMA) as u64, ..Default::default() };
+        let params = ucp_params_t {
+            field_mask: UCP_PARAM_FIELD_FEATURES as u64,
+            features: (UCP_FEATURE_AM | UCP_FEATURE_RMA) as u64,
+            ..Default::default()
+        };
         let (mut config, mut context, mut worker) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
         let wparams = ucp_worker_params_t::default();
         // SAFETY: plain UCX set-up with valid out-parameters; config is released once.
@@ -137,7 +145,8 @@ fn rma_is_refused(transport: &str) {
         length: local.len(),
         ..Default::default()
     };
-    let (mut memh, mut packed, mut packed_len, mut rkey) = (ptr::null_mut(), ptr::null_mut::<c_void>(), 0, ptr::null_mut());
+    let (mut memh, mut packed, mut packed_len, mut rkey) =
+        (ptr::null_mut(), ptr::null_mut::<c_void>(), 0, ptr::null_mut());
     // SAFETY: local outlives the registration; the out-parameters are valid.
     unsafe {
         assert_eq!(ucp_mem_map(attacker.context, &map, &mut memh), UCS_OK);
@@ -175,7 +184,11 @@ fn rma_is_refused(transport: &str) {
     unsafe {
         ucp_rkey_buffer_release(packed);
         ucp_mem_unmap(attacker.context, memh);
-        let close = ucp_request_param_t { op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS, flags: UCP_EP_CLOSE_FLAG_FORCE, ..Default::default() };
+        let close = ucp_request_param_t {
+            op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS,
+            flags: UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
         attacker.wait(ucp_ep_close_nbx(ep, &close));
     }
 }

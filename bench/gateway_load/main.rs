@@ -62,13 +62,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         channels.push(Channel::from_shared(format!("http://{}", args.gateway))?.connect().await?);
     }
     let value = bytes::Bytes::from(vec![0x5a_u8; args.size as usize]);
-    println!("gateway {}: {} connections, {} calls in flight, {} B values", args.gateway, channels.len(), args.concurrency, args.size);
+    println!(
+        "gateway {}: {} connections, {} calls in flight, {} B values",
+        args.gateway,
+        channels.len(),
+        args.concurrency,
+        args.size
+    );
     for op in [Op::Write, Op::Read] {
         let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
         let started = Instant::now();
         let tasks: Vec<_> = (0..args.concurrency.max(1))
             .map(|i| {
-                let mut client = KvStoreServiceClient::new(channels[i % channels.len()].clone()).max_decoding_message_size(usize::MAX);
+                let mut client = KvStoreServiceClient::new(channels[i % channels.len()].clone())
+                    .max_decoding_message_size(usize::MAX);
                 let value = value.clone();
                 tokio::spawn(async move {
                     let key = bytes::Bytes::from(format!("gateway-load/{i}"));
@@ -107,7 +114,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn write(client: &mut KvStoreServiceClient<Channel>, key: &bytes::Bytes, value: &bytes::Bytes) -> Result<(), tonic::Status> {
+async fn write(
+    client: &mut KvStoreServiceClient<Channel>,
+    key: &bytes::Bytes,
+    value: &bytes::Bytes,
+) -> Result<(), tonic::Status> {
     let parts: Vec<pb::WriteRequest> = (0..value.len().div_ceil(WRITE_PART).max(1))
         .map(|i| pb::WriteRequest {
             key: key.clone(),
@@ -119,7 +130,11 @@ async fn write(client: &mut KvStoreServiceClient<Channel>, key: &bytes::Bytes, v
     Ok(())
 }
 
-async fn read(client: &mut KvStoreServiceClient<Channel>, key: &bytes::Bytes, want: usize) -> Result<(), tonic::Status> {
+async fn read(
+    client: &mut KvStoreServiceClient<Channel>,
+    key: &bytes::Bytes,
+    want: usize,
+) -> Result<(), tonic::Status> {
     let mut replies = client.read(pb::ReadRequest { key: key.clone(), ..Default::default() }).await?.into_inner();
     let mut got = 0;
     while let Some(reply) = replies.message().await? {

@@ -20,8 +20,8 @@ use hdrhistogram::Histogram;
 // request are counted in its latency, and std's (clock_gettime) took 50 ns a pair on this
 // VM against quanta's 20, an eighth of a small GET.
 use quanta::Instant;
-use remote_dram::client::{GetInto, GetOptions};
 use remote_dram::cli::parse_size;
+use remote_dram::client::{GetInto, GetOptions};
 use remote_dram::store::{HugePages, Mode};
 use remote_dram::transport::PollMode;
 use remote_dram::{Client, ClientOptions, Server, ServerConfig};
@@ -211,7 +211,8 @@ fn run_workload(args: &Args, addr: &str, op: &str, size: u64) -> Vec<Run> {
     barrier.wait();
     show_progress(args, op, size, &threads, &done);
 
-    let mut total = Measured { hists: [report::new_histogram(), report::new_histogram()], ops: [0; 2], elapsed: Duration::ZERO };
+    let mut total =
+        Measured { hists: [report::new_histogram(), report::new_histogram()], ops: [0; 2], elapsed: Duration::ZERO };
     for t in threads {
         let m = t.join().unwrap_or_else(|_| fail("a bench thread failed"));
         for k in [GET, PUT] {
@@ -221,7 +222,13 @@ fn run_workload(args: &Args, addr: &str, op: &str, size: u64) -> Vec<Run> {
         total.elapsed = total.elapsed.max(m.elapsed);
     }
     let [get_hist, put_hist] = total.hists;
-    let run = |name: &str, kind: usize, hist| Run { op: name.into(), size, ops: total.ops[kind], elapsed: total.elapsed, hist };
+    let run = |name: &str, kind: usize, hist| Run {
+        op: name.into(),
+        size,
+        ops: total.ops[kind],
+        elapsed: total.elapsed,
+        hist,
+    };
     match op {
         "get" => vec![run("get", GET, get_hist)],
         "put" => vec![run("put", PUT, put_hist)],
@@ -271,7 +278,8 @@ fn bench_thread(args: &Args, addr: &str, op: &str, size: u64, t: usize, barrier:
         c.put(k, &values[0]).unwrap_or_else(|e| fail(&format!("prefill: {e}")));
     }
     let mut chooser = KeyChooser::new(nkeys, args.distribution, args.zipf_exponent, 0x5eed + t as u64);
-    let mut m = Measured { hists: [report::new_histogram(), report::new_histogram()], ops: [0; 2], elapsed: Duration::ZERO };
+    let mut m =
+        Measured { hists: [report::new_histogram(), report::new_histogram()], ops: [0; 2], elapsed: Duration::ZERO };
     barrier.wait();
 
     let start = Instant::now();

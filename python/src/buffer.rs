@@ -47,7 +47,11 @@ pub enum Buffer {
     Host(PyBufferView),
     /// Device memory (or what the object says is): its range, and the object (array,
     /// tensor or DLPack capsule) that keeps it alive.
-    Device { addr: usize, len: usize, _owner: Py<PyAny> },
+    Device {
+        addr: usize,
+        len: usize,
+        _owner: Py<PyAny>,
+    },
 }
 
 /// The address and length of a [`Buffer`], to carry into code that runs without the GIL
@@ -70,7 +74,13 @@ impl RawBytes {
     pub unsafe fn as_slice<'a>(self) -> &'a [u8] {
         // SAFETY: the live export pins `len` readable bytes at `addr` (the caller's contract);
         // a zero-length view may have a null pointer, which `from_raw_parts` does not allow.
-        unsafe { if self.len == 0 { &[] } else { std::slice::from_raw_parts(self.addr as *const u8, self.len) } }
+        unsafe {
+            if self.len == 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts(self.addr as *const u8, self.len)
+            }
+        }
     }
 
     /// # Safety
@@ -79,7 +89,13 @@ impl RawBytes {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
         // SAFETY: as for `as_slice`, and the view was requested writable.
-        unsafe { if self.len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) } }
+        unsafe {
+            if self.len == 0 {
+                &mut []
+            } else {
+                std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len)
+            }
+        }
     }
 
     pub fn len(self) -> usize {
@@ -115,11 +131,17 @@ impl Buffer {
         let rc = unsafe { PyObject_GetBuffer(exporter.as_ptr(), view.as_mut_ptr(), flags) };
         if rc != 0 {
             let cause = PyErr::take(obj.py());
-            let kind = if flags & PYBUF_WRITABLE != 0 { "a writable, C-contiguous buffer" } else { "a C-contiguous buffer" };
+            let kind =
+                if flags & PYBUF_WRITABLE != 0 { "a writable, C-contiguous buffer" } else { "a C-contiguous buffer" };
             let py = obj.py();
             let err = match cause {
-                Some(e) if !e.is_instance_of::<PyTypeError>(py) => PyBufferError::new_err(format!("{what} must be {kind}: {e}")),
-                _ => PyTypeError::new_err(format!("{what} must support the buffer protocol ({kind}), not {}", type_name(obj))),
+                Some(e) if !e.is_instance_of::<PyTypeError>(py) => {
+                    PyBufferError::new_err(format!("{what} must be {kind}: {e}"))
+                }
+                _ => PyTypeError::new_err(format!(
+                    "{what} must support the buffer protocol ({kind}), not {}",
+                    type_name(obj)
+                )),
             };
             return Err(err);
         }
@@ -164,9 +186,13 @@ fn device_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<Buffer
         }
         // Kernels that write the tensor run on torch's current stream: done before we read it
         // (or write it, for a get).
-        py.import("torch")?.getattr("cuda")?.call_method1("current_stream", (obj.getattr("device")?,))?.call_method0("synchronize")?;
+        py.import("torch")?
+            .getattr("cuda")?
+            .call_method1("current_stream", (obj.getattr("device")?,))?
+            .call_method0("synchronize")?;
         let addr: usize = obj.call_method0("data_ptr")?.extract()?;
-        let len = obj.call_method0("numel")?.extract::<usize>()? * obj.call_method0("element_size")?.extract::<usize>()?;
+        let len =
+            obj.call_method0("numel")?.extract::<usize>()? * obj.call_method0("element_size")?.extract::<usize>()?;
         return Ok(Some(Buffer::Device { addr, len, _owner: obj.clone().unbind() }));
     }
     if let Ok(cai) = obj.getattr("__cuda_array_interface__") {
@@ -176,7 +202,10 @@ fn device_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<Buffer
         }
         let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
         let typestr: String = cai.get_item("typestr")?.extract()?;
-        let itemsize: usize = typestr.get(2..).and_then(|n| n.parse().ok()).ok_or_else(|| PyTypeError::new_err(format!("__cuda_array_interface__ typestr {typestr:?}")))?;
+        let itemsize: usize = typestr
+            .get(2..)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| PyTypeError::new_err(format!("__cuda_array_interface__ typestr {typestr:?}")))?;
         let strides: Option<Vec<isize>> = cai.get_item("strides").ok().and_then(|s| s.extract().ok());
         if strides.is_some_and(|s| !c_contiguous(&shape, &s, itemsize)) {
             return Err(PyBufferError::new_err("the device array must be C-contiguous"));
@@ -185,7 +214,11 @@ fn device_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<Buffer
         if let Some(stream) = cai.get_item("stream").ok().and_then(|s| s.extract::<usize>().ok()) {
             remote_dram::gpu::wait_for_stream(addr, stream).map_err(|e| PyBufferError::new_err(e.to_string()))?;
         }
-        return Ok(Some(Buffer::Device { addr, len: shape.iter().product::<usize>() * itemsize, _owner: obj.clone().unbind() }));
+        return Ok(Some(Buffer::Device {
+            addr,
+            len: shape.iter().product::<usize>() * itemsize,
+            _owner: obj.clone().unbind(),
+        }));
     }
     if obj.hasattr("__dlpack__")? && obj.hasattr("__dlpack_device__")? {
         let (device_type, _): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
@@ -229,10 +262,12 @@ fn dlpack_view(obj: &Bound<'_, PyAny>) -> PyResult<Buffer> {
     let ndim = tensor.ndim.max(0) as usize;
     // SAFETY: `shape` (and `strides`, when not null) hold `ndim` entries (dlpack.h).
     let shape: Vec<usize> = (0..ndim).map(|i| unsafe { *tensor.shape.add(i) }.max(0) as usize).collect();
-    let itemsize = (tensor.dtype[1] as usize * u16::from_le_bytes([tensor.dtype[2], tensor.dtype[3]]) as usize).div_ceil(8);
+    let itemsize =
+        (tensor.dtype[1] as usize * u16::from_le_bytes([tensor.dtype[2], tensor.dtype[3]]) as usize).div_ceil(8);
     if !tensor.strides.is_null() {
         // SAFETY: as above; DLPack strides count elements.
-        let strides: Vec<isize> = (0..ndim).map(|i| (unsafe { *tensor.strides.add(i) } as isize) * itemsize as isize).collect();
+        let strides: Vec<isize> =
+            (0..ndim).map(|i| (unsafe { *tensor.strides.add(i) } as isize) * itemsize as isize).collect();
         if !c_contiguous(&shape, &strides, itemsize) {
             return Err(PyBufferError::new_err("the DLPack tensor must be C-contiguous"));
         }
@@ -268,7 +303,9 @@ fn torch_cpu_view<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Py
         return Ok(None);
     }
     if obj.getattr("device")?.getattr("type")?.extract::<String>()? != "cpu" {
-        return Err(PyTypeError::new_err("torch tensors on the CPU or on CUDA devices only; copy the tensor to one of those first"));
+        return Err(PyTypeError::new_err(
+            "torch tensors on the CPU or on CUDA devices only; copy the tensor to one of those first",
+        ));
     }
     if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
         return Err(PyBufferError::new_err("the torch tensor must be contiguous (call .contiguous())"));

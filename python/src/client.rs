@@ -7,7 +7,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use remote_dram::client::{
-    ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, KeyRange, PutOptions, WriteCondition, WriteResult,
+    ByteRange, Client, ClientOptions, DeleteResult, GetInto, GetOptions, KeyRange, PutOptions, WriteCondition,
+    WriteResult,
 };
 use remote_dram::error::{Error, Status};
 use remote_dram::transport::PollMode;
@@ -19,7 +20,9 @@ use crate::errors::{buffer_too_small, in_batch, invalid, to_py};
 fn written(w: remote_dram::Result<WriteResult>) -> remote_dram::Result<u64> {
     match w? {
         WriteResult::Written { generation } => Ok(generation),
-        WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "an unconditional put reported a failed condition")),
+        WriteResult::ConditionFailed => {
+            Err(Error::new(Status::Internal, "an unconditional put reported a failed condition"))
+        }
     }
 }
 
@@ -108,7 +111,14 @@ impl Entry {
 impl PyClient {
     #[new]
     #[pyo3(signature = (addresses, *, auth_token=None, timeout=None, connect_timeout=None, poll="adaptive"))]
-    fn new(py: Python<'_>, addresses: String, auth_token: Option<String>, timeout: Option<f64>, connect_timeout: Option<f64>, poll: &str) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        addresses: String,
+        auth_token: Option<String>,
+        timeout: Option<f64>,
+        connect_timeout: Option<f64>,
+        poll: &str,
+    ) -> PyResult<Self> {
         let poll = match poll {
             "adaptive" => PollMode::Adaptive,
             "busy" => PollMode::Busy,
@@ -135,7 +145,13 @@ impl PyClient {
         slf
     }
 
-    fn __exit__(&self, py: Python<'_>, _ty: Option<Bound<'_, PyAny>>, _value: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> bool {
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _ty: Option<Bound<'_, PyAny>>,
+        _value: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> bool {
         self.close(py);
         false
     }
@@ -154,7 +170,15 @@ impl PyClient {
     /// change it from another thread during the call. After the call returns (even with
     /// ``Timeout``) the server never reads it again.
     #[pyo3(signature = (key, value, *, if_equal=None, if_absent=false, ttl=None))]
-    fn put(&self, py: Python<'_>, key: Key, value: &Bound<'_, PyAny>, if_equal: Option<u64>, if_absent: bool, ttl: Option<f64>) -> PyResult<Option<u64>> {
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: Key,
+        value: &Bound<'_, PyAny>,
+        if_equal: Option<u64>,
+        if_absent: bool,
+        ttl: Option<f64>,
+    ) -> PyResult<Option<u64>> {
         let condition = match (if_equal, if_absent) {
             (Some(_), true) => return Err(invalid(py, "give if_equal or if_absent, not both")),
             (Some(g), false) => WriteCondition::IfEqual(g),
@@ -178,12 +202,19 @@ impl PyClient {
     /// ``byte_range=(start, stop)`` reads part of it: a negative ``start`` counts from the
     /// end (``(-16, None)`` is the last 16 bytes), ``stop=None`` reads to the end.
     #[pyo3(signature = (key, *, byte_range=None))]
-    fn get<'py>(&self, py: Python<'py>, key: Key, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: Key,
+        byte_range: Option<(i64, Option<i64>)>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
         match self.fetch(py, &key.0, &opts)? {
             Fetched::Value { bytes, .. } => Ok(Some(bytes)),
             Fetched::Missing => Ok(None),
-            Fetched::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
+            Fetched::Unchanged { .. } => {
+                Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged")))
+            }
         }
     }
 
@@ -191,7 +222,13 @@ impl PyClient {
     /// when it does not exist. With ``if_not_equal=g`` and a current generation of ``g``,
     /// ``Entry.value`` is ``None``: the caller's copy is current and no bytes moved.
     #[pyo3(signature = (key, *, if_not_equal=None, byte_range=None))]
-    fn get_entry(&self, py: Python<'_>, key: Key, if_not_equal: Option<u64>, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<Entry>> {
+    fn get_entry(
+        &self,
+        py: Python<'_>,
+        key: Key,
+        if_not_equal: Option<u64>,
+        byte_range: Option<(i64, Option<i64>)>,
+    ) -> PyResult<Option<Entry>> {
         let opts = GetOptions { if_not_equal, range: range(py, byte_range)?, ..GetOptions::default() };
         Ok(match self.fetch(py, &key.0, &opts)? {
             Fetched::Value { bytes, generation, size } => Some(Entry { value: Some(bytes.unbind()), generation, size }),
@@ -207,13 +244,20 @@ impl PyClient {
     ///
     /// After the call returns, whatever it returned, nothing writes into ``out``.
     #[pyo3(signature = (key, out, *, byte_range=None))]
-    fn get_into(&self, py: Python<'_>, key: Key, out: &Bound<'_, PyAny>, byte_range: Option<(i64, Option<i64>)>) -> PyResult<Option<usize>> {
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: Key,
+        out: &Bound<'_, PyAny>,
+        byte_range: Option<(i64, Option<i64>)>,
+    ) -> PyResult<Option<usize>> {
         let opts = GetOptions { range: range(py, byte_range)?, ..GetOptions::default() };
         let out = Buffer::writable(out)?;
         let bytes = out.raw();
         // SAFETY: `out` stays exported (and so pinned) until after the call returns; host
         // or device memory, as the client asks the driver.
-        let result = self.call(py, |c| unsafe { c.get_into_ptr(&key.0, &opts, bytes.addr() as *mut u8, bytes.len()) })?;
+        let result =
+            self.call(py, |c| unsafe { c.get_into_ptr(&key.0, &opts, bytes.addr() as *mut u8, bytes.len()) })?;
         into_result(py, result, bytes.len())
     }
 
@@ -239,7 +283,13 @@ impl PyClient {
     /// The keys starting with ``prefix`` and within ``[start, stop)``, in key order, as an
     /// iterator of ``(key: bytes, size: int)``.
     #[pyo3(signature = (prefix=None, *, start=None, stop=None))]
-    fn list<'py>(&self, py: Python<'py>, prefix: Option<Key>, start: Option<Key>, stop: Option<Key>) -> PyResult<Bound<'py, PyAny>> {
+    fn list<'py>(
+        &self,
+        py: Python<'py>,
+        prefix: Option<Key>,
+        start: Option<Key>,
+        stop: Option<Key>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let mut range = prefix.map(|p| KeyRange::prefix(&p.0)).unwrap_or_default();
         if let Some(s) = start {
             range.min = range.min.max(s.0);
@@ -251,7 +301,8 @@ impl PyClient {
             });
         }
         let entries = self.call(py, |c| c.list(&range))?;
-        let items: Vec<(Bound<'py, PyBytes>, u64)> = entries.into_iter().map(|e| (PyBytes::new(py, &e.key), e.size)).collect();
+        let items: Vec<(Bound<'py, PyBytes>, u64)> =
+            entries.into_iter().map(|e| (PyBytes::new(py, &e.key), e.size)).collect();
         PyList::new(py, items)?.as_any().try_iter().map(|i| i.into_any())
     }
 
@@ -283,13 +334,15 @@ impl PyClient {
             let opts = PutOptions::default();
             self.call(py, |c| {
                 // SAFETY: every value stays exported until after the call returns.
-                let put = |(k, v): (&Vec<u8>, &RawBytes)| unsafe { c.put_from(k, v.addr() as *const u8, v.len(), &opts) };
+                let put =
+                    |(k, v): (&Vec<u8>, &RawBytes)| unsafe { c.put_from(k, v.addr() as *const u8, v.len(), &opts) };
                 Ok(keys.iter().zip(&raw).map(put).map(written).collect::<Vec<_>>())
             })?
         } else {
             self.call(py, |c| {
                 // SAFETY: every value stays exported until after the call returns.
-                let pairs: Vec<(&[u8], &[u8])> = keys.iter().zip(&raw).map(|(k, v)| (k.as_slice(), unsafe { v.as_slice() })).collect();
+                let pairs: Vec<(&[u8], &[u8])> =
+                    keys.iter().zip(&raw).map(|(k, v)| (k.as_slice(), unsafe { v.as_slice() })).collect();
                 Ok(c.put_many(&pairs, BATCH_DEPTH))
             })?
         };
@@ -305,15 +358,18 @@ impl PyClient {
         for (g, group) in keys.chunks(BATCH_DEPTH).enumerate() {
             let results = self.call_connected(py, |c| {
                 let refs: Vec<&[u8]> = group.iter().map(Vec::as_slice).collect();
-                let mut slots: Vec<&mut [u8]> = first_slots(&mut c.slots, group.len()).chunks_mut(SCRATCH_LEN).collect();
+                let mut slots: Vec<&mut [u8]> =
+                    first_slots(&mut c.slots, group.len()).chunks_mut(SCRATCH_LEN).collect();
                 let results = c.client.get_many_into(&refs, &mut slots, BATCH_DEPTH);
                 Ok(results
                     .into_iter()
                     .zip(&slots)
-                    .map(|(r, slot)| r.map(|r| match r {
-                        GetInto::Value { len, .. } => (r, slot[..len].to_vec()),
-                        other => (other, Vec::new()),
-                    }))
+                    .map(|(r, slot)| {
+                        r.map(|r| match r {
+                            GetInto::Value { len, .. } => (r, slot[..len].to_vec()),
+                            other => (other, Vec::new()),
+                        })
+                    })
                     .collect::<Vec<_>>())
             })?;
             for (j, r) in results.into_iter().enumerate() {
@@ -333,9 +389,17 @@ impl PyClient {
 
     /// Reads many values straight into ``outs`` (one writable buffer per key), pipelined.
     /// Returns the length written per key, ``None`` where the key is missing.
-    fn get_many_into(&self, py: Python<'_>, keys: Vec<Key>, outs: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Option<usize>>> {
+    fn get_many_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Key>,
+        outs: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Option<usize>>> {
         if keys.len() != outs.len() {
-            return Err(invalid(py, format!("{} keys but {} buffers: give one buffer per key", keys.len(), outs.len())));
+            return Err(invalid(
+                py,
+                format!("{} keys but {} buffers: give one buffer per key", keys.len(), outs.len()),
+            ));
         }
         let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
         let outs = outs.iter().map(Buffer::writable).collect::<PyResult<Vec<_>>>()?;
@@ -349,7 +413,8 @@ impl PyClient {
             self.call(py, |c| {
                 // SAFETY: every buffer stays exported until after the call returns, and no
                 // two overlap (checked above).
-                let get = |(k, b): (&Vec<u8>, &RawBytes)| unsafe { c.get_into_ptr(k, &opts, b.addr() as *mut u8, b.len()) };
+                let get =
+                    |(k, b): (&Vec<u8>, &RawBytes)| unsafe { c.get_into_ptr(k, &opts, b.addr() as *mut u8, b.len()) };
                 Ok(keys.iter().zip(&raw).map(get).collect::<Vec<_>>())
             })?
         } else {
@@ -382,11 +447,19 @@ impl PyClient {
 
     /// Runs `f` on the client with the GIL released. The mutex is only ever taken without
     /// the GIL, so a thread waiting for it never blocks one that needs the GIL.
-    fn call<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Client) -> remote_dram::error::Result<T> + Send) -> PyResult<T> {
+    fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Client) -> remote_dram::error::Result<T> + Send,
+    ) -> PyResult<T> {
         self.call_connected(py, |c| f(&mut c.client))
     }
 
-    fn call_connected<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Connected) -> remote_dram::error::Result<T> + Send) -> PyResult<T> {
+    fn call_connected<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Connected) -> remote_dram::error::Result<T> + Send,
+    ) -> PyResult<T> {
         py.detach(|| match self.lock().as_mut() {
             Some(connected) => f(connected),
             None => Err(Error::new(Status::Invalid, "the client is closed")),
@@ -401,12 +474,16 @@ impl PyClient {
         let first = self.call_connected(py, |c| {
             let slot = first_slots(&mut c.slots, 1);
             Ok(match c.client.get_into(key, opts, slot)? {
-                GetInto::Value { len, generation, size } => (GetInto::Value { len, generation, size }, slot[..len].to_vec()),
+                GetInto::Value { len, generation, size } => {
+                    (GetInto::Value { len, generation, size }, slot[..len].to_vec())
+                }
                 other => (other, Vec::new()),
             })
         })?;
         let mut needed = match first {
-            (GetInto::Value { generation, size, .. }, data) => return Ok(Fetched::Value { bytes: PyBytes::new(py, &data), generation, size }),
+            (GetInto::Value { generation, size, .. }, data) => {
+                return Ok(Fetched::Value { bytes: PyBytes::new(py, &data), generation, size })
+            }
             (GetInto::Missing, _) => return Ok(Fetched::Missing),
             (GetInto::Unchanged { generation }, _) => return Ok(Fetched::Unchanged { generation }),
             (GetInto::TooSmall { needed }, _) => needed,
@@ -418,7 +495,9 @@ impl PyClient {
             // SAFETY: `bytes` is ours alone (not yet returned to Python code) and alive until
             // after the call; filling it before anyone sees it is how `bytes` are built.
             match self.call(py, |c| c.get_into(key, opts, unsafe { raw.as_mut_slice() }))? {
-                GetInto::Value { len, generation, size } if len == needed => return Ok(Fetched::Value { bytes, generation, size }),
+                GetInto::Value { len, generation, size } if len == needed => {
+                    return Ok(Fetched::Value { bytes, generation, size })
+                }
                 GetInto::Value { len, generation, size } => {
                     return Ok(Fetched::Value { bytes: PyBytes::new(py, &bytes.as_bytes()[..len]), generation, size })
                 }
@@ -435,7 +514,10 @@ fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyBytes>> {
     let len = pyo3::ffi::Py_ssize_t::try_from(len).map_err(|_| invalid(py, "value too large for this platform"))?;
     // SAFETY: a NULL source asks CPython for an uninitialised object of `len` bytes; the
     // result is a new reference (or NULL with an exception set).
-    unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len))?.cast_into_unchecked()) }
+    unsafe {
+        Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len))?
+            .cast_into_unchecked())
+    }
 }
 
 /// A key: `bytes` as they are, `str` as UTF-8.
@@ -451,7 +533,10 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Key {
         if let Ok(s) = obj.cast::<PyString>() {
             return Ok(Key(s.to_cow()?.as_bytes().to_vec()));
         }
-        Err(pyo3::exceptions::PyTypeError::new_err(format!("a key must be bytes or str, not {}", obj.get_type().name()?)))
+        Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "a key must be bytes or str, not {}",
+            obj.get_type().name()?
+        )))
     }
 }
 
@@ -460,13 +545,16 @@ fn into_result(py: Python<'_>, result: GetInto, have: usize) -> PyResult<Option<
         GetInto::Value { len, .. } => Ok(Some(len)),
         GetInto::Missing => Ok(None),
         GetInto::TooSmall { needed } => Err(buffer_too_small(py, have, needed)),
-        GetInto::Unchanged { .. } => Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged"))),
+        GetInto::Unchanged { .. } => {
+            Err(to_py(py, Error::new(Status::Internal, "an unconditional get reported unchanged")))
+        }
     }
 }
 
 /// Whether any two non-empty buffers share a byte.
 fn overlapping(bufs: &[RawBytes]) -> bool {
-    let mut spans: Vec<(usize, usize)> = bufs.iter().filter(|b| b.len() > 0).map(|b| (b.addr(), b.addr() + b.len())).collect();
+    let mut spans: Vec<(usize, usize)> =
+        bufs.iter().filter(|b| b.len() > 0).map(|b| (b.addr(), b.addr() + b.len())).collect();
     spans.sort_unstable();
     spans.windows(2).any(|w| w[1].0 < w[0].1)
 }
@@ -476,7 +564,9 @@ fn overlapping(bufs: &[RawBytes]) -> bool {
 fn range(py: Python<'_>, r: Option<(i64, Option<i64>)>) -> PyResult<Option<ByteRange>> {
     match r {
         None => Ok(None),
-        Some((_, Some(stop))) if stop < 0 => Err(invalid(py, "byte_range stop must be ≥ 0 or None (a negative start reads a suffix)")),
+        Some((_, Some(stop))) if stop < 0 => {
+            Err(invalid(py, "byte_range stop must be ≥ 0 or None (a negative start reads a suffix)"))
+        }
         Some((start, stop)) => Ok(Some(ByteRange { start, end: stop.unwrap_or(-1) })),
     }
 }

@@ -19,7 +19,8 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
 pub fn buffer_too_small(py: Python<'_>, have: usize, needed: usize) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let class = py.import("remote_dram.errors")?.getattr("BufferTooSmall")?;
-        let message = format!("{}: the buffer holds {have} bytes, the value needs {needed}", Status::BufferTooSmall.describe());
+        let message =
+            format!("{}: the buffer holds {have} bytes, the value needs {needed}", Status::BufferTooSmall.describe());
         Ok(PyErr::from_value(class.call1((message, py.None(), needed))?))
     };
     build().unwrap_or_else(|e| e)

@@ -5,8 +5,8 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use remote_dram::server::{Server, ServerConfig, TransportChoice};
 use remote_dram::cli::parse_size;
+use remote_dram::server::{Server, ServerConfig, TransportChoice};
 use remote_dram::store::Mode;
 
 use crate::errors::{invalid, to_py};
@@ -37,7 +37,9 @@ pub struct PyServer {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(text_signature = "(listen='127.0.0.1:0', *, memory='1GiB', workers=1, mode='store', transport='auto', provider=None, auth_token=None)")]
+    #[pyo3(
+        text_signature = "(listen='127.0.0.1:0', *, memory='1GiB', workers=1, mode='store', transport='auto', provider=None, auth_token=None)"
+    )]
     #[pyo3(signature = (listen="127.0.0.1:0".to_string(), *, memory=None, workers=1, mode="store", transport="auto", provider=None, auth_token=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -52,7 +54,9 @@ impl PyServer {
     ) -> PyResult<Self> {
         let memory = match memory {
             None => 1 << 30,
-            Some(m) if m.is_instance_of::<PyString>() => parse_size(&m.extract::<String>()?).map_err(|e| invalid(py, format!("memory: {e}")))?,
+            Some(m) if m.is_instance_of::<PyString>() => {
+                parse_size(&m.extract::<String>()?).map_err(|e| invalid(py, format!("memory: {e}")))?
+            }
             Some(m) => m.extract::<u64>()?,
         };
         let mode = match mode {
@@ -81,7 +85,13 @@ impl PyServer {
         slf
     }
 
-    fn __exit__(&self, py: Python<'_>, _ty: Option<Bound<'_, PyAny>>, _value: Option<Bound<'_, PyAny>>, _tb: Option<Bound<'_, PyAny>>) -> bool {
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _ty: Option<Bound<'_, PyAny>>,
+        _value: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> bool {
         self.stop(py);
         false
     }

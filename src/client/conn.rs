@@ -77,7 +77,11 @@ impl Connection {
             // Shared memory could not reach the server (another IPC namespace, say):
             // once more, with every transport.
             Err(e) if opts.local_shared_memory && e.status == Status::Transport => {
-                tracing::debug!("shared memory did not reach {}: {}; trying every transport", addresses.join(","), e.message);
+                tracing::debug!(
+                    "shared memory did not reach {}: {}; trying every transport",
+                    addresses.join(","),
+                    e.message
+                );
                 Self::connect_once(addresses, &ClientOptions { local_shared_memory: false, ..opts.clone() }, lost)
             }
             r => r,
@@ -93,7 +97,8 @@ impl Connection {
         let mut local_ip = None;
         // Read once: each welcome is compared with it (see `Welcome::shared_memory_scope`).
         let here = crate::transport::local_scope();
-        let scope = if opts.local_shared_memory && crate::transport::ucx::offers_shared_memory() { here.clone() } else { None };
+        let scope =
+            if opts.local_shared_memory && crate::transport::ucx::offers_shared_memory() { here.clone() } else { None };
         let mut all_local = scope.is_some();
         for addr in addresses {
             let (welcome, stream) = handshake(addr, opts)?;
@@ -106,7 +111,10 @@ impl Connection {
                 if (&first.transport, &first.provider) != (&welcome.transport, &welcome.provider) {
                     return Err(Error::new(
                         Status::Transport,
-                        format!("servers use different transports ({} {} vs {} {})", first.transport, first.provider, welcome.transport, welcome.provider),
+                        format!(
+                            "servers use different transports ({} {} vs {} {})",
+                            first.transport, first.provider, welcome.transport, welcome.provider
+                        ),
                     ));
                 }
             }
@@ -132,16 +140,37 @@ impl Connection {
                 Box::new(UcxLink::connect(&welcomes, liveness, local_ip, &opts, elsewhere.as_deref())?)
             }
             "fabric" => Box::new(FabricLink::connect(&welcomes, liveness, local_ip, opts, elsewhere.as_deref())?),
-            other => return Err(Error::new(Status::Transport, format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]))),
+            other => {
+                return Err(Error::new(
+                    Status::Transport,
+                    format!("server {} uses transport {other:?}, which this client does not speak", addresses[0]),
+                ))
+            }
         };
         let servers = welcomes
             .into_iter()
-            .map(|w| ServerConn { node_seed: proto::node_seed(&w.node), shards: w.shards.len(), session: w.session, node: w.node })
+            .map(|w| ServerConn {
+                node_seed: proto::node_seed(&w.node),
+                shards: w.shards.len(),
+                session: w.session,
+                node: w.node,
+            })
             .collect::<Vec<_>>();
         let route_seeds = servers.iter().map(|s| s.node_seed).collect();
         let route_to = (0..servers.len()).collect();
-        let mut conn =
-            Connection { servers, link, next_id: 1, timeout: opts.timeout, route_to, route_seeds, view: None, replicas: 1, next_to: Vec::new(), next_seeds: Vec::new(), joins };
+        let mut conn = Connection {
+            servers,
+            link,
+            next_id: 1,
+            timeout: opts.timeout,
+            route_to,
+            route_seeds,
+            view: None,
+            replicas: 1,
+            next_to: Vec::new(),
+            next_seeds: Vec::new(),
+            joins,
+        };
         if conn.link.round_trip_before_use() {
             conn.round_trip_every_shard(0, opts.connect_timeout)?;
         }
@@ -175,7 +204,12 @@ impl Connection {
             return Err(e);
         }
         for w in welcomes {
-            self.servers.push(ServerConn { node_seed: proto::node_seed(&w.node), shards: w.shards.len(), session: w.session, node: w.node });
+            self.servers.push(ServerConn {
+                node_seed: proto::node_seed(&w.node),
+                shards: w.shards.len(),
+                session: w.session,
+                node: w.node,
+            });
         }
         if self.link.round_trip_before_use() {
             self.round_trip_every_shard(first, opts.connect_timeout)?;
@@ -206,12 +240,27 @@ impl Connection {
     }
 
     /// Starts a request; `payload` must stay valid until [`Connection::wait`] returns for it.
-    pub fn submit(&mut self, server: usize, shard: usize, h: RequestHeader, header_tail: &[u8], payload: &[u8]) -> Result<u64> {
+    pub fn submit(
+        &mut self,
+        server: usize,
+        shard: usize,
+        h: RequestHeader,
+        header_tail: &[u8],
+        payload: &[u8],
+    ) -> Result<u64> {
         self.submit_into(server, shard, h, header_tail, payload, Receive::Owned)
     }
 
     /// Like `submit`; a successful reply's payload goes where `receive` says.
-    pub fn submit_into(&mut self, server: usize, shard: usize, mut h: RequestHeader, header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
+    pub fn submit_into(
+        &mut self,
+        server: usize,
+        shard: usize,
+        mut h: RequestHeader,
+        header_tail: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<u64> {
         h.request_id = self.next_id;
         h.session = self.servers[server].session;
         if h.op == Op::Put as u8 && h.flags & flags::KEY_IN_PAYLOAD == 0 {
@@ -229,7 +278,15 @@ impl Connection {
 
     /// Sends header bytes as given (after the id was written into them by `submit`, or
     /// verbatim for protocol tests) and registers the next request id as waiting.
-    pub fn submit_raw(&mut self, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
+    pub fn submit_raw(
+        &mut self,
+        server: usize,
+        shard: usize,
+        header: &[u8],
+        header_tail: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<u64> {
         if shard >= self.servers[server].shards {
             return Err(Error::new(Status::Invalid, format!("no shard {shard}")));
         }
@@ -245,9 +302,7 @@ impl Connection {
     /// The memory must stay valid until deregistered (or the connection is dropped).
     pub unsafe fn register(&mut self, base: *mut u8, len: usize) -> Result<()> {
         // SAFETY: the caller keeps the memory valid until it is deregistered (this function's contract).
-        unsafe {
-            self.link.register(base, len)
-        }
+        unsafe { self.link.register(base, len) }
     }
 
     pub fn deregister(&mut self, base: *mut u8) -> Result<()> {
@@ -290,7 +345,12 @@ impl Connection {
     /// requests carry the placement's version.
     pub fn route_with_view(&mut self, placement: &crate::cluster::Placement) -> Result<()> {
         let named = |list: &[String]| -> Result<Vec<usize>> {
-            list.iter().map(|m| self.server_named(m).ok_or_else(|| Error::new(Status::Internal, format!("member {m} is not connected")))).collect()
+            list.iter()
+                .map(|m| {
+                    self.server_named(m)
+                        .ok_or_else(|| Error::new(Status::Internal, format!("member {m} is not connected")))
+                })
+                .collect()
         };
         let route_to = named(&placement.members)?;
         let next_to = named(placement.next.as_deref().unwrap_or_default())?;
@@ -309,8 +369,14 @@ impl Connection {
     /// The servers that hold `key` in a cluster, its primary first, and while keys move,
     /// those that hold it under the placement's `next` (empty when none).
     pub fn replicas_of(&self, key: &[u8]) -> (Vec<usize>, Vec<usize>) {
-        let now = proto::rendezvous_ranked(key, &self.route_seeds, self.replicas).into_iter().map(|i| self.route_to[i]).collect();
-        let then = proto::rendezvous_ranked(key, &self.next_seeds, self.replicas).into_iter().map(|i| self.next_to[i]).collect();
+        let now = proto::rendezvous_ranked(key, &self.route_seeds, self.replicas)
+            .into_iter()
+            .map(|i| self.route_to[i])
+            .collect();
+        let then = proto::rendezvous_ranked(key, &self.next_seeds, self.replicas)
+            .into_iter()
+            .map(|i| self.next_to[i])
+            .collect();
         (now, then)
     }
 

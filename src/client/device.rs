@@ -18,11 +18,14 @@
 //! touches the caller's device memory afterwards.
 
 use super::link::{Receive, Sink};
-use super::{apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
+use super::{
+    apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions,
+    WriteResult,
+};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};
-use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
 use crate::proto::ByteRange;
+use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
 
 /// Bytes a get reads per request into device memory.
 pub const CHUNK: usize = 4 << 20;
@@ -98,7 +101,13 @@ impl Client {
     /// # Safety
     /// `[ptr, ptr+len)` is host memory valid for reads, or device memory of one GPU,
     /// and no one writes it until the call returns (`ptr` may be null when `len` is 0).
-    pub unsafe fn put_from(&mut self, key: &[u8], ptr: *const u8, len: usize, opts: &PutOptions) -> Result<WriteResult> {
+    pub unsafe fn put_from(
+        &mut self,
+        key: &[u8],
+        ptr: *const u8,
+        len: usize,
+        opts: &PutOptions,
+    ) -> Result<WriteResult> {
         match device_kind(ptr as usize, len) {
             // SAFETY: host memory valid for reads of `len` bytes (this function's contract).
             MemoryKind::Host => self.put_with(key, unsafe { host_slice(ptr, len) }, opts),
@@ -126,13 +135,21 @@ impl Client {
         match self.device_staging.take() {
             Some(s) => Ok(s),
             None => {
-                let device = gpu::device().ok_or_else(|| Error::new(Status::Internal, "device memory without a device"))?;
+                let device =
+                    gpu::device().ok_or_else(|| Error::new(Status::Internal, "device memory without a device"))?;
                 Ok(Box::new(DeviceStaging::new(device)?))
             }
         }
     }
 
-    fn put_from_device(&mut self, key: &[u8], addr: usize, len: usize, ordinal: i32, opts: &PutOptions) -> Result<WriteResult> {
+    fn put_from_device(
+        &mut self,
+        key: &[u8],
+        addr: usize,
+        len: usize,
+        ordinal: i32,
+        opts: &PutOptions,
+    ) -> Result<WriteResult> {
         check_key(key)?;
         if len as u64 > MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{len} bytes > limit {MAX_VALUE_LEN}")));
@@ -145,14 +162,17 @@ impl Client {
             // Discarded where the server answered (a refused part, a failed copy here);
             // a server that did not answer frees the parts when they lapse or the
             // session ends, and is not waited for a second time.
-            let answered = result.as_ref().is_err_and(|e| !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport));
+            let answered = result
+                .as_ref()
+                .is_err_and(|e| !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport));
             if let (true, Some(id)) = (answered, stage_id) {
                 self.discard_parts(key, id);
             }
         }
         // The server had no staging room, or the value lapsed or the connection was
         // replaced while its parts arrived (a part names the session's value): sent whole.
-        if result.as_ref().is_err_and(|e| matches!(e.status, Status::Unavailable | Status::Missing | Status::Transport)) {
+        if result.as_ref().is_err_and(|e| matches!(e.status, Status::Unavailable | Status::Missing | Status::Transport))
+        {
             result = match staging.copy_to_host(addr, len, ordinal) {
                 Ok(value) => self.put_with(key, value, opts),
                 Err(e) => Err(e),
@@ -169,7 +189,16 @@ impl Client {
     /// part into one chunk buffer while the other's part crosses the network, then commits
     /// it. `stage_id` receives the id the server stages the value under once it does.
     #[allow(clippy::too_many_arguments)]
-    fn put_in_parts(&mut self, staging: &mut DeviceStaging, key: &[u8], addr: usize, len: usize, ordinal: i32, opts: &PutOptions, stage_id: &mut Option<u64>) -> Result<WriteResult> {
+    fn put_in_parts(
+        &mut self,
+        staging: &mut DeviceStaging,
+        key: &[u8],
+        addr: usize,
+        len: usize,
+        ordinal: i32,
+        opts: &PutOptions,
+        stage_id: &mut Option<u64>,
+    ) -> Result<WriteResult> {
         let parts = len.div_ceil(CHUNK);
         let part_len = |k: usize| CHUNK.min(len - k * CHUNK);
         let first = staging.chunks[0].as_mut_ptr();
@@ -220,7 +249,14 @@ impl Client {
         let _ = self.call_key(key, h, &[]);
     }
 
-    fn get_into_device(&mut self, key: &[u8], opts: &GetOptions, addr: usize, len: usize, ordinal: i32) -> Result<GetInto> {
+    fn get_into_device(
+        &mut self,
+        key: &[u8],
+        opts: &GetOptions,
+        addr: usize,
+        len: usize,
+        ordinal: i32,
+    ) -> Result<GetInto> {
         check_key(key)?;
         let mut staging = self.staging()?;
         let mut result = Ok(Chunked::Changed);
@@ -235,16 +271,28 @@ impl Client {
         self.device_staging = Some(staging);
         match result? {
             Chunked::Done(got) => synchronized.map(|()| got),
-            Chunked::Changed => Err(Error::new(Status::Unavailable, format!("the value changed during each of {READ_ATTEMPTS} reads in chunks"))),
+            Chunked::Changed => Err(Error::new(
+                Status::Unavailable,
+                format!("the value changed during each of {READ_ATTEMPTS} reads in chunks"),
+            )),
         }
     }
 
     /// One read of a value into device memory: the first request learns its generation
     /// and length (and carries the value when it fits in a chunk); longer values follow in
     /// ranges pinned to that generation.
-    fn read_chunks(&mut self, staging: &mut DeviceStaging, key: &[u8], opts: &GetOptions, addr: usize, len: usize, ordinal: i32) -> Result<Chunked> {
+    fn read_chunks(
+        &mut self,
+        staging: &mut DeviceStaging,
+        key: &[u8],
+        opts: &GetOptions,
+        addr: usize,
+        len: usize,
+        ordinal: i32,
+    ) -> Result<Chunked> {
         let DeviceStaging { chunks, .. } = &mut *staging;
-        let first = self.call_key_into(key, get_header(opts), &[], Receive::Into(Sink::new(chunks[0].as_mut_slice())))?;
+        let first =
+            self.call_key_into(key, get_header(opts), &[], Receive::Into(Sink::new(chunks[0].as_mut_slice())))?;
         if first.header.status() != Status::Ok {
             return get_into_result(first).map(Chunked::Done);
         }
@@ -274,7 +322,12 @@ impl Client {
             let range = ByteRange { start: (start + at as u64) as i64, end: (start + (at + n) as u64) as i64 };
             let pinned = GetOptions { if_equal: Some(generation), if_not_equal: None, range: Some(range) };
             // The chunk buffer is free: the copy out of it (two turns ago) was waited for.
-            let reply = self.call_key_into(key, get_header(&pinned), &[], Receive::Into(Sink::new(&mut chunk.as_mut_slice()[..n])))?;
+            let reply = self.call_key_into(
+                key,
+                get_header(&pinned),
+                &[],
+                Receive::Into(Sink::new(&mut chunk.as_mut_slice()[..n])),
+            )?;
             match reply.header.status() {
                 Status::Ok if !reply.withheld && reply.len == n => {}
                 Status::Ok | Status::Unchanged | Status::Missing | Status::OutOfRange => return Ok(Chunked::Changed),

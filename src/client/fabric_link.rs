@@ -119,7 +119,13 @@ unsafe impl Send for FabricLink {}
 impl FabricLink {
     /// `elsewhere`: a server that offers shared memory this client cannot map, which a
     /// failure then names.
-    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ClientOptions, elsewhere: Option<&str>) -> Result<FabricLink> {
+    pub fn connect(
+        welcomes: &[Welcome],
+        liveness: Liveness,
+        local_ip: Option<IpAddr>,
+        opts: &ClientOptions,
+        elsewhere: Option<&str>,
+    ) -> Result<FabricLink> {
         Self::connect_to(welcomes, liveness, local_ip, opts).map_err(|mut e| {
             // libfabric's shm regions are their owner's alone: mapping another user's fails
             // in fi_av_insert ("Invalid argument"), which says nothing of why.
@@ -130,7 +136,12 @@ impl FabricLink {
         })
     }
 
-    fn connect_to(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<IpAddr>, opts: &ClientOptions) -> Result<FabricLink> {
+    fn connect_to(
+        welcomes: &[Welcome],
+        liveness: Liveness,
+        local_ip: Option<IpAddr>,
+        opts: &ClientOptions,
+    ) -> Result<FabricLink> {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
         let rails = Rails::open(provider, local_ip, first_shard.len())?;
@@ -159,9 +170,18 @@ impl FabricLink {
             for addrs in &w.shards {
                 let addrs = crate::proto::fabric::decode_addresses(addrs)?;
                 if addrs.len() != self.rails.eps.len() {
-                    return Err(Error::new(Status::Transport, format!("server {} has {} rails per shard, expected {}", w.node, addrs.len(), self.rails.eps.len())));
+                    return Err(Error::new(
+                        Status::Transport,
+                        format!(
+                            "server {} has {} rails per shard, expected {}",
+                            w.node,
+                            addrs.len(),
+                            self.rails.eps.len()
+                        ),
+                    ));
                 }
-                let peers = self.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
+                let peers =
+                    self.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
                 shards.push(Shard { peers, slot: u32::MAX, credential: 0 });
             }
             self.servers.push(Server { node: w.node.clone(), shards, dead: None });
@@ -186,7 +206,10 @@ impl FabricLink {
         }
         for (id, s, shard) in waiting {
             let reply = self.wait_for(id, timeout).map_err(|e| {
-                Error::new(Status::Unavailable, format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message))
+                Error::new(
+                    Status::Unavailable,
+                    format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message),
+                )
             })?;
             if reply.header.status() != Status::Ok {
                 return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
@@ -245,9 +268,17 @@ impl FabricLink {
     /// request's lifetime. For local use a caller-registered region serves; memory a
     /// worker will read (`RemoteAccess::Read`) always gets a registration of its own, so
     /// it is readable only while its request is in flight, and only that range.
-    fn registration_for(&self, ptr: *const u8, len: usize, remote: RemoteAccess, temp: &mut Vec<Vec<MemoryRegion>>) -> Result<Vec<(*mut std::ffi::c_void, u64, u64)>> {
+    fn registration_for(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        remote: RemoteAccess,
+        temp: &mut Vec<Vec<MemoryRegion>>,
+    ) -> Result<Vec<(*mut std::ffi::c_void, u64, u64)>> {
         let (p, end) = (ptr as usize, ptr as usize + len);
-        let describe = |mrs: &[MemoryRegion], base: usize| mrs.iter().map(|m| (m.desc, m.key, m.remote_base + (p - base) as u64)).collect();
+        let describe = |mrs: &[MemoryRegion], base: usize| {
+            mrs.iter().map(|m| (m.desc, m.key, m.remote_base + (p - base) as u64)).collect()
+        };
         if remote == RemoteAccess::None {
             if let Some(r) = self.registered.iter().find(|r| r.base <= p && end <= r.base + r.len) {
                 return Ok(describe(&r.mrs, r.base));
@@ -265,12 +296,22 @@ impl FabricLink {
         p.shard = shard;
         let target = &self.servers[server].shards[shard];
         let (peer, slot) = (target.peers[0], target.slot);
-        let (msg_desc, reply_desc) = p.own_mr.as_ref().map_or((std::ptr::null_mut(), std::ptr::null_mut()), |(m, r)| (m[0].desc, r[0].desc));
+        let (msg_desc, reply_desc) =
+            p.own_mr.as_ref().map_or((std::ptr::null_mut(), std::ptr::null_mut()), |(m, r)| (m[0].desc, r[0].desc));
         let header_op = self.ops.start(LinkOp { request: id, step: Step::ReplyHeader }, 1);
         let ctx = self.ops.ctx(header_op, 0);
         // SAFETY: reply_buf lives in the boxed Pending, kept (or leaked, see fail_server)
         // until this receive completes.
-        let posted = unsafe { self.rails.eps[0].recv(p.reply_buf.as_mut_ptr(), p.reply_buf.len(), reply_desc, wire::REPLY | (id & wire::ID_MASK), 0, ctx) };
+        let posted = unsafe {
+            self.rails.eps[0].recv(
+                p.reply_buf.as_mut_ptr(),
+                p.reply_buf.len(),
+                reply_desc,
+                wire::REPLY | (id & wire::ID_MASK),
+                0,
+                ctx,
+            )
+        };
         if let Err(e) = posted {
             self.ops.not_posted(header_op, 1, e.clone());
             self.release(p);
@@ -299,7 +340,9 @@ impl FabricLink {
                 let ctx = self.ops.ctx(send_op, k);
                 // SAFETY: msg lives in the boxed Pending until every part's send completes
                 // (`sent`); the range lies within it.
-                if let Err(e) = unsafe { self.rails.eps[0].send(p.msg.as_ptr().add(range.start), range.len(), msg_desc, peer, tag, ctx) } {
+                if let Err(e) = unsafe {
+                    self.rails.eps[0].send(p.msg.as_ptr().add(range.start), range.len(), msg_desc, peer, tag, ctx)
+                } {
                     self.ops.not_posted(send_op, ends.len() - k, e.clone());
                     failed = Some((k, e));
                     break;
@@ -308,7 +351,11 @@ impl FabricLink {
         }
         self.pending.insert(id, p);
         if let Some((k, e)) = failed {
-            self.fail_server(server, Status::Unavailable, format!("sending to {} failed: {e}", self.servers[server].node));
+            self.fail_server(
+                server,
+                Status::Unavailable,
+                format!("sending to {} failed: {e}", self.servers[server].node),
+            );
             if k > 0 {
                 // Parts are on their way from `msg` (or were injected): the request stays
                 // pending (failed) until their sends complete, and its waiter gets the
@@ -373,7 +420,9 @@ impl FabricLink {
                             self.pending.insert(id, p);
                         }
                     }
-                    Err(e) if p.reply.is_none() => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {e}")))),
+                    Err(e) if p.reply.is_none() => {
+                        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {e}"))))
+                    }
                     Err(_) => {}
                 }
             }
@@ -391,8 +440,18 @@ impl FabricLink {
                                 r.payload = std::mem::take(&mut p.data_buf);
                             }
                         }
-                        Ok(()) => p.reply = Some(Err(Error::new(Status::Transport, format!("reply payload of {} bytes, {} announced", f.len, r.len)))),
-                        Err(e) => p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply payload failed: {e}")))),
+                        Ok(()) => {
+                            p.reply = Some(Err(Error::new(
+                                Status::Transport,
+                                format!("reply payload of {} bytes, {} announced", f.len, r.len),
+                            )))
+                        }
+                        Err(e) => {
+                            p.reply = Some(Err(Error::new(
+                                Status::Transport,
+                                format!("receiving the reply payload failed: {e}"),
+                            )))
+                        }
                     }
                 }
             }
@@ -405,7 +464,8 @@ impl FabricLink {
     /// Releases request `id` once nobody waits for it and the provider holds none of its
     /// buffers any more.
     fn release_if_abandoned(&mut self, id: u64) {
-        if self.pending.get(&id).is_some_and(|p| p.abandoned && p.sent && p.header_op.is_none() && p.data_op.is_none()) {
+        if self.pending.get(&id).is_some_and(|p| p.abandoned && p.sent && p.header_op.is_none() && p.data_op.is_none())
+        {
             let p = self.pending.remove(&id).unwrap();
             self.release(p);
         }
@@ -438,7 +498,9 @@ impl FabricLink {
             let ctx = self.ops.ctx(op, i);
             // SAFETY: dest is the caller's sink (valid until wait returns) or data_buf,
             // which the Pending owns; neither is touched until the receive completes.
-            let posted = unsafe { self.rails.eps[i].recv(dest.add(off), part_len, descs[i], wire::DATA | (id & wire::ID_MASK), 0, ctx) };
+            let posted = unsafe {
+                self.rails.eps[i].recv(dest.add(off), part_len, descs[i], wire::DATA | (id & wire::ID_MASK), 0, ctx)
+            };
             if let Err(e) = posted {
                 p.reply = Some(Err(e.clone()));
                 if self.ops.not_posted(op, parts.len() - i, e).is_some() {
@@ -460,7 +522,12 @@ impl FabricLink {
             self.servers[server].dead = Some(why.clone());
         }
         let keep_abandoned = status == Status::Timeout;
-        let ids: Vec<u64> = self.pending.iter().filter(|(_, p)| p.server == server && !(keep_abandoned && p.abandoned)).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.server == server && !(keep_abandoned && p.abandoned))
+            .map(|(id, _)| *id)
+            .collect();
         self.cancel_receives(&ids);
         for id in ids {
             if self.pending.get(&id).is_some_and(|p| p.abandoned) {
@@ -493,7 +560,9 @@ impl FabricLink {
             }
         }
         let deadline = Instant::now() + CANCEL_DRAIN;
-        while Instant::now() < deadline && ids.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some())) {
+        while Instant::now() < deadline
+            && ids.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some()))
+        {
             self.progress();
         }
     }
@@ -554,7 +623,10 @@ impl FabricLink {
         // A receive into the caller's buffer that already matched cannot be cancelled;
         // while its server lives it completes: let it, for up to the abort grace.
         let deadline = Instant::now() + ABORT_GRACE;
-        while Instant::now() < deadline && self.pending.get(&id).is_some_and(|p| p.data_op.is_some() && p.sink.is_some()) && !self.poisoned {
+        while Instant::now() < deadline
+            && self.pending.get(&id).is_some_and(|p| p.data_op.is_some() && p.sink.is_some())
+            && !self.poisoned
+        {
             if !self.progress() {
                 std::thread::yield_now();
             }
@@ -596,7 +668,6 @@ impl FabricLink {
     }
 }
 
-
 impl FabricLink {
     /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
     /// reads or writes the caller's memory again. A payload the worker may still be
@@ -621,7 +692,8 @@ impl FabricLink {
             a.msg.extend_from_slice(&header);
             let confirmed = self.post(abort_id, a, shard, wire::REQUEST).is_ok() && {
                 let deadline = Instant::now() + ABORT_GRACE;
-                let settled = |l: &Self| [id, abort_id].iter().any(|i| l.pending.get(i).is_some_and(|p| p.reply.is_some()));
+                let settled =
+                    |l: &Self| [id, abort_id].iter().any(|i| l.pending.get(i).is_some_and(|p| p.reply.is_some()));
                 while !settled(self) && Instant::now() < deadline && self.servers[server].dead.is_none() {
                     if !self.progress() {
                         std::thread::yield_now();
@@ -631,7 +703,8 @@ impl FabricLink {
             };
             self.forget_request(abort_id);
             if !confirmed {
-                let why = format!("{} did not confirm the abort of a timed-out request; given up", self.servers[server].node);
+                let why =
+                    format!("{} did not confirm the abort of a timed-out request; given up", self.servers[server].node);
                 self.fail_server(server, Status::Timeout, why);
             }
         }
@@ -683,9 +756,21 @@ fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
 }
 
 impl Link for FabricLink {
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()> {
+    fn submit(
+        &mut self,
+        id: u64,
+        server: usize,
+        shard: usize,
+        header: &[u8],
+        header_tail: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<()> {
         if let Some(why) = &self.servers[server].dead {
-            return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", self.servers[server].node)));
+            return Err(Error::new(
+                Status::Unavailable,
+                format!("connection to {} lost: {why}", self.servers[server].node),
+            ));
         }
         let mut p = self.take_pending(server);
         p.sink = receive.sink();
@@ -726,7 +811,8 @@ impl Link for FabricLink {
                 let flags_now = u32::from_le_bytes(p.msg[4..8].try_into().unwrap()) | flags::REMOTE_VALUE;
                 p.msg[4..8].copy_from_slice(&flags_now.to_le_bytes());
             }
-            RemoteValue { len: payload.len() as u64, rails: regs.iter().map(|r| (r.2, r.1)).collect() }.encode(&mut p.msg);
+            RemoteValue { len: payload.len() as u64, rails: regs.iter().map(|r| (r.2, r.1)).collect() }
+                .encode(&mut p.msg);
         }
         self.post(id, p, shard, wire::REQUEST)
     }
@@ -751,7 +837,10 @@ impl Link for FabricLink {
                     return Err(self.give_up(id, Error::new(Status::Timeout, why)));
                 }
                 if let Some(gone) = self.liveness.next_gone(now) {
-                    let why = format!("server {} went away or moved a shard to new endpoints; the next call reconnects", self.servers[gone].node);
+                    let why = format!(
+                        "server {} went away or moved a shard to new endpoints; the next call reconnects",
+                        self.servers[gone].node
+                    );
                     self.fail_server(gone, Status::Unavailable, why);
                     continue;
                 }
@@ -773,7 +862,11 @@ impl Link for FabricLink {
     }
 
     fn deregister(&mut self, base: *mut u8) -> Result<()> {
-        let i = self.registered.iter().position(|r| r.base == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
+        let i = self
+            .registered
+            .iter()
+            .position(|r| r.base == base as usize)
+            .ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
         let r = self.registered.remove(i);
         self.rails.deregister(r.mrs);
         Ok(())
@@ -783,7 +876,12 @@ impl Link for FabricLink {
         self.servers[server].dead.is_some()
     }
 
-    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<std::net::TcpStream>, timeout: Duration) -> Result<()> {
+    fn add_servers(
+        &mut self,
+        welcomes: &[Welcome],
+        bootstraps: Vec<std::net::TcpStream>,
+        timeout: Duration,
+    ) -> Result<()> {
         for (w, stream) in welcomes.iter().zip(bootstraps) {
             self.liveness.add(stream, &w.node)?;
         }
@@ -817,7 +915,9 @@ impl Drop for FabricLink {
         if !self.poisoned && !left.is_empty() {
             self.cancel_receives(&left);
             // One that neither came nor could be cancelled: the endpoints are left alone.
-            self.poisoned = left.iter().any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some()));
+            self.poisoned = left
+                .iter()
+                .any(|id| self.pending.get(id).is_some_and(|p| p.header_op.is_some() || p.data_op.is_some()));
             if !self.poisoned {
                 for id in left {
                     self.discard(id);

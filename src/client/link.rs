@@ -86,7 +86,16 @@ pub(super) trait Link: Send {
     /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and
     /// `payload` must stay valid until `wait_for(id)` returns.
     #[allow(clippy::too_many_arguments)]
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()>;
+    fn submit(
+        &mut self,
+        id: u64,
+        server: usize,
+        shard: usize,
+        header: &[u8],
+        header_tail: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<()>;
     /// Waits for request `id` to complete; a server that does not answer in `timeout` is
     /// declared gone (as is one whose connection failed).
     fn wait_for(&mut self, id: u64, timeout: Duration) -> Result<Reply>;
@@ -160,12 +169,22 @@ pub(super) struct Liveness {
 }
 
 impl Liveness {
-    pub fn new(streams: Vec<TcpStream>, nodes: Vec<String>, lost: Option<Arc<crate::cluster::LostServers>>) -> Result<Liveness> {
+    pub fn new(
+        streams: Vec<TcpStream>,
+        nodes: Vec<String>,
+        lost: Option<Arc<crate::cluster::LostServers>>,
+    ) -> Result<Liveness> {
         for s in &streams {
             s.set_nonblocking(true)?;
         }
         let lost = lost.map(|l| (nodes, l, 0));
-        Ok(Liveness { gone: vec![false; streams.len()], streams, newly_gone: Vec::new(), last_check: Instant::now(), lost })
+        Ok(Liveness {
+            gone: vec![false; streams.len()],
+            streams,
+            newly_gone: Vec::new(),
+            last_check: Instant::now(),
+            lost,
+        })
     }
 
     /// Watches one more server's bootstrap connection (a server added to the connection).

@@ -15,11 +15,11 @@ use serde_json::json;
 
 use crate::cluster;
 use crate::error::{Error, Result, Status};
-use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use crate::proto::ByteRange;
-pub use device::CHUNK as DEVICE_CHUNK;
+use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use crate::transport::{PollMode, DEFAULT_SPIN};
 use conn::Connection;
+pub use device::CHUNK as DEVICE_CHUNK;
 use link::{Receive, Reply, Sink};
 
 #[derive(Clone, Debug)]
@@ -98,17 +98,29 @@ pub enum GetAtMost {
     Got(GetResult),
     /// The value (or its requested range) is `len` bytes, more than was asked for; it
     /// stayed on the server. `size` is the whole stored value's.
-    TooLong { len: usize, generation: u64, size: u64 },
+    TooLong {
+        len: usize,
+        generation: u64,
+        size: u64,
+    },
 }
 
 /// The result of [`Client::get_into`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GetInto {
     /// `len` bytes were written to the buffer; `size` is the whole stored value's size.
-    Value { len: usize, generation: u64, size: u64 },
-    TooSmall { needed: usize },
+    Value {
+        len: usize,
+        generation: u64,
+        size: u64,
+    },
+    TooSmall {
+        needed: usize,
+    },
     Missing,
-    Unchanged { generation: u64 },
+    Unchanged {
+        generation: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -327,7 +339,10 @@ impl Client {
         }
         if now < self.reconnect_at {
             let wait = self.reconnect_at - now;
-            return Err(Error::new(Status::Unavailable, format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(","))));
+            return Err(Error::new(
+                Status::Unavailable,
+                format!("connection to {} lost; next reconnect attempt in {wait:?}", self.addresses.join(",")),
+            ));
         }
         tracing::debug!("connecting anew to {}", self.addresses.join(","));
         let lost = self.cluster.as_ref().map(|(watch, _)| watch.lost());
@@ -363,7 +378,11 @@ impl Client {
             Err(e) => {
                 self.reconnect_at = now + self.backoff;
                 self.backoff = (self.backoff * 2).min(RECONNECT_BACKOFF_MAX);
-                let status = if matches!(e.status, Status::AuthFailed | Status::VersionMismatch | Status::Invalid) { e.status } else { Status::Unavailable };
+                let status = if matches!(e.status, Status::AuthFailed | Status::VersionMismatch | Status::Invalid) {
+                    e.status
+                } else {
+                    Status::Unavailable
+                };
                 Err(Error::new(status, format!("reconnecting failed: {}", e.message)))
             }
         }
@@ -396,7 +415,9 @@ impl Client {
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
         match self.put_with(key, value, &PutOptions::default())? {
             WriteResult::Written { generation } => Ok(generation),
-            WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional put reported a failed condition")),
+            WriteResult::ConditionFailed => {
+                Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
+            }
         }
     }
 
@@ -536,7 +557,10 @@ impl Client {
         self.pipelined(items.len(), depth, |i| {
             let (key, value) = items[i];
             if value.len() as u64 > MAX_VALUE_LEN {
-                return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
+                return Err(Error::new(
+                    Status::ValueTooLarge,
+                    format!("{} bytes > limit {MAX_VALUE_LEN}", value.len()),
+                ));
             }
             Ok((Op::Put, key, value, Receive::Owned))
         })
@@ -554,23 +578,32 @@ impl Client {
     /// Reads many values with up to `depth` requests in flight. `None`: missing.
     pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
         self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Owned)))
-        .into_iter()
-        .map(|r| {
-            let reply = r?;
-            match reply.header.status() {
-                Status::Ok => Ok(Some(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
-                Status::Missing => Ok(None),
-                s => Err(error_of(s, &reply)),
-            }
-        })
-        .collect()
+            .into_iter()
+            .map(|r| {
+                let reply = r?;
+                match reply.header.status() {
+                    Status::Ok => Ok(Some(Value {
+                        generation: reply.header.generation,
+                        size: reply.header.value_size,
+                        data: reply.payload,
+                    })),
+                    Status::Missing => Ok(None),
+                    s => Err(error_of(s, &reply)),
+                }
+            })
+            .collect()
     }
 
     /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
     /// and collects the replies. In a cluster, a request that a view change or a lost
     /// server turned back is sent again on its own (see [`Client::call_key_into`]), and
     /// writes the keys' primaries took are copied to their other replicas.
-    fn pipelined<'a>(&mut self, n: usize, depth: usize, item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
+    fn pipelined<'a>(
+        &mut self,
+        n: usize,
+        depth: usize,
+        item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+    ) -> Vec<Result<Reply>> {
         let mut results = self.pipelined_once(n, depth, &item);
         if self.cluster.is_some() {
             let mut to_copy = Vec::new();
@@ -581,8 +614,11 @@ impl Client {
                 };
                 let Ok((op, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
-                    *result = check_key(key).and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
-                } else if result.as_ref().is_ok_and(|r| op == Op::Put && r.header.status() == Status::Ok) && self.conn.copies_writes() {
+                    *result = check_key(key)
+                        .and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                } else if result.as_ref().is_ok_and(|r| op == Op::Put && r.header.status() == Status::Ok)
+                    && self.conn.copies_writes()
+                {
                     to_copy.push(i);
                 }
             }
@@ -595,7 +631,13 @@ impl Client {
     /// `results`) to the keys' other replicas, pipelined as the batch was. A write whose
     /// copy did not land at once, or whose key is moving, is then copied on its own
     /// ([`Client::copy_write`], which waits out view changes).
-    fn copy_batch<'a>(&mut self, which: &[usize], depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>, results: &mut [Result<Reply>]) {
+    fn copy_batch<'a>(
+        &mut self,
+        which: &[usize],
+        depth: usize,
+        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+        results: &mut [Result<Reply>],
+    ) {
         let mut alone = Vec::new();
         let mut in_flight = std::collections::VecDeque::new();
         let depth = depth.max(1);
@@ -635,7 +677,15 @@ impl Client {
             let copied = match &results[i] {
                 Ok(reply) => {
                     let primary = self.conn.replicas_of(key).0[0];
-                    self.copy_write(key, &RequestHeader::new(op, 0, 0), payload, reply, primary, started, &mut Vec::new())
+                    self.copy_write(
+                        key,
+                        &RequestHeader::new(op, 0, 0),
+                        payload,
+                        reply,
+                        primary,
+                        started,
+                        &mut Vec::new(),
+                    )
                 }
                 Err(_) => continue,
             };
@@ -645,7 +695,12 @@ impl Client {
         }
     }
 
-    fn pipelined_once<'a>(&mut self, n: usize, depth: usize, item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>) -> Vec<Result<Reply>> {
+    fn pipelined_once<'a>(
+        &mut self,
+        n: usize,
+        depth: usize,
+        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+    ) -> Vec<Result<Reply>> {
         // Connected (anew, if a server was lost or the view changed) once for the whole
         // batch: a new connection while requests are in flight on the old one would lose them.
         if let Err(e) = self.live() {
@@ -706,9 +761,9 @@ impl Client {
         assert_eq!(keys.len(), bufs.len(), "one buffer per key");
         let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
         self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Into(sinks[i]))))
-        .into_iter()
-        .map(|r| get_into_result(r?))
-        .collect()
+            .into_iter()
+            .map(|r| get_into_result(r?))
+            .collect()
     }
 
     /// Starts one request of a batch: keys travel inline, so batches take keys up to
@@ -716,7 +771,10 @@ impl Client {
     fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
         check_key(key)?;
         if key.len() > INLINE_KEY_MAX {
-            return Err(Error::new(Status::Invalid, format!("batched operations take keys up to {INLINE_KEY_MAX} bytes")));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("batched operations take keys up to {INLINE_KEY_MAX} bytes"),
+            ));
         }
         let mut h = RequestHeader::new(op, 0, 0);
         h.key_len = key.len() as u32;
@@ -728,7 +786,9 @@ impl Client {
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         match self.delete_with(key, WriteCondition::None)? {
             DeleteResult::Deleted { existed } => Ok(existed),
-            DeleteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional delete reported a failed condition")),
+            DeleteResult::ConditionFailed => {
+                Err(Error::new(Status::Internal, "unconditional delete reported a failed condition"))
+            }
         }
     }
 
@@ -786,9 +846,17 @@ impl Client {
     /// A cursor may be taken on by another client of the same servers (the gateway pages
     /// with whichever of its clients is free); a shard whose server left meanwhile is
     /// passed over.
-    pub fn list_page(&mut self, range: &KeyRange, from: Option<&ListCursor>) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
+    pub fn list_page(
+        &mut self,
+        range: &KeyRange,
+        from: Option<&ListCursor>,
+    ) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
         // (address, shard, server index), in address order.
-        let mut shards: Vec<(&str, usize, usize)> = self.all_shards().into_iter().map(|(server, shard)| (self.conn.servers[server].node.as_str(), shard, server)).collect();
+        let mut shards: Vec<(&str, usize, usize)> = self
+            .all_shards()
+            .into_iter()
+            .map(|(server, shard)| (self.conn.servers[server].node.as_str(), shard, server))
+            .collect();
         shards.sort_unstable();
         let (index, min) = match from {
             None => (0, &range.min),
@@ -827,8 +895,8 @@ impl Client {
                 if reply.header.status() != Status::Ok {
                     return Err(error_of(reply.header.status(), &reply));
                 }
-                let v: serde_json::Value =
-                    serde_json::from_slice(&reply.payload).map_err(|e| Error::new(Status::Transport, format!("bad stats JSON: {e}")))?;
+                let v: serde_json::Value = serde_json::from_slice(&reply.payload)
+                    .map_err(|e| Error::new(Status::Transport, format!("bad stats JSON: {e}")))?;
                 keys += v["keys"].as_u64().unwrap_or(0);
                 used += v["used_bytes"].as_u64().unwrap_or(0);
                 capacity += v["capacity_bytes"].as_u64().unwrap_or(0);
@@ -842,7 +910,13 @@ impl Client {
     /// Sends raw header bytes and payload to one shard and returns the reply status and
     /// payload text. For protocol tests: it lets a test speak malformed requests.
     #[doc(hidden)]
-    pub fn raw_request(&mut self, shard: usize, header: &[u8], payload: &[u8], timeout: Duration) -> Result<(Status, String)> {
+    pub fn raw_request(
+        &mut self,
+        shard: usize,
+        header: &[u8],
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(Status, String)> {
         let id = self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)?;
         let reply = self.conn.wait_for(id, timeout)?;
         Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
@@ -899,7 +973,10 @@ impl Client {
                 // The primary's first attempt goes beside the staged copies, and all are
                 // waited for before anything (a retry's reconnect) could replace the
                 // connection they use: the caller's value is read by no one after return.
-                let first = self.submit_key(key, h, payload, receive, primary).and_then(|id| self.conn.wait(id)).map(|r| (r, primary));
+                let first = self
+                    .submit_key(key, h, payload, receive, primary)
+                    .and_then(|id| self.conn.wait(id))
+                    .map(|r| (r, primary));
                 (Some(first), self.staged(sent))
             }
             None => (None, Vec::new()),
@@ -915,7 +992,9 @@ impl Client {
         let copied = h.flags & (flags::IMPORT | flags::MIGRATE) == 0 && reply.header.status() == Status::Ok;
         let copy = match Op::from_u8(h.op) {
             Some(Op::Put) if copied => self.copy_write(key, &h, payload, &reply, primary, started, &mut staged),
-            Some(Op::Delete) if copied && reply.header.value_size != 0 => self.copy_write(key, &h, payload, &reply, primary, started, &mut staged),
+            Some(Op::Delete) if copied && reply.header.value_size != 0 => {
+                self.copy_write(key, &h, payload, &reply, primary, started, &mut staged)
+            }
             _ => Ok(()),
         };
         self.discard_staged(key, &mut staged);
@@ -930,7 +1009,12 @@ impl Client {
     /// keys, keys with one replica, or a primary that cannot be reached.
     fn stage_copies(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8]) -> Option<(usize, Vec<(usize, u64)>)> {
         let plain_put = Op::from_u8(h.op) == Some(Op::Put) && h.flags & (flags::IMPORT | flags::MIGRATE) == 0;
-        if !plain_put || payload.len() < STAGE_FROM || key.len() > INLINE_KEY_MAX || self.live().is_err() || !self.conn.copies_writes() {
+        if !plain_put
+            || payload.len() < STAGE_FROM
+            || key.len() > INLINE_KEY_MAX
+            || self.live().is_err()
+            || !self.conn.copies_writes()
+        {
             return None;
         }
         let primary = self.conn.route(key).0;
@@ -994,11 +1078,21 @@ impl Client {
     /// a publish of it instead, and the full copy only if that fails. Publishes sent are
     /// taken out of `staged`.
     #[allow(clippy::too_many_arguments)]
-    fn copy_write(&mut self, key: &[u8], h: &RequestHeader, payload: &[u8], reply: &Reply, primary: usize, started: std::time::Instant, staged: &mut Vec<(String, u64)>) -> Result<()> {
+    fn copy_write(
+        &mut self,
+        key: &[u8],
+        h: &RequestHeader,
+        payload: &[u8],
+        reply: &Reply,
+        primary: usize,
+        started: std::time::Instant,
+        staged: &mut Vec<(String, u64)>,
+    ) -> Result<()> {
         if !self.conn.copies_writes() {
             return Ok(());
         }
-        let mut copy = RequestHeader::new(if Op::from_u8(h.op) == Some(Op::Delete) { Op::Delete } else { Op::Put }, 0, 0);
+        let mut copy =
+            RequestHeader::new(if Op::from_u8(h.op) == Some(Op::Delete) { Op::Delete } else { Op::Put }, 0, 0);
         copy.flags = flags::IMPORT | (h.flags & flags::HAS_TTL);
         copy.ttl_or_limit = h.ttl_or_limit;
         copy.if_equal = reply.header.generation;
@@ -1014,11 +1108,15 @@ impl Client {
             // A write taken by a server that is the key's primary no more (its lease
             // lapsed, or it was paused, and the view moved on) is not copied: the key's
             // new primary may have given out newer generations meanwhile.
-            let still_primary = [now.first(), then.first()].into_iter().flatten().any(|&s| self.conn.servers[s].node == primary_node);
+            let still_primary =
+                [now.first(), then.first()].into_iter().flatten().any(|&s| self.conn.servers[s].node == primary_node);
             if !still_primary {
                 // Acknowledged only if the key's new primary holds it (the keys' moves
                 // copied it there) under the generation it was given.
-                let landed = copy.op == Op::Put as u8 && self.send_key(key, RequestHeader::new(Op::Get, 0, 0), &[], Receive::OwnedAtMost(0), None).is_ok_and(|(r, _)| r.header.generation == copy.if_equal);
+                let landed = copy.op == Op::Put as u8
+                    && self
+                        .send_key(key, RequestHeader::new(Op::Get, 0, 0), &[], Receive::OwnedAtMost(0), None)
+                        .is_ok_and(|(r, _)| r.header.generation == copy.if_equal);
                 return if landed {
                     Ok(())
                 } else {
@@ -1073,7 +1171,13 @@ impl Client {
             }
             let Some(why) = missing else { return Ok(()) };
             if started.elapsed() >= self.opts.timeout {
-                return Err(Error::new(Status::Unavailable, format!("the write was taken by the key's primary but not by all its replicas within {:?}: {why}", self.opts.timeout)));
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!(
+                        "the write was taken by the key's primary but not by all its replicas within {:?}: {why}",
+                        self.opts.timeout
+                    ),
+                ));
             }
             tracing::debug!("copying a write to its replicas again after {:?}: {why}", started.elapsed());
             std::thread::sleep(pause);
@@ -1085,7 +1189,15 @@ impl Client {
     /// Sends a cluster key's request until it is not turned back by a view change (see
     /// [`Client::call_key_into`]); returns the reply and the server that gave it.
     /// `first`: the reply to a first attempt already made.
-    fn settle_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8], receive: Receive, started: std::time::Instant, first: Option<Result<(Reply, usize)>>) -> Result<(Reply, usize)> {
+    fn settle_key(
+        &mut self,
+        key: &[u8],
+        h: RequestHeader,
+        payload: &[u8],
+        receive: Receive,
+        started: std::time::Instant,
+        first: Option<Result<(Reply, usize)>>,
+    ) -> Result<(Reply, usize)> {
         let mut reply = first.unwrap_or_else(|| self.send_key(key, h, payload, receive, None));
         let mut pause = CLUSTER_RETRY_MIN;
         loop {
@@ -1116,7 +1228,10 @@ impl Client {
             };
             tracing::debug!("cluster call sent again after {:?}: {why}", started.elapsed());
             if started.elapsed() >= self.opts.timeout {
-                return Err(Error::new(Status::Unavailable, format!("the cluster's view was changing for the whole call ({:?}): {why}", self.opts.timeout)));
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!("the cluster's view was changing for the whole call ({:?}): {why}", self.opts.timeout),
+                ));
             }
             if asked.is_none() {
                 std::thread::sleep(pause);
@@ -1137,7 +1252,14 @@ impl Client {
     /// One attempt of a single-key request: routed by the view, or to `asked` (a server
     /// the key's previous owner named, [`flags::ASKING`]). Returns the reply and the
     /// server that gave it.
-    fn send_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, asked: Option<&str>) -> Result<(Reply, usize)> {
+    fn send_key(
+        &mut self,
+        key: &[u8],
+        mut h: RequestHeader,
+        payload: &[u8],
+        receive: Receive,
+        asked: Option<&str>,
+    ) -> Result<(Reply, usize)> {
         self.live()?;
         let target = match asked.and_then(|node| self.conn.server_named(node)) {
             Some(s) => Some(s),
@@ -1175,7 +1297,14 @@ impl Client {
     }
 
     /// Submits a single-key request to the key's shard on `server`.
-    fn submit_key(&mut self, key: &[u8], mut h: RequestHeader, payload: &[u8], receive: Receive, server: usize) -> Result<u64> {
+    fn submit_key(
+        &mut self,
+        key: &[u8],
+        mut h: RequestHeader,
+        payload: &[u8],
+        receive: Receive,
+        server: usize,
+    ) -> Result<u64> {
         let shard = proto::shard_of(key, self.conn.servers[server].shards());
         h.key_len = key.len() as u32;
         if key.len() <= INLINE_KEY_MAX {
@@ -1187,7 +1316,15 @@ impl Client {
         }
     }
 
-    fn call_range(&mut self, server: usize, shard: usize, op: Op, min: &[u8], max: Option<&[u8]>, limit: u64) -> Result<Reply> {
+    fn call_range(
+        &mut self,
+        server: usize,
+        shard: usize,
+        op: Op,
+        min: &[u8],
+        max: Option<&[u8]>,
+        limit: u64,
+    ) -> Result<Reply> {
         if min.len() > MAX_KEY_LEN || max.map_or(0, |m| m.len()) > MAX_KEY_LEN {
             return Err(Error::new(Status::KeyTooLarge, "range bound longer than the key limit"));
         }
@@ -1246,7 +1383,11 @@ fn key_after(key: &[u8]) -> Option<Vec<u8>> {
 
 fn get_result(reply: Reply) -> Result<GetResult> {
     match reply.header.status() {
-        Status::Ok => Ok(GetResult::Value(Value { generation: reply.header.generation, size: reply.header.value_size, data: reply.payload })),
+        Status::Ok => Ok(GetResult::Value(Value {
+            generation: reply.header.generation,
+            size: reply.header.value_size,
+            data: reply.payload,
+        })),
         Status::Missing => Ok(GetResult::Missing),
         Status::Unchanged => Ok(GetResult::Unchanged { generation: reply.header.generation }),
         s => Err(error_of(s, &reply)),
@@ -1256,7 +1397,9 @@ fn get_result(reply: Reply) -> Result<GetResult> {
 fn get_into_result(reply: Reply) -> Result<GetInto> {
     match reply.header.status() {
         Status::Ok if reply.withheld => Ok(GetInto::TooSmall { needed: reply.len }),
-        Status::Ok => Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size }),
+        Status::Ok => {
+            Ok(GetInto::Value { len: reply.len, generation: reply.header.generation, size: reply.header.value_size })
+        }
         Status::Missing => Ok(GetInto::Missing),
         Status::Unchanged => Ok(GetInto::Unchanged { generation: reply.header.generation }),
         s => Err(error_of(s, &reply)),

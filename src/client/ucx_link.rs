@@ -131,7 +131,13 @@ impl UcxLink {
     /// `local_ip`: this host's address toward the servers, where UCX's tcp transport
     /// listens when the servers run it (see [`ucx::Tcp`]). `elsewhere`: a server that
     /// offers shared memory this client cannot map, which a failure then names.
-    pub fn connect(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, opts: &ClientOptions, elsewhere: Option<&str>) -> Result<UcxLink> {
+    pub fn connect(
+        welcomes: &[Welcome],
+        liveness: Liveness,
+        local_ip: Option<std::net::IpAddr>,
+        opts: &ClientOptions,
+        elsewhere: Option<&str>,
+    ) -> Result<UcxLink> {
         if let Some(node) = elsewhere.filter(|_| ucx::env_allows_only_shared_memory()) {
             return Err(Error::new(
                 Status::Transport,
@@ -142,9 +148,13 @@ impl UcxLink {
             // UCX tried the server's shared memory anyway (its only transport, or one this
             // client's UCX_TLS forced): say why it could not map it. UCX's errors reach us
             // as their status text.
-            if let Some(node) = elsewhere.filter(|_| e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_SHMEM_SEGMENT))) {
+            if let Some(node) =
+                elsewhere.filter(|_| e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_SHMEM_SEGMENT)))
+            {
                 e.message = format!("{} ({})", e.message, shares_no_memory(node));
-            } else if e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_UNREACHABLE)) && welcomes.iter().any(|w| !w.ucx_tcp) {
+            } else if e.message.contains(&ucx::status_string(ucx::sys::UCS_ERR_UNREACHABLE))
+                && welcomes.iter().any(|w| !w.ucx_tcp)
+            {
                 e.message = format!(
                     "{} (the server runs UCX without its tcp transport, as by default: between hosts serve with \
                      --transport fabric, or with --ucx-tcp on a trusted network)",
@@ -155,7 +165,12 @@ impl UcxLink {
         })
     }
 
-    fn connect_to(welcomes: &[Welcome], liveness: Liveness, local_ip: Option<std::net::IpAddr>, poll: &ClientOptions) -> Result<UcxLink> {
+    fn connect_to(
+        welcomes: &[Welcome],
+        liveness: Liveness,
+        local_ip: Option<std::net::IpAddr>,
+        poll: &ClientOptions,
+    ) -> Result<UcxLink> {
         if poll.local_shared_memory {
             tracing::debug!("UCX over shared memory only: the servers share this process's host, namespaces and user");
         }
@@ -163,14 +178,30 @@ impl UcxLink {
             Some(ip) if welcomes.iter().all(|w| w.ucx_tcp) => ucx::Tcp::on_interface_of(ip),
             _ => ucx::Tcp::Off,
         };
-        let worker = Box::new(Worker::with_settings(&tcp, if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] })?);
-        let state =
-            StatePtr::new(State { worker: &*worker, pending: Requests::default(), failed: Vec::new(), registered: Vec::new() });
+        let worker = Box::new(Worker::with_settings(
+            &tcp,
+            if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] },
+        )?);
+        let state = StatePtr::new(State {
+            worker: &*worker,
+            pending: Requests::default(),
+            failed: Vec::new(),
+            registered: Vec::new(),
+        });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
-        let mut link = UcxLink { state, servers: Vec::new(), pool: Vec::new(), zombies: Vec::new(), next_abort: ABORT_ID_BASE, poller: Poller::new(poll.poll, poll.spin), liveness, worker };
+        let mut link = UcxLink {
+            state,
+            servers: Vec::new(),
+            pool: Vec::new(),
+            zombies: Vec::new(),
+            next_abort: ABORT_ID_BASE,
+            poller: Poller::new(poll.poll, poll.spin),
+            liveness,
+            worker,
+        };
         link.connect_servers(welcomes)?;
         Ok(link)
     }
@@ -187,8 +218,9 @@ impl UcxLink {
             for shard_addr in &welcome.shards {
                 let mut tag = Box::new(EpTag { state: self.state.0, server });
                 // SAFETY: tag is kept alive in ServerEps until the endpoint is closed.
-                let connected = hex_decode(shard_addr)
-                    .and_then(|bytes| unsafe { self.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void) });
+                let connected = hex_decode(shard_addr).and_then(|bytes| unsafe {
+                    self.worker.connect(&bytes, Some(on_ep_error), &mut *tag as *mut EpTag as *mut c_void)
+                });
                 match connected {
                     Ok((ep, _detects_failure)) => {
                         eps.push(ep);
@@ -239,7 +271,6 @@ impl UcxLink {
     }
 }
 
-
 impl UcxLink {
     /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
     /// reads or writes the caller's memory again: a put the server may still be pulling is
@@ -260,17 +291,26 @@ impl UcxLink {
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
             let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], Receive::Owned).is_ok()
                 && self.progress_until(server, ABORT_GRACE, |st| {
-                    st.pending.get(&id).is_some_and(|p| p.sent) || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
+                    st.pending.get(&id).is_some_and(|p| p.sent)
+                        || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
                 });
             self.forget_request(abort_id);
             if !confirmed {
-                let why = format!("{} did not confirm the abort of a timed-out put; connection closed", self.servers[server].node);
+                let why = format!(
+                    "{} did not confirm the abort of a timed-out put; connection closed",
+                    self.servers[server].node
+                );
                 self.fail_server(server, Status::Timeout, why);
             }
         }
         let receiving_into_caller = |st: &State| st.pending.get(&id).is_some_and(|p| p.receiving && p.sink.is_some());
-        if receiving_into_caller(&self.state) && !self.progress_until(server, ABORT_GRACE, |st| !receiving_into_caller(st)) {
-            let why = format!("a reply from {} into the caller's buffer did not end; connection closed", self.servers[server].node);
+        if receiving_into_caller(&self.state)
+            && !self.progress_until(server, ABORT_GRACE, |st| !receiving_into_caller(st))
+        {
+            let why = format!(
+                "a reply from {} into the caller's buffer did not end; connection closed",
+                self.servers[server].node
+            );
             self.fail_server(server, Status::Timeout, why);
         }
         self.forget_request(id);
@@ -330,7 +370,16 @@ impl UcxLink {
 }
 
 impl Link for UcxLink {
-    fn submit(&mut self, id: u64, server: usize, shard: usize, header: &[u8], header_tail: &[u8], payload: &[u8], receive: Receive) -> Result<()> {
+    fn submit(
+        &mut self,
+        id: u64,
+        server: usize,
+        shard: usize,
+        header: &[u8],
+        header_tail: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<()> {
         let conn = &self.servers[server];
         if let Some(why) = &conn.dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
@@ -371,7 +420,16 @@ impl Link for UcxLink {
         // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
         // the caller's buffer; both stay untouched until `sent` is set (see module docs).
         let started = unsafe {
-            self.worker.am_send(ep, proto::AM_REQUEST, &p.msg, payload, am_flags, Some(on_sent), user, self.state.memh_for(payload.as_ptr(), payload.len()))
+            self.worker.am_send(
+                ep,
+                proto::AM_REQUEST,
+                &p.msg,
+                payload,
+                am_flags,
+                Some(on_sent),
+                user,
+                self.state.memh_for(payload.as_ptr(), payload.len()),
+            )
         };
         match started {
             Ok(Started::Done) => p.sent = true,
@@ -395,7 +453,12 @@ impl Link for UcxLink {
     }
 
     fn deregister(&mut self, base: *mut u8) -> Result<()> {
-        let i = self.state.registered.iter().position(|r| r.0 == base as usize).ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
+        let i = self
+            .state
+            .registered
+            .iter()
+            .position(|r| r.0 == base as usize)
+            .ok_or_else(|| Error::new(Status::Invalid, "region not registered"))?;
         let (_, _, memh) = self.state.registered.remove(i);
         // SAFETY: memh came from mem_map on this worker and is unmapped once; no request
         // is in flight between synchronous calls.
@@ -424,10 +487,16 @@ impl Link for UcxLink {
                 let (now, passed) = deadline.read();
                 if passed {
                     let node = self.servers[server].node.clone();
-                    return Err(self.give_up(id, Error::new(Status::Timeout, format!("no answer from {node} within {timeout:?}"))));
+                    return Err(self.give_up(
+                        id,
+                        Error::new(Status::Timeout, format!("no answer from {node} within {timeout:?}")),
+                    ));
                 }
                 if let Some(gone) = self.liveness.next_gone(now) {
-                    let why = format!("server {} went away or moved a shard to new endpoints; the next call reconnects", self.servers[gone].node);
+                    let why = format!(
+                        "server {} went away or moved a shard to new endpoints; the next call reconnects",
+                        self.servers[gone].node
+                    );
                     self.fail_server(gone, Status::Unavailable, why);
                     continue;
                 }
@@ -441,7 +510,12 @@ impl Link for UcxLink {
         self.servers[server].dead.is_some()
     }
 
-    fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<std::net::TcpStream>, _timeout: Duration) -> Result<()> {
+    fn add_servers(
+        &mut self,
+        welcomes: &[Welcome],
+        bootstraps: Vec<std::net::TcpStream>,
+        _timeout: Duration,
+    ) -> Result<()> {
         for (w, stream) in welcomes.iter().zip(bootstraps) {
             self.liveness.add(stream, &w.node)?;
         }
@@ -534,7 +608,11 @@ unsafe extern "C" fn on_reply(
             let (dest, buf) = match p.sink {
                 Some(sink) if h.status() == Status::Ok => (sink.ptr, Vec::new()),
                 _ if !info.rendezvous => {
-                    let payload = if length == 0 { Vec::new() } else { std::slice::from_raw_parts(data as *const u8, length).to_vec() };
+                    let payload = if length == 0 {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(data as *const u8, length).to_vec()
+                    };
                     p.reply = Some(Ok(Reply::owned(h, payload)));
                     return sys::UCS_OK;
                 }
@@ -557,7 +635,14 @@ unsafe extern "C" fn on_reply(
             // neither read nor freed while `receiving` is set (fail_server closes the endpoint
             // first, which completes this receive).
             let memh = state.memh_for(dest, length);
-            match (*state.worker).handle().am_recv_data(data, dest, length, Some(on_reply_data), tag as *mut c_void, memh) {
+            match (*state.worker).handle().am_recv_data(
+                data,
+                dest,
+                length,
+                Some(on_reply_data),
+                tag as *mut c_void,
+                memh,
+            ) {
                 Ok(Started::Pending) => {}
                 Ok(Started::Done) => finish_recv(*Box::from_raw(tag), sys::UCS_OK, length),
                 Err(_) => finish_recv(*Box::from_raw(tag), sys::UCS_ERR_IO_ERROR, 0),
@@ -586,12 +671,20 @@ unsafe fn finish_recv(tag: RecvTag, status: sys::ucs_status_t, length: usize) {
                 r.len = length;
             }
         } else {
-            p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {}", ucx::status_string(status)))));
+            p.reply = Some(Err(Error::new(
+                Status::Transport,
+                format!("receiving the reply failed: {}", ucx::status_string(status)),
+            )));
         }
     }
 }
 
-unsafe extern "C" fn on_reply_data(request: *mut c_void, status: sys::ucs_status_t, length: usize, user_data: *mut c_void) {
+unsafe extern "C" fn on_reply_data(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    length: usize,
+    user_data: *mut c_void,
+) {
     // SAFETY: user_data is the RecvTag leaked in on_reply for this receive.
     unsafe {
         finish_recv(*Box::from_raw(user_data as *mut RecvTag), status, length);

@@ -59,12 +59,18 @@ impl ClusterUrl {
         let Some(rest) = s.trim().strip_prefix("etcd://") else {
             return Ok(None);
         };
-        let bad = |why: &str| Error::new(Status::Invalid, format!("cluster address {s:?}: {why} (expected etcd://HOST:PORT[,HOST:PORT...]/NAME)"));
+        let bad = |why: &str| {
+            Error::new(
+                Status::Invalid,
+                format!("cluster address {s:?}: {why} (expected etcd://HOST:PORT[,HOST:PORT...]/NAME)"),
+            )
+        };
         let (hosts, name) = rest.split_once('/').ok_or_else(|| bad("no cluster name"))?;
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(bad("the name must be letters, digits, '-', '_' or '.'"));
         }
-        let endpoints: Vec<String> = hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(|h| format!("http://{h}")).collect();
+        let endpoints: Vec<String> =
+            hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(|h| format!("http://{h}")).collect();
         if endpoints.is_empty() {
             return Err(bad("no etcd endpoint"));
         }
@@ -186,7 +192,13 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
     let live = |a: &String| state.members.iter().any(|m| m.address == *a);
     let Some(p) = &state.placement else {
         let replicas = state.settings.as_ref().map_or(1, |s| s.replicas.max(1) as usize);
-        return (!wanted.is_empty()).then_some(Placement { epoch: 1, members: wanted, next: None, replicas, version: 1 });
+        return (!wanted.is_empty()).then_some(Placement {
+            epoch: 1,
+            members: wanted,
+            next: None,
+            replicas,
+            version: 1,
+        });
     };
     let changed = |p: Placement| Placement { version: p.version + 1, ..p };
     match &p.next {
@@ -198,10 +210,13 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
             Some(changed(Placement { next, ..p.clone() }))
         }
         Some(next) => {
-            let handed_over = p.members.iter().filter(|a| live(a)).all(|a| {
-                state.moves.get(a).is_some_and(|r| r.done && r.epoch == p.epoch && r.next == *next)
-            });
-            handed_over.then(|| changed(Placement { epoch: p.epoch + 1, members: next.clone(), next: None, ..p.clone() }))
+            let handed_over = p
+                .members
+                .iter()
+                .filter(|a| live(a))
+                .all(|a| state.moves.get(a).is_some_and(|r| r.done && r.epoch == p.epoch && r.next == *next));
+            handed_over
+                .then(|| changed(Placement { epoch: p.epoch + 1, members: next.clone(), next: None, ..p.clone() }))
         }
     }
 }
@@ -237,7 +252,8 @@ pub const KEY_FILE_ENV: &str = "RDRAM_ETCD_KEY_FILE";
 fn file_named_by(env: &str, what: &str) -> Result<Option<(String, String)>> {
     let Some(path) = std::env::var_os(env) else { return Ok(None) };
     let shown = std::path::Path::new(&path).display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::new(Status::Invalid, format!("{what} {shown} ({env}): {e}")))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::new(Status::Invalid, format!("{what} {shown} ({env}): {e}")))?;
     Ok(Some((text, shown)))
 }
 
@@ -253,7 +269,10 @@ fn credentials() -> Result<Option<(String, String)>> {
     let Some((text, shown)) = file_named_by(CREDENTIALS_FILE_ENV, "etcd credentials file")? else { return Ok(None) };
     let line = text.lines().next().unwrap_or_default().trim_end();
     let Some((user, password)) = line.split_once(':').filter(|(user, _)| !user.is_empty()) else {
-        return Err(Error::new(Status::Invalid, format!("etcd credentials file {shown}: its first line must be USER:PASSWORD")));
+        return Err(Error::new(
+            Status::Invalid,
+            format!("etcd credentials file {shown}: its first line must be USER:PASSWORD"),
+        ));
     };
     warn_if_shared(&shown, "etcd credentials file");
     Ok(Some((user.to_string(), password.to_string())))
@@ -267,7 +286,10 @@ fn tls() -> Result<Option<etcd_client::TlsOptions>> {
     let key = file_named_by(KEY_FILE_ENV, "etcd client key")?;
     let Some((ca, _)) = ca else {
         return match cert.is_some() || key.is_some() {
-            true => Err(Error::new(Status::Invalid, format!("{CERT_FILE_ENV} and {KEY_FILE_ENV} need {CA_FILE_ENV} (the CA of etcd's certificate)"))),
+            true => Err(Error::new(
+                Status::Invalid,
+                format!("{CERT_FILE_ENV} and {KEY_FILE_ENV} need {CA_FILE_ENV} (the CA of etcd's certificate)"),
+            )),
             false => Ok(None),
         };
     };
@@ -278,13 +300,19 @@ fn tls() -> Result<Option<etcd_client::TlsOptions>> {
             options = options.identity(etcd_client::Identity::from_pem(cert, key));
         }
         (None, None) => {}
-        _ => return Err(Error::new(Status::Invalid, format!("a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV}"))),
+        _ => {
+            return Err(Error::new(
+                Status::Invalid,
+                format!("a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV}"),
+            ))
+        }
     }
     Ok(Some(options))
 }
 
 async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
-    let mut options = etcd_client::ConnectOptions::new().with_connect_timeout(ETCD_CALL_TIMEOUT).with_timeout(ETCD_CALL_TIMEOUT);
+    let mut options =
+        etcd_client::ConnectOptions::new().with_connect_timeout(ETCD_CALL_TIMEOUT).with_timeout(ETCD_CALL_TIMEOUT);
     if let Some((user, password)) = credentials()? {
         options = options.with_user(user, password);
     }
@@ -299,18 +327,24 @@ async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
 }
 
 async fn read_settings(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<Option<Settings>> {
-    let got = client.get(url.config_key(), None).await.map_err(|e| etcd_error(url, "cannot read the cluster's settings", e))?;
+    let got = client
+        .get(url.config_key(), None)
+        .await
+        .map_err(|e| etcd_error(url, "cannot read the cluster's settings", e))?;
     match got.kvs().first() {
         None => Ok(None),
-        Some(kv) => serde_json::from_slice(kv.value())
-            .map(Some)
-            .map_err(|e| Error::new(Status::Invalid, format!("cluster {}: its settings in etcd are not ours: {e}", url.name))),
+        Some(kv) => serde_json::from_slice(kv.value()).map(Some).map_err(|e| {
+            Error::new(Status::Invalid, format!("cluster {}: its settings in etcd are not ours: {e}", url.name))
+        }),
     }
 }
 
 /// Reads everything under the cluster's prefix at one revision (a handful of keys).
 async fn read_state(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<ClusterState> {
-    let got = client.get(url.prefix(), Some(GetOptions::new().with_prefix())).await.map_err(|e| etcd_error(url, "cannot read the cluster", e))?;
+    let got = client
+        .get(url.prefix(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| etcd_error(url, "cannot read the cluster", e))?;
     let mut state = ClusterState { revision: got.header().map_or(0, |h| h.revision()), ..Default::default() };
     let prefix = url.prefix();
     for kv in got.kvs() {
@@ -336,7 +370,12 @@ async fn read_state(client: &mut etcd_client::Client, url: &ClusterUrl) -> Resul
 }
 
 /// Writes `proposed` as the placement if the placement is still the one `state` read.
-async fn propose(client: &mut etcd_client::Client, url: &ClusterUrl, state: &ClusterState, proposed: &Placement) -> Result<bool> {
+async fn propose(
+    client: &mut etcd_client::Client,
+    url: &ClusterUrl,
+    state: &ClusterState,
+    proposed: &Placement,
+) -> Result<bool> {
     let key = url.placement_key();
     let value = serde_json::to_vec(proposed).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
     let unchanged = match state.placement {
@@ -347,7 +386,9 @@ async fn propose(client: &mut etcd_client::Client, url: &ClusterUrl, state: &Clu
     let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the placement", e))?;
     if done.succeeded() {
         match &proposed.next {
-            Some(next) => info!("cluster {url}: view {}: keys move from {:?} to {:?}", proposed.epoch, proposed.members, next),
+            Some(next) => {
+                info!("cluster {url}: view {}: keys move from {:?} to {:?}", proposed.epoch, proposed.members, next)
+            }
             None => info!("cluster {url}: view {} placed on {:?}", proposed.epoch, proposed.members),
         }
     }
@@ -363,12 +404,16 @@ pub fn create(url: &ClusterUrl, settings: &Settings) -> Result<()> {
     runtime()?.block_on(async {
         let mut client = connect(url).await?;
         let key = url.config_key();
-        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value, None)]);
         let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the cluster's settings", e))?;
         if done.succeeded() {
             return Ok(());
         }
-        let existing = read_settings(&mut client, url).await?.map_or_else(|| "unknown settings".into(), |s| format!("{} replicas", s.replicas));
+        let existing = read_settings(&mut client, url)
+            .await?
+            .map_or_else(|| "unknown settings".into(), |s| format!("{} replicas", s.replicas));
         Err(Error::new(Status::Invalid, format!("cluster {} exists already ({existing})", url.name)))
     })
 }
@@ -393,7 +438,11 @@ pub fn status(url: &ClusterUrl) -> Result<ClusterStatus> {
         let state = read_state(&mut client, url).await?;
         let settings = state.settings.ok_or_else(|| no_such_cluster(url))?;
         let moving = state.placement.as_ref().and_then(|p| p.next.as_ref().map(|n| (p.epoch, n.clone())));
-        let moves = state.moves.into_iter().filter(|(_, r)| moving.as_ref().is_some_and(|(e, n)| r.epoch == *e && r.next == *n)).collect();
+        let moves = state
+            .moves
+            .into_iter()
+            .filter(|(_, r)| moving.as_ref().is_some_and(|(e, n)| r.epoch == *e && r.next == *n))
+            .collect();
         Ok(ClusterStatus {
             cluster: url.to_string(),
             replicas: settings.replicas,
@@ -414,15 +463,24 @@ pub fn request_drain(url: &ClusterUrl, address: &str) -> Result<()> {
         state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
         if !state.members.iter().any(|m| m.address == address) {
             let live: Vec<&str> = state.members.iter().map(|m| m.address.as_str()).collect();
-            return Err(Error::new(Status::Invalid, format!("{address} is not a live member of cluster {} (members: {live:?})", url.name)));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("{address} is not a live member of cluster {} (members: {live:?})", url.name),
+            ));
         }
-        client.put(url.drain_key(address), "", None).await.map_err(|e| etcd_error(url, "cannot write the drain request", e))?;
+        client
+            .put(url.drain_key(address), "", None)
+            .await
+            .map_err(|e| etcd_error(url, "cannot write the drain request", e))?;
         Ok(())
     })
 }
 
 fn no_such_cluster(url: &ClusterUrl) -> Error {
-    Error::new(Status::Invalid, format!("cluster {} does not exist in etcd: create it with `rdram cluster create {url}`", url.name))
+    Error::new(
+        Status::Invalid,
+        format!("cluster {} does not exist in etcd: create it with `rdram cluster create {url}`", url.name),
+    )
 }
 
 /// A server's membership: its key under a lease that a background task keeps alive, and
@@ -507,7 +565,12 @@ impl Registration {
             *seen.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
             next_placement(s)
         };
-        let follower = Follower { client: watcher, url: url.clone(), on_state: Box::new(steward), what: "serving on the last view" };
+        let follower = Follower {
+            client: watcher,
+            url: url.clone(),
+            on_state: Box::new(steward),
+            what: "serving on the last view",
+        };
         runtime.spawn(follower.run());
         // Returns once the placement has this server (as a member, or as one keys move
         // to), so that a client connecting after the server started finds it.
@@ -549,7 +612,10 @@ impl Registration {
         let value = serde_json::to_vec(&member).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         self.block_on(async move {
             let mut client = connect(&url).await?;
-            client.put(key, value, Some(PutOptions::new().with_lease(id))).await.map_err(|e| etcd_error(&url, "cannot mark this server as draining", e))?;
+            client
+                .put(key, value, Some(PutOptions::new().with_lease(id)))
+                .await
+                .map_err(|e| etcd_error(&url, "cannot mark this server as draining", e))?;
             Ok(())
         })
     }
@@ -561,7 +627,10 @@ impl Registration {
         let value = serde_json::to_vec(report).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         self.block_on(async move {
             let mut client = connect(&url).await?;
-            client.put(key, value, Some(PutOptions::new().with_lease(id))).await.map_err(|e| etcd_error(&url, "cannot report the handover", e))?;
+            client
+                .put(key, value, Some(PutOptions::new().with_lease(id)))
+                .await
+                .map_err(|e| etcd_error(&url, "cannot report the handover", e))?;
             Ok(())
         })
     }
@@ -612,7 +681,13 @@ impl Drop for Registration {
 }
 
 /// Grants a lease of `ttl_secs` and puts the member key under it; returns the lease.
-async fn register(client: &mut etcd_client::Client, url: &ClusterUrl, key: &str, value: &[u8], ttl_secs: i64) -> Result<i64> {
+async fn register(
+    client: &mut etcd_client::Client,
+    url: &ClusterUrl,
+    key: &str,
+    value: &[u8],
+    ttl_secs: i64,
+) -> Result<i64> {
     let lease = client.lease_grant(ttl_secs, None).await.map_err(|e| etcd_error(url, "cannot grant a lease", e))?;
     client
         .put(key, value, Some(PutOptions::new().with_lease(lease.id())))
@@ -650,7 +725,10 @@ impl KeepAlive {
                     self.role.set(&self.me, p);
                 }
                 self.role.lift_fence();
-                info!("cluster {}: lease confirmed and placement read again after a pause; serving keys again", self.url);
+                info!(
+                    "cluster {}: lease confirmed and placement read again after a pause; serving keys again",
+                    self.url
+                );
             }
             Err(e) => warn!("cluster {}: after a pause: {}", self.url, e.message),
         }
@@ -783,7 +861,12 @@ impl Watch {
             gone.publish(s);
             None
         };
-        let follower = Follower { client: follower_client, url: url.clone(), on_state: Box::new(publish), what: "routing on the last view" };
+        let follower = Follower {
+            client: follower_client,
+            url: url.clone(),
+            on_state: Box::new(publish),
+            what: "routing on the last view",
+        };
         runtime.spawn(follower.run());
         Ok(Watch { runtime, url: url.clone(), client, view, revision, lost })
     }

@@ -121,7 +121,12 @@ impl Work {
                 // With one replica, a pass that found nothing left to hand over; with more,
                 // a pass that copied every key it had to.
                 Ok(pass) if !pass.interrupted && (pass.keys == 0 || placement.replicas > 1) => {
-                    let report = MoveReport { epoch, next: next.clone(), done: true, ..self.report_base(epoch, &next, &pass, started) };
+                    let report = MoveReport {
+                        epoch,
+                        next: next.clone(),
+                        done: true,
+                        ..self.report_base(epoch, &next, &pass, started)
+                    };
                     match self.registration.report_moves(&report) {
                         Ok(()) => {
                             info!("cluster view {epoch}: every key of this server that moves is copied ({} keys, {} bytes this pass)", pass.keys, pass.bytes);
@@ -133,7 +138,12 @@ impl Work {
                         }
                     }
                 }
-                Ok(pass) => info!("cluster view {epoch}: handed over {} keys ({} bytes) in {:.1} s; looking again", pass.keys, pass.bytes, started.elapsed().as_secs_f64()),
+                Ok(pass) => info!(
+                    "cluster view {epoch}: handed over {} keys ({} bytes) in {:.1} s; looking again",
+                    pass.keys,
+                    pass.bytes,
+                    started.elapsed().as_secs_f64()
+                ),
                 Err(e) => self.failed("handing keys over", e),
             }
         }
@@ -170,7 +180,10 @@ impl Work {
             }
         }
         if freed > 0 {
-            info!("cluster view {}: freed {freed} copies this server no longer holds a replica of", routing.placement.epoch);
+            info!(
+                "cluster view {}: freed {freed} copies this server no longer holds a replica of",
+                routing.placement.epoch
+            );
         }
         Ok(true)
     }
@@ -194,7 +207,11 @@ impl Work {
     }
 
     fn client(&self, address: &str) -> Result<Client> {
-        let opts = ClientOptions { auth_token: self.cfg.auth_token.clone(), timeout: Duration::from_secs(10), ..Default::default() };
+        let opts = ClientOptions {
+            auth_token: self.cfg.auth_token.clone(),
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        };
         Client::connect(address, opts)
     }
 
@@ -228,7 +245,8 @@ impl Work {
                     if now.iter().find(|m| live.iter().any(|l| l == *m)) != Some(&me.as_str()) {
                         continue;
                     }
-                    let gaining: Vec<String> = routing.next_replicas(key).into_iter().filter(|m| !now.contains(m)).map(String::from).collect();
+                    let gaining: Vec<String> =
+                        routing.next_replicas(key).into_iter().filter(|m| !now.contains(m)).map(String::from).collect();
                     if gaining.is_empty() {
                         continue;
                     }

@@ -117,7 +117,8 @@ pub struct MoveProgress {
 impl ServerRole {
     /// Publishes the placement for the member named `me`.
     pub fn set(&self, me: &str, placement: Placement) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new((me.to_string(), Routing::new(placement))));
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Arc::new((me.to_string(), Routing::new(placement))));
         self.version.fetch_add(1, Ordering::Release);
     }
 

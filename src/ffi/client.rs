@@ -7,7 +7,9 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use super::{bytes, c_str, guard, null_arg, rdram_status};
-use crate::client::{ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use crate::client::{
+    ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
+};
 use crate::error::{Error, Status};
 use crate::transport::PollMode;
 use crate::{Client, ClientOptions};
@@ -117,7 +119,8 @@ pub struct rdram_get_item {
 
 /// Called once per listed key, in key order. `key` is valid only during the call.
 /// Return 0 to continue, nonzero to stop listing.
-pub type rdram_list_callback = Option<unsafe extern "C" fn(userdata: *mut c_void, key: *const u8, key_len: usize, value_size: u64) -> i32>;
+pub type rdram_list_callback =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, key: *const u8, key_len: usize, value_size: u64) -> i32>;
 
 /// Open clients by handle. What C holds is a serial number, never an address, so a
 /// closed, stale or invented handle is refused (RDRAM_INVALID_ARGUMENT) instead of
@@ -136,8 +139,11 @@ unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
         if c.is_null() {
             return Err(null_arg("client"));
         }
-        let ptr = CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(c as usize)).copied());
-        let ptr = ptr.ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
+        let ptr =
+            CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(c as usize)).copied());
+        let ptr = ptr.ok_or_else(|| {
+            Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)")
+        })?;
         // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
         // `rdram_client_close` removed it, and a handle is used by one thread at a time.
         Ok(&mut (*(ptr as *mut rdram_client)).inner)
@@ -160,7 +166,11 @@ unsafe fn write<T>(out: *mut T, v: T) {
 /// `addresses` must not be NULL. `options` may be NULL (defaults). On success `*out`
 /// receives a client owned by the caller, to be freed with `rdram_client_close`.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_client_connect(addresses: *const c_char, options: *const rdram_client_options, out: *mut *mut rdram_client) -> rdram_status {
+pub unsafe extern "C" fn rdram_client_connect(
+    addresses: *const c_char,
+    options: *const rdram_client_options,
+    out: *mut *mut rdram_client,
+) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
         guard(|| {
@@ -201,7 +211,9 @@ pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
         if let Some(ptr) = ptr {
             // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
             // removed from the table, so it is freed exactly once.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(ptr as *mut rdram_client))));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                drop(Box::from_raw(ptr as *mut rdram_client))
+            }));
         }
     }
 }
@@ -220,9 +232,7 @@ pub unsafe extern "C" fn rdram_put(
     generation_out: *mut u64,
 ) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out)
-    }
+    unsafe { rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out) }
 }
 
 /// Stores a value under a condition and/or with a TTL (`options` may be NULL). Returns
@@ -283,9 +293,7 @@ pub unsafe extern "C" fn rdram_get(
     generation_out: *mut u64,
 ) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out)
-    }
+    unsafe { rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out) }
 }
 
 /// Reads bytes [start, end) of a value (start < 0: from the end; end = -1: to the end)
@@ -427,15 +435,18 @@ pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
 #[no_mangle]
 pub unsafe extern "C" fn rdram_delete(client: *mut rdram_client, key: *const u8, key_len: usize) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        rdram_delete_cond(client, key, key_len, 0)
-    }
+    unsafe { rdram_delete_cond(client, key, key_len, 0) }
 }
 
 /// Deletes a key only if its generation equals `if_equal` (0 = unconditional).
 /// RDRAM_CONDITION_FAILED when it does not (or the key is missing); nothing changed.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_delete_cond(client: *mut rdram_client, key: *const u8, key_len: usize, if_equal: u64) -> rdram_status {
+pub unsafe extern "C" fn rdram_delete_cond(
+    client: *mut rdram_client,
+    key: *const u8,
+    key_len: usize,
+    if_equal: u64,
+) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
         guard(|| {
@@ -536,7 +547,9 @@ pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *
                 return Err(null_arg("json_out"));
             }
             let text = c.stats()?.to_string();
-            json_out.write(std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw());
+            json_out.write(
+                std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw(),
+            );
             Ok(RDRAM_OK)
         })
     }
@@ -575,10 +588,13 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
             for it in items.iter() {
                 if on_device(it.value, it.value_len) {
                     // Staged through host memory on its own, by the client.
-                    let put = key_arg(it.key, it.key_len).and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
+                    let put = key_arg(it.key, it.key_len)
+                        .and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
                     results.push(Some(put.and_then(|w| match w {
                         WriteResult::Written { generation } => Ok(generation),
-                        WriteResult::ConditionFailed => Err(Error::new(Status::Internal, "unconditional put reported a failed condition")),
+                        WriteResult::ConditionFailed => {
+                            Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
+                        }
                     })));
                     continue;
                 }
@@ -619,10 +635,16 @@ pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram
                 match key {
                     Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
                     // Staged into device memory on its own, by the client.
-                    Ok(k) if on_device(it.buf, it.buf_len) => results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len))),
+                    Ok(k) if on_device(it.buf, it.buf_len) => {
+                        results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len)))
+                    }
                     Ok(k) => {
                         keys.push(k);
-                        bufs.push(if it.buf_len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(it.buf, it.buf_len) });
+                        bufs.push(if it.buf_len == 0 {
+                            &mut []
+                        } else {
+                            std::slice::from_raw_parts_mut(it.buf, it.buf_len)
+                        });
                         results.push(None);
                     }
                     Err(e) => results.push(Some(Err(e))),
@@ -711,7 +733,10 @@ unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error>
 unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usize) -> Result<KeyRange, Error> {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
-        Ok(KeyRange { min: bytes(min, min_len, "min")?.to_vec(), max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) } })
+        Ok(KeyRange {
+            min: bytes(min, min_len, "min")?.to_vec(),
+            max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) },
+        })
     }
 }
 
@@ -723,7 +748,8 @@ unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, E
             Some(o) => GetOptions {
                 if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
                 if_equal: (o.if_equal != 0).then_some(o.if_equal),
-                range: flag(o.has_range, "options.has_range")?.then_some(ByteRange { start: o.range_start, end: o.range_end }),
+                range: flag(o.has_range, "options.has_range")?
+                    .then_some(ByteRange { start: o.range_start, end: o.range_end }),
             },
         })
     }
@@ -763,7 +789,12 @@ fn fail_all<T>(items: &mut [T], e: &Error, status: impl Fn(&mut T, rdram_status)
     e.status.into()
 }
 
-fn fill<T>(items: &mut [T], results: Vec<crate::Result<u64>>, ok: impl Fn(&mut T, u64), status: impl Fn(&mut T, rdram_status)) -> rdram_status {
+fn fill<T>(
+    items: &mut [T],
+    results: Vec<crate::Result<u64>>,
+    ok: impl Fn(&mut T, u64),
+    status: impl Fn(&mut T, rdram_status),
+) -> rdram_status {
     let mut first_error = RDRAM_OK;
     for (it, r) in items.iter_mut().zip(results) {
         let s = match r {

@@ -66,7 +66,10 @@ pub struct rdram_server_config {
 /// Starts a server in this process. `config` may be NULL (defaults). On success `*out`
 /// receives a server owned by the caller, to be stopped with `rdram_server_stop`.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, out: *mut *mut rdram_server) -> rdram_status {
+pub unsafe extern "C" fn rdram_server_start(
+    config: *const rdram_server_config,
+    out: *mut *mut rdram_server,
+) -> rdram_status {
     // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
     unsafe {
         guard(|| {
@@ -88,7 +91,9 @@ pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, 
                     0 => HugePages::Auto,
                     1 => HugePages::On,
                     2 => HugePages::Off,
-                    v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
+                    v => {
+                        return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}")))
+                    }
                 };
                 cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
                 cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
@@ -99,11 +104,16 @@ pub unsafe extern "C" fn rdram_server_start(config: *const rdram_server_config, 
                     cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
                 }
                 let transport = if c.transport.is_null() { "auto" } else { c_str(c.transport, "config.transport")? };
-                let provider = if c.fabric_provider.is_null() { None } else { Some(c_str(c.fabric_provider, "config.fabric_provider")?) };
+                let provider = if c.fabric_provider.is_null() {
+                    None
+                } else {
+                    Some(c_str(c.fabric_provider, "config.fabric_provider")?)
+                };
                 cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
             }
             let inner = Server::start(cfg)?;
-            let address = CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+            let address = CString::new(inner.local_addr().to_string())
+                .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
             let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
             servers().get_or_insert_with(HashMap::new).insert(id, Hosted { inner, address });
             out.write(id as *mut rdram_server);

@@ -25,7 +25,10 @@ const FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 /// passed on: tonic 0.12 ends its accept loop on every error but a few transient ones
 /// (EMFILE is not one of them), and with it the gateway, so clients holding all its fds
 /// could stop it.
-pub(super) fn incoming(listener: tokio::net::TcpListener, places: Arc<tokio::sync::Semaphore>) -> impl tokio_stream::Stream<Item = std::io::Result<Counted>> {
+pub(super) fn incoming(
+    listener: tokio::net::TcpListener,
+    places: Arc<tokio::sync::Semaphore>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Counted>> {
     let (accepted, connections) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
         let mut last_warning: Option<std::time::Instant> = None;
@@ -53,7 +56,11 @@ pub(super) fn incoming(listener: tokio::net::TcpListener, places: Arc<tokio::syn
                 tracing::warn!("gateway: cannot set TCP_NODELAY ({e})");
             }
             let preface_due = Some(Box::pin(tokio::time::sleep(PREFACE_TIMEOUT)));
-            if accepted.send(Ok(Counted { connection, _place: place, preface_left: PREFACE_LEN, preface_due })).await.is_err() {
+            if accepted
+                .send(Ok(Counted { connection, _place: place, preface_left: PREFACE_LEN, preface_due }))
+                .await
+                .is_err()
+            {
                 return; // tonic has stopped serving
             }
         }
@@ -83,7 +90,11 @@ impl tonic::transport::server::Connected for Counted {
 }
 
 impl tokio::io::AsyncRead for Counted {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let read = Pin::new(&mut this.connection).poll_read(cx, buf);
@@ -92,7 +103,10 @@ impl tokio::io::AsyncRead for Counted {
         if this.preface_left == 0 {
             this.preface_due = None;
         } else if read.is_pending() && due.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no HTTP/2 preface within the gateway's deadline")));
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the gateway's deadline",
+            )));
         }
         read
     }
@@ -103,7 +117,11 @@ impl tokio::io::AsyncWrite for Counted {
         Pin::new(&mut self.get_mut().connection).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().connection).poll_write_vectored(cx, bufs)
     }
 

@@ -20,7 +20,9 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType,
+};
 use prost::Message;
 use tonic::body::BoxBody;
 use tonic::codegen::{http, BoxFuture, Service};
@@ -78,7 +80,9 @@ impl Service<http::Request<BoxBody>> for Routes {
                     None | Some(b"identity") => {}
                     Some(other) => {
                         let other = String::from_utf8_lossy(other);
-                        return Err(GrpcStatus::unimplemented(format!("the gateway takes uncompressed messages, not {other}")));
+                        return Err(GrpcStatus::unimplemented(format!(
+                            "the gateway takes uncompressed messages, not {other}"
+                        )));
                     }
                 }
                 let body = request.into_body();
@@ -138,7 +142,8 @@ impl ReadDecoder {
             if self.request.is_some() {
                 return Err(GrpcStatus::invalid_argument("a Read carries one request message"));
             }
-            let request = pb::ReadRequest::decode(&mut message).map_err(|e| GrpcStatus::internal(format!("malformed ReadRequest: {e}")))?;
+            let request = pb::ReadRequest::decode(&mut message)
+                .map_err(|e| GrpcStatus::internal(format!("malformed ReadRequest: {e}")))?;
             self.request = Some(request);
         }
         Ok(())
@@ -175,7 +180,14 @@ const FIELD_HEAD_MAX: usize = 20;
 
 impl WriteDecoder {
     pub(crate) fn new(value: WriteValue) -> WriteDecoder {
-        WriteDecoder { head: BytesMut::new(), message_left: None, part_left: 0, fields: Default::default(), first: None, value }
+        WriteDecoder {
+            head: BytesMut::new(),
+            message_left: None,
+            part_left: 0,
+            fields: Default::default(),
+            first: None,
+            value,
+        }
     }
 
     /// Takes one frame's bytes. The bytes of a field not yet decoded count against the
@@ -246,7 +258,9 @@ impl WriteDecoder {
         }
         let len = self.head.get_u32() as usize;
         if len > MAX_MESSAGE {
-            return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {MAX_MESSAGE} for this call")));
+            return Err(GrpcStatus::out_of_range(format!(
+                "a message of {len} bytes exceeds the gateway's {MAX_MESSAGE} for this call"
+            )));
         }
         self.message_left = Some(len);
         self.fields = pb::WriteRequest::default();
@@ -267,7 +281,8 @@ impl WriteDecoder {
             let header = self.head.len() - rest.len();
             let in_message = rest.len() + self.message_left.unwrap_or(0);
             let len = usize::try_from(len).ok().filter(|&l| l <= in_message);
-            let len = len.ok_or_else(|| GrpcStatus::internal("malformed WriteRequest: a field runs past its message"))?;
+            let len =
+                len.ok_or_else(|| GrpcStatus::internal("malformed WriteRequest: a field runs past its message"))?;
             if tag == WRITE_VALUE_PART {
                 // A field given twice counts once, as its last occurrence (protobuf's rule).
                 self.value.start_part(len)?;
@@ -278,7 +293,9 @@ impl WriteDecoder {
                 return Ok(true);
             }
             if len > KEY_AND_FIELDS {
-                return Err(GrpcStatus::invalid_argument(format!("a WriteRequest field of {len} bytes (field {tag}) exceeds the gateway's {KEY_AND_FIELDS}")));
+                return Err(GrpcStatus::invalid_argument(format!(
+                    "a WriteRequest field of {len} bytes (field {tag}) exceeds the gateway's {KEY_AND_FIELDS}"
+                )));
             }
             self.take_into_head(data, header + len);
             if self.head.len() < header + len {
@@ -328,7 +345,10 @@ impl Messages {
 
     fn push(&mut self, data: &[u8]) -> Result<(), GrpcStatus> {
         if self.received.len() + data.len() > PREFIX + self.limit {
-            return Err(GrpcStatus::out_of_range(format!("a message longer than the gateway's {} for this call", self.limit)));
+            return Err(GrpcStatus::out_of_range(format!(
+                "a message longer than the gateway's {} for this call",
+                self.limit
+            )));
         }
         self.received.extend_from_slice(data);
         Ok(())
@@ -345,7 +365,10 @@ impl Messages {
             }
             let len = self.received.get_u32() as usize;
             if len > self.limit {
-                return Err(GrpcStatus::out_of_range(format!("a message of {len} bytes exceeds the gateway's {} for this call", self.limit)));
+                return Err(GrpcStatus::out_of_range(format!(
+                    "a message of {len} bytes exceeds the gateway's {} for this call",
+                    self.limit
+                )));
             }
             self.body = Some(len);
         }
@@ -483,7 +506,11 @@ mod tests {
     #[test]
     fn messages_are_decoded_from_frames_cut_anywhere() {
         let messages: Vec<_> = (0..3u8)
-            .map(|i| pb::WriteRequest { key: Bytes::from(vec![b'k'; 3]), generation_if_equal: Bytes::from_static(b"g"), value_part: Bytes::from(vec![i; 1000]) })
+            .map(|i| pb::WriteRequest {
+                key: Bytes::from(vec![b'k'; 3]),
+                generation_if_equal: Bytes::from_static(b"g"),
+                value_part: Bytes::from(vec![i; 1000]),
+            })
             .collect();
         let encoded = body(&messages);
         let whole: Vec<u8> = (0..3u8).flat_map(|i| vec![i; 1000]).collect();
@@ -494,7 +521,11 @@ mod tests {
                 write.push(Bytes::copy_from_slice(piece)).unwrap();
             }
             let (first, value) = write.finish().unwrap();
-            assert_eq!((first.key.as_ref(), first.generation_if_equal.as_ref(), first.value_part.len()), (&b"kkk"[..], &b"g"[..], 0), "cut {cut}");
+            assert_eq!(
+                (first.key.as_ref(), first.generation_if_equal.as_ref(), first.value_part.len()),
+                (&b"kkk"[..], &b"g"[..], 0),
+                "cut {cut}"
+            );
             assert_eq!(value.bytes(), &whole[..], "cut {cut}");
 
             let mut small = Messages::new(MAX_MESSAGE);
@@ -510,7 +541,10 @@ mod tests {
         }
         let budget = Arc::new(tokio::sync::Semaphore::new(64));
         let mut compressed = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
-        assert_eq!(compressed.push(Bytes::from_static(&[1, 0, 0, 0, 0])).err().map(|e| e.code()), Some(tonic::Code::Unimplemented));
+        assert_eq!(
+            compressed.push(Bytes::from_static(&[1, 0, 0, 0, 0])).err().map(|e| e.code()),
+            Some(tonic::Code::Unimplemented)
+        );
         let mut truncated = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
         truncated.push(Bytes::copy_from_slice(&encoded[..encoded.len() - 1])).unwrap();
         assert!(truncated.finish().is_err());
@@ -528,10 +562,22 @@ mod tests {
     /// limit counts the whole value.
     #[test]
     fn parts_follow_protobufs_rules_and_the_limit() {
-        let mut first = pb::WriteRequest { key: Bytes::from_static(b"key"), value_part: Bytes::from_static(b"dropped"), ..Default::default() }.encode_to_vec();
-        first.extend_from_slice(&pb::WriteRequest { value_part: Bytes::from_static(b"abc"), ..Default::default() }.encode_to_vec());
+        let mut first = pb::WriteRequest {
+            key: Bytes::from_static(b"key"),
+            value_part: Bytes::from_static(b"dropped"),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        first.extend_from_slice(
+            &pb::WriteRequest { value_part: Bytes::from_static(b"abc"), ..Default::default() }.encode_to_vec(),
+        );
         prost::encoding::uint64::encode(9, &77, &mut first); // an unknown field
-        let second = pb::WriteRequest { key: Bytes::from_static(b"key"), value_part: Bytes::from_static(b"defg"), ..Default::default() }.encode_to_vec();
+        let second = pb::WriteRequest {
+            key: Bytes::from_static(b"key"),
+            value_part: Bytes::from_static(b"defg"),
+            ..Default::default()
+        }
+        .encode_to_vec();
         let framed = |m: &[u8]| [&[0u8][..], &(m.len() as u32).to_be_bytes(), m].concat();
 
         let budget = Arc::new(tokio::sync::Semaphore::new(1024));
@@ -598,14 +644,22 @@ mod tests {
     #[test]
     fn tiny_frames_hold_only_their_bytes() {
         let value = vec![5u8; 100_000];
-        let encoded = body(&[pb::WriteRequest { key: Bytes::from_static(b"k"), value_part: Bytes::from(value.clone()), ..Default::default() }]);
+        let encoded = body(&[pb::WriteRequest {
+            key: Bytes::from_static(b"k"),
+            value_part: Bytes::from(value.clone()),
+            ..Default::default()
+        }]);
         let budget = Arc::new(tokio::sync::Semaphore::new(1024));
         let mut write = WriteDecoder::new(WriteValue::new(1 << 20, budget.clone()));
         for (i, byte) in encoded.iter().enumerate() {
             write.push(Bytes::copy_from_slice(&[*byte])).unwrap();
             assert!(write.head.len() <= FIELD_HEAD_MAX && write.value.bytes().len() <= i, "byte {i}");
             let counted = (1024 - budget.available_permits()) * super::super::service::BUFFER_PERMIT;
-            assert!(write.value.capacity() <= counted, "byte {i}: {} bytes of buffer, {counted} counted", write.value.capacity());
+            assert!(
+                write.value.capacity() <= counted,
+                "byte {i}: {} bytes of buffer, {counted} counted",
+                write.value.capacity()
+            );
         }
         let (_, got) = write.finish().unwrap();
         assert_eq!(got.bytes(), &value[..]);

@@ -63,7 +63,13 @@ impl Drop for Call {
 }
 
 impl GatewayMetrics {
-    pub fn new(buffered: Arc<tokio::sync::Semaphore>, permits: usize, permit_bytes: usize, connections: Arc<tokio::sync::Semaphore>, max_connections: usize) -> GatewayMetrics {
+    pub fn new(
+        buffered: Arc<tokio::sync::Semaphore>,
+        permits: usize,
+        permit_bytes: usize,
+        connections: Arc<tokio::sync::Semaphore>,
+        max_connections: usize,
+    ) -> GatewayMetrics {
         GatewayMetrics {
             rpcs: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             received_bytes: AtomicU64::new(0),
@@ -104,14 +110,50 @@ impl Collector for GatewayMetrics {
                 (vec![("method", METHODS[m].to_string()), ("code", code_label(code))], counter(n.load(Relaxed)))
             })
         });
-        family(&mut e, "rdram_gateway_rpcs", "gRPC calls by method and outcome; a streamed reply counts when it ends (CANCELLED: the client left first)", MetricType::Counter, rpcs.collect::<Vec<_>>())?;
-        family(&mut e, "rdram_gateway_received_bytes", "Value bytes written through the gateway", MetricType::Counter, [(vec![], counter(self.received_bytes.load(Relaxed)))])?;
-        family(&mut e, "rdram_gateway_sent_bytes", "Value bytes read through the gateway", MetricType::Counter, [(vec![], counter(self.sent_bytes.load(Relaxed)))])?;
-        family(&mut e, "rdram_gateway_streams_in_flight", "Calls being served", MetricType::Gauge, [(vec![], gauge(self.streams.load(Relaxed).max(0) as u64))])?;
+        family(
+            &mut e,
+            "rdram_gateway_rpcs",
+            "gRPC calls by method and outcome; a streamed reply counts when it ends (CANCELLED: the client left first)",
+            MetricType::Counter,
+            rpcs.collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "rdram_gateway_received_bytes",
+            "Value bytes written through the gateway",
+            MetricType::Counter,
+            [(vec![], counter(self.received_bytes.load(Relaxed)))],
+        )?;
+        family(
+            &mut e,
+            "rdram_gateway_sent_bytes",
+            "Value bytes read through the gateway",
+            MetricType::Counter,
+            [(vec![], counter(self.sent_bytes.load(Relaxed)))],
+        )?;
+        family(
+            &mut e,
+            "rdram_gateway_streams_in_flight",
+            "Calls being served",
+            MetricType::Gauge,
+            [(vec![], gauge(self.streams.load(Relaxed).max(0) as u64))],
+        )?;
         let held = self.permits.saturating_sub(self.buffered.available_permits());
-        family(&mut e, "rdram_gateway_buffered_bytes", "Bytes of unfinished writes and unsent reads held (at most --max-buffered)", MetricType::Gauge, [(vec![], gauge((held * self.permit_bytes) as u64))])?;
+        family(
+            &mut e,
+            "rdram_gateway_buffered_bytes",
+            "Bytes of unfinished writes and unsent reads held (at most --max-buffered)",
+            MetricType::Gauge,
+            [(vec![], gauge((held * self.permit_bytes) as u64))],
+        )?;
         let connected = self.max_connections.saturating_sub(self.connections.available_permits());
-        family(&mut e, "rdram_gateway_connections", "Client connections held (at most --max-connections)", MetricType::Gauge, [(vec![], gauge(connected as u64))])?;
+        family(
+            &mut e,
+            "rdram_gateway_connections",
+            "Client connections held (at most --max-connections)",
+            MetricType::Gauge,
+            [(vec![], gauge(connected as u64))],
+        )?;
         process_metrics(&mut e)
     }
 }

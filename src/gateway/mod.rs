@@ -8,12 +8,12 @@
 // that feed them; errors end a call, off the per-byte path, so it is not boxed.
 #![allow(clippy::result_large_err)]
 
-pub mod metrics;
 mod connections;
+pub(crate) mod frames;
+pub mod metrics;
 mod pool;
 pub(crate) mod service;
 pub(crate) mod wire;
-pub(crate) mod frames;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -64,7 +64,9 @@ impl TokenCheck {
         match authorization.and_then(|v| v.strip_prefix("Bearer ")) {
             Some(t) if crate::auth::constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
             Some(_) => Err(tonic::Status::unauthenticated("wrong gateway token")),
-            None => Err(tonic::Status::unauthenticated("this gateway requires 'authorization: Bearer <token>' metadata")),
+            None => {
+                Err(tonic::Status::unauthenticated("this gateway requires 'authorization: Bearer <token>' metadata"))
+            }
         }
     }
 }
@@ -107,10 +109,18 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// Serves until `stop` fires (or its sender is dropped). Calls `ready` with the bound
 /// address, and the metrics endpoint's, once listening.
-pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAddr>), stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
+pub fn run(
+    config: GatewayConfig,
+    ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<()> {
     let engine = Arc::new(EnginePool::connect(&config.servers, &config.client, config.engine_clients)?);
     let io = |e: std::io::Error| Error::new(Status::Io, e.to_string());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(config.grpc_threads.max(1)).enable_all().build().map_err(io)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.grpc_threads.max(1))
+        .enable_all()
+        .build()
+        .map_err(io)?;
     if !config.listen.ip().is_loopback() {
         tracing::warn!(
             "the gateway listens on {}, beyond loopback: anyone who reaches it reads and writes the servers' data{}",
@@ -125,7 +135,13 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
     let buffered = Arc::new(tokio::sync::Semaphore::new(permits));
     let max_connections = config.max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
     let connection_places = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    let gateway_metrics = Arc::new(metrics::GatewayMetrics::new(buffered.clone(), permits, service::BUFFER_PERMIT, connection_places.clone(), max_connections));
+    let gateway_metrics = Arc::new(metrics::GatewayMetrics::new(
+        buffered.clone(),
+        permits,
+        service::BUFFER_PERMIT,
+        connection_places.clone(),
+        max_connections,
+    ));
     let endpoint = match &config.metrics {
         Some(listen) => Some(crate::metrics::Endpoint::start(listen, Box::new(gateway_metrics.clone()))?),
         None => None,
@@ -134,11 +150,16 @@ pub fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr, Option<SocketAd
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(io)?;
         ready(listener.local_addr().map_err(io)?, endpoint.as_ref().map(|e| e.local_addr()));
-        let gateway = Arc::new(service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics });
+        let gateway =
+            Arc::new(service::Gateway { engine, max_value: config.max_value, buffered, metrics: gateway_metrics });
         let grpc = pb::kv_store_service_server::KvStoreServiceServer::from_arc(gateway.clone())
             .max_decoding_message_size(RANGE_REQUEST_LIMIT)
             .max_encoding_message_size(usize::MAX);
-        let routes = frames::Routes { grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()), gateway, token: check };
+        let routes = frames::Routes {
+            grpc: tonic::service::interceptor::InterceptedService::new(grpc, check.clone()),
+            gateway,
+            token: check,
+        };
         let shutdown = async {
             let _ = stop.await;
             tracing::info!("gateway shutting down");

@@ -127,7 +127,11 @@ mod tests {
         let policy = SpinPolicy { in_flight: Arc::new(AtomicUsize::new(0)), cpus: 2 };
         for (in_flight, spin) in [(1, 50), (2, 50), (3, 0), (16, 0)] {
             policy.in_flight.store(in_flight, Relaxed);
-            assert_eq!(policy.spin_now(Duration::from_micros(50)), Duration::from_micros(spin), "{in_flight} in flight on 2 CPUs");
+            assert_eq!(
+                policy.spin_now(Duration::from_micros(50)),
+                Duration::from_micros(spin),
+                "{in_flight} in flight on 2 CPUs"
+            );
         }
     }
 }

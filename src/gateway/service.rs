@@ -11,12 +11,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
-use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
 use super::metrics::{Call, GatewayMetrics, Method};
+use super::pb::{self, kv_store_service_server::KvStoreService, read_response::State};
 use super::pool::EnginePool;
 use super::wire::{generation_and_timestamp, status_of, Generation};
 use crate::client::{
-    ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, ListEntry, PutOptions, Value, WriteCondition, WriteResult,
+    ByteRange, DeleteResult, GetAtMost, GetOptions, GetResult, KeyRange, ListEntry, PutOptions, Value, WriteCondition,
+    WriteResult,
 };
 use crate::proto::MAX_KEY_LEN;
 
@@ -77,7 +78,9 @@ pub(crate) fn check_write_key(key: &[u8]) -> Result<(), GrpcStatus> {
         return Err(GrpcStatus::invalid_argument(format!("key of {} bytes exceeds {MAX_KEY_LEN}", key.len())));
     }
     if key.is_empty() {
-        return Err(GrpcStatus::invalid_argument("remote_dram keys are at least 1 byte: the empty key cannot be written"));
+        return Err(GrpcStatus::invalid_argument(
+            "remote_dram keys are at least 1 byte: the empty key cannot be written",
+        ));
     }
     Ok(())
 }
@@ -135,7 +138,11 @@ fn read_response(state: State, g: Generation, bound: Option<&pb::Timestamp>, par
 /// A value's bytes as ReadResponses of up to [`READ_CHUNK`] bytes. Every message repeats
 /// state and generation: the client takes them from each message while its gathered bytes
 /// are still empty.
-fn value_messages(data: Bytes, generation: u64, bound: Option<&pb::Timestamp>) -> impl Iterator<Item = pb::ReadResponse> + '_ {
+fn value_messages(
+    data: Bytes,
+    generation: u64,
+    bound: Option<&pb::Timestamp>,
+) -> impl Iterator<Item = pb::ReadResponse> + '_ {
     let chunks = data.len().div_ceil(READ_CHUNK).max(1);
     (0..chunks).map(move |i| {
         let part = data.slice((i * READ_CHUNK).min(data.len())..((i + 1) * READ_CHUNK).min(data.len()));
@@ -167,13 +174,20 @@ fn list_batches(entries: Vec<ListEntry>, strip: usize) -> Vec<pb::ListResponse> 
 
 /// One window of a value read in windows: exactly `range`, or UNAVAILABLE when the value
 /// is no longer at `generation`.
-async fn fetch_window(engine: &EnginePool, key: Bytes, generation: u64, range: Range<u64>) -> Result<Bytes, GrpcStatus> {
+async fn fetch_window(
+    engine: &EnginePool,
+    key: Bytes,
+    generation: u64,
+    range: Range<u64>,
+) -> Result<Bytes, GrpcStatus> {
     let want = (range.end - range.start) as usize;
     let range = ByteRange { start: range.start as i64, end: range.end as i64 };
     let opts = GetOptions { if_equal: Some(generation), range: Some(range), ..Default::default() };
     match engine.run(move |c| c.get_with(&key, &opts)).await.map_err(|e| status_of(&e))? {
         GetResult::Value(v) if v.data.len() == want => Ok(Bytes::from(v.data)),
-        GetResult::Value(v) => Err(GrpcStatus::internal(format!("the engine answered {} bytes for a window of {want}", v.data.len()))),
+        GetResult::Value(v) => {
+            Err(GrpcStatus::internal(format!("the engine answered {} bytes for a window of {want}", v.data.len())))
+        }
         GetResult::Unchanged { .. } | GetResult::Missing => {
             Err(GrpcStatus::unavailable("the value changed while the gateway streamed it; read it again"))
         }
@@ -188,7 +202,9 @@ fn hold(buffered: &Arc<tokio::sync::Semaphore>, permits: usize) -> Result<Option
     }
     let permits = u32::try_from(permits).unwrap_or(u32::MAX);
     buffered.clone().try_acquire_many_owned(permits).map(Some).map_err(|_| {
-        GrpcStatus::resource_exhausted("the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry")
+        GrpcStatus::resource_exhausted(
+            "the gateway's buffer for unfinished writes and unsent reads is full (rdram gateway --max-buffered); retry",
+        )
     })
 }
 
@@ -298,7 +314,11 @@ impl KvStoreService for Gateway {
 impl Gateway {
     /// Runs one unary call, counted in the metrics: in flight while it runs, then by its
     /// code (CANCELLED if the client left before the answer).
-    pub(crate) async fn observed<T>(&self, method: Method, serve: impl std::future::Future<Output = Result<T, GrpcStatus>>) -> Result<T, GrpcStatus> {
+    pub(crate) async fn observed<T>(
+        &self,
+        method: Method,
+        serve: impl std::future::Future<Output = Result<T, GrpcStatus>>,
+    ) -> Result<T, GrpcStatus> {
         let mut call = self.metrics.call(method);
         let result = serve.await;
         call.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
@@ -307,7 +327,11 @@ impl Gateway {
 
     /// Runs one call with a streamed reply, counted in the metrics: in flight until its
     /// stream ends, then by how it ended (see [`Observed`]).
-    pub(crate) async fn observed_stream<T: Send + 'static>(&self, method: Method, serve: impl std::future::Future<Output = Result<ReplyStream<T>, GrpcStatus>>) -> Result<ReplyStream<T>, GrpcStatus> {
+    pub(crate) async fn observed_stream<T: Send + 'static>(
+        &self,
+        method: Method,
+        serve: impl std::future::Future<Output = Result<ReplyStream<T>, GrpcStatus>>,
+    ) -> Result<ReplyStream<T>, GrpcStatus> {
         let mut call = self.metrics.call(method);
         match serve.await {
             Ok(replies) => Ok(Box::pin(Observed { replies, call })),
@@ -329,7 +353,8 @@ impl Gateway {
             return Ok(only(State::Missing, Generation::NoValue)); // the engine stores no empty key
         }
         let key = r.key.clone();
-        let first = self.engine.run(move |c| c.get_at_most(&key, &opts, READ_WINDOW)).await.map_err(|e| status_of(&e))?;
+        let first =
+            self.engine.run(move |c| c.get_at_most(&key, &opts, READ_WINDOW)).await.map_err(|e| status_of(&e))?;
         match first {
             GetAtMost::Got(GetResult::Missing) => Ok(only(State::Missing, Generation::NoValue)),
             GetAtMost::Got(GetResult::Value(v)) if !never_equal => {
@@ -350,7 +375,10 @@ impl Gateway {
             }
             // A never-equal read asks for no bytes, so only a value read gets here.
             GetAtMost::TooLong { len, generation, size } => {
-                let asked = r.byte_range.map_or(ByteRange { start: 0, end: -1 }, |b| ByteRange { start: b.inclusive_min, end: b.exclusive_max.unwrap_or(-1) });
+                let asked = r.byte_range.map_or(ByteRange { start: 0, end: -1 }, |b| ByteRange {
+                    start: b.inclusive_min,
+                    end: b.exclusive_max.unwrap_or(-1),
+                });
                 let (start, end) = asked.resolve(size).map_err(|e| status_of(&e))?;
                 debug_assert_eq!(end - start, len as u64);
                 Ok(self.read_in_windows(r.key, generation, start..end, bound))
@@ -362,7 +390,13 @@ impl Gateway {
     /// fetched once the previous one is handed to gRPC, and each pinned to `generation`:
     /// an overwrite or delete meanwhile ends the stream with UNAVAILABLE (TensorStore then
     /// reads again from the start) rather than with a mix of two values.
-    fn read_in_windows(&self, key: Bytes, generation: u64, range: Range<u64>, bound: Option<pb::Timestamp>) -> ReplyStream<pb::ReadResponse> {
+    fn read_in_windows(
+        &self,
+        key: Bytes,
+        generation: u64,
+        range: Range<u64>,
+        bound: Option<pb::Timestamp>,
+    ) -> ReplyStream<pb::ReadResponse> {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let (engine, buffered, metrics) = (self.engine.clone(), self.buffered.clone(), self.metrics.clone());
         tokio::spawn(async move {
@@ -399,9 +433,17 @@ impl Gateway {
     }
 
     /// Stores a Write's value under `generation_if_equal`'s condition.
-    pub(crate) async fn store(&self, key: Bytes, generation_if_equal: &[u8], value: WriteValue) -> Result<pb::WriteResponse, GrpcStatus> {
+    pub(crate) async fn store(
+        &self,
+        key: Bytes,
+        generation_if_equal: &[u8],
+        value: WriteValue,
+    ) -> Result<pb::WriteResponse, GrpcStatus> {
         let Some(condition) = write_condition(generation_if_equal) else {
-            return Ok(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(Generation::Unknown, None)) });
+            return Ok(pb::WriteResponse {
+                status: None,
+                generation_and_timestamp: Some(generation_and_timestamp(Generation::Unknown, None)),
+            });
         };
         let total = value.bytes().len();
         // The budget is held until the engine has the value (the closure owns it).
@@ -418,7 +460,10 @@ impl Gateway {
         Ok(pb::WriteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) })
     }
 
-    async fn serve_delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
+    async fn serve_delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, GrpcStatus> {
         let r = request.into_inner();
         // Decided by presence: a range delete may legitimately start at the empty key, and
         // deleting the empty key is a single-key delete.
@@ -435,7 +480,12 @@ impl Gateway {
                     Some(WriteCondition::None | WriteCondition::IfAbsent) if key.is_empty() => Generation::NoValue,
                     Some(WriteCondition::IfEqual(_)) if key.is_empty() => Generation::Unknown,
                     Some(condition) => {
-                        match self.engine.run(move |c| c.delete_with(&key, condition)).await.map_err(|e| status_of(&e))? {
+                        match self
+                            .engine
+                            .run(move |c| c.delete_with(&key, condition))
+                            .await
+                            .map_err(|e| status_of(&e))?
+                        {
                             DeleteResult::Deleted { .. } => Generation::NoValue,
                             DeleteResult::ConditionFailed => Generation::Unknown,
                         }
@@ -444,7 +494,10 @@ impl Gateway {
             }
             (None, None) => return Err(GrpcStatus::invalid_argument("delete needs a key or a range")),
         };
-        Ok(Response::new(pb::DeleteResponse { status: None, generation_and_timestamp: Some(generation_and_timestamp(g, None)) }))
+        Ok(Response::new(pb::DeleteResponse {
+            status: None,
+            generation_and_timestamp: Some(generation_and_timestamp(g, None)),
+        }))
     }
 
     /// Streams the listing page by page (one engine reply, at most 1 MiB of keys, at a
@@ -470,13 +523,14 @@ impl Gateway {
                         return;
                     }
                 };
-                let held = match hold(&buffered, entries.iter().map(|e| e.key.len()).sum::<usize>().div_ceil(BUFFER_PERMIT)) {
-                    Ok(held) => held,
-                    Err(refused) => {
-                        let _ = tx.send(Err(refused)).await;
-                        return;
-                    }
-                };
+                let held =
+                    match hold(&buffered, entries.iter().map(|e| e.key.len()).sum::<usize>().div_ceil(BUFFER_PERMIT)) {
+                        Ok(held) => held,
+                        Err(refused) => {
+                            let _ = tx.send(Err(refused)).await;
+                            return;
+                        }
+                    };
                 for batch in list_batches(entries, strip) {
                     if tx.send(Ok(batch)).await.is_err() {
                         return; // the client went
@@ -491,4 +545,3 @@ impl Gateway {
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 }
-

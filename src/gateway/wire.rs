@@ -29,7 +29,9 @@ impl Generation {
         match bytes {
             [] => Generation::Unknown,
             [TAG_NO_VALUE] => Generation::NoValue,
-            [TAG_VALUE, rest @ ..] if rest.len() == 8 => Generation::Engine(u64::from_le_bytes(rest.try_into().unwrap())),
+            [TAG_VALUE, rest @ ..] if rest.len() == 8 => {
+                Generation::Engine(u64::from_le_bytes(rest.try_into().unwrap()))
+            }
             _ => Generation::Foreign,
         }
     }
@@ -82,7 +84,12 @@ pub fn status_of(e: &Error) -> tonic::Status {
         Status::NoSpace => Code::ResourceExhausted,
         Status::AuthFailed => Code::PermissionDenied,
         Status::VersionMismatch => Code::FailedPrecondition,
-        Status::Unavailable | Status::Transport | Status::Io | Status::ViewChanged | Status::KeyMoving | Status::Moved => Code::Unavailable,
+        Status::Unavailable
+        | Status::Transport
+        | Status::Io
+        | Status::ViewChanged
+        | Status::KeyMoving
+        | Status::Moved => Code::Unavailable,
         // A key routed to a shard that does not own it will not route differently on a
         // retry (the layouts disagree): a permanent error, not one to retry for minutes.
         Status::WrongShard => Code::FailedPrecondition,
@@ -98,7 +105,8 @@ mod tests {
 
     #[test]
     fn generations_round_trip_and_foreign_bytes_are_recognised() {
-        for g in [Generation::NoValue, Generation::Engine(0), Generation::Engine(u64::MAX), Generation::Engine(0x0102)] {
+        for g in [Generation::NoValue, Generation::Engine(0), Generation::Engine(u64::MAX), Generation::Engine(0x0102)]
+        {
             assert_eq!(Generation::parse(&g.encode()), g);
         }
         assert_eq!(Generation::Engine(1).encode(), [0, 1, 0, 0, 0, 0, 0, 0, 0]);

@@ -102,7 +102,8 @@ impl Cuda {
         // SAFETY: cuGetErrorString writes a pointer to a static string, or leaves null.
         let known = unsafe { (self.api.get_error_string)(r, &mut text) } == CUDA_SUCCESS && !text.is_null();
         // SAFETY: a non-null result of cuGetErrorString is a static NUL-terminated string.
-        let text = if known { unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned() } else { "unknown error".into() };
+        let text =
+            if known { unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned() } else { "unknown error".into() };
         Err(Error::new(Status::Io, format!("CUDA {what}: {text} ({r})")))
     }
 
@@ -136,13 +137,25 @@ impl Cuda {
 
 impl Device for Cuda {
     fn kind(&self, addr: usize) -> MemoryKind {
-        let attrs = [CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL];
+        let attrs =
+            [CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL];
         let (mut mem_type, mut managed, mut ordinal): (c_uint, c_uint, c_int) = (0, 0, -1);
-        let mut data = [&mut mem_type as *mut c_uint as *mut c_void, &mut managed as *mut c_uint as *mut c_void, &mut ordinal as *mut c_int as *mut c_void];
+        let mut data = [
+            &mut mem_type as *mut c_uint as *mut c_void,
+            &mut managed as *mut c_uint as *mut c_void,
+            &mut ordinal as *mut c_int as *mut c_void,
+        ];
         // SAFETY: three attributes, each with an out-pointer to a local of the size the
         // driver writes (CUmemorytype and booleans: 32 bits; the ordinal: int). For memory
         // unknown to CUDA the call succeeds and leaves the type 0.
-        let mut ask = || unsafe { (self.api.pointer_get_attributes)(attrs.len() as c_uint, attrs.as_ptr(), data.as_mut_ptr(), addr as CuDevicePtr) };
+        let mut ask = || unsafe {
+            (self.api.pointer_get_attributes)(
+                attrs.len() as c_uint,
+                attrs.as_ptr(),
+                data.as_mut_ptr(),
+                addr as CuDevicePtr,
+            )
+        };
         let mut r = ask();
         if r != CUDA_SUCCESS {
             // A thread with no context current (one that never used CUDA): asked again
@@ -170,7 +183,9 @@ impl Device for Cuda {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         self.in_context(0, || {
             // SAFETY: an out-pointer to a local; portable memory is pinned for every context.
-            self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut ptr, len.max(1), CU_MEMHOSTALLOC_PORTABLE) })
+            self.check("cuMemHostAlloc", unsafe {
+                (self.api.mem_host_alloc)(&mut ptr, len.max(1), CU_MEMHOSTALLOC_PORTABLE)
+            })
         })?;
         let free = move |p: *mut u8, _len: usize| {
             // SAFETY: memory from cuMemHostAlloc, freed once (on the buffer's drop), with
@@ -207,7 +222,9 @@ impl Stream for CudaStream {
         let (api, stream) = (&self.cuda.api, self.stream);
         self.cuda.in_context(self.ordinal, || {
             // SAFETY: the caller keeps both ranges valid until the next synchronize.
-            self.cuda.check("cuMemcpyDtoHAsync", unsafe { (api.memcpy_dtoh_async)(host.cast(), device as CuDevicePtr, len, stream) })
+            self.cuda.check("cuMemcpyDtoHAsync", unsafe {
+                (api.memcpy_dtoh_async)(host.cast(), device as CuDevicePtr, len, stream)
+            })
         })
     }
 
@@ -215,14 +232,18 @@ impl Stream for CudaStream {
         let (api, stream) = (&self.cuda.api, self.stream);
         self.cuda.in_context(self.ordinal, || {
             // SAFETY: the caller keeps both ranges valid until the next synchronize.
-            self.cuda.check("cuMemcpyHtoDAsync", unsafe { (api.memcpy_htod_async)(device as CuDevicePtr, host.cast(), len, stream) })
+            self.cuda.check("cuMemcpyHtoDAsync", unsafe {
+                (api.memcpy_htod_async)(device as CuDevicePtr, host.cast(), len, stream)
+            })
         })
     }
 
     fn synchronize(&mut self) -> Result<()> {
         let (api, stream) = (&self.cuda.api, self.stream);
         // SAFETY: a stream created by this value and not yet destroyed.
-        self.cuda.in_context(self.ordinal, || self.cuda.check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(stream) }))
+        self.cuda.in_context(self.ordinal, || {
+            self.cuda.check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(stream) })
+        })
     }
 }
 

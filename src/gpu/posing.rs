@@ -96,7 +96,8 @@ impl Device for Posing {
             return Err(Error::new(Status::Invalid, format!("posing device: no GPU {ordinal}")));
         }
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
-        let thread = std::thread::Builder::new().name("posing-stream".into()).spawn(move || copy_engine(self, queue))?;
+        let thread =
+            std::thread::Builder::new().name("posing-stream".into()).spawn(move || copy_engine(self, queue))?;
         self.streams.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(PosingStream { posing: self, jobs: Some(jobs), thread: Some(thread) }))
     }
@@ -159,10 +160,17 @@ struct PosingStream {
 impl PosingStream {
     fn queue(&mut self, copy: Copy, device: usize) -> Result<()> {
         if !self.posing.posed(device, copy.len) {
-            return Err(Error::new(Status::Invalid, format!("posing device: {device:#x}+{} is not device memory", copy.len)));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("posing device: {device:#x}+{} is not device memory", copy.len),
+            ));
         }
         self.posing.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.jobs.as_ref().unwrap().send(Job::Copy(copy)).map_err(|_| Error::new(Status::Internal, "posing device: the stream's thread is gone"))
+        self.jobs
+            .as_ref()
+            .unwrap()
+            .send(Job::Copy(copy))
+            .map_err(|_| Error::new(Status::Internal, "posing device: the stream's thread is gone"))
     }
 }
 
@@ -177,7 +185,11 @@ impl Stream for PosingStream {
 
     fn synchronize(&mut self) -> Result<()> {
         let (answer, answered) = crossbeam_channel::bounded(1);
-        self.jobs.as_ref().unwrap().send(Job::Sync(answer)).map_err(|_| Error::new(Status::Internal, "posing device: the stream's thread is gone"))?;
+        self.jobs
+            .as_ref()
+            .unwrap()
+            .send(Job::Sync(answer))
+            .map_err(|_| Error::new(Status::Internal, "posing device: the stream's thread is gone"))?;
         answered.recv().map_err(|_| Error::new(Status::Internal, "posing device: the stream's thread is gone"))?
     }
 }

@@ -43,7 +43,8 @@ impl Endpoint {
         let mut registry = Registry::default();
         registry.register_collector(collector);
         let registry = Arc::new(registry);
-        let listener = std::net::TcpListener::bind(listen).map_err(|e| Error::new(Status::Io, format!("--metrics {listen}: {e}")))?;
+        let listener = std::net::TcpListener::bind(listen)
+            .map_err(|e| Error::new(Status::Io, format!("--metrics {listen}: {e}")))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -114,7 +115,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>)
         let mut list = open.lock().unwrap_or_else(|e| e.into_inner());
         let oldest_of_source = || list.iter().position(|o| o.source == peer.ip());
         let from_source = list.iter().filter(|o| o.source == peer.ip()).count();
-        let evict = if from_source >= MAX_CONNECTIONS_PER_SOURCE { oldest_of_source() } else { (list.len() >= MAX_CONNECTIONS).then_some(0) };
+        let evict = if from_source >= MAX_CONNECTIONS_PER_SOURCE {
+            oldest_of_source()
+        } else {
+            (list.len() >= MAX_CONNECTIONS).then_some(0)
+        };
         if let Some(i) = evict {
             // At debug: a connection flood must not become a log flood.
             debug!("metrics endpoint: connections at their limit; closing the oldest, from {}", list[i].source);
@@ -133,11 +138,17 @@ async fn accept_loop(listener: tokio::net::TcpListener, registry: Arc<Registry>)
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>, registry: Arc<Registry>) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    registry: Arc<Registry>,
+) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
     let response = |status: StatusCode, content_type: &str, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_str(content_type).expect("a valid header value"));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_str(content_type).expect("a valid header value"),
+        );
         r
     };
     if req.uri().path() != "/metrics" {
@@ -145,7 +156,11 @@ async fn answer(req: Request<hyper::body::Incoming>, registry: Arc<Registry>) ->
     }
     // Prometheus asks for OpenMetrics; everything else (curl, promtool) gets the classic
     // text format.
-    let openmetrics = req.headers().get(hyper::header::ACCEPT).and_then(|a| a.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
+    let openmetrics = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
     let mut body = String::new();
     Ok(match prometheus_client::encoding::text::encode(&mut body, &registry) {
         Ok(()) if openmetrics => response(StatusCode::OK, OPENMETRICS, body),

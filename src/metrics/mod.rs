@@ -83,18 +83,45 @@ impl Collector for ServerCollector {
             self.shards.iter().enumerate().map(|(i, m)| (shard(i), counter(f(m)))).collect()
         };
 
-        family(&mut e, "rdram_server_info", "The server's transport (value 1)", MetricType::Gauge, [(
-            vec![("transport", self.transport.clone()), ("version", env!("CARGO_PKG_VERSION").to_string())],
-            gauge(1),
-        )])?;
+        family(
+            &mut e,
+            "rdram_server_info",
+            "The server's transport (value 1)",
+            MetricType::Gauge,
+            [(
+                vec![("transport", self.transport.clone()), ("version", env!("CARGO_PKG_VERSION").to_string())],
+                gauge(1),
+            )],
+        )?;
         let requests = self.shards.iter().enumerate().flat_map(|(i, m)| {
             m.requests().into_iter().map(move |(op, status, n)| {
-                (vec![("shard", i.to_string()), ("op", op.to_string()), ("status", status.label().to_string())], counter(n))
+                (
+                    vec![("shard", i.to_string()), ("op", op.to_string()), ("status", status.label().to_string())],
+                    counter(n),
+                )
             })
         });
-        family(&mut e, "rdram_requests", "Requests answered, by op and outcome", MetricType::Counter, requests.collect::<Vec<_>>())?;
-        family(&mut e, "rdram_received_bytes", "Value bytes received (puts)", MetricType::Counter, each_counter(&|m| m.bytes().0))?;
-        family(&mut e, "rdram_sent_bytes", "Value and listing bytes sent (gets, lists)", MetricType::Counter, each_counter(&|m| m.bytes().1))?;
+        family(
+            &mut e,
+            "rdram_requests",
+            "Requests answered, by op and outcome",
+            MetricType::Counter,
+            requests.collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "rdram_received_bytes",
+            "Value bytes received (puts)",
+            MetricType::Counter,
+            each_counter(&|m| m.bytes().0),
+        )?;
+        family(
+            &mut e,
+            "rdram_sent_bytes",
+            "Value and listing bytes sent (gets, lists)",
+            MetricType::Counter,
+            each_counter(&|m| m.bytes().1),
+        )?;
         let mut durations = e.encode_descriptor(
             "rdram_request_duration_seconds",
             "Server-side service time, from a request's arrival to its reply handed to the transport (a put's includes receiving its value)",
@@ -104,22 +131,79 @@ impl Collector for ServerCollector {
         for (i, m) in self.shards.iter().enumerate() {
             for d in m.durations() {
                 let labels: Labels = vec![("shard", i.to_string()), ("op", d.op.to_string())];
-                durations.encode_family(&labels)?.encode_histogram::<Labels>(d.sum_seconds, d.count, &d.buckets, None)?;
+                durations.encode_family(&labels)?.encode_histogram::<Labels>(
+                    d.sum_seconds,
+                    d.count,
+                    &d.buckets,
+                    None,
+                )?;
             }
         }
 
         let g = |f: fn(&shard::Gauges) -> &AtomicU64| move |m: &ShardMetrics| f(&m.gauges).load(Relaxed);
         family(&mut e, "rdram_arena_capacity_bytes", "Arena size", MetricType::Gauge, each(&g(|g| &g.capacity_bytes)))?;
-        family(&mut e, "rdram_arena_used_bytes", "Arena bytes holding values or reserved for transfers", MetricType::Gauge, each(&g(|g| &g.used_bytes)))?;
-        family(&mut e, "rdram_arena_largest_free_bytes", "Largest free extent (the largest value that fits now)", MetricType::Gauge, each(&g(|g| &g.largest_free_bytes)))?;
-        let fragmentation = self.shards.iter().enumerate().map(|(i, m)| (shard(i), ConstGauge::new(f64::from_bits(m.gauges.fragmentation.load(Relaxed)))));
-        family(&mut e, "rdram_arena_fragmentation_ratio", "1 - largest free extent / free bytes (0: one free extent)", MetricType::Gauge, fragmentation.collect::<Vec<_>>())?;
+        family(
+            &mut e,
+            "rdram_arena_used_bytes",
+            "Arena bytes holding values or reserved for transfers",
+            MetricType::Gauge,
+            each(&g(|g| &g.used_bytes)),
+        )?;
+        family(
+            &mut e,
+            "rdram_arena_largest_free_bytes",
+            "Largest free extent (the largest value that fits now)",
+            MetricType::Gauge,
+            each(&g(|g| &g.largest_free_bytes)),
+        )?;
+        let fragmentation = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (shard(i), ConstGauge::new(f64::from_bits(m.gauges.fragmentation.load(Relaxed)))));
+        family(
+            &mut e,
+            "rdram_arena_fragmentation_ratio",
+            "1 - largest free extent / free bytes (0: one free extent)",
+            MetricType::Gauge,
+            fragmentation.collect::<Vec<_>>(),
+        )?;
         family(&mut e, "rdram_keys", "Keys stored", MetricType::Gauge, each(&g(|g| &g.keys)))?;
-        family(&mut e, "rdram_index_bytes", "Memory of the key index", MetricType::Gauge, each(&g(|g| &g.index_bytes)))?;
-        family(&mut e, "rdram_pinned_extents", "Extents pinned by replies in flight", MetricType::Gauge, each(&g(|g| &g.pinned_extents)))?;
-        family(&mut e, "rdram_transfers_in_flight", "Values being received", MetricType::Gauge, each(&g(|g| &g.transfers_in_flight)))?;
-        family(&mut e, "rdram_evictions", "Values evicted to make room (cache mode)", MetricType::Counter, each_counter(&g(|g| &g.evictions)))?;
-        family(&mut e, "rdram_expirations", "Values that expired (TTL)", MetricType::Counter, each_counter(&g(|g| &g.expirations)))?;
+        family(
+            &mut e,
+            "rdram_index_bytes",
+            "Memory of the key index",
+            MetricType::Gauge,
+            each(&g(|g| &g.index_bytes)),
+        )?;
+        family(
+            &mut e,
+            "rdram_pinned_extents",
+            "Extents pinned by replies in flight",
+            MetricType::Gauge,
+            each(&g(|g| &g.pinned_extents)),
+        )?;
+        family(
+            &mut e,
+            "rdram_transfers_in_flight",
+            "Values being received",
+            MetricType::Gauge,
+            each(&g(|g| &g.transfers_in_flight)),
+        )?;
+        family(
+            &mut e,
+            "rdram_evictions",
+            "Values evicted to make room (cache mode)",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.evictions)),
+        )?;
+        family(
+            &mut e,
+            "rdram_expirations",
+            "Values that expired (TTL)",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.expirations)),
+        )?;
         family(
             &mut e,
             "rdram_worker_replacements",
@@ -144,14 +228,50 @@ impl Collector for ServerCollector {
         )?;
         if let Some(role) = &self.cluster {
             let moves = &role.moves;
-            family(&mut e, "rdram_cluster_view", "Epoch of the cluster placement this server routes with", MetricType::Gauge, [(Labels::new(), gauge(role.epoch()))])?;
-            family(&mut e, "rdram_cluster_handing_over", "1 while this server hands keys over to their new owners", MetricType::Gauge, [(Labels::new(), gauge(moves.active.load(Relaxed) as u64))])?;
-            family(&mut e, "rdram_cluster_handed_over_keys", "Keys this server handed over to their new owners", MetricType::Counter, [(Labels::new(), counter(moves.keys.load(Relaxed)))])?;
-            family(&mut e, "rdram_cluster_handed_over_bytes", "Value bytes this server handed over to their new owners", MetricType::Counter, [(Labels::new(), counter(moves.bytes.load(Relaxed)))])?;
+            family(
+                &mut e,
+                "rdram_cluster_view",
+                "Epoch of the cluster placement this server routes with",
+                MetricType::Gauge,
+                [(Labels::new(), gauge(role.epoch()))],
+            )?;
+            family(
+                &mut e,
+                "rdram_cluster_handing_over",
+                "1 while this server hands keys over to their new owners",
+                MetricType::Gauge,
+                [(Labels::new(), gauge(moves.active.load(Relaxed) as u64))],
+            )?;
+            family(
+                &mut e,
+                "rdram_cluster_handed_over_keys",
+                "Keys this server handed over to their new owners",
+                MetricType::Counter,
+                [(Labels::new(), counter(moves.keys.load(Relaxed)))],
+            )?;
+            family(
+                &mut e,
+                "rdram_cluster_handed_over_bytes",
+                "Value bytes this server handed over to their new owners",
+                MetricType::Counter,
+                [(Labels::new(), counter(moves.bytes.load(Relaxed)))],
+            )?;
         }
-        family(&mut e, "rdram_reply_budget_bytes", "The limit on rdram_reply_backlog_bytes (--reply-budget)", MetricType::Gauge, [(Labels::new(), gauge(self.reply_budget.limit()))])?;
+        family(
+            &mut e,
+            "rdram_reply_budget_bytes",
+            "The limit on rdram_reply_backlog_bytes (--reply-budget)",
+            MetricType::Gauge,
+            [(Labels::new(), gauge(self.reply_budget.limit()))],
+        )?;
         let b = &self.bootstrap;
-        family(&mut e, "rdram_clients_connected", "Clients connected", MetricType::Gauge, [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))])?;
+        family(
+            &mut e,
+            "rdram_clients_connected",
+            "Clients connected",
+            MetricType::Gauge,
+            [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))],
+        )?;
         let handshakes = [
             ("accepted", "", &b.accepted),
             ("refused", "auth", &b.refused_auth),
@@ -159,8 +279,16 @@ impl Collector for ServerCollector {
             ("refused", "version", &b.refused_version),
             ("failed", "", &b.failed),
         ]
-        .map(|(outcome, reason, n)| (vec![("outcome", outcome.to_string()), ("reason", reason.to_string())], counter(n.load(Relaxed))));
-        family(&mut e, "rdram_handshakes", "Client handshakes by outcome and reason of refusal", MetricType::Counter, handshakes)?;
+        .map(|(outcome, reason, n)| {
+            (vec![("outcome", outcome.to_string()), ("reason", reason.to_string())], counter(n.load(Relaxed)))
+        });
+        family(
+            &mut e,
+            "rdram_handshakes",
+            "Client handshakes by outcome and reason of refusal",
+            MetricType::Counter,
+            handshakes,
+        )?;
         family(
             &mut e,
             "rdram_shm_locks_released",

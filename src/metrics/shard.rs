@@ -83,7 +83,10 @@ impl Default for ShardMetrics {
     fn default() -> Self {
         ShardMetrics {
             requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            durations: std::array::from_fn(|_| Durations { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }),
+            durations: std::array::from_fn(|_| Durations {
+                buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+                sum_ns: AtomicU64::new(0),
+            }),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             timed: AtomicBool::new(false),
@@ -167,8 +170,12 @@ impl ShardMetrics {
     pub fn durations(&self) -> Vec<OpDurations> {
         let mut out = Vec::new();
         for (op, d) in self.durations.iter().enumerate() {
-            let buckets: Vec<(f64, u64)> =
-                DURATION_BUCKETS.iter().chain([&f64::MAX]).zip(&d.buckets).map(|(&bound, n)| (bound, n.load(Relaxed))).collect();
+            let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
+                .iter()
+                .chain([&f64::MAX])
+                .zip(&d.buckets)
+                .map(|(&bound, n)| (bound, n.load(Relaxed)))
+                .collect();
             let count: u64 = buckets.iter().map(|b| b.1).sum();
             if count > 0 {
                 out.push(OpDurations { op: OPS[op], sum_seconds: d.sum_ns.load(Relaxed) as f64 / 1e9, count, buckets });

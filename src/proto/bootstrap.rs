@@ -140,4 +140,3 @@ pub fn hex_decode(s: &str) -> Result<Vec<u8>> {
     }
     bytes.chunks(2).map(|p| Ok((digit(p[0])? << 4 | digit(p[1])?) as u8)).collect()
 }
-

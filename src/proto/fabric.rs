@@ -126,7 +126,8 @@ pub fn split_request(msg: &mut Vec<u8>, part_max: usize, ends: &mut Vec<usize>) 
         let from = part_max + k * chunk;
         let to = from + (k + 1) * PART_HEADER_LEN;
         msg.copy_within(from..(from + chunk).min(len), to);
-        msg[to - PART_HEADER_LEN..to].copy_from_slice(&PartHeader { request_id, credential, last: k + 1 == parts }.encode());
+        msg[to - PART_HEADER_LEN..to]
+            .copy_from_slice(&PartHeader { request_id, credential, last: k + 1 == parts }.encode());
     }
     ends.extend((0..=parts).map(|k| (part_max * (k + 1)).min(msg.len())));
 }
@@ -158,7 +159,10 @@ impl RemoteValue {
         let (head, tail) = payload.split_at(at);
         let word = |i: usize| u64::from_le_bytes(tail[i * 8..i * 8 + 8].try_into().unwrap());
         if word(1) != rails as u64 {
-            return Err(Error::new(Status::Invalid, format!("remote value names {} rails, the server has {rails}", word(1))));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("remote value names {} rails, the server has {rails}", word(1)),
+            ));
         }
         let refs = (0..rails).map(|r| (word(2 + 2 * r), word(3 + 2 * r))).collect();
         Ok((head, RemoteValue { len: word(0), rails: refs }))

@@ -225,7 +225,14 @@ pub struct ReplyHeader {
 
 impl RequestHeader {
     pub fn new(op: Op, request_id: u64, session: u64) -> Self {
-        RequestHeader { version: PROTOCOL_VERSION, op: op as u8, request_id, session, range_end: -1, ..Default::default() }
+        RequestHeader {
+            version: PROTOCOL_VERSION,
+            op: op as u8,
+            request_id,
+            session,
+            range_end: -1,
+            ..Default::default()
+        }
     }
 
     /// Writes the header in full, whatever `flags` says of the form; returns its length.
@@ -251,7 +258,13 @@ impl RequestHeader {
     pub fn encode_short(&self, out: &mut [u8; REQUEST_HEADER_LEN]) -> usize {
         let defaults = RequestHeader::new(Op::Get, 0, 0);
         let fits = (self.if_equal, self.if_not_equal, self.range_start, self.range_end, self.ttl_or_limit)
-            == (defaults.if_equal, defaults.if_not_equal, defaults.range_start, defaults.range_end, defaults.ttl_or_limit);
+            == (
+                defaults.if_equal,
+                defaults.if_not_equal,
+                defaults.range_start,
+                defaults.range_end,
+                defaults.ttl_or_limit,
+            );
         let full = self.encode(out);
         if !fits {
             return full;
@@ -283,10 +296,15 @@ impl RequestHeader {
     /// [`RequestHeader::encoded_len`]). On error, returns the request id when it could be
     /// read (so the sender still gets an answer) and a message.
     pub fn decode(buf: &[u8]) -> Result<(RequestHeader, Op), DecodeError> {
-        let short = buf.len() >= SHORT_REQUEST_HEADER_LEN && u32::from_le_bytes(buf[4..8].try_into().unwrap()) & flags::SHORT_FORM != 0;
+        let short = buf.len() >= SHORT_REQUEST_HEADER_LEN
+            && u32::from_le_bytes(buf[4..8].try_into().unwrap()) & flags::SHORT_FORM != 0;
         let need = if short { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
         if buf.len() < need {
-            return Err(DecodeError::new(None, Status::Invalid, format!("request header is {} bytes, need {need}", buf.len())));
+            return Err(DecodeError::new(
+                None,
+                Status::Invalid,
+                format!("request header is {} bytes, need {need}", buf.len()),
+            ));
         }
         let request_id = u64_at(buf, 8);
         let fail = |status, msg: String| Err(DecodeError::new(Some(request_id), status, msg));
@@ -323,7 +341,10 @@ impl RequestHeader {
         }
         if h.flags & flags::VIEW != 0 {
             if buf.len() < need + VIEW_LEN {
-                return fail(Status::Invalid, format!("request header is {} bytes, need {} with its view", buf.len(), need + VIEW_LEN));
+                return fail(
+                    Status::Invalid,
+                    format!("request header is {} bytes, need {} with its view", buf.len(), need + VIEW_LEN),
+                );
             }
             h.view = u64_at(buf, need);
         }
@@ -349,7 +370,10 @@ impl RequestHeader {
                     return fail(Status::KeyTooLarge, format!("key length {key_len} outside 1..={MAX_KEY_LEN}"));
                 }
                 if op == Op::Put && u64::from(h.aux_len) >= VALUE_ALIGN {
-                    return fail(Status::Invalid, format!("a put's value alignment must be below {VALUE_ALIGN}, not {}", h.aux_len));
+                    return fail(
+                        Status::Invalid,
+                        format!("a put's value alignment must be below {VALUE_ALIGN}, not {}", h.aux_len),
+                    );
                 }
                 if op != Op::Put && h.aux_len != 0 {
                     return fail(Status::Invalid, "aux_len must be 0 for gets and deletes".into());
@@ -370,7 +394,9 @@ impl RequestHeader {
         if h.flags & flags::IF_EQUAL != 0 && h.flags & flags::IF_ABSENT != 0 {
             return fail(Status::Invalid, "if_equal and if_absent are exclusive".into());
         }
-        if (h.flags & flags::IF_EQUAL != 0 && h.if_equal == 0) || (h.flags & flags::IF_NOT_EQUAL != 0 && h.if_not_equal == 0) {
+        if (h.flags & flags::IF_EQUAL != 0 && h.if_equal == 0)
+            || (h.flags & flags::IF_NOT_EQUAL != 0 && h.if_not_equal == 0)
+        {
             return fail(Status::Invalid, "generation 0 is never a valid condition".into());
         }
         Ok((h, op))
@@ -430,14 +456,25 @@ impl ReplyHeader {
             COMPACT_EMPTY_REPLY_LEN if payload == 0 => u32::from_le_bytes(buf[20..24].try_into().unwrap()) as u64,
             n => return Err(format!("malformed compact reply header ({n} bytes, {payload}-byte payload)")),
         };
-        let h = ReplyHeader { version: buf[2], status: buf[3], more: 0, request_id: u64_at(buf, 4), generation: u64_at(buf, 12), value_size, payload_len: 0 };
+        let h = ReplyHeader {
+            version: buf[2],
+            status: buf[3],
+            more: 0,
+            request_id: u64_at(buf, 4),
+            generation: u64_at(buf, 12),
+            value_size,
+            payload_len: 0,
+        };
         h.check_version()?;
         Ok(h)
     }
 
     fn check_version(&self) -> Result<(), String> {
         if self.version != PROTOCOL_VERSION {
-            return Err(format!("protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}", self.version));
+            return Err(format!(
+                "protocol version mismatch: client speaks v{PROTOCOL_VERSION}, server replied v{}",
+                self.version
+            ));
         }
         Ok(())
     }
@@ -535,7 +572,8 @@ pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
     if n <= 1 {
         return if seeds.is_empty() { Vec::new() } else { vec![rendezvous(key, seeds)] };
     }
-    let mut scored: Vec<(u64, usize)> = seeds.iter().enumerate().map(|(i, &s)| (xxhash_rust::xxh3::xxh3_64_with_seed(key, s), i)).collect();
+    let mut scored: Vec<(u64, usize)> =
+        seeds.iter().enumerate().map(|(i, &s)| (xxhash_rust::xxh3::xxh3_64_with_seed(key, s), i)).collect();
     scored.sort_unstable_by(|a, b| b.cmp(a));
     scored.into_iter().take(n).map(|(_, i)| i).collect()
 }

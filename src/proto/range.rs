@@ -18,7 +18,10 @@ impl ByteRange {
         let start = if self.start < 0 { self.start + size_i } else { self.start };
         let end = if self.end == -1 { size_i } else { self.end };
         if start < 0 || end < 0 || end > size_i || start > end {
-            return Err(Error::new(Status::OutOfRange, format!("byte range [{}, {}) of a {size}-byte value", self.start, self.end)));
+            return Err(Error::new(
+                Status::OutOfRange,
+                format!("byte range [{}, {}) of a {size}-byte value", self.start, self.end),
+            ));
         }
         Ok((start as u64, end as u64))
     }

@@ -111,7 +111,8 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> Result<JoinHandle<()>> {
                     }
                     Err(e) => {
                         // Out of fds (or memory): spinning on accept would not free any.
-                        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) {
+                        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+                        {
                             warn!("bootstrap: cannot accept ({e}); pausing {ACCEPT_BACKOFF:?}");
                             std::thread::sleep(ACCEPT_BACKOFF);
                         }
@@ -227,7 +228,8 @@ fn keep_open(incoming: crossbeam_channel::Receiver<Kept>, shared: &Shared) {
                 debug!("client {}: cannot tell it a shard moved: {e}", k.client);
             }
         }
-        let mut fds: Vec<libc::pollfd> = kept.iter().map(|k| libc::pollfd { fd: k.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        let mut fds: Vec<libc::pollfd> =
+            kept.iter().map(|k| libc::pollfd { fd: k.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: `fds` holds one valid pollfd per kept stream.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
         if n <= 0 {
@@ -356,6 +358,7 @@ fn peer(stream: &TcpStream) -> String {
 /// A client's secret: 64 random bits, never 0 (0 means "none").
 fn random_session() -> Result<u64> {
     let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a session: {e}")))?;
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Error::new(Status::Internal, format!("no randomness for a session: {e}")))?;
     Ok(u64::from_le_bytes(bytes).max(1))
 }

@@ -83,7 +83,10 @@ pub enum TransportChoice {
     Ucx,
     /// libfabric RDM endpoints on `provider` ("efa", "tcp;ofi_rxm", "shm"), `rails`
     /// endpoints per worker (one per NIC domain).
-    Fabric { provider: String, rails: usize },
+    Fabric {
+        provider: String,
+        rails: usize,
+    },
 }
 
 impl TransportChoice {
@@ -93,7 +96,9 @@ impl TransportChoice {
         match transport {
             "auto" | "" => Ok(TransportChoice::Auto),
             "ucx" => Ok(TransportChoice::Ucx),
-            "fabric" => Ok(TransportChoice::Fabric { provider: provider.unwrap_or("efa").to_string(), rails: domains.max(1) }),
+            "fabric" => {
+                Ok(TransportChoice::Fabric { provider: provider.unwrap_or("efa").to_string(), rails: domains.max(1) })
+            }
             other => Err(Error::new(Status::Invalid, format!("unknown transport {other:?}: use auto, ucx or fabric"))),
         }
     }
@@ -128,7 +133,8 @@ impl Default for ServerConfig {
             stranded_endpoint_limit: DEFAULT_STRANDED_ENDPOINT_LIMIT,
             metrics: None,
             // The environment's opt-in, for servers embedded through the C ABI or Python.
-            ucx_tcp: std::env::var("RDRAM_UCX_TCP").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
+            ucx_tcp: std::env::var("RDRAM_UCX_TCP")
+                .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
             reply_budget: DEFAULT_REPLY_BUDGET,
             cluster_role: None,
         }
@@ -328,7 +334,10 @@ impl Server {
             return Err(Error::new(Status::Invalid, "max_clients must be at least 1"));
         }
         if cfg.auth_token.as_deref().is_some_and(str::is_empty) {
-            return Err(Error::new(Status::Invalid, "the auth token is empty: give a non-empty token, or none for an open server"));
+            return Err(Error::new(
+                Status::Invalid,
+                "the auth token is empty: give a non-empty token, or none for an open server",
+            ));
         }
         // Resolved now, bound only once the workers are up: a client that connects while
         // the server is still starting is refused at once instead of waiting unanswered.
@@ -392,24 +401,53 @@ impl Server {
                     };
                     // Built on this thread, which then runs it.
                     let built = match transport {
-                        TransportChoice::Fabric { provider, rails } => {
-                            fabric_worker::FabricShardWorker::new(index, cfg.workers, membership, shard, &provider, listen_addr.ip(), rails, cfg.stall_timeout, reply_budget)
-                                .map(|mut w| {
-                                    if let Some(role) = &cfg.cluster_role {
-                                        w.service.set_cluster_role(role.clone());
-                                    }
-                                    w
-                                })
-                                .and_then(|w| Ok((w.info()?, None, Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>)))
-                        }
-                        _ => ucx_worker::ShardWorker::new(index, cfg.workers, membership, shard, cfg.stall_timeout, cfg.stranded_endpoint_limit, ucx_tcp, reply_budget)
-                            .map(|mut w| {
-                                if let Some(role) = &cfg.cluster_role {
-                                    w.service.set_cluster_role(role.clone());
-                                }
-                                w
-                            })
-                            .and_then(|w| Ok((w.info()?, Some(w.waker()), Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>))),
+                        TransportChoice::Fabric { provider, rails } => fabric_worker::FabricShardWorker::new(
+                            index,
+                            cfg.workers,
+                            membership,
+                            shard,
+                            &provider,
+                            listen_addr.ip(),
+                            rails,
+                            cfg.stall_timeout,
+                            reply_budget,
+                        )
+                        .map(|mut w| {
+                            if let Some(role) = &cfg.cluster_role {
+                                w.service.set_cluster_role(role.clone());
+                            }
+                            w
+                        })
+                        .and_then(|w| {
+                            Ok((
+                                w.info()?,
+                                None,
+                                Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>,
+                            ))
+                        }),
+                        _ => ucx_worker::ShardWorker::new(
+                            index,
+                            cfg.workers,
+                            membership,
+                            shard,
+                            cfg.stall_timeout,
+                            cfg.stranded_endpoint_limit,
+                            ucx_tcp,
+                            reply_budget,
+                        )
+                        .map(|mut w| {
+                            if let Some(role) = &cfg.cluster_role {
+                                w.service.set_cluster_role(role.clone());
+                            }
+                            w
+                        })
+                        .and_then(|w| {
+                            Ok((
+                                w.info()?,
+                                Some(w.waker()),
+                                Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>,
+                            ))
+                        }),
                     };
                     match built {
                         Ok((info, waker, run)) => {
@@ -442,7 +480,8 @@ impl Server {
             bytes = r.info.bytes;
             wakers.extend(r.waker);
         }
-        let bound = TcpListener::bind(listen_addr).map_err(|e| Error::new(Status::Io, format!("bind {}: {e}", cfg.listen)));
+        let bound =
+            TcpListener::bind(listen_addr).map_err(|e| Error::new(Status::Io, format!("bind {}: {e}", cfg.listen)));
         let local_addr = bound.as_ref().ok().and_then(|l| l.local_addr().ok()).unwrap_or(listen_addr);
         let mut server = Server {
             info: ServerInfo {

@@ -6,15 +6,15 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::staging::Staging;
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
-use tracing::{info, warn};
+use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::store::alloc::Extent;
-use crate::proto::ByteRange;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
-use super::staging::Staging;
+use tracing::{info, warn};
 
 /// Why a request was not admitted, with its id when that could be read (so that the
 /// sender still gets an answer).
@@ -34,7 +34,12 @@ pub enum Answer {
     Owned(ReplyHeader),
     /// `len` bytes at `offset` of the arena, inside `extent`; the sender pins the extent
     /// while the bytes are in flight.
-    Arena { header: ReplyHeader, offset: u64, len: u64, extent: u64 },
+    Arena {
+        header: ReplyHeader,
+        offset: u64,
+        len: u64,
+        extent: u64,
+    },
 }
 
 /// The slowest transfer rate a server waits for: a transfer of `len` bytes is cut once
@@ -43,7 +48,9 @@ pub const MIN_TRANSFER_RATE: u64 = 64 << 20;
 
 /// When a transfer of `len` bytes started now is given up on.
 pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::time::Instant {
-    std::time::Instant::now() + stall_timeout + std::time::Duration::from_secs_f64(len as f64 / MIN_TRANSFER_RATE as f64)
+    std::time::Instant::now()
+        + stall_timeout
+        + std::time::Duration::from_secs_f64(len as f64 / MIN_TRANSFER_RATE as f64)
 }
 
 /// A put whose bytes are still arriving into a reserved extent that is not in the index
@@ -172,14 +179,22 @@ impl Pressure {
     fn observe(&mut self, shard: usize, s: &crate::store::ShardStats) {
         let full = s.used_bytes as f64 / s.capacity_bytes.max(1) as f64;
         if full >= 0.9 && !self.nearly_full {
-            warn!("shard {shard}: arena {:.0} % full ({} of {} MiB used, largest free extent {} KiB)", full * 100.0, s.used_bytes >> 20, s.capacity_bytes >> 20, s.largest_free_bytes >> 10);
+            warn!(
+                "shard {shard}: arena {:.0} % full ({} of {} MiB used, largest free extent {} KiB)",
+                full * 100.0,
+                s.used_bytes >> 20,
+                s.capacity_bytes >> 20,
+                s.largest_free_bytes >> 10
+            );
         } else if full < 0.8 && self.nearly_full {
             info!("shard {shard}: arena back below 80 % full");
         }
         self.nearly_full = if full >= 0.9 { true } else { self.nearly_full && full >= 0.8 };
         let (evicted, refused) = (s.counters.evictions - self.evictions, s.counters.no_space - self.no_space);
         if (evicted > 0 || refused > 0) && self.last_line.is_none_or(|t| t.elapsed() >= PRESSURE_LOG_EVERY) {
-            let since = self.last_line.map_or_else(|| "so far".into(), |t| format!("in the last {:.0} s", t.elapsed().as_secs_f64()));
+            let since = self
+                .last_line
+                .map_or_else(|| "so far".into(), |t| format!("in the last {:.0} s", t.elapsed().as_secs_f64()));
             warn!("shard {shard}: memory pressure {since}: {evicted} values evicted, {refused} puts refused for lack of space");
             self.last_line = Some(Instant::now());
             (self.evictions, self.no_space) = (s.counters.evictions, s.counters.no_space);
@@ -188,7 +203,13 @@ impl Pressure {
 }
 
 impl Service {
-    pub fn new(index: usize, shards: usize, membership: crossbeam_channel::Receiver<Membership>, shard: Shard, reply_budget: Arc<ReplyBudget>) -> Service {
+    pub fn new(
+        index: usize,
+        shards: usize,
+        membership: crossbeam_channel::Receiver<Membership>,
+        shard: Shard,
+        reply_budget: Arc<ReplyBudget>,
+    ) -> Service {
         // A quarter of the arena at most waits for publishes: the rest stays for values.
         let staging = Staging::new(shard.stats().capacity_bytes / 4);
         Service {
@@ -242,18 +263,38 @@ impl Service {
         let (me, routing) = (current.0.as_str(), &current.1);
         let held = routing.placement.version;
         if h.view != held {
-            return Err(Error::new(Status::ViewChanged, format!("request routed with placement version {}, this server holds version {held}", h.view)));
+            return Err(Error::new(
+                Status::ViewChanged,
+                format!("request routed with placement version {}, this server holds version {held}", h.view),
+            ));
         }
         let replicating = h.flags & (flags::IMPORT | flags::STAGE) != 0;
         if replicating || (h.flags & flags::ASKING != 0 && !write) {
-            return if routing.holds(me, key) { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("the key has no replica on this server in placement version {held}"))) };
+            return if routing.holds(me, key) {
+                Ok(())
+            } else {
+                Err(Error::new(
+                    Status::ViewChanged,
+                    format!("the key has no replica on this server in placement version {held}"),
+                ))
+            };
         }
         if h.flags & flags::ASKING != 0 {
             let mine = routing.next_owner(key) == Some(me) || routing.owner(key) == Some(me);
-            return if mine { Ok(()) } else { Err(Error::new(Status::ViewChanged, format!("asked here, but the key's primary is elsewhere in placement version {held}"))) };
+            return if mine {
+                Ok(())
+            } else {
+                Err(Error::new(
+                    Status::ViewChanged,
+                    format!("asked here, but the key's primary is elsewhere in placement version {held}"),
+                ))
+            };
         }
         if routing.owner(key) != Some(me) {
-            return Err(Error::new(Status::ViewChanged, format!("this server is not the key's primary in placement version {held}")));
+            return Err(Error::new(
+                Status::ViewChanged,
+                format!("this server is not the key's primary in placement version {held}"),
+            ));
         }
         let moving_to = match routing.next_owner(key) {
             Some(next) if next != me => next.to_string(),
@@ -288,13 +329,19 @@ impl Service {
     /// Holds `key` for a handover of `len` bytes ([`flags::MIGRATE`] get).
     fn hold_for_handover(&mut self, key: &[u8], len: u64) -> Result<()> {
         let Some(p) = self.placement.as_mut() else {
-            return Err(Error::new(Status::Invalid, "handovers are between members of a cluster; this server is in none"));
+            return Err(Error::new(
+                Status::Invalid,
+                "handovers are between members of a cluster; this server is in none",
+            ));
         };
         let now = Instant::now();
         if p.handovers.len() >= MAX_HANDOVERS {
             p.handovers.retain(|_, until| *until > now);
             if p.handovers.len() >= MAX_HANDOVERS {
-                return Err(Error::new(Status::Unavailable, format!("{MAX_HANDOVERS} keys of this shard are in handovers already")));
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!("{MAX_HANDOVERS} keys of this shard are in handovers already"),
+                ));
             }
         }
         p.handovers.insert(key.to_vec(), transfer_deadline(HANDOVER_HOLD, len));
@@ -373,10 +420,17 @@ impl Service {
     /// Like [`Service::admit`] for a transport that sends one message (header, inline key
     /// and payload back to back) and checks the credential it must carry itself (libfabric:
     /// the one the client's slot got at its hello). Returns the request and its payload.
-    pub fn admit_message<'a>(&self, msg: &'a [u8], session: u64) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
+    pub fn admit_message<'a>(
+        &self,
+        msg: &'a [u8],
+        session: u64,
+    ) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
         let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
         let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
-        Ok((checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?, payload))
+        Ok((
+            checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?,
+            payload,
+        ))
     }
 
     /// Counts a request refused before it was served.
@@ -432,7 +486,8 @@ impl Service {
     /// in the payload) land straight in the arena: checks and reserves.
     pub fn begin_put(&mut self, req: &Request, arriving: u64) -> Result<PendingPut> {
         let arrived = self.metrics.clock();
-        self.reserve_put(req, arriving, arrived).inspect_err(|e| self.metrics.record(Some(req.op), e.status, 0, 0, arrived))
+        self.reserve_put(req, arriving, arrived)
+            .inspect_err(|e| self.metrics.record(Some(req.op), e.status, 0, 0, arrived))
     }
 
     fn reserve_put(&mut self, req: &Request, arriving: u64, arrived: Option<Instant>) -> Result<PendingPut> {
@@ -447,12 +502,24 @@ impl Service {
         }
         let value_len = if in_payload { arriving - key_len } else { arriving };
         if value_len > proto::MAX_VALUE_LEN {
-            return Err(Error::new(Status::ValueTooLarge, format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN)));
+            return Err(Error::new(
+                Status::ValueTooLarge,
+                format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN),
+            ));
         }
         if is_part(&h) {
             let (extent, layout, id) = self.begin_part(&h, req.inline, arriving)?;
             let dest_offset = u64::from(layout.value_at) + h.range_start as u64;
-            return Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived, part: Some(id) });
+            return Ok(PendingPut {
+                header: h,
+                extent,
+                layout,
+                dest_offset,
+                arriving,
+                cut: None,
+                arrived,
+                part: Some(id),
+            });
         }
         if h.flags & flags::STAGE != 0 {
             if h.flags & flags::IMPORT != 0 {
@@ -505,7 +572,11 @@ impl Service {
             for part in held {
                 self.shard.release(part);
             }
-            return error_reply(id, &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"), out);
+            return error_reply(
+                id,
+                &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"),
+                out,
+            );
         }
         if !arrived {
             info!("shard {}: a put of {} bytes was aborted in transfer (its client failed or went away); its space is freed", self.index, p.layout.value_len);
@@ -541,7 +612,9 @@ impl Service {
 
     fn key_of<'a>(&self, h: &RequestHeader, inline: &'a [u8], payload: &'a [u8]) -> Result<&'a [u8]> {
         let key = if h.flags & flags::KEY_IN_PAYLOAD != 0 {
-            payload.get(..h.key_len as usize).ok_or_else(|| Error::new(Status::Invalid, "payload shorter than the key"))?
+            payload
+                .get(..h.key_len as usize)
+                .ok_or_else(|| Error::new(Status::Invalid, "payload shorter than the key"))?
         } else {
             inline
         };
@@ -577,12 +650,22 @@ impl Service {
         if value_len != 0 {
             return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
         }
-        let staged = self.staging.take(h.session, h.if_not_equal).ok_or_else(|| Error::new(Status::Missing, format!("no value is staged under request id {} (it lapsed, or never arrived)", h.if_not_equal)))?;
-        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key || staged.assembly.is_some() {
+        let staged = self.staging.take(h.session, h.if_not_equal).ok_or_else(|| {
+            Error::new(
+                Status::Missing,
+                format!("no value is staged under request id {} (it lapsed, or never arrived)", h.if_not_equal),
+            )
+        })?;
+        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key
+            || staged.assembly.is_some()
+        {
             // (A value staged in parts is committed by its last part, never imported: its
             // extent may hold bytes that never arrived.)
             self.shard.release(staged.extent);
-            return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's, or staged in parts", h.if_not_equal)));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("the value staged under request id {} is another key's, or staged in parts", h.if_not_equal),
+            ));
         }
         let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
         Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
@@ -593,17 +676,33 @@ impl Service {
     /// request's id, later ones name that id in `if_not_equal`. The extent, the layout and
     /// the id; the part's transfer owns the extent until [`Service::end_part`].
     fn begin_part(&mut self, h: &RequestHeader, key: &[u8], len: u64) -> Result<(Extent, Layout, u64)> {
-        if h.flags & flags::KEY_IN_PAYLOAD != 0 || h.range_start < 0 || h.range_end < h.range_start || h.range_end as u64 > proto::MAX_VALUE_LEN {
-            return Err(Error::new(Status::Invalid, format!("a part [{}, {}) of a value staged in parts (its key inline, 0 <= start <= length <= {})", h.range_start, h.range_end, proto::MAX_VALUE_LEN)));
+        if h.flags & flags::KEY_IN_PAYLOAD != 0
+            || h.range_start < 0
+            || h.range_end < h.range_start
+            || h.range_end as u64 > proto::MAX_VALUE_LEN
+        {
+            return Err(Error::new(
+                Status::Invalid,
+                format!(
+                    "a part [{}, {}) of a value staged in parts (its key inline, 0 <= start <= length <= {})",
+                    h.range_start,
+                    h.range_end,
+                    proto::MAX_VALUE_LEN
+                ),
+            ));
         }
         self.check_shard(key)?;
         self.check_placement(h, key, true)?;
         let (offset, total) = (h.range_start as u64, h.range_end as u64);
         if offset > 0 {
             let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
-            if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len() {
+            if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len()
+            {
                 self.staging.part_ended(h.session, h.if_not_equal, 0, true).ok();
-                return Err(Error::new(Status::Invalid, format!("the value staged under request id {} is another key's", h.if_not_equal)));
+                return Err(Error::new(
+                    Status::Invalid,
+                    format!("the value staged under request id {} is another key's", h.if_not_equal),
+                ));
             }
             return Ok((extent, layout, h.if_not_equal));
         }
@@ -634,7 +733,11 @@ impl Service {
                     (None, Some(staged)) => self.shard.release(staged.extent),
                     (None, None) => {}
                 }
-                let why = if arrived { "the value staged in parts lapsed or was discarded while a part arrived" } else { "a part's transfer failed; the value staged in parts is discarded" };
+                let why = if arrived {
+                    "the value staged in parts lapsed or was discarded while a part arrived"
+                } else {
+                    "a part's transfer failed; the value staged in parts is discarded"
+                };
                 error_reply(id, &Error::new(Status::Transport, why), out)
             }
         }
@@ -665,11 +768,21 @@ impl Service {
     fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
         self.check_placement(h, key, true)?;
         let id = h.if_not_equal;
-        let staged = self.staging.take(h.session, id).ok_or_else(|| Error::new(Status::Missing, format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)")))?;
-        let whole = staged.assembly.is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
+        let staged = self.staging.take(h.session, id).ok_or_else(|| {
+            Error::new(
+                Status::Missing,
+                format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"),
+            )
+        })?;
+        let whole = staged
+            .assembly
+            .is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
         if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
             self.shard.release(staged.extent);
-            return Err(Error::new(Status::Invalid, format!("the value staged under request id {id} is not whole, or is another key's")));
+            return Err(Error::new(
+                Status::Invalid,
+                format!("the value staged under request id {id} is not whole, or is another key's"),
+            ));
         }
         let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
         Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
@@ -699,10 +812,11 @@ impl Service {
 
     fn get(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let range = (h.flags & flags::HAS_RANGE != 0).then_some(ByteRange { start: h.range_start, end: h.range_end });
-        let key = match self.key_of(h, inline, payload).and_then(|key| self.check_placement(h, key, false).map(|()| key)) {
-            Ok(key) => key,
-            Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
-        };
+        let key =
+            match self.key_of(h, inline, payload).and_then(|key| self.check_placement(h, key, false).map(|()| key)) {
+                Ok(key) => key,
+                Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
+            };
         let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
         if h.flags & (flags::MIGRATE | flags::IMPORT) != 0 {
@@ -851,7 +965,10 @@ fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), Refusal> {
 fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, Refusal> {
     let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
     if !authorized {
-        return fail(Status::AuthFailed, "request without a valid session: connect through the bootstrap handshake with the right token".into());
+        return fail(
+            Status::AuthFailed,
+            "request without a valid session: connect through the bootstrap handshake with the right token".into(),
+        );
     }
     let inline = &header[h.encoded_len()..];
     let expected = inline_key_len(&h, op);

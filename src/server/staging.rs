@@ -105,12 +105,21 @@ impl Staging {
     /// Holds a value received into `extent` for `(session, id)`; gives the extent back
     /// when the limits are reached (other stages landed while it arrived) or the id is
     /// taken.
-    pub fn hold(&mut self, session: u64, id: u64, extent: Extent, layout: Layout) -> std::result::Result<(), (Extent, Error)> {
+    pub fn hold(
+        &mut self,
+        session: u64,
+        id: u64,
+        extent: Extent,
+        layout: Layout,
+    ) -> std::result::Result<(), (Extent, Error)> {
         if let Err(e) = self.admit(session, extent.len) {
             return Err((extent, e));
         }
         if self.held.contains_key(&(session, id)) {
-            return Err((extent, Error::new(Status::Invalid, format!("a value is staged under request id {id} already"))));
+            return Err((
+                extent,
+                Error::new(Status::Invalid, format!("a value is staged under request id {id} already")),
+            ));
         }
         self.count(session, extent.len, true);
         self.held.insert((session, id), Staged { extent, layout, until: Instant::now() + STAGE_HOLD, assembly: None });
@@ -119,7 +128,13 @@ impl Staging {
 
     /// Holds `extent` for a value staged in parts under `(session, id)`, its first part
     /// arriving; as [`Staging::hold`] otherwise.
-    pub fn begin_assembly(&mut self, session: u64, id: u64, extent: Extent, layout: Layout) -> std::result::Result<(), (Extent, Error)> {
+    pub fn begin_assembly(
+        &mut self,
+        session: u64,
+        id: u64,
+        extent: Extent,
+        layout: Layout,
+    ) -> std::result::Result<(), (Extent, Error)> {
         self.hold(session, id, extent, layout)?;
         self.held.get_mut(&(session, id)).unwrap().assembly = Some(Assembly { in_flight: true, ..Assembly::default() });
         Ok(())
@@ -128,10 +143,16 @@ impl Staging {
     /// Admits the part of `len` bytes at `offset` of the value staged in parts under
     /// `(session, id)`, whose whole length is `total`: its extent and layout.
     pub fn next_part(&mut self, session: u64, id: u64, offset: u64, len: u64, total: u64) -> Result<(Extent, Layout)> {
-        let missing = || Error::new(Status::Missing, format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"));
+        let missing = || {
+            Error::new(
+                Status::Missing,
+                format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"),
+            )
+        };
         let staged = self.held.get_mut(&(session, id)).ok_or_else(missing)?;
         let assembly = staged.assembly.as_mut().filter(|a| !a.doomed).ok_or_else(missing)?;
-        if assembly.in_flight || offset != assembly.received || total != staged.layout.value_len || offset + len > total {
+        if assembly.in_flight || offset != assembly.received || total != staged.layout.value_len || offset + len > total
+        {
             return Err(Error::new(
                 Status::Invalid,
                 format!("part [{offset}, {}) of {total} bytes: the value staged under request id {id} has {} of {} bytes, and takes its parts in order, one at a time", offset + len, assembly.received, staged.layout.value_len),
@@ -145,7 +166,13 @@ impl Staging {
     /// (`arrived`) or failed. Ok: the bytes of the value received so far. Err: the value
     /// is over (the part failed, or the value lapsed or was discarded meanwhile), and
     /// taken out: its extent is the caller's to free.
-    pub fn part_ended(&mut self, session: u64, id: u64, len: u64, arrived: bool) -> std::result::Result<u64, Option<Staged>> {
+    pub fn part_ended(
+        &mut self,
+        session: u64,
+        id: u64,
+        len: u64,
+        arrived: bool,
+    ) -> std::result::Result<u64, Option<Staged>> {
         let Some(assembly) = self.held.get_mut(&(session, id)).and_then(|s| s.assembly.as_mut()) else {
             return Err(None);
         };

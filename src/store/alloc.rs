@@ -154,7 +154,8 @@ impl ExtentAllocator {
 
     /// The largest free extent as it stands (listed extents unmerged).
     pub fn largest_free(&self) -> u64 {
-        let largest_listed = self.free_lists.iter().rposition(|l| !l.is_empty()).map_or(0, |c| (c as u64 + 1) * GRANULE);
+        let largest_listed =
+            self.free_lists.iter().rposition(|l| !l.is_empty()).map_or(0, |c| (c as u64 + 1) * GRANULE);
         self.by_size.iter().next_back().map_or(0, |&(len, _)| len).max(largest_listed)
     }
 

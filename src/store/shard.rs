@@ -51,7 +51,11 @@ const _: () = assert!(GRANULE % VALUE_ALIGN == 0);
 impl Layout {
     /// For a value copied from an address that is `src_align` modulo VALUE_ALIGN.
     pub fn aligned_to(key_len: usize, value_len: u64, src_align: u64) -> Self {
-        let pad = if value_len >= ALIGN_VALUES_FROM { (src_align % VALUE_ALIGN + VALUE_ALIGN - key_len as u64 % VALUE_ALIGN) % VALUE_ALIGN } else { 0 };
+        let pad = if value_len >= ALIGN_VALUES_FROM {
+            (src_align % VALUE_ALIGN + VALUE_ALIGN - key_len as u64 % VALUE_ALIGN) % VALUE_ALIGN
+        } else {
+            0
+        };
         // Keys are at most MAX_KEY_LEN (checked when the request is decoded), so this fits.
         Layout { key_len: key_len as u32, value_at: (key_len as u64 + pad) as u32, value_len }
     }
@@ -78,9 +82,17 @@ pub struct Condition {
 #[derive(Debug, PartialEq, Eq)]
 pub enum GetOutcome {
     /// `offset`/`len` locate the (ranged) bytes in the arena.
-    Value { generation: u64, value_size: u64, offset: u64, len: u64, extent: u64 },
+    Value {
+        generation: u64,
+        value_size: u64,
+        offset: u64,
+        len: u64,
+        extent: u64,
+    },
     Missing,
-    Unchanged { generation: u64 },
+    Unchanged {
+        generation: u64,
+    },
 }
 
 #[derive(Default, Clone, Serialize)]
@@ -224,7 +236,12 @@ impl Shard {
                 self.counters.no_space += 1;
                 return Err(Error::new(
                     Status::NoSpace,
-                    format!("{len} bytes requested, {} free in {} extents (largest {})", self.alloc.free_bytes(), self.alloc.free_extents(), self.alloc.largest_free()),
+                    format!(
+                        "{len} bytes requested, {} free in {} extents (largest {})",
+                        self.alloc.free_bytes(),
+                        self.alloc.free_extents(),
+                        self.alloc.largest_free()
+                    ),
                 ));
             };
             let e = self.index.entry(slot);
@@ -263,7 +280,9 @@ impl Shard {
         // SAFETY: the extent is reserved for this put: it is not in the index, so nothing
         // below frees or writes it, and the arena mapping never moves. Borrowing it raw
         // avoids copying the key on every put.
-        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize) };
+        let key: &[u8] = unsafe {
+            std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize)
+        };
         if !self.write_condition_holds(key, cond) {
             self.counters.condition_failed += 1;
             self.release(extent);
@@ -282,7 +301,9 @@ impl Shard {
     pub fn commit_import(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<u64> {
         self.last_generation = self.last_generation.max(generation);
         // SAFETY: as in `commit_put`: the extent is reserved, outside the index.
-        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize) };
+        let key: &[u8] = unsafe {
+            std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize)
+        };
         if let Some(held) = self.generation_of(key).filter(|&g| g >= generation) {
             self.release(extent);
             return Ok(held);
@@ -326,8 +347,10 @@ impl Shard {
     fn install(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<()> {
         let Layout { key_len, value_at, value_len } = layout;
         // SAFETY: as in `commit_put`: the extent is reserved, outside the index.
-        let key: &[u8] = unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), key_len as usize) };
-        let expires_at = if ttl_ms == 0 { 0 } else { self.now().saturating_add(ttl_ms.saturating_mul(1_000_000)).max(1) };
+        let key: &[u8] =
+            unsafe { std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), key_len as usize) };
+        let expires_at =
+            if ttl_ms == 0 { 0 } else { self.now().saturating_add(ttl_ms.saturating_mul(1_000_000)).max(1) };
         let entry = Entry::new(extent, key_len, value_at, value_len, generation, expires_at);
         match self.index.find(key) {
             Some(slot) => {
@@ -434,7 +457,8 @@ impl Shard {
         }
         let e = self.index.entry(slot);
         let generation = e.generation;
-        let matches = cond.if_not_equal.is_none_or(|g| g != generation) && cond.if_equal.is_none_or(|g| g == generation);
+        let matches =
+            cond.if_not_equal.is_none_or(|g| g != generation) && cond.if_equal.is_none_or(|g| g == generation);
         if !matches {
             return Ok(GetOutcome::Unchanged { generation });
         }
@@ -443,7 +467,13 @@ impl Shard {
             None => (0, size),
             Some(r) => r.resolve(size)?,
         };
-        Ok(GetOutcome::Value { generation, value_size: size, offset: e.value_offset() + start, len: end - start, extent: e.extent.offset })
+        Ok(GetOutcome::Value {
+            generation,
+            value_size: size,
+            offset: e.value_offset() + start,
+            len: end - start,
+            extent: e.extent.offset,
+        })
     }
 
     /// Deletes a key; `Ok(true)` if it existed.
@@ -472,7 +502,14 @@ impl Shard {
 
     /// Live keys in `[min, max)` with value sizes, up to `limit` of them and `max_bytes` of
     /// key bytes (at least one); `true` if more remain.
-    pub fn list(&mut self, min: &[u8], max: Option<&[u8]>, limit: usize, max_bytes: usize, out: &mut Vec<(Vec<u8>, u64)>) -> bool {
+    pub fn list(
+        &mut self,
+        min: &[u8],
+        max: Option<&[u8]>,
+        limit: usize,
+        max_bytes: usize,
+        out: &mut Vec<(Vec<u8>, u64)>,
+    ) -> bool {
         let now = self.now();
         let mut bytes = 0;
         for (k, slot) in self.index.range(min, max) {
@@ -560,16 +597,26 @@ mod tests {
             let value = &backing[shift..shift + (64 << 10)];
             let key = format!("key/{shift}");
             put(&mut s, key.as_bytes(), value, Condition::default(), 0).unwrap();
-            let GetOutcome::Value { offset, len, extent, .. } = s.get(key.as_bytes(), &Condition::default(), None).unwrap() else { panic!("missing") };
+            let GetOutcome::Value { offset, len, extent, .. } =
+                s.get(key.as_bytes(), &Condition::default(), None).unwrap()
+            else {
+                panic!("missing")
+            };
             let addr = s.arena().base() as u64 + offset;
             assert_eq!(addr % VALUE_ALIGN, value.as_ptr() as u64 % VALUE_ALIGN, "shift {shift}");
             assert!(offset >= extent + key.len() as u64 && offset < extent + key.len() as u64 + VALUE_ALIGN);
             assert_eq!(s.arena().slice(offset, len), value, "shift {shift}");
-            assert_eq!(s.arena().slice(extent, key.len() as u64), key.as_bytes(), "the key stays at the extent's start");
+            assert_eq!(
+                s.arena().slice(extent, key.len() as u64),
+                key.as_bytes(),
+                "the key stays at the extent's start"
+            );
         }
         // Small values go right after their key, whatever their alignment.
         put(&mut s, b"small", &backing[3..3 + 100], Condition::default(), 0).unwrap();
-        let GetOutcome::Value { offset, extent, .. } = s.get(b"small", &Condition::default(), None).unwrap() else { panic!("missing") };
+        let GetOutcome::Value { offset, extent, .. } = s.get(b"small", &Condition::default(), None).unwrap() else {
+            panic!("missing")
+        };
         assert_eq!(offset, extent + 5);
         assert_eq!(value(&mut s, b"small").unwrap(), &backing[3..103]);
     }
@@ -581,7 +628,10 @@ mod tests {
         let e = s.reserve(3 << 20).unwrap();
         // Two overlapping in-flight ranges, unaligned, and one at the very end.
         let kept = s.release_except(e, &[(100, 1000), (1000, 200), (e.len - 10, 10)]);
-        assert_eq!(kept, vec![Extent { offset: e.offset + 64, len: 1152 }, Extent { offset: e.offset + e.len - 64, len: 64 }]);
+        assert_eq!(
+            kept,
+            vec![Extent { offset: e.offset + 64, len: 1152 }, Extent { offset: e.offset + e.len - 64, len: 64 }]
+        );
         assert_eq!(s.stats().free_bytes, free - 1152 - 64);
         for k in kept {
             s.release(k);
@@ -676,8 +726,8 @@ mod tests {
             put(&mut c, format!("k{i}").as_bytes(), &big, Condition::default(), 0).unwrap();
         }
         value(&mut c, b"k0"); // k1 is now least recently used
-        // An overwrite (small enough to need no eviction) makes k1 the most recently used
-        // and k2 the least.
+                              // An overwrite (small enough to need no eviction) makes k1 the most recently used
+                              // and k2 the least.
         put(&mut c, b"k1", b"small", Condition::default(), 0).unwrap();
         put(&mut c, b"k9", &vec![1u8; 24 * 1024], Condition::default(), 0).unwrap();
         assert!(value(&mut c, b"k2").is_none());

@@ -66,8 +66,15 @@ pub fn interface_of(ip: std::net::IpAddr) -> Option<String> {
         // SAFETY: ifa_addr points to a sockaddr whose family says how long it is.
         let addr: Option<std::net::IpAddr> = unsafe {
             match (*node.ifa_addr).sa_family as i32 {
-                libc::AF_INET => Some(std::net::Ipv4Addr::from(u32::from_be((*(node.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr)).into()),
-                libc::AF_INET6 => Some(std::net::Ipv6Addr::from((*(node.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr).into()),
+                libc::AF_INET => Some(
+                    std::net::Ipv4Addr::from(u32::from_be(
+                        (*(node.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr,
+                    ))
+                    .into(),
+                ),
+                libc::AF_INET6 => Some(
+                    std::net::Ipv6Addr::from((*(node.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr).into(),
+                ),
                 _ => None,
             }
         };
@@ -245,7 +252,11 @@ mod tests {
     #[test]
     fn an_expected_transfer_keeps_a_fd_less_poller_spinning_then_lets_it_nap() {
         let mut idle = Poller::new(PollMode::Adaptive, Duration::ZERO);
-        assert_eq!(passes_before_nap(&mut idle, 1000), Some(CLOCK_EVERY), "with nothing expected it naps once the spin is used up");
+        assert_eq!(
+            passes_before_nap(&mut idle, 1000),
+            Some(CLOCK_EVERY),
+            "with nothing expected it naps once the spin is used up"
+        );
 
         let mut waiting = Poller::new(PollMode::Adaptive, Duration::ZERO);
         waiting.expect_transfer(64 << 20); // the cap: TRANSFER_SPIN_MAX of spin
@@ -260,6 +271,10 @@ mod tests {
         let mut p = Poller::new(PollMode::Adaptive, Duration::from_secs(60));
         assert_eq!(passes_before_nap(&mut p, 4 * CLOCK_EVERY), None, "it spins out its minute");
         p.set_spin(Duration::ZERO);
-        assert_eq!(passes_before_nap(&mut p, 4 * CLOCK_EVERY), Some(CLOCK_EVERY), "with no spin left it naps at its first clock check");
+        assert_eq!(
+            passes_before_nap(&mut p, 4 * CLOCK_EVERY),
+            Some(CLOCK_EVERY),
+            "with no spin left it naps at its first clock check"
+        );
     }
 }

@@ -15,7 +15,11 @@ pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
 /// `cargo build --release` (make test builds it before the tests).
 pub fn bench_binary(name: &str) -> std::path::PathBuf {
     let path = std::path::Path::new(RDRAM).with_file_name(name);
-    assert!(path.exists(), "{} is missing: `cargo build --release` builds it (the workspace's default members)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo build --release` builds it (the workspace's default members)",
+        path.display()
+    );
     path
 }
 
@@ -196,7 +200,10 @@ pub fn stop_process(pid: u32) {
     signal(pid, SIGSTOP);
     let stopped = || {
         std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
-            tasks.flatten().all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| st.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))))
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .is_ok_and(|st| st.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T')))
+            })
         })
     };
     assert!(wait_until(std::time::Duration::from_secs(5), stopped), "process {pid} did not stop");

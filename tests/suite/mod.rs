@@ -10,7 +10,10 @@ use std::collections::BTreeMap;
 
 use crate::common::{self, pattern, rdram, wait_until, ServerProc};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use remote_dram::client::{ByteRange, DeleteResult, GetAtMost, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
+use remote_dram::client::{
+    ByteRange, DeleteResult, GetAtMost, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition,
+    WriteResult,
+};
 use remote_dram::{Client, ClientOptions, Status};
 
 pub const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 64 << 20];
@@ -25,13 +28,17 @@ pub fn writer_then_reader_processes(tls: &str) {
     for (i, size) in SIZES.iter().enumerate() {
         let path = dir.join(format!("in{i}"));
         std::fs::write(&path, pattern(i as u64, *size)).unwrap();
-        let (code, out, err) = rdram(&["put", "--server", &server.addr, &format!("tensor/{size}"), "--file", path.to_str().unwrap()], None);
+        let (code, out, err) = rdram(
+            &["put", "--server", &server.addr, &format!("tensor/{size}"), "--file", path.to_str().unwrap()],
+            None,
+        );
         assert_eq!(code, 0, "writer failed: {err}");
         assert!(String::from_utf8_lossy(&out).trim().parse::<u64>().is_ok(), "put prints the generation");
     }
     for (i, size) in SIZES.iter().enumerate() {
         let path = dir.join(format!("out{i}"));
-        let (code, _, err) = rdram(&["get", "--server", &server.addr, &format!("tensor/{size}"), "--out", path.to_str().unwrap()], None);
+        let (code, _, err) =
+            rdram(&["get", "--server", &server.addr, &format!("tensor/{size}"), "--out", path.to_str().unwrap()], None);
         assert_eq!(code, 0, "reader failed: {err}");
         assert!(std::fs::read(&path).unwrap() == pattern(i as u64, *size), "reader got different bytes for {size}");
     }
@@ -76,7 +83,9 @@ pub fn sizes_and_ranges(tls: &str) {
             assert_eq!(r, GetAtMost::TooLong { len: *size, generation: g1, size: *size as u64 }, "size {size}");
         }
         match c.get_at_most(key.as_bytes(), &GetOptions::default(), *size).unwrap() {
-            GetAtMost::Got(GetResult::Value(v)) => assert!(v.data == value && v.generation == g1, "size {size}, capped get"),
+            GetAtMost::Got(GetResult::Value(v)) => {
+                assert!(v.data == value && v.generation == g1, "size {size}, capped get")
+            }
             other => panic!("size {size}, capped get: {other:?}"),
         }
         let mut buf = vec![0u8; size + 3];
@@ -91,12 +100,23 @@ pub fn sizes_and_ranges(tls: &str) {
             let GetResult::Value(v) = r else { panic!("range get: {r:?}") };
             assert!(v.data == value[size / 4..size / 2]);
             // The cap applies to the range, not the whole value.
-            let capped = c.get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4).unwrap();
-            assert!(matches!(capped, GetAtMost::Got(GetResult::Value(ref v)) if v.data == value[size / 4..size / 2]), "capped range: {capped:?}");
-            let capped = c.get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4 - 1).unwrap();
+            let capped = c
+                .get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4)
+                .unwrap();
+            assert!(
+                matches!(capped, GetAtMost::Got(GetResult::Value(ref v)) if v.data == value[size / 4..size / 2]),
+                "capped range: {capped:?}"
+            );
+            let capped = c
+                .get_at_most(key.as_bytes(), &GetOptions { range: Some(mid), ..Default::default() }, size / 4 - 1)
+                .unwrap();
             assert_eq!(capped, GetAtMost::TooLong { len: size / 2 - size / 4, generation: g2, size: *size as u64 });
             let suffix = ByteRange { start: -7, end: -1 };
-            let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(suffix), ..Default::default() }).unwrap() else { panic!() };
+            let GetResult::Value(v) =
+                c.get_with(key.as_bytes(), &GetOptions { range: Some(suffix), ..Default::default() }).unwrap()
+            else {
+                panic!()
+            };
             assert_eq!(v.data, value[size - 7..]);
         }
     }
@@ -104,7 +124,12 @@ pub fn sizes_and_ranges(tls: &str) {
     // server: its send of them ended.
     let pinned = |c: &mut Client| {
         let stats = c.stats().unwrap();
-        stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["pinned_extents"].as_u64().unwrap()).sum::<u64>()
+        stats["servers"][0]["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["pinned_extents"].as_u64().unwrap())
+            .sum::<u64>()
     };
     assert!(wait_until(Duration::from_secs(10), || pinned(&mut c) == 0), "{} extents still pinned", pinned(&mut c));
     // Large values from sources at every offset within a cache line (the server stores
@@ -121,7 +146,11 @@ pub fn sizes_and_ranges(tls: &str) {
         assert_eq!(r, GetInto::Value { len: value.len(), generation: g, size: value.len() as u64 });
         assert!(buf[5..] == *value, "source offset {shift}, into a buffer at offset 5");
         let tail = ByteRange { start: -100_000, end: -1 };
-        let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(tail), ..Default::default() }).unwrap() else { panic!() };
+        let GetResult::Value(v) =
+            c.get_with(key.as_bytes(), &GetOptions { range: Some(tail), ..Default::default() }).unwrap()
+        else {
+            panic!()
+        };
         assert!(v.data == value[value.len() - 100_000..], "source offset {shift}, suffix");
     }
     let listed = c.list(&KeyRange::prefix(b"")).unwrap();
@@ -259,7 +288,11 @@ fn shared_counters(addr: &str) {
         })
         .collect();
     let conflicts: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    let total: u64 = (0..8).map(|k| u64::from_le_bytes(c.get(format!("shared/{k}").as_bytes()).unwrap().unwrap().data[..8].try_into().unwrap())).sum();
+    let total: u64 = (0..8)
+        .map(|k| {
+            u64::from_le_bytes(c.get(format!("shared/{k}").as_bytes()).unwrap().unwrap().data[..8].try_into().unwrap())
+        })
+        .sum();
     assert_eq!(total, THREADS * PER_THREAD, "increments lost ({conflicts} conflicts retried)");
 }
 
@@ -426,7 +459,9 @@ pub fn auth_token_required(transport: &str) {
     let token_file = dir.join("token");
     std::fs::write(&token_file, "s3cret\n").unwrap();
     let server = ServerProc::start(&["--auth-token-file", token_file.to_str().unwrap()]);
-    let with = |token: Option<&str>| Client::connect(&server.addr, ClientOptions { auth_token: token.map(String::from), ..common::options() });
+    let with = |token: Option<&str>| {
+        Client::connect(&server.addr, ClientOptions { auth_token: token.map(String::from), ..common::options() })
+    };
     let err = with(None).err().expect("no token is refused");
     assert_eq!(err.status, Status::AuthFailed);
     assert!(err.message.contains("requires an auth token"), "{err}");
@@ -439,7 +474,11 @@ pub fn auth_token_required(transport: &str) {
     let (code, _, stderr) = rdram(&["get", "--server", &server.addr, "a"], None);
     assert_eq!(code, 1);
     assert!(stderr.contains("authentication failed"), "{stderr}");
-    let out = std::process::Command::new(common::RDRAM).args(["get", "--server", &server.addr, "a"]).env("RDRAM_AUTH_TOKEN", "s3cret").output().unwrap();
+    let out = std::process::Command::new(common::RDRAM)
+        .args(["get", "--server", &server.addr, "a"])
+        .env("RDRAM_AUTH_TOKEN", "s3cret")
+        .output()
+        .unwrap();
     assert_eq!(out.stdout, b"b");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -462,7 +501,11 @@ pub fn striped_over_rails(transport: &str, rails: usize) {
         assert!(buf == value, "{size} B into a caller's buffer");
         if size > 1 {
             let range = ByteRange { start: 7, end: size as i64 - 3 };
-            let GetResult::Value(v) = c.get_with(key.as_bytes(), &GetOptions { range: Some(range), ..Default::default() }).unwrap() else { panic!() };
+            let GetResult::Value(v) =
+                c.get_with(key.as_bytes(), &GetOptions { range: Some(range), ..Default::default() }).unwrap()
+            else {
+                panic!()
+            };
             assert!(v.data == value[7..size - 3], "range of {size} B");
         }
     }
@@ -478,7 +521,8 @@ pub fn departed_clients_free_their_slots(transport: &str) {
     common::init(transport);
     let server = ServerProc::start(&["--workers", "1", "--memory", "256MiB"]);
     let mut observer = server.client();
-    let clients = |c: &mut Client| c.stats().unwrap()["servers"][0]["shards"][0]["clients"].as_u64().expect("clients in stats");
+    let clients =
+        |c: &mut Client| c.stats().unwrap()["servers"][0]["shards"][0]["clients"].as_u64().expect("clients in stats");
     assert_eq!(clients(&mut observer), 1, "the observer itself");
     let (code, _, err) = rdram(&["put", "--server", &server.addr, "k", "v"], None);
     assert_eq!(code, 0, "{err}");
@@ -486,7 +530,20 @@ pub fn departed_clients_free_their_slots(transport: &str) {
     // A client killed while connected: the bench, running for a minute.
     let out = tempfile::Builder::new().prefix("rdram-departed-").tempdir().unwrap();
     let mut bench = std::process::Command::new(common::bench_binary("rdram-bench"))
-        .args(["--server", &server.addr, "--poll", "adaptive", "--ops", "get", "--sizes", "8", "--seconds", "60", "--warmup", "0"])
+        .args([
+            "--server",
+            &server.addr,
+            "--poll",
+            "adaptive",
+            "--ops",
+            "get",
+            "--sizes",
+            "8",
+            "--seconds",
+            "60",
+            "--warmup",
+            "0",
+        ])
         .arg("--out")
         .arg(out.path())
         .stdout(std::process::Stdio::null())
@@ -505,13 +562,30 @@ pub fn bench_against_server(transport: &str) {
     let server = ServerProc::start(&["--memory", "256MiB"]);
     let plots = tempfile::Builder::new().prefix("rdram-bench-").tempdir().unwrap();
     let out = std::process::Command::new(common::bench_binary("rdram-bench"))
-        .args(["--server", &server.addr, "--poll", "adaptive", "--json", "--ops", "get,put", "--sizes", "8,1MiB", "--depth", "4", "--seconds", "0.3", "--warmup", "0.05"])
+        .args([
+            "--server",
+            &server.addr,
+            "--poll",
+            "adaptive",
+            "--json",
+            "--ops",
+            "get,put",
+            "--sizes",
+            "8,1MiB",
+            "--depth",
+            "4",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0.05",
+        ])
         .arg("--out")
         .arg(plots.path())
         .output()
         .expect("run rdram-bench");
     assert!(out.status.success(), "rdram-bench failed: {}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<String> = rows.iter().map(|r| format!("{}-{}", r["op"].as_str().unwrap(), r["size"])).collect();
     assert_eq!(names, ["get-8", "get-1048576", "put-8", "put-1048576"]);
     assert!(rows.iter().all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0), "{rows:?}");
@@ -527,7 +601,8 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
     const LEN: usize = 256 << 20;
     let server = ServerProc::start(&["--workers", "1", "--memory", "1GiB"]);
     let hasty = ClientOptions { timeout: Duration::from_millis(1), ..common::options() };
-    let mut checker = Client::connect(&server.addr, ClientOptions { timeout: Duration::from_secs(5), ..common::options() }).unwrap();
+    let mut checker =
+        Client::connect(&server.addr, ClientOptions { timeout: Duration::from_secs(5), ..common::options() }).unwrap();
     let original = pattern(12, LEN);
     for round in 0..3 {
         let key = format!("abandoned/{round}");
@@ -545,7 +620,9 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
         std::thread::sleep(Duration::from_millis(1500));
         match checker.get(key.as_bytes()).unwrap() {
             None => assert!(outcome.is_err(), "an acknowledged put is missing"),
-            Some(v) => assert!(v.data == original, "round {round}: the stored value has bytes written after the call returned"),
+            Some(v) => {
+                assert!(v.data == original, "round {round}: the stored value has bytes written after the call returned")
+            }
         }
         if let Err(e) = &outcome {
             assert_eq!(e.status, Status::Timeout, "{e}");
@@ -557,17 +634,30 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
         let got = c.get_into(b"big", &GetOptions::default(), &mut out);
         out.fill(0x11);
         std::thread::sleep(Duration::from_millis(500));
-        assert!(out.iter().all(|&b| b == 0x11), "round {round}: the buffer was written after get_into returned ({got:?})");
+        assert!(
+            out.iter().all(|&b| b == 0x11),
+            "round {round}: the buffer was written after get_into returned ({got:?})"
+        );
         checker.delete(b"big").unwrap();
         checker.delete(key.as_bytes()).unwrap();
     }
     // The server kept serving, and held nothing back for the abandoned transfers.
     let stats = checker.stats().unwrap();
-    let used: u64 = stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["used_bytes"].as_u64().unwrap_or(0)).sum();
-    assert!(wait_until(Duration::from_secs(5), || {
-        let stats = checker.stats().unwrap();
-        stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["used_bytes"].as_u64().unwrap_or(0)).sum::<u64>() == 0
-    }), "extents still held after every key was deleted (used {used}): {stats}");
+    let used: u64 =
+        stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s["used_bytes"].as_u64().unwrap_or(0)).sum();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let stats = checker.stats().unwrap();
+            stats["servers"][0]["shards"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["used_bytes"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+                == 0
+        }),
+        "extents still held after every key was deleted (used {used}): {stats}"
+    );
 }
 
 /// Issue 12.7: a handle survives a stalled server (SIGSTOP: its calls time out; after

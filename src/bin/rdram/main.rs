@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::cli::parse_size;
+use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::store::{HugePages, Mode};
 use remote_dram::transport::PollMode;
 use remote_dram::{Client, ClientOptions, Error, Server, ServerConfig, Status, TransportChoice};
@@ -21,7 +21,12 @@ const EXIT_MISSING: u8 = 3;
 const EXIT_CONDITION: u8 = 4;
 
 #[derive(Parser)]
-#[command(name = "rdram", version, args_override_self = true, about = "remote_dram: a key-value store in remote DRAM over UCX or libfabric")]
+#[command(
+    name = "rdram",
+    version,
+    args_override_self = true,
+    about = "remote_dram: a key-value store in remote DRAM over UCX or libfabric"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -273,7 +278,11 @@ struct ConnArgs {
 
 impl ConnArgs {
     fn options(&self) -> ClientOptions {
-        ClientOptions { auth_token: self.auth_token.clone(), timeout: Duration::from_millis(self.timeout_ms), ..Default::default() }
+        ClientOptions {
+            auth_token: self.auth_token.clone(),
+            timeout: Duration::from_millis(self.timeout_ms),
+            ..Default::default()
+        }
     }
 
     fn connect(&self) -> Result<Client, Error> {
@@ -294,7 +303,11 @@ fn main() -> ExitCode {
         "info".into()
     });
     use std::io::IsTerminal;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
@@ -322,17 +335,24 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
         }
         Command::Cluster(ClusterCommand::Status { url }) => {
             let status = remote_dram::cluster::status(&cluster_url(&url)?)?;
-            println!("{}", serde_json::to_string_pretty(&status).map_err(|e| Error::new(Status::Internal, e.to_string()))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&status).map_err(|e| Error::new(Status::Internal, e.to_string()))?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Put { conn, key, value, file, if_equal, if_absent, ttl_ms } => {
             if ttl_ms == Some(0) {
-                return Err(Error::new(Status::Invalid, "--ttl-ms 0 is not a ttl: leave it out for a value that never expires"));
+                return Err(Error::new(
+                    Status::Invalid,
+                    "--ttl-ms 0 is not a ttl: leave it out for a value that never expires",
+                ));
             }
             let data = match (value, file) {
                 (Some(v), _) => v.into_bytes(),
                 (None, Some(path)) => {
-                    let f = std::fs::File::open(&path).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
+                    let f = std::fs::File::open(&path)
+                        .map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?;
                     read_value(f, &path.display().to_string())?
                 }
                 (None, None) => read_value(std::io::stdin().lock(), "stdin")?,
@@ -355,15 +375,18 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
             }
         }
         Command::Get { conn, key, out, range_start, range_end, show_generation } => {
-            let range = (range_start.is_some() || range_end.is_some())
-                .then(|| remote_dram::client::ByteRange { start: range_start.unwrap_or(0), end: range_end.unwrap_or(-1) });
+            let range = (range_start.is_some() || range_end.is_some()).then(|| remote_dram::client::ByteRange {
+                start: range_start.unwrap_or(0),
+                end: range_end.unwrap_or(-1),
+            });
             match conn.connect()?.get_with(key.as_bytes(), &GetOptions { range, ..Default::default() })? {
                 GetResult::Value(v) => {
                     if show_generation {
                         eprintln!("generation {}", v.generation);
                     }
                     match out {
-                        Some(path) => std::fs::write(&path, &v.data).map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?,
+                        Some(path) => std::fs::write(&path, &v.data)
+                            .map_err(|e| Error::new(Status::Io, format!("{}: {e}", path.display())))?,
                         None => {
                             let mut stdout = std::io::stdout().lock();
                             stdout.write_all(&v.data)?;
@@ -418,7 +441,10 @@ fn run(cmd: Command) -> Result<ExitCode, Error> {
 fn server_token(file: Option<&std::path::Path>) -> Result<Option<String>, Error> {
     let Some(path) = file else {
         return match std::env::var("RDRAM_AUTH_TOKEN") {
-            Ok(t) if t.is_empty() => Err(Error::new(Status::Invalid, "RDRAM_AUTH_TOKEN is set but empty: set a token, or unset it for an open server")),
+            Ok(t) if t.is_empty() => Err(Error::new(
+                Status::Invalid,
+                "RDRAM_AUTH_TOKEN is set but empty: set a token, or unset it for an open server",
+            )),
             Ok(t) => Ok(Some(t)),
             Err(_) => Ok(None),
         };
@@ -436,7 +462,11 @@ fn read_token_file(path: &std::path::Path) -> Result<String, Error> {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(meta) = std::fs::metadata(path) {
         if meta.permissions().mode() & 0o077 != 0 {
-            eprintln!("rdram: warning: token file {} is readable by group or others (mode {:o}); chmod 600 it", path.display(), meta.permissions().mode() & 0o777);
+            eprintln!(
+                "rdram: warning: token file {} is readable by group or others (mode {:o}); chmod 600 it",
+                path.display(),
+                meta.permissions().mode() & 0o777
+            );
         }
     }
     Ok(token)
@@ -458,7 +488,8 @@ fn block_stop_signals() -> libc::sigset_t {
 }
 
 fn cluster_url(url: &str) -> Result<remote_dram::cluster::ClusterUrl, Error> {
-    remote_dram::cluster::ClusterUrl::parse(url)?.ok_or_else(|| Error::new(Status::Invalid, format!("{url:?} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")))
+    remote_dram::cluster::ClusterUrl::parse(url)?
+        .ok_or_else(|| Error::new(Status::Invalid, format!("{url:?} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")))
 }
 
 /// Lifts this process's soft limit on open files to its hard limit: a server holds a
@@ -481,16 +512,20 @@ fn read_value(source: impl Read, name: &str) -> Result<Vec<u8>, Error> {
     let mut buf = Vec::new();
     source.take(limit + 1).read_to_end(&mut buf).map_err(|e| Error::new(Status::Io, format!("{name}: {e}")))?;
     if buf.len() as u64 > limit {
-        return Err(Error::new(Status::ValueTooLarge, format!("{name} is larger than the largest value ({} GiB)", limit >> 30)));
+        return Err(Error::new(
+            Status::ValueTooLarge,
+            format!("{name} is larger than the largest value ({} GiB)", limit >> 30),
+        ));
     }
     Ok(buf)
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     let stop_signals = block_stop_signals();
-    let cluster = args.cluster.as_deref().map(remote_dram::cluster::ClusterUrl::parse).transpose()?.map(|u| {
-        u.ok_or_else(|| Error::new(Status::Invalid, "--cluster takes etcd://HOST:PORT[,HOST:PORT...]/NAME"))
-    });
+    let cluster =
+        args.cluster.as_deref().map(remote_dram::cluster::ClusterUrl::parse).transpose()?.map(|u| {
+            u.ok_or_else(|| Error::new(Status::Invalid, "--cluster takes etcd://HOST:PORT[,HOST:PORT...]/NAME"))
+        });
     let cluster = cluster.transpose()?;
     let lease_ttl = Duration::from_millis(args.lease_ttl_ms);
     let auth_token = server_token(args.auth_token_file.as_deref())?;
@@ -535,13 +570,17 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
             };
             if server.local_addr().ip().is_unspecified() {
                 server.stop();
-                return Err(Error::new(Status::Invalid, "--cluster needs a --listen address that clients can reach, not 0.0.0.0"));
+                return Err(Error::new(
+                    Status::Invalid,
+                    "--cluster needs a --listen address that clients can reach, not 0.0.0.0",
+                ));
             }
             let me = member.address.clone();
             match remote_dram::cluster::Registration::join(url, member, lease_ttl, role.clone()) {
                 Ok(r) => {
                     let r = Arc::new(r);
-                    let mover_cfg = remote_dram::cluster::mover::MoverConfig { me, auth_token: token, rate: args.rebalance_rate };
+                    let mover_cfg =
+                        remote_dram::cluster::mover::MoverConfig { me, auth_token: token, rate: args.rebalance_rate };
                     let mover = remote_dram::cluster::mover::Mover::start(role.clone(), r.clone(), mover_cfg);
                     Some((r, mover))
                 }
@@ -590,7 +629,8 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
 
 /// Waits up to `timeout` for one of the blocked stop signals; its number, if one came.
 fn wait_for_signal(set: &libc::sigset_t, timeout: Duration) -> Option<libc::c_int> {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: waits on a signal set blocked in every thread; no siginfo is asked for.
     let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
     (sig > 0).then_some(sig)
@@ -612,7 +652,8 @@ fn hand_keys_over(registration: &remote_dram::cluster::Registration, me: &str, s
             return;
         }
         let state = registration.state();
-        let placed_here = state.placement.as_ref().is_some_and(|p| p.members.iter().chain(p.next.iter().flatten()).any(|m| m == me));
+        let placed_here =
+            state.placement.as_ref().is_some_and(|p| p.members.iter().chain(p.next.iter().flatten()).any(|m| m == me));
         if !placed_here {
             eprintln!("rdram: drained in {:.1} s: every key is on the other servers", started.elapsed().as_secs_f64());
             return;
@@ -673,10 +714,14 @@ fn gateway(args: GatewayArgs) -> Result<ExitCode, Error> {
         },
         metrics: args.metrics,
     };
-    remote_dram::gateway::run(config, |addr, metrics| {
-        let metrics = metrics.map_or_else(String::new, |m| format!("metrics on http://{m}/metrics\n"));
-        println!("gateway for {} (tsgrpc_kvstore)\n{metrics}listening on {addr}", args.conn.server);
-        let _ = std::io::stdout().flush();
-    }, stop_rx)?;
+    remote_dram::gateway::run(
+        config,
+        |addr, metrics| {
+            let metrics = metrics.map_or_else(String::new, |m| format!("metrics on http://{m}/metrics\n"));
+            println!("gateway for {} (tsgrpc_kvstore)\n{metrics}listening on {addr}", args.conn.server);
+            let _ = std::io::stdout().flush();
+        },
+        stop_rx,
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -89,7 +89,8 @@ fn render(before: &[(String, u64, Sample)], now: &[(String, u64, Sample)], secs:
     let mut total = (0.0, 0.0, 0, 0, 0, 0.0);
     for (node, shard, s) in now {
         let prev = before.iter().find(|(n, i, _)| n == node && i == shard).map(|b| b.2.clone()).unwrap_or_default();
-        let (ops, mbs, errs) = (rate(prev.requests, s.requests), rate(prev.bytes, s.bytes) / 1e6, rate(prev.errors, s.errors));
+        let (ops, mbs, errs) =
+            (rate(prev.requests, s.requests), rate(prev.bytes, s.bytes) / 1e6, rate(prev.errors, s.errors));
         let pct = 100.0 * s.used as f64 / s.capacity.max(1) as f64;
         lines.push(format!(
             "{:<22} {:>5} {:>10.0} {:>9.1} {:>21} {:>9} {:>7} {:>9.0}",
@@ -102,7 +103,8 @@ fn render(before: &[(String, u64, Sample)], now: &[(String, u64, Sample)], secs:
             s.clients,
             errs
         ));
-        total = (total.0 + ops, total.1 + mbs, total.2 + s.used, total.3 + s.capacity, total.4 + s.keys, total.5 + errs);
+        total =
+            (total.0 + ops, total.1 + mbs, total.2 + s.used, total.3 + s.capacity, total.4 + s.keys, total.5 + errs);
     }
     lines.push(format!(
         "{:<22} {:>5} {:>10.0} {:>9.1} {:>21} {:>9} {:>7} {:>9.0}",
@@ -116,7 +118,8 @@ fn render(before: &[(String, u64, Sample)], now: &[(String, u64, Sample)], secs:
         total.5
     ));
     for (node, _, s) in now.iter().filter(|(_, shard, s)| *shard == 0 && s.handing_over) {
-        let prev = before.iter().find(|(n, i, _)| n == node && *i == 0).map_or(s.handed_over_bytes, |b| b.2.handed_over_bytes);
+        let prev =
+            before.iter().find(|(n, i, _)| n == node && *i == 0).map_or(s.handed_over_bytes, |b| b.2.handed_over_bytes);
         lines.push(format!(
             "{node} hands keys over (view {}): {} MiB so far, {:.1} MB/s",
             s.view,

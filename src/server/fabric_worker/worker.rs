@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
-use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
+use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
+use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::store::Shard;
 use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::{stripe_len, stripes};
@@ -56,17 +56,42 @@ struct ReplyBuf {
 
 /// What an operation in flight is, to finish it when it completes.
 enum WorkerOp {
-    Recv { buf: usize },
+    Recv {
+        buf: usize,
+    },
     /// `owner`/`charged`: the client whose backlog it counts in, and its bytes there.
-    Reply { msg: ReplyBuf, owner: u64, charged: u64 },
+    Reply {
+        msg: ReplyBuf,
+        owner: u64,
+        charged: u64,
+    },
     /// A payload sent on its own (striped): pins its extent or owns its bytes meanwhile.
     /// `key`: its entry in `sends` while it pins an extent.
-    Data { pinned: Option<u64>, key: (u64, u64), _owned: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, owner: u64, charged: u64 },
+    Data {
+        pinned: Option<u64>,
+        key: (u64, u64),
+        _owned: Vec<u8>,
+        temp_mr: Option<Vec<MemoryRegion>>,
+        owner: u64,
+        charged: u64,
+    },
     /// A put value being read from the client into a reserved extent.
-    ReadPut { to: Client, put: PendingPut, plan: ReadPlan },
+    ReadPut {
+        to: Client,
+        put: PendingPut,
+        plan: ReadPlan,
+    },
     /// Any other request whose payload had to be read from the client (admitted on
     /// arrival; served when the payload is here).
-    ReadPayload { to: Client, header: RequestHeader, op: Op, inline: Vec<u8>, buf: Vec<u8>, temp_mr: Option<Vec<MemoryRegion>>, plan: ReadPlan },
+    ReadPayload {
+        to: Client,
+        header: RequestHeader,
+        op: Op,
+        inline: Vec<u8>,
+        buf: Vec<u8>,
+        temp_mr: Option<Vec<MemoryRegion>>,
+        plan: ReadPlan,
+    },
 }
 
 /// Who an answer goes to: a slot, and the client (bootstrap connection) that held it
@@ -106,10 +131,30 @@ const READ_CHUNK: usize = 4 << 20;
 const READ_WINDOW_PER_RAIL: usize = 2;
 
 impl ReadPlan {
-    fn new(dest: *mut u8, descs: Vec<*mut std::ffi::c_void>, peer: Vec<PeerAddr>, remote: Vec<(u64, u64)>, len: usize, stall_timeout: Duration) -> ReadPlan {
+    fn new(
+        dest: *mut u8,
+        descs: Vec<*mut std::ffi::c_void>,
+        peer: Vec<PeerAddr>,
+        remote: Vec<(u64, u64)>,
+        len: usize,
+        stall_timeout: Duration,
+    ) -> ReadPlan {
         let chunk = stripe_len(len, peer.len()).clamp(1, READ_CHUNK);
         let deadline = service::transfer_deadline(stall_timeout, len as u64);
-        ReadPlan { dest, descs, peer, remote, len, chunk, next: 0, chunks: len.div_ceil(chunk).max(1), failed: false, abort: None, deadline, in_flight: BTreeSet::new() }
+        ReadPlan {
+            dest,
+            descs,
+            peer,
+            remote,
+            len,
+            chunk,
+            next: 0,
+            chunks: len.div_ceil(chunk).max(1),
+            failed: false,
+            abort: None,
+            deadline,
+            in_flight: BTreeSet::new(),
+        }
     }
 }
 
@@ -242,7 +287,13 @@ impl FabricShardWorker {
 
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
-        Ok(WorkerInfo { address: self.address.clone(), transport: format!("fabric ({})", self.rails.describe()), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
+        Ok(WorkerInfo {
+            address: self.address.clone(),
+            transport: format!("fabric ({})", self.rails.describe()),
+            backing: arena.backing(),
+            bytes: arena.len() as u64,
+            metrics: self.service.metrics.clone(),
+        })
     }
 
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
@@ -282,7 +333,10 @@ impl FabricShardWorker {
                         }
                         Err(e) => {
                             let again = self.replace_retry.failed(now);
-                            warn!("shard {}: could not replace its endpoints ({}); trying again in {again:?}", self.service.index, e.message);
+                            warn!(
+                                "shard {}: could not replace its endpoints ({}); trying again in {again:?}",
+                                self.service.index, e.message
+                            );
                         }
                     }
                 }
@@ -321,7 +375,16 @@ impl FabricShardWorker {
         let ctx = self.ops.ctx(id, 0);
         // SAFETY: the slice belongs to this receive alone until its completion; the slab
         // and the context outlive it (both dropped after the rails are closed).
-        let posted = unsafe { self.rails.eps[0].recv(ptr, wire::REQUEST_MSG_MAX, self.recv_mr[0].desc, wire::REQUEST, wire::TO_WORKER_IGNORE, ctx) };
+        let posted = unsafe {
+            self.rails.eps[0].recv(
+                ptr,
+                wire::REQUEST_MSG_MAX,
+                self.recv_mr[0].desc,
+                wire::REQUEST,
+                wire::TO_WORKER_IGNORE,
+                ctx,
+            )
+        };
         if let Err(e) = &posted {
             self.ops.not_posted(id, 1, e.clone());
         }
@@ -373,8 +436,16 @@ impl FabricShardWorker {
                 }
                 self.scratch.clear();
                 let answer = match f.result {
-                    Ok(()) if plan.abort.is_none() => self.service.serve(&Request { header: clear_remote(header), op, inline: &inline }, &buf, &mut self.scratch),
-                    Ok(()) => Answer::Owned(service::error_reply(header.request_id, &Error::new(Status::Timeout, "abandoned by the client"), &mut self.scratch)),
+                    Ok(()) if plan.abort.is_none() => self.service.serve(
+                        &Request { header: clear_remote(header), op, inline: &inline },
+                        &buf,
+                        &mut self.scratch,
+                    ),
+                    Ok(()) => Answer::Owned(service::error_reply(
+                        header.request_id,
+                        &Error::new(Status::Timeout, "abandoned by the client"),
+                        &mut self.scratch,
+                    )),
                     Err(e) => {
                         let e = Error::new(Status::Transport, format!("reading the request payload failed: {e}"));
                         Answer::Owned(service::error_reply(header.request_id, &e, &mut self.scratch))
@@ -541,9 +612,14 @@ impl FabricShardWorker {
         if self.unresponsive.contains(&client_id) {
             return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index);
         }
-        if self.backlog.get(&client_id).is_some_and(|b| b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.1)) {
+        if self.backlog.get(&client_id).is_some_and(|b| {
+            b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.1)
+        }) {
             // It does not receive what it asked for: stop serving it until it drains.
-            return debug!("shard {}: client {client_id} has too many unreceived replies; request dropped", self.service.index);
+            return debug!(
+                "shard {}: client {client_id} has too many unreceived replies; request dropped",
+                self.service.index
+            );
         }
         let msg = &self.recv_slab[at..at + len];
         if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
@@ -555,12 +631,18 @@ impl FabricShardWorker {
         let msg = match (wire::PartHeader::decode(msg), self.peers[slot as usize].as_mut()) {
             (Some(part), Some(peer)) => {
                 let Some((id, bytes)) = peer.joining.as_mut().filter(|(id, _)| *id == part.request_id) else {
-                    return debug!("shard {}: a request part from client {client_id} without the parts before it; dropped", self.service.index);
+                    return debug!(
+                        "shard {}: a request part from client {client_id} without the parts before it; dropped",
+                        self.service.index
+                    );
                 };
                 let id = *id;
                 if bytes.len() + (len - wire::PART_HEADER_LEN) > wire::REQUEST_MSG_MAX {
                     peer.joining = None;
-                    let e = Error::new(Status::Invalid, format!("a request in parts longer than {} bytes", wire::REQUEST_MSG_MAX));
+                    let e = Error::new(
+                        Status::Invalid,
+                        format!("a request in parts longer than {} bytes", wire::REQUEST_MSG_MAX),
+                    );
                     self.scratch.clear();
                     let header = service::error_reply(id, &e, &mut self.scratch);
                     return self.reply(to, Answer::Owned(header), None);
@@ -595,7 +677,9 @@ impl FabricShardWorker {
                 return self.abort(to, id, target);
             }
             Ok((req, payload)) if req.header.flags & flags::REMOTE_VALUE != 0 => {
-                let remote = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| match head.is_empty() {
+                let remote = RemoteValue::decode_tail(payload, self.rails.eps.len()).and_then(|(head, rv)| match head
+                    .is_empty()
+                {
                     true => Ok(rv),
                     false => Err(Error::new(Status::Invalid, "a remote payload carries the whole payload")),
                 });
@@ -628,7 +712,14 @@ impl FabricShardWorker {
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
-                    let plan = ReadPlan::new(dest, self.arena_mr.iter().map(|m| m.desc).collect(), peer, rv.rails, len, self.stall_timeout);
+                    let plan = ReadPlan::new(
+                        dest,
+                        self.arena_mr.iter().map(|m| m.desc).collect(),
+                        peer,
+                        rv.rails,
+                        len,
+                        self.stall_timeout,
+                    );
                     WorkerOp::ReadPut { to, put, plan }
                 }
                 Err(e) => {
@@ -638,12 +729,18 @@ impl FabricShardWorker {
             }
         } else {
             if len > 2 * crate::proto::MAX_KEY_LEN {
-                let header = service::error_reply(id, &Error::new(Status::Invalid, format!("{op:?} with a {len}-byte payload")), &mut self.scratch);
+                let header = service::error_reply(
+                    id,
+                    &Error::new(Status::Invalid, format!("{op:?} with a {len}-byte payload")),
+                    &mut self.scratch,
+                );
                 return self.reply(to, Answer::Owned(header), None);
             }
             let mut buf = vec![0u8; len];
             let temp_mr = self.local_registration(buf.as_ptr(), len);
-            let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
+            let descs = temp_mr
+                .as_ref()
+                .map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
             let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout);
             WorkerOp::ReadPayload { to, header: h, op, inline, buf, temp_mr, plan }
         };
@@ -679,7 +776,9 @@ impl FabricShardWorker {
                 let keep: Vec<(u64, u64)> = plan
                     .in_flight
                     .iter()
-                    .map(|&k| (put.dest_offset + (k * plan.chunk) as u64, plan.chunk.min(plan.len - k * plan.chunk) as u64))
+                    .map(|&k| {
+                        (put.dest_offset + (k * plan.chunk) as u64, plan.chunk.min(plan.len - k * plan.chunk) as u64)
+                    })
                     .collect();
                 put.cut = Some(self.service.shard.release_except(put.extent, &keep));
             }
@@ -696,7 +795,9 @@ impl FabricShardWorker {
     /// Posts the next chunk of read `id`, if any remain (none after a failure: the op
     /// then finishes when the chunks in flight are back).
     fn pump_reads(&mut self, id: u32, failed: bool) {
-        let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) else { return };
+        let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) else {
+            return;
+        };
         plan.failed |= failed;
         if plan.next == plan.chunks {
             return;
@@ -721,7 +822,10 @@ impl FabricShardWorker {
         let ctx = self.ops.ctx(id, k);
         let posted = unsafe { self.rails.eps[rail].read(dest, part_len, desc, peer, addr + off as u64, key, ctx) };
         if let Err(e) = posted {
-            let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) else { return };
+            let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id)
+            else {
+                return;
+            };
             let unposted = plan.chunks - k;
             plan.next = plan.chunks;
             plan.failed = true;
@@ -797,7 +901,8 @@ impl FabricShardWorker {
         let address = wire::encode_addresses(&rails.addresses()?);
 
         let old_rails = std::mem::replace(&mut self.rails, rails);
-        let mut regions = vec![std::mem::replace(&mut self.arena_mr, arena_mr), std::mem::replace(&mut self.recv_mr, recv_mr)];
+        let mut regions =
+            vec![std::mem::replace(&mut self.arena_mr, arena_mr), std::mem::replace(&mut self.recv_mr, recv_mr)];
         let old_slab = std::mem::replace(&mut self.recv_slab, recv_slab);
         let (mut buffers, mut pinned) = (Vec::new(), Vec::new());
         for buf in self.reply_pool.drain(..) {
@@ -825,7 +930,14 @@ impl FabricShardWorker {
                 }
             }
         }
-        self.retired.push(Retired { rails: old_rails, regions, _buffers: buffers, _recv_slab: old_slab, pinned, since: Instant::now() });
+        self.retired.push(Retired {
+            rails: old_rails,
+            regions,
+            _buffers: buffers,
+            _recv_slab: old_slab,
+            pinned,
+            since: Instant::now(),
+        });
         // Every client goes: their addresses were in the old endpoints' address vectors.
         for peer in self.peers.iter_mut().filter(|p| p.is_some()) {
             *peer = None;
@@ -850,7 +962,8 @@ impl FabricShardWorker {
         if self.retired.is_empty() {
             return;
         }
-        let (expired, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|r| all || r.since.elapsed() >= RETIRED_GRACE);
+        let (expired, kept): (Vec<Retired>, Vec<Retired>) =
+            std::mem::take(&mut self.retired).into_iter().partition(|r| all || r.since.elapsed() >= RETIRED_GRACE);
         self.retired = kept;
         for r in expired {
             for extent in &r.pinned {
@@ -867,7 +980,9 @@ impl FabricShardWorker {
     /// caller's buffer).
     fn reply(&mut self, to: Client, answer: Answer, capacity: Option<u64>) {
         let slot = to.slot;
-        let Some(peer0) = self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0]) else {
+        let Some(peer0) =
+            self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0])
+        else {
             return;
         };
         if self.unresponsive.contains(&to.id) {
@@ -937,14 +1052,38 @@ impl FabricShardWorker {
             Some((offset, len, extent)) => {
                 self.service.shard.pin(extent);
                 let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
-                (ptr, self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(), WorkerOp::Data { pinned: Some(extent), key: (to.id, header.request_id), _owned: Vec::new(), temp_mr: None, owner: to.id, charged: 0 })
+                (
+                    ptr,
+                    self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(),
+                    WorkerOp::Data {
+                        pinned: Some(extent),
+                        key: (to.id, header.request_id),
+                        _owned: Vec::new(),
+                        temp_mr: None,
+                        owner: to.id,
+                        charged: 0,
+                    },
+                )
             }
             None => {
                 let owned = std::mem::take(&mut self.scratch);
                 let temp_mr = self.local_registration(owned.as_ptr(), owned.len());
-                let descs = temp_mr.as_ref().map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
+                let descs = temp_mr
+                    .as_ref()
+                    .map_or(vec![std::ptr::null_mut(); peer.len()], |m| m.iter().map(|r| r.desc).collect());
                 let charged = owned.len() as u64;
-                (owned.as_ptr(), descs, WorkerOp::Data { pinned: None, key: (to.id, header.request_id), _owned: owned, temp_mr, owner: to.id, charged })
+                (
+                    owned.as_ptr(),
+                    descs,
+                    WorkerOp::Data {
+                        pinned: None,
+                        key: (to.id, header.request_id),
+                        _owned: owned,
+                        temp_mr,
+                        owner: to.id,
+                        charged,
+                    },
+                )
             }
         };
         let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
@@ -960,7 +1099,8 @@ impl FabricShardWorker {
         for (p, &(off, part_len)) in parts.iter().enumerate() {
             let ctx = self.ops.ctx(id, p);
             // SAFETY: pinned arena bytes or the op's owned Vec, unchanged until completion.
-            if let Err(e) = unsafe { self.rails.eps[p].send(ptr.add(off), part_len, descs[p], peer[p], data_tag, ctx) } {
+            if let Err(e) = unsafe { self.rails.eps[p].send(ptr.add(off), part_len, descs[p], peer[p], data_tag, ctx) }
+            {
                 debug!("shard {}: reply data not sent: {e}", self.service.index);
                 self.note_unresponsive(to.id, &e);
                 if let Some(f) = self.ops.not_posted(id, parts.len() - p, e) {

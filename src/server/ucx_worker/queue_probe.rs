@@ -55,7 +55,15 @@ const UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 impl QueueProbe {
     pub fn new(tcp: &crate::transport::ucx::Tcp) -> Result<QueueProbe> {
         let worker = Worker::new(tcp)?;
-        Ok(QueueProbe { worker, ep: ptr::null_mut(), outstanding: None, last_sent: None, answered: false, connected_at: Instant::now(), warned_unanswered: false })
+        Ok(QueueProbe {
+            worker,
+            ep: ptr::null_mut(),
+            outstanding: None,
+            last_sent: None,
+            answered: false,
+            connected_at: Instant::now(),
+            warned_unanswered: false,
+        })
     }
 
     /// Points the probe at a (new) shard worker; the previous endpoint is closed.
@@ -123,7 +131,18 @@ impl QueueProbe {
         let header = Box::into_raw(Box::new(nonce.to_le_bytes()));
         // SAFETY: ep is live; the header box lives until the send completes (freed here when
         // it completed inside the call, else in on_probe_sent).
-        let started = unsafe { self.worker.am_send(self.ep, AM_PROBE, &*header, &[], 0, Some(on_probe_sent), header as *mut c_void, ptr::null_mut()) };
+        let started = unsafe {
+            self.worker.am_send(
+                self.ep,
+                AM_PROBE,
+                &*header,
+                &[],
+                0,
+                Some(on_probe_sent),
+                header as *mut c_void,
+                ptr::null_mut(),
+            )
+        };
         match started {
             Ok(Started::Pending) => {}
             // SAFETY: the send is over; the box is reclaimed once, here.

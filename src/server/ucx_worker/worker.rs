@@ -32,12 +32,12 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
-use super::queue_probe::{self, QueueProbe};
 use super::incarnations::{PerIncarnation, ReplyEps};
-use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
-use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
+use super::queue_probe::{self, QueueProbe};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
+use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
+use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
 use crate::store::Shard;
 use crate::transport::ucx::{self, sys, Started, Worker};
 use crate::transport::{PollMode, Poller};
@@ -300,7 +300,13 @@ impl ShardWorker {
 
     pub fn info(&self) -> Result<WorkerInfo> {
         let arena = self.service.shard.arena();
-        Ok(WorkerInfo { address: self.address.clone(), transport: "ucx".into(), backing: arena.backing(), bytes: arena.len() as u64, metrics: self.service.metrics.clone() })
+        Ok(WorkerInfo {
+            address: self.address.clone(),
+            transport: "ucx".into(),
+            backing: arena.backing(),
+            bytes: arena.len() as u64,
+            metrics: self.service.metrics.clone(),
+        })
     }
 
     pub fn waker(&self) -> ucx::Waker {
@@ -362,7 +368,12 @@ impl ShardWorker {
         // because nothing progresses the worker any more.
         let w = unsafe { Box::from_raw(this) };
         if !w.puts.is_empty() || w.replies_in_flight.total() > 0 {
-            warn!("shard {}: stopping with {} puts and {} replies still in flight", w.service.index, w.puts.len(), w.replies_in_flight.total());
+            warn!(
+                "shard {}: stopping with {} puts and {} replies still in flight",
+                w.service.index,
+                w.puts.len(),
+                w.replies_in_flight.total()
+            );
         }
         drop(w);
     }
@@ -416,19 +427,25 @@ impl ShardWorker {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
                 warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
             }
-        } else if (self.stranded >= self.stranded_limit || self.idle_with_stranded(now)) && self.recycle_retry.ready(now) {
+        } else if (self.stranded >= self.stranded_limit || self.idle_with_stranded(now))
+            && self.recycle_retry.ready(now)
+        {
             match self.replace_worker(Retirement::Recycled) {
                 Ok(()) => self.recycle_retry.succeeded(),
                 Err(e) => {
                     let again = self.recycle_retry.failed(now);
-                    warn!("shard {}: could not start a fresh worker ({}); trying again in {again:?}", self.service.index, e.message);
+                    warn!(
+                        "shard {}: could not start a fresh worker ({}); trying again in {again:?}",
+                        self.service.index, e.message
+                    );
                 }
             }
         }
         if !self.retired.is_empty() {
             let over: Vec<bool> = self.retired.iter().map(|r| self.retirement_over(r, now)).collect();
             let mut over = over.into_iter();
-            let (gone, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
+            let (gone, kept): (Vec<Retired>, Vec<Retired>) =
+                std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
             self.retired = kept;
             for r in &gone {
                 debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.incarnation);
@@ -477,9 +494,20 @@ impl ShardWorker {
                 if !self.reply_eps.serves(r.incarnation) && !r.unheard.iter().any(waited_for) {
                     return true;
                 }
-                let newer_waiting = self.retired.iter().filter(|o| o.why == Retirement::Recycled && o.incarnation > r.incarnation && self.reply_eps.serves(o.incarnation)).count();
+                let newer_waiting = self
+                    .retired
+                    .iter()
+                    .filter(|o| {
+                        o.why == Retirement::Recycled
+                            && o.incarnation > r.incarnation
+                            && self.reply_eps.serves(o.incarnation)
+                    })
+                    .count();
                 if newer_waiting >= MAX_RECYCLED {
-                    warn!("shard {}: clients of a recycled worker told to reconnect ({} recycled workers kept at most)", self.service.index, MAX_RECYCLED);
+                    warn!(
+                        "shard {}: clients of a recycled worker told to reconnect ({} recycled workers kept at most)",
+                        self.service.index, MAX_RECYCLED
+                    );
                     self.address.tell_moved();
                     return true;
                 }
@@ -497,10 +525,15 @@ impl ShardWorker {
             return;
         }
         let tcp = self.tcp.clone();
-        let spawned = std::thread::Builder::new().name(format!("rdram-spare-{}", self.service.index)).spawn(move || Worker::new(&tcp));
+        let spawned = std::thread::Builder::new()
+            .name(format!("rdram-spare-{}", self.service.index))
+            .spawn(move || Worker::new(&tcp));
         match spawned {
             Ok(thread) => self.spare = Some(thread),
-            Err(e) => debug!("shard {}: no helper thread for a spare worker ({e}); it will start on the shard's", self.service.index),
+            Err(e) => debug!(
+                "shard {}: no helper thread for a spare worker ({e}); it will start on the shard's",
+                self.service.index
+            ),
         }
     }
 
@@ -510,7 +543,10 @@ impl ShardWorker {
         match self.spare.take().map(|thread| thread.join()) {
             Some(Ok(Ok(worker))) => Ok(worker),
             Some(Ok(Err(e))) => {
-                debug!("shard {}: the spare worker did not start ({}); starting one here", self.service.index, e.message);
+                debug!(
+                    "shard {}: the spare worker did not start ({}); starting one here",
+                    self.service.index, e.message
+                );
                 Worker::new(&self.tcp)
             }
             _ => Worker::new(&self.tcp),
@@ -540,7 +576,8 @@ impl ShardWorker {
         let arena = self.service.shard.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
         let incarnation = self.incarnation + 1;
-        let arrival = ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, incarnation, worker: fresh.handle(), memh });
+        let arrival =
+            ArrivalBox::new(Arrival { shard: self as *mut ShardWorker, incarnation, worker: fresh.handle(), memh });
         let address = match fresh.address().and_then(|a| Self::install_handlers(&fresh, &arrival).map(|()| a)) {
             Ok(a) => a,
             Err(e) => {
@@ -584,12 +621,23 @@ impl ShardWorker {
                 unheard = self.service.live_clients().filter(|&c| !self.reply_eps.knows(c)).collect();
             }
         }
-        self.retired.push(Retired { worker: old, memh: old_memh, _arrival: old_arrival, incarnation: self.incarnation, since: Instant::now(), why, unheard });
+        self.retired.push(Retired {
+            worker: old,
+            memh: old_memh,
+            _arrival: old_arrival,
+            incarnation: self.incarnation,
+            since: Instant::now(),
+            why,
+            unheard,
+        });
         self.incarnation = incarnation;
         self.stranded = 0;
         self.stranded_since = None;
         if let Err(e) = self.probe.connect(&address) {
-            warn!("shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected", self.service.index, e.message);
+            warn!(
+                "shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected",
+                self.service.index, e.message
+            );
         }
         Ok(())
     }
@@ -597,7 +645,16 @@ impl ShardWorker {
     fn take_reply(&mut self) -> Box<ReplyMsg> {
         let me = self as *mut ShardWorker;
         let mut m = self.reply_pool.pop().unwrap_or_else(|| {
-            Box::new(ReplyMsg { worker: me, header: [0; REPLY_HEADER_LEN], header_len: 0, payload: Vec::new(), pinned: None, client: 0, charged: 0, incarnation: 0 })
+            Box::new(ReplyMsg {
+                worker: me,
+                header: [0; REPLY_HEADER_LEN],
+                header_len: 0,
+                payload: Vec::new(),
+                pinned: None,
+                client: 0,
+                charged: 0,
+                incarnation: 0,
+            })
         });
         m.payload.clear();
         m.pinned = None;
@@ -618,7 +675,14 @@ impl ShardWorker {
 
     /// Sends a reply on `ep` of worker `incarnation`. `arena`: bytes of the arena to send
     /// instead of the owned payload.
-    fn send_reply(&mut self, ep: sys::ucp_ep_h, incarnation: u64, header: ReplyHeader, mut m: Box<ReplyMsg>, arena: Option<ArenaSlice>) {
+    fn send_reply(
+        &mut self,
+        ep: sys::ucp_ep_h,
+        incarnation: u64,
+        header: ReplyHeader,
+        mut m: Box<ReplyMsg>,
+        arena: Option<ArenaSlice>,
+    ) {
         if ep.is_null() {
             self.finish_reply(m);
             return;
@@ -673,9 +737,13 @@ impl ShardWorker {
     fn answer(&mut self, ep: sys::ucp_ep_h, came_by: Arrival, answer: Answer, m: Box<ReplyMsg>) {
         match answer {
             Answer::Owned(header) => self.send_reply(ep, came_by.incarnation, header, m, None),
-            Answer::Arena { header, offset, len, extent } => {
-                self.send_reply(ep, came_by.incarnation, header, m, Some(ArenaSlice { offset, len, extent, memh: came_by.memh }))
-            }
+            Answer::Arena { header, offset, len, extent } => self.send_reply(
+                ep,
+                came_by.incarnation,
+                header,
+                m,
+                Some(ArenaSlice { offset, len, extent, memh: came_by.memh }),
+            ),
         }
     }
 
@@ -687,7 +755,14 @@ impl ShardWorker {
 
     /// Handles one request from the AM callback. `data` is the eager payload, or the
     /// rendezvous descriptor when `rendezvous`.
-    fn handle(&mut self, header: &[u8], data: *mut c_void, length: usize, info: ucx::AmInfo, came_by: Arrival) -> sys::ucs_status_t {
+    fn handle(
+        &mut self,
+        header: &[u8],
+        data: *mut c_void,
+        length: usize,
+        info: ucx::AmInfo,
+        came_by: Arrival,
+    ) -> sys::ucs_status_t {
         let ep = info.reply_ep;
         let (req, client) = match self.service.admit(header) {
             Ok(r) => {
@@ -726,8 +801,13 @@ impl ShardWorker {
         }
         // SAFETY: for an eager message UCX hands us `length` readable bytes at `data`,
         // valid for the duration of this callback.
-        let payload: &[u8] = if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
-        if self.backlog.get(&client).is_some_and(|b| b.replies >= MAX_BACKLOG_REPLIES || b.bytes >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.bytes)) {
+        let payload: &[u8] =
+            if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
+        if self.backlog.get(&client).is_some_and(|b| {
+            b.replies >= MAX_BACKLOG_REPLIES
+                || b.bytes >= MAX_BACKLOG_BYTES
+                || !self.service.reply_budget.serves(b.bytes)
+        }) {
             // It does not receive what it asked for: stop serving it (its memory would
             // pile up here) until it drains.
             debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index);
@@ -780,7 +860,10 @@ impl ShardWorker {
         self.reap_closed();
         let now = Instant::now();
         if self.cut_puts(|p| p.deadline <= now) > 0 {
-            warn!("shard {}: a put made no progress before its deadline; its client's endpoint is closed", self.service.index);
+            warn!(
+                "shard {}: a put made no progress before its deadline; its client's endpoint is closed",
+                self.service.index
+            );
         }
     }
 
@@ -788,12 +871,19 @@ impl ShardWorker {
     /// endpoints were closed.
     fn cut_puts(&mut self, which: impl Fn(&PutInFlight) -> bool) -> usize {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
-        let doomed: Vec<(sys::ucp_ep_h, u64)> = self.puts.values().map(|&p| unsafe { &*p }).filter(|p| which(p) && !p.reply_ep.is_null()).map(|p| (p.reply_ep, p.incarnation)).collect();
+        let doomed: Vec<(sys::ucp_ep_h, u64)> = self
+            .puts
+            .values()
+            .map(|&p| unsafe { &*p })
+            .filter(|p| which(p) && !p.reply_ep.is_null())
+            .map(|p| (p.reply_ep, p.incarnation))
+            .collect();
         let mut closed = 0;
         for (ep, incarnation) in doomed {
             // Several puts may share the endpoint: close it once.
             // SAFETY: as above.
-            let on_ep: Vec<*mut PutInFlight> = self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
+            let on_ep: Vec<*mut PutInFlight> =
+                self.puts.values().copied().filter(|&p| unsafe { (*p).reply_ep } == ep).collect();
             if on_ep.is_empty() {
                 continue;
             }
@@ -823,11 +913,20 @@ impl ShardWorker {
         let length = put.arriving as usize;
         let key = (put.header.session, put.header.request_id);
         let deadline = service::transfer_deadline(self.stall_timeout, put.arriving);
-        let pending = Box::into_raw(Box::new(PutInFlight { worker: self, incarnation: came_by.incarnation, reply_ep: ep, deadline, put, abort: None }));
+        let pending = Box::into_raw(Box::new(PutInFlight {
+            worker: self,
+            incarnation: came_by.incarnation,
+            reply_ep: ep,
+            deadline,
+            put,
+            abort: None,
+        }));
         // SAFETY: the extent is reserved for this transfer only (see PendingPut) until
         // finish_put runs.
         // The descriptor is received through the worker it came by, which may be a retired one.
-        let started = unsafe { came_by.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh) };
+        let started = unsafe {
+            came_by.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh)
+        };
         match started {
             Ok(Started::Pending) => drop(self.puts.insert(key, pending)),
             // SAFETY: pending reclaimed once: here, or in on_put_received when pending.
@@ -929,7 +1028,12 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
     }
 }
 
-unsafe extern "C" fn on_put_received(request: *mut c_void, status: sys::ucs_status_t, _length: usize, user_data: *mut c_void) {
+unsafe extern "C" fn on_put_received(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    _length: usize,
+    user_data: *mut c_void,
+) {
     // SAFETY: user_data is the PutInFlight box leaked in receive_put.
     unsafe {
         let p = Box::from_raw(user_data as *mut PutInFlight);

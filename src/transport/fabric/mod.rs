@@ -12,9 +12,9 @@
 
 pub mod ops;
 pub mod rails;
-pub mod sys;
 mod shm_lock_watch;
 mod shm_region;
+pub mod sys;
 
 pub use ops::InFlight;
 pub use rails::Rails;
@@ -98,7 +98,8 @@ pub enum RemoteAccess {
 /// A random memory key of `bits` bits, never 0.
 fn random_key(bits: u32) -> Result<u64> {
     let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a memory key: {e}")))?;
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Error::new(Status::Internal, format!("no randomness for a memory key: {e}")))?;
     let key = u64::from_le_bytes(bytes);
     Ok(if bits >= 64 { key } else { key & ((1u64 << bits) - 1) }.max(1))
 }
@@ -164,7 +165,14 @@ unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, in
             (*(*hints).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
         }
         let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
-        let rc = sys::rdram_fi_getinfo(API_VERSION, node.map_or(ptr::null(), |n| n.as_ptr()), ptr::null(), flags, hints, info);
+        let rc = sys::rdram_fi_getinfo(
+            API_VERSION,
+            node.map_or(ptr::null(), |n| n.as_ptr()),
+            ptr::null(),
+            flags,
+            hints,
+            info,
+        );
         sys::rdram_fi_freeinfo(hints);
         if rc != 0 {
             *info = ptr::null_mut();
@@ -244,7 +252,8 @@ impl Endpoint {
         // shm takes its region's name as the source "node" (see shm_region).
         let shm_region = (provider == "shm" && node.is_none()).then(RegionClaim::new).transpose()?;
         let node = node.or(shm_region.as_ref().map(|r| r.name.as_str()));
-        let node_c = node.map(CString::new).transpose().map_err(|_| Error::new(Status::Invalid, "node contains NUL"))?;
+        let node_c =
+            node.map(CString::new).transpose().map_err(|_| Error::new(Status::Invalid, "node contains NUL"))?;
         let mut ep = Endpoint {
             info: ptr::null_mut(),
             fabric: ptr::null_mut(),
@@ -308,12 +317,20 @@ impl Endpoint {
             check("fi_av_open", sys::rdram_fi_av_open(ep.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as i64)?;
             // A completion queue with an fd to sleep on where the provider has one.
             for wait_obj in [sys::FI_WAIT_FD, sys::FI_WAIT_NONE] {
-                let mut cq_attr = sys::fi_cq_attr { format: sys::FI_CQ_FORMAT_TAGGED, wait_obj, size: 4096, ..Default::default() };
+                let mut cq_attr =
+                    sys::fi_cq_attr { format: sys::FI_CQ_FORMAT_TAGGED, wait_obj, size: 4096, ..Default::default() };
                 let rc = sys::rdram_fi_cq_open(ep.domain, &mut cq_attr, &mut ep.cq, ptr::null_mut()) as i64;
                 if rc == 0 {
                     if wait_obj == sys::FI_WAIT_FD {
                         let mut fd: libc::c_int = -1;
-                        check("fi_control(FI_GETWAIT)", sys::rdram_fi_control(&mut (*ep.cq).fid, sys::FI_GETWAIT as i32, (&mut fd as *mut libc::c_int).cast()) as i64)?;
+                        check(
+                            "fi_control(FI_GETWAIT)",
+                            sys::rdram_fi_control(
+                                &mut (*ep.cq).fid,
+                                sys::FI_GETWAIT as i32,
+                                (&mut fd as *mut libc::c_int).cast(),
+                            ) as i64,
+                        )?;
                         ep.wait_fd = fd;
                     }
                     break;
@@ -393,7 +410,9 @@ impl Endpoint {
         for _ in 0..4 {
             let key = random_key(self.key_bits)?;
             // SAFETY: the caller keeps `buf..buf+len` mapped while the region exists.
-            rc = unsafe { sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut()) } as i64;
+            rc = unsafe {
+                sys::rdram_fi_mr_reg(self.domain, buf.cast(), len, access, 0, key, 0, &mut mr, ptr::null_mut())
+            } as i64;
             if rc != -(sys::FI_ENOKEY as i64) {
                 break;
             }
@@ -413,10 +432,20 @@ impl Endpoint {
     ///
     /// # Safety
     /// `buf..buf+len` and `ctx` must stay valid and unmoved until `ctx`'s completion.
-    pub unsafe fn send(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, tag: u64, ctx: *mut OpContext) -> Result<()> {
+    pub unsafe fn send(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        peer: PeerAddr,
+        tag: u64,
+        ctx: *mut OpContext,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
-            self.retry_on_eagain("fi_tsend", || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()))
+            self.retry_on_eagain("fi_tsend", || {
+                sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast())
+            })
         }
     }
 
@@ -425,7 +454,9 @@ impl Endpoint {
     pub fn inject(&self, buf: &[u8], peer: PeerAddr, tag: u64) -> Result<()> {
         debug_assert!(buf.len() <= self.inject_size);
         // SAFETY: libfabric copies `buf` before fi_tinject returns and keeps no reference.
-        self.retry_on_eagain("fi_tinject", || unsafe { sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag) })
+        self.retry_on_eagain("fi_tinject", || unsafe {
+            sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag)
+        })
     }
 
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
@@ -433,11 +464,21 @@ impl Endpoint {
     ///
     /// # Safety
     /// As for [`Endpoint::send`].
-    pub unsafe fn recv(&self, buf: *mut u8, len: usize, desc: *mut c_void, tag: u64, ignore: u64, ctx: *mut OpContext) -> Result<()> {
+    pub unsafe fn recv(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        tag: u64,
+        ignore: u64,
+        ctx: *mut OpContext,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
             let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
-            self.retry_on_eagain("fi_trecv", || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()))
+            self.retry_on_eagain("fi_trecv", || {
+                sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast())
+            })
         }
     }
 
@@ -448,13 +489,27 @@ impl Endpoint {
     /// As for [`Endpoint::send`]; `desc` belongs to a region covering `buf` when the
     /// provider requires FI_MR_LOCAL.
     #[allow(clippy::too_many_arguments)] // fi_read's own, one for one
-    pub unsafe fn read(&self, buf: *mut u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
+    pub unsafe fn read(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        peer: PeerAddr,
+        remote_addr: u64,
+        key: u64,
+        ctx: *mut OpContext,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
             if !self.rma {
-                return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided reads", self.provider)));
+                return Err(Error::new(
+                    Status::Invalid,
+                    format!("provider {} offers no one-sided reads", self.provider),
+                ));
             }
-            self.retry_on_eagain("fi_read", || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))?;
+            self.retry_on_eagain("fi_read", || {
+                sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast())
+            })?;
             self.reads.borrow_mut().push_back(ctx as usize);
             Ok(())
         }
@@ -467,13 +522,27 @@ impl Endpoint {
     /// # Safety
     /// As for [`Endpoint::read`].
     #[allow(clippy::too_many_arguments)] // fi_write's own, one for one
-    pub unsafe fn write(&self, buf: *const u8, len: usize, desc: *mut c_void, peer: PeerAddr, remote_addr: u64, key: u64, ctx: *mut OpContext) -> Result<()> {
+    pub unsafe fn write(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        peer: PeerAddr,
+        remote_addr: u64,
+        key: u64,
+        ctx: *mut OpContext,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
             if !self.rma {
-                return Err(Error::new(Status::Invalid, format!("provider {} offers no one-sided writes", self.provider)));
+                return Err(Error::new(
+                    Status::Invalid,
+                    format!("provider {} offers no one-sided writes", self.provider),
+                ));
             }
-            self.retry_on_eagain("fi_write", || sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()))
+            self.retry_on_eagain("fi_write", || {
+                sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast())
+            })
         }
     }
 
@@ -505,7 +574,10 @@ impl Endpoint {
                 return check(what, rc);
             }
             if since.get_or_insert_with(std::time::Instant::now).elapsed() >= POST_STALL_LIMIT {
-                return Err(Error::new(Status::Unavailable, format!("{what}: the peer took nothing for {POST_STALL_LIMIT:?} (it stopped making progress)")));
+                return Err(Error::new(
+                    Status::Unavailable,
+                    format!("{what}: the peer took nothing for {POST_STALL_LIMIT:?} (it stopped making progress)"),
+                ));
             }
             // SAFETY: a zero-count read only drives progress for providers that need it.
             unsafe { sys::rdram_fi_cq_read(self.cq, ptr::null_mut(), 0) };
@@ -536,9 +608,16 @@ impl Endpoint {
             if unsafe { sys::rdram_fi_cq_readerr(self.cq, &mut err, 0) } == 1 {
                 let mut text = [0 as std::os::raw::c_char; 256];
                 // SAFETY: fi_cq_strerror writes at most text.len() bytes and returns a C string.
-                let detail = cstr(unsafe { sys::rdram_fi_cq_strerror(self.cq, err.prov_errno, err.err_data, text.as_mut_ptr(), text.len()) });
-                let error = Error::new(Status::Transport, format!("libfabric operation failed: {detail} (errno {})", err.err));
-                let ctx = if err.op_context.is_null() { self.reads.borrow().front().copied() } else { Some(err.op_context as usize) };
+                let detail = cstr(unsafe {
+                    sys::rdram_fi_cq_strerror(self.cq, err.prov_errno, err.err_data, text.as_mut_ptr(), text.len())
+                });
+                let error =
+                    Error::new(Status::Transport, format!("libfabric operation failed: {detail} (errno {})", err.err));
+                let ctx = if err.op_context.is_null() {
+                    self.reads.borrow().front().copied()
+                } else {
+                    Some(err.op_context as usize)
+                };
                 let Some(ctx) = ctx else {
                     tracing::warn!("{}: error for no operation of ours: {}", self.provider, error.message);
                     return 0;
@@ -598,7 +677,8 @@ const SHM_PARK: std::time::Duration = std::time::Duration::from_secs(30);
 // allows from any thread (domains are opened FI_THREAD_SAFE).
 unsafe impl Send for ShmEndpoints {}
 
-static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> = std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new(), watching: false });
+static SHM_ENDPOINTS: std::sync::Mutex<ShmEndpoints> =
+    std::sync::Mutex::new(ShmEndpoints { open: 0, parked: Vec::new(), watching: false });
 
 impl ShmEndpoints {
     /// Counts a shm endpoint opened (`None`) or closed (its handles), then closes the
@@ -637,7 +717,8 @@ impl ShmEndpoints {
 
     /// Takes out the parked endpoints whose time is up (all of them with `all`).
     fn take_due(&mut self, all: bool) -> Vec<Handles> {
-        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
+        let (due, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.parked).into_iter().partition(|(since, _)| all || since.elapsed() >= SHM_PARK);
         self.parked = kept;
         due.into_iter().map(|(_, h)| h).collect()
     }
@@ -705,7 +786,11 @@ mod tests {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("1 passed"), "{name} failed in its process: {text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{name} failed in its process: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn message(round: usize, size: usize) -> Vec<u8> {
@@ -737,7 +822,9 @@ mod tests {
                 // SAFETY: `got` and `rx` outlive the completion awaited below.
                 unsafe { b.recv(got.as_mut_ptr(), size, ptr::null_mut(), 0x40 + round as u64, 0, &mut rx).unwrap() };
                 match wait_for(&b, 1).pop().unwrap() {
-                    Completion::Done { token, len, tag } => assert_eq!((token, len, tag), (round as u64, size, 0x40 + round as u64)),
+                    Completion::Done { token, len, tag } => {
+                        assert_eq!((token, len, tag), (round as u64, size, 0x40 + round as u64))
+                    }
                     other => panic!("{provider}: {other:?}"),
                 }
                 assert!(got == message(round, size), "{provider}: {size} B arrived changed");

@@ -31,7 +31,11 @@ pub enum Progress<T> {
     /// Not one of ours (a stale or foreign completion).
     Nothing,
     /// Part `part` of operation `id` completed (`failed`: with an error); others remain.
-    Part { id: u32, part: usize, failed: bool },
+    Part {
+        id: u32,
+        part: usize,
+        failed: bool,
+    },
     Finished(Finished<T>),
 }
 

@@ -141,9 +141,10 @@ pub fn stripe_len(len: usize, rails: usize) -> usize {
 pub fn stripes(len: usize, rails: usize) -> impl Iterator<Item = (usize, usize)> {
     let chunk = stripe_len(len, rails);
     let parts = if chunk == len { 1 } else { rails };
-    (0..parts).map(move |p| (p * chunk, len.saturating_sub(p * chunk).min(chunk))).filter(move |&(off, l)| l > 0 || (off == 0 && len == 0))
+    (0..parts)
+        .map(move |p| (p * chunk, len.saturating_sub(p * chunk).min(chunk)))
+        .filter(move |&(off, l)| l > 0 || (off == 0 && len == 0))
 }
-
 
 impl Transport for Rails {
     fn arm(&self) -> Result<bool> {
@@ -169,7 +170,15 @@ mod tests {
 
     #[test]
     fn stripes_cover_the_transfer_exactly_once() {
-        for (len, rails) in [(0, 1), (100, 4), (STRIPE_MIN - 1, 3), (STRIPE_MIN, 3), (64 << 20, 4), ((1 << 20) + 5, 3), (STRIPE_MIN, 64)] {
+        for (len, rails) in [
+            (0, 1),
+            (100, 4),
+            (STRIPE_MIN - 1, 3),
+            (STRIPE_MIN, 3),
+            (64 << 20, 4),
+            ((1 << 20) + 5, 3),
+            (STRIPE_MIN, 64),
+        ] {
             let parts: Vec<_> = stripes(len, rails).collect();
             let mut at = 0;
             for &(off, l) in &parts {

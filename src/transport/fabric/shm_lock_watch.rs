@@ -160,7 +160,15 @@ impl Watch {
         // polling its own region while it sends to a dead peer's) lets go of its own once
         // that one is free. So the dead owners' regions go first, this process's last.
         let me = std::process::id() as i32;
-        let order = |r: &Region| if !owner_alive(r.owner) { 0 } else if r.owner != me { 1 } else { 2 };
+        let order = |r: &Region| {
+            if !owner_alive(r.owner) {
+                0
+            } else if r.owner != me {
+                1
+            } else {
+                2
+            }
+        };
         let Some(key) = stuck.into_iter().min_by_key(|k| order(&self.regions[k])) else { return };
         let region = &self.regions[&key];
         let held = region.held_since.map_or(Duration::ZERO, |t| t.elapsed());
@@ -187,7 +195,9 @@ impl Watch {
         for line in maps.lines() {
             let Some(path_at) = line.find("/dev/shm/") else { continue };
             let mut fields = line[..path_at].split_ascii_whitespace();
-            let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) = (fields.next(), fields.next(), fields.next(), fields.next(), fields.next()) else {
+            let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) =
+                (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+            else {
                 continue;
             };
             // libfabric maps whole regions, shared and writable.
@@ -231,7 +241,11 @@ impl Watch {
         let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
         let owner = i32::from_le_bytes(header[layout::PID..layout::PID + 4].try_into().unwrap());
         let name_offset = word(layout::NAME_OFFSET);
-        if word(layout::TOTAL_SIZE) != size || owner <= 0 || name_offset < layout::HEADER as u64 || name_offset > size - layout::NAME_MAX as u64 {
+        if word(layout::TOTAL_SIZE) != size
+            || owner <= 0
+            || name_offset < layout::HEADER as u64
+            || name_offset > size - layout::NAME_MAX as u64
+        {
             return None;
         }
         let mut stored_name = [0u8; layout::NAME_MAX];

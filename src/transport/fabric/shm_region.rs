@@ -109,6 +109,7 @@ fn same_file(file: &File, path: &PathBuf) -> bool {
 
 fn random_u64() -> Result<u64> {
     let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).map_err(|e| Error::new(Status::Internal, format!("no randomness for a shm region name: {e}")))?;
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Error::new(Status::Internal, format!("no randomness for a shm region name: {e}")))?;
     Ok(u64::from_le_bytes(bytes))
 }

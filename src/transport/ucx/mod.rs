@@ -399,7 +399,9 @@ impl Worker {
         // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
         unsafe {
             let param = ucp_am_handler_param_t {
-                field_mask: (UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
+                field_mask: (UCP_AM_HANDLER_PARAM_FIELD_ID
+                    | UCP_AM_HANDLER_PARAM_FIELD_CB
+                    | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
                 id: id as u32,
                 cb,
                 arg,
@@ -417,18 +419,27 @@ impl Worker {
     ///
     /// # Safety
     /// `err_arg` must stay valid for `err_cb` until the endpoint is closed.
-    pub unsafe fn connect(&self, address: &[u8], err_cb: ucp_err_handler_cb_t, err_arg: *mut c_void) -> Result<(ucp_ep_h, bool)> {
+    pub unsafe fn connect(
+        &self,
+        address: &[u8],
+        err_cb: ucp_err_handler_cb_t,
+        err_arg: *mut c_void,
+    ) -> Result<(ucp_ep_h, bool)> {
         // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
         unsafe {
             let mut params = ucp_ep_params_t {
-                field_mask: (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+                field_mask: (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
                 address: address.as_ptr() as *const ucp_address_t,
                 err_mode: UCP_ERR_HANDLING_MODE_PEER,
                 err_handler: ucp_err_handler { cb: err_cb, arg: err_arg },
                 ..Default::default()
             };
             let mut ep: ucp_ep_h = ptr::null_mut();
-            if !shared_memory_only(self.tls.as_deref(), self.shm_detects_failure) && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK {
+            if !shared_memory_only(self.tls.as_deref(), self.shm_detects_failure)
+                && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK
+            {
                 return Ok((ep, true));
             }
             params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
@@ -467,7 +478,11 @@ impl Worker {
     /// # Safety
     /// `ep` is a live endpoint of this worker, closed once and not used afterwards.
     pub unsafe fn close_ep_nb(&self, ep: ucp_ep_h) -> Option<ucs_status_ptr_t> {
-        let param = ucp_request_param_t { op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS, flags: UCP_EP_CLOSE_FLAG_FORCE, ..Default::default() };
+        let param = ucp_request_param_t {
+            op_attr_mask: UCP_OP_ATTR_FIELD_FLAGS,
+            flags: UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
         // SAFETY: as the caller promises.
         let req = unsafe { ucp_ep_close_nbx(ep, &param) };
         (!req.is_null() && ptr_status(req).is_none()).then_some(req)
@@ -501,7 +516,11 @@ impl Worker {
         let mut entries = [ucp_transport_entry_t::default(); 32];
         let mut attr = ucp_ep_attr_t {
             field_mask: UCP_EP_ATTR_FIELD_TRANSPORTS as u64,
-            transports: ucp_transports_t { entries: entries.as_mut_ptr(), num_entries: entries.len() as u32, entry_size: std::mem::size_of::<ucp_transport_entry_t>() },
+            transports: ucp_transports_t {
+                entries: entries.as_mut_ptr(),
+                num_entries: entries.len() as u32,
+                entry_size: std::mem::size_of::<ucp_transport_entry_t>(),
+            },
             ..Default::default()
         };
         // SAFETY: ep is live (caller); entries outlives the call and is as large as said.
@@ -630,7 +649,8 @@ pub unsafe fn am_info(param: *const ucp_am_recv_param_t) -> AmInfo {
     // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
     unsafe {
         let p = &*param;
-        let reply_ep = if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
+        let reply_ep =
+            if p.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 { p.reply_ep } else { ptr::null_mut() };
         AmInfo { reply_ep, rendezvous: p.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 }
     }
 }
