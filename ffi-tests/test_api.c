@@ -21,6 +21,19 @@ static int stop_after_one(void *userdata, const uint8_t *key, size_t key_len, ui
   return 1;
 }
 
+/* A callback that calls back into its own client: refused while the listing uses it. */
+struct reentry { rdram_client *c; int calls; rdram_status inner; int close; };
+static int reenter(void *userdata, const uint8_t *key, size_t key_len, uint64_t size) {
+  struct reentry *r = userdata;
+  (void)key, (void)key_len, (void)size;
+  uint8_t buf[64];
+  size_t len = 0;
+  r->calls++;
+  r->inner = rdram_get(r->c, KEY("api/a"), buf, sizeof buf, &len, NULL);
+  if (r->close) rdram_client_close(r->c); /* the listing goes on; the client is freed when it returns */
+  return r->close;
+}
+
 int main(int argc, char **argv) {
   CHECK(argc == 4);
   const char *addr = argv[1], *auth_addr = argv[2], *dead = argv[3];
@@ -160,6 +173,10 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdram_list(c, KEY("api/"), NULL, 0, stop_after_one, &seen), RDRAM_OK);
   CHECK(seen == 1);
   CHECK_STATUS(rdram_list(c, KEY("api/"), NULL, 0, NULL, NULL), RDRAM_NULL_ARGUMENT);
+  struct reentry r = {c, 0, RDRAM_OK, 0};
+  CHECK_STATUS(rdram_list_prefix(c, KEY("api/"), reenter, &r), RDRAM_OK);
+  CHECK(r.calls == 3 && r.inner == RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "in use") != NULL);
   char *json = NULL;
   CHECK_STATUS(rdram_stats(c, &json), RDRAM_OK);
   CHECK(json != NULL && strstr(json, "\"keys\"") != NULL);
@@ -205,6 +222,18 @@ int main(int argc, char **argv) {
   puts[0].status = RDRAM_OK;
   CHECK_STATUS(rdram_mput((rdram_client *)(uintptr_t)0xdeadbeef, puts, 2), RDRAM_INVALID_ARGUMENT);
   CHECK(puts[0].status == RDRAM_INVALID_ARGUMENT && puts[1].status == RDRAM_INVALID_ARGUMENT);
+  /* Overlapping output buffers are refused before anything is read. */
+  memset(outs[0], 0xAB, sizeof outs[0]);
+  gets[0].buf = outs[0];
+  gets[1].buf = outs[0] + 16;
+  for (int i = 0; i < 3; i++) gets[i].status = RDRAM_OK;
+  CHECK_STATUS(rdram_mget(c, gets, 3), RDRAM_INVALID_ARGUMENT);
+  CHECK(gets[0].status == RDRAM_INVALID_ARGUMENT && gets[1].status == RDRAM_INVALID_ARGUMENT &&
+        gets[2].status == RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "items 0 and 1 have overlapping buffers") != NULL);
+  CHECK(outs[0][0] == 0xAB && outs[0][31] == 0xAB);
+  gets[1].buf = outs[1];
+  CHECK_STATUS(rdram_mget(c, gets, 3), RDRAM_OK);
 
   /* Registered memory for zero-copy transfers. */
   size_t reg_len = 4 << 20;
@@ -229,7 +258,15 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdram_delete_range(c, KEY("api/"), NULL, 0, &removed), RDRAM_OK);
   CHECK(removed >= 2);
 
-  rdram_client_close(c);
+  /* Closed from inside its own list callback: the listing ends normally, the handle is
+     gone at once, and the client is freed when the listing returns (valgrind checks). */
+  CHECK_STATUS(rdram_put(c, KEY("api/a"), (const uint8_t *)"x", 1, NULL), RDRAM_OK);
+  struct reentry closing = {c, 0, RDRAM_OK, 1};
+  CHECK_STATUS(rdram_list_prefix(c, KEY("api/"), reenter, &closing), RDRAM_OK);
+  CHECK(closing.calls == 1 && closing.inner == RDRAM_INVALID_ARGUMENT);
+  CHECK_STATUS(rdram_get(c, KEY("api/a"), NULL, 0, &len, NULL), RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "not an open client handle") != NULL);
+  rdram_client_close(c); /* closing twice is a no-op */
   printf("test_api: all checks passed\n");
   return 0;
 }

@@ -1,4 +1,5 @@
-/* One client per thread, many threads at once; every result checked. */
+/* One client per thread, many threads at once; every result checked. Then two threads on
+   one client handle, and a close racing them: every call answers, none crashes. */
 #include <pthread.h>
 #include "check.h"
 
@@ -25,6 +26,29 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* A client shared by mistake: each call either runs or is refused as "in use". */
+static rdram_client *shared;
+static volatile int refused_in_use, refused_closed;
+static void *sharer(void *arg) {
+  (void)arg;
+  uint8_t got[8];
+  for (int i = 0; i < OPS; i++) {
+    size_t len = 0;
+    rdram_status s = rdram_get(shared, KEY("thr/shared"), got, sizeof got, &len, NULL);
+    if (s == RDRAM_OK) {
+      CHECK(len == 8 && memcmp(got, "shared!!", 8) == 0);
+    } else {
+      CHECK(s == RDRAM_INVALID_ARGUMENT);
+      const char *why = rdram_last_error_message();
+      CHECK(strstr(why, "in use") != NULL || strstr(why, "not an open client handle") != NULL);
+      if (strstr(why, "in use") != NULL) __atomic_add_fetch(&refused_in_use, 1, __ATOMIC_RELAXED);
+      else __atomic_add_fetch(&refused_closed, 1, __ATOMIC_RELAXED);
+    }
+    if (i == OPS / 2 && arg != NULL) rdram_client_close(shared);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   CHECK(argc == 2);
   addr = argv[1];
@@ -32,5 +56,16 @@ int main(int argc, char **argv) {
   for (int t = 0; t < THREADS; t++) CHECK(pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t) == 0);
   for (int t = 0; t < THREADS; t++) CHECK(pthread_join(th[t], NULL) == 0);
   printf("threads: %d threads x %d checked operations\n", THREADS, OPS);
+
+  CHECK_STATUS(rdram_client_connect(addr, NULL, &shared), RDRAM_OK);
+  CHECK_STATUS(rdram_put(shared, KEY("thr/shared"), (const uint8_t *)"shared!!", 8, NULL), RDRAM_OK);
+  pthread_t a, b;
+  CHECK(pthread_create(&a, NULL, sharer, NULL) == 0);
+  CHECK(pthread_create(&b, NULL, sharer, (void *)1) == 0); /* closes half-way */
+  CHECK(pthread_join(a, NULL) == 0 && pthread_join(b, NULL) == 0);
+  /* b's calls after its own close are refused, whatever a did. */
+  CHECK(refused_closed >= OPS / 2 - 1);
+  printf("threads: one handle, two threads: %d calls refused as in use, %d after the close\n", refused_in_use,
+         refused_closed);
   return 0;
 }

@@ -95,8 +95,10 @@ typedef int32_t rdram_status;
 
 /**
  * An open client connection to one or more servers. Created by `rdram_client_connect`,
- * freed by `rdram_client_close`. A client must be used by one thread at a time (it may
- * move between threads); open one per thread for parallelism.
+ * freed by `rdram_client_close`. A client serves one call at a time (it may move between
+ * threads); open one per thread for parallelism. A call made while another call is using
+ * the same client (from another thread, or from a list callback) returns
+ * RDRAM_INVALID_ARGUMENT without touching it.
  */
 typedef struct rdram_client rdram_client;
 
@@ -430,8 +432,8 @@ rdram_status rdram_delete_range(struct rdram_client *client,
 
 /**
  * Lists the keys in [min, max) (`max` NULL: unbounded) in key order, calling `callback`
- * with `userdata` for each, with the value's size. `callback` must not be NULL and must
- * not call back into this client.
+ * with `userdata` for each, with the value's size. `callback` must not be NULL; a call on
+ * this client from inside it returns RDRAM_INVALID_ARGUMENT.
  */
 rdram_status rdram_list(struct rdram_client *client,
                         const uint8_t *min,
@@ -476,15 +478,19 @@ rdram_status rdram_mput(struct rdram_client *client, struct rdram_put_item *item
  * Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
  * RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
  * got an answer (whatever it was), else the first other error (see each item's status).
- * Items in CUDA device memory are staged into it one at a time.
+ * Items in CUDA device memory are staged into it one at a time. Buffers that overlap
+ * are refused (RDRAM_INVALID_ARGUMENT for every item; nothing is read).
  */
 rdram_status rdram_mget(struct rdram_client *client, struct rdram_get_item *items, size_t n);
 
 /**
  * Registers caller memory [addr, addr+len) with the transport, so that puts from it and
  * gets into it move without per-call registration. The memory stays owned by the
- * caller and must stay valid until `rdram_deregister(client, addr)` or
- * `rdram_client_close`.
+ * caller, who must keep it mapped until `rdram_deregister(client, addr)` or
+ * `rdram_client_close` returns: the registration holds the transport's (on RDMA
+ * transports, the NIC's) translation of those pages, and a call that moves bytes from or
+ * to that range after they were unmapped could move other memory's bytes. Between calls
+ * nothing touches the memory.
  */
 rdram_status rdram_register(struct rdram_client *client, void *addr, size_t len);
 

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
 use std::time::Duration;
 
 use super::{bytes, c_str, guard, null_arg, rdram_status};
@@ -17,10 +17,12 @@ use crate::{Client, ClientOptions};
 use rdram_status::*;
 
 /// An open client connection to one or more servers. Created by `rdram_client_connect`,
-/// freed by `rdram_client_close`. A client must be used by one thread at a time (it may
-/// move between threads); open one per thread for parallelism.
+/// freed by `rdram_client_close`. A client serves one call at a time (it may move between
+/// threads); open one per thread for parallelism. A call made while another call is using
+/// the same client (from another thread, or from a list callback) returns
+/// RDRAM_INVALID_ARGUMENT without touching it.
 pub struct rdram_client {
-    inner: Client,
+    _opaque: [u8; 0],
 }
 
 /// Polling mode of the client's (or embedded server's) transport.
@@ -125,33 +127,43 @@ pub type rdram_list_callback =
 /// Open clients by handle. What C holds is a serial number, never an address, so a
 /// closed, stale or invented handle is refused (RDRAM_INVALID_ARGUMENT) instead of
 /// dereferenced: closing twice or using a closed client cannot crash the process.
-/// A read lock per call: threads using their own clients never wait for each other.
-static CLIENTS: RwLock<Option<HashMap<usize, usize>>> = RwLock::new(None);
+/// A read lock per lookup: threads using their own clients never wait for each other.
+static CLIENTS: RwLock<Option<HashMap<usize, Arc<Mutex<Client>>>>> = RwLock::new(None);
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
 
-fn clients_mut() -> std::sync::RwLockWriteGuard<'static, Option<HashMap<usize, usize>>> {
+fn clients_mut() -> std::sync::RwLockWriteGuard<'static, Option<HashMap<usize, Arc<Mutex<Client>>>>> {
     CLIENTS.write().unwrap_or_else(|e| e.into_inner())
 }
 
-unsafe fn handle<'a>(c: *mut rdram_client) -> Result<&'a mut Client, Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        if c.is_null() {
-            return Err(null_arg("client"));
-        }
-        let ptr =
-            CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(c as usize)).copied());
-        let ptr = ptr.ok_or_else(|| {
-            Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)")
-        })?;
-        // SAFETY: the table holds the addresses of live boxed clients; one is freed only after
-        // `rdram_client_close` removed it, and a handle is used by one thread at a time.
-        Ok(&mut (*(ptr as *mut rdram_client)).inner)
+/// Runs `f` on the client behind `handle`, which one call uses at a time: a second call
+/// while one runs (from another thread, or from a list callback) is refused, not
+/// serialized, since it breaks the header's one-thread-at-a-time contract. A close during
+/// a call takes the handle away at once; the client is freed when that call returns.
+fn with_client<R>(handle: *mut rdram_client, f: impl FnOnce(&mut Client) -> Result<R, Error>) -> Result<R, Error> {
+    if handle.is_null() {
+        return Err(null_arg("client"));
     }
+    let entry =
+        CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(handle as usize)).cloned());
+    let entry = entry
+        .ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
+    let mut client = match entry.try_lock() {
+        Ok(client) => client,
+        Err(TryLockError::WouldBlock) => {
+            return Err(Error::new(
+                Status::Invalid,
+                "the client is in use by another call (use a client from one thread at a time, and not from its own list callback)",
+            ))
+        }
+        Err(TryLockError::Poisoned(_)) => {
+            return Err(Error::new(Status::Internal, "an earlier call panicked inside this client: close it"))
+        }
+    };
+    f(&mut client)
 }
 
 unsafe fn write<T>(out: *mut T, v: T) {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `out` is NULL or writable for a `T` (the exports' contract for out-parameters).
     unsafe {
         if !out.is_null() {
             out.write(v);
@@ -171,7 +183,9 @@ pub unsafe extern "C" fn rdram_client_connect(
     options: *const rdram_client_options,
     out: *mut *mut rdram_client,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `addresses` and the option strings are NUL-terminated strings or NULL (refused), `options` is
+    // NULL or points to an `rdram_client_options`, and `out` is written only after its NULL check, as the
+    // header requires.
     unsafe {
         guard(|| {
             let addresses = c_str(addresses, "addresses")?;
@@ -191,10 +205,9 @@ pub unsafe extern "C" fn rdram_client_connect(
                     opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
                 }
             }
-            let inner = Client::connect(addresses, opts)?;
-            let ptr = Box::into_raw(Box::new(rdram_client { inner })) as usize;
+            let client = Arc::new(Mutex::new(Client::connect(addresses, opts)?));
             let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-            clients_mut().get_or_insert_with(HashMap::new).insert(id, ptr);
+            clients_mut().get_or_insert_with(HashMap::new).insert(id, client);
             out.write(id as *mut rdram_client);
             Ok(RDRAM_OK)
         })
@@ -204,18 +217,11 @@ pub unsafe extern "C" fn rdram_client_connect(
 /// Closes a client and frees it. NULL, or a handle closed already, is a no-op. Calls
 /// with a closed handle return RDRAM_INVALID_ARGUMENT.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_client_close(client: *mut rdram_client) {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        let ptr = clients_mut().as_mut().and_then(|m| m.remove(&(client as usize)));
-        if let Some(ptr) = ptr {
-            // SAFETY: the address came from Box::into_raw in rdram_client_connect and was just
-            // removed from the table, so it is freed exactly once.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                drop(Box::from_raw(ptr as *mut rdram_client))
-            }));
-        }
-    }
+pub extern "C" fn rdram_client_close(client: *mut rdram_client) {
+    // Taken out of the table first: a second close, here or on another thread, finds nothing.
+    let entry = clients_mut().as_mut().and_then(|m| m.remove(&(client as usize)));
+    // Freed here, or by the call using it when that call returns.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(entry)));
 }
 
 /// Stores a value. `key` (1 B–64 KiB) must not be NULL; `value` may be NULL when
@@ -231,7 +237,7 @@ pub unsafe extern "C" fn rdram_put(
     value_len: usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: the arguments go unchanged to `rdram_put_cond`, whose contract is this one's.
     unsafe { rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out) }
 }
 
@@ -247,32 +253,35 @@ pub unsafe extern "C" fn rdram_put_cond(
     options: *const rdram_put_options,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `key` and `value` point to `key_len` and `value_len` readable bytes (or are NULL, refused unless
+    // the length is 0) and `options` is NULL or an `rdram_put_options`, all for the call, as the header
+    // requires; the client reads `value` only before it returns.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let key = key_arg(key, key_len)?;
-            if value.is_null() && value_len > 0 {
-                return Err(null_arg("value"));
-            }
-            let mut opts = PutOptions::default();
-            if let Some(o) = options.as_ref() {
-                opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
-                    (0, false) => WriteCondition::None,
-                    (0, true) => WriteCondition::IfAbsent,
-                    (g, false) => WriteCondition::IfEqual(g),
-                    (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
-                };
-                opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
-            }
-            // Host or CUDA device memory: the client asks the driver.
-            match c.put_from(key, value, value_len, &opts)? {
-                WriteResult::Written { generation } => {
-                    write(generation_out, generation);
-                    Ok(RDRAM_OK)
+            with_client(client, |c| {
+                let key = key_arg(key, key_len)?;
+                if value.is_null() && value_len > 0 {
+                    return Err(null_arg("value"));
                 }
-                WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
-            }
+                let mut opts = PutOptions::default();
+                if let Some(o) = options.as_ref() {
+                    opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
+                        (0, false) => WriteCondition::None,
+                        (0, true) => WriteCondition::IfAbsent,
+                        (g, false) => WriteCondition::IfEqual(g),
+                        (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
+                    };
+                    opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
+                }
+                // Host or CUDA device memory: the client asks the driver.
+                match c.put_from(key, value, value_len, &opts)? {
+                    WriteResult::Written { generation } => {
+                        write(generation_out, generation);
+                        Ok(RDRAM_OK)
+                    }
+                    WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
+                }
+            })
         })
     }
 }
@@ -292,7 +301,7 @@ pub unsafe extern "C" fn rdram_get(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: the arguments go unchanged to `rdram_get_cond`, whose contract is this one's.
     unsafe { rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out) }
 }
 
@@ -310,7 +319,7 @@ pub unsafe extern "C" fn rdram_get_range(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `opts` lives until `rdram_get_cond` returns; the other arguments go to it unchanged.
     unsafe {
         let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: 1, range_start: start, range_end: end };
         rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
@@ -331,32 +340,36 @@ pub unsafe extern "C" fn rdram_get_cond(
     value_len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `key` has `key_len` readable bytes, `buf` has `buf_len` writable bytes (NULL refused unless 0)
+    // that nothing else touches during the call, `options` is NULL or an `rdram_get_options`, and the
+    // out-parameters are NULL or writable, as the header requires; the client writes `buf` only before it
+    // returns.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let key = key_arg(key, key_len)?;
-            if buf.is_null() && buf_len > 0 {
-                return Err(null_arg("buf"));
-            }
-            let opts = get_options(options)?;
-            // Host or CUDA device memory: the client asks the driver.
-            match c.get_into_ptr(key, &opts, buf, buf_len)? {
-                GetInto::Value { len, generation, .. } => {
-                    write(value_len_out, len);
-                    write(generation_out, generation);
-                    Ok(RDRAM_OK)
+            with_client(client, |c| {
+                let key = key_arg(key, key_len)?;
+                if buf.is_null() && buf_len > 0 {
+                    return Err(null_arg("buf"));
                 }
-                GetInto::TooSmall { needed } => {
-                    write(value_len_out, needed);
-                    Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
+                let opts = get_options(options)?;
+                // Host or CUDA device memory: the client asks the driver.
+                match c.get_into_ptr(key, &opts, buf, buf_len)? {
+                    GetInto::Value { len, generation, .. } => {
+                        write(value_len_out, len);
+                        write(generation_out, generation);
+                        Ok(RDRAM_OK)
+                    }
+                    GetInto::TooSmall { needed } => {
+                        write(value_len_out, needed);
+                        Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
+                    }
+                    GetInto::Missing => Ok(RDRAM_MISSING),
+                    GetInto::Unchanged { generation } => {
+                        write(generation_out, generation);
+                        Ok(RDRAM_UNCHANGED)
+                    }
                 }
-                GetInto::Missing => Ok(RDRAM_MISSING),
-                GetInto::Unchanged { generation } => {
-                    write(generation_out, generation);
-                    Ok(RDRAM_UNCHANGED)
-                }
-            }
+            })
         })
     }
 }
@@ -374,7 +387,7 @@ pub unsafe extern "C" fn rdram_get_alloc(
     len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: the arguments go unchanged to `rdram_get_cond_alloc`, whose contract is this one's.
     unsafe { rdram_get_cond_alloc(client, key, key_len, std::ptr::null(), buf_out, len_out, generation_out) }
 }
 
@@ -392,29 +405,31 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
     len_out: *mut usize,
     generation_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `key` has `key_len` readable bytes, `options` is NULL or an `rdram_get_options`, and the
+    // out-parameters are writable (`buf_out` and `len_out` checked for NULL), as the header requires.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let key = key_arg(key, key_len)?;
-            if buf_out.is_null() || len_out.is_null() {
-                return Err(null_arg("buf_out/len_out"));
-            }
-            let opts = get_options(options)?;
-            match c.get_with(key, &opts)? {
-                GetResult::Value(v) => {
-                    let data = v.data.into_boxed_slice();
-                    len_out.write(data.len());
-                    buf_out.write(Box::into_raw(data) as *mut u8);
-                    write(generation_out, v.generation);
-                    Ok(RDRAM_OK)
+            with_client(client, |c| {
+                let key = key_arg(key, key_len)?;
+                if buf_out.is_null() || len_out.is_null() {
+                    return Err(null_arg("buf_out/len_out"));
                 }
-                GetResult::Missing => Ok(RDRAM_MISSING),
-                GetResult::Unchanged { generation } => {
-                    write(generation_out, generation);
-                    Ok(RDRAM_UNCHANGED)
+                let opts = get_options(options)?;
+                match c.get_with(key, &opts)? {
+                    GetResult::Value(v) => {
+                        let data = v.data.into_boxed_slice();
+                        len_out.write(data.len());
+                        buf_out.write(Box::into_raw(data) as *mut u8);
+                        write(generation_out, v.generation);
+                        Ok(RDRAM_OK)
+                    }
+                    GetResult::Missing => Ok(RDRAM_MISSING),
+                    GetResult::Unchanged { generation } => {
+                        write(generation_out, generation);
+                        Ok(RDRAM_UNCHANGED)
+                    }
                 }
-            }
+            })
         })
     }
 }
@@ -423,7 +438,8 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
 /// NULL is allowed (no-op).
 #[no_mangle]
 pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `buf` and `len` are what `rdram_get_cond_alloc` returned: a boxed slice of that length, given
+    // back once.
     unsafe {
         if !buf.is_null() {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)));
@@ -434,7 +450,7 @@ pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
 /// Deletes a key. RDRAM_OK if it existed, RDRAM_MISSING if not.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_delete(client: *mut rdram_client, key: *const u8, key_len: usize) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: the arguments go unchanged to `rdram_delete_cond`, whose contract is this one's.
     unsafe { rdram_delete_cond(client, key, key_len, 0) }
 }
 
@@ -447,16 +463,17 @@ pub unsafe extern "C" fn rdram_delete_cond(
     key_len: usize,
     if_equal: u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `key` has `key_len` readable bytes for the call (NULL refused), as the header requires.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let key = key_arg(key, key_len)?;
-            let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
-            Ok(match c.delete_with(key, cond)? {
-                DeleteResult::Deleted { existed: true } => RDRAM_OK,
-                DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
-                DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
+            with_client(client, |c| {
+                let key = key_arg(key, key_len)?;
+                let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
+                Ok(match c.delete_with(key, cond)? {
+                    DeleteResult::Deleted { existed: true } => RDRAM_OK,
+                    DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
+                    DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
+                })
             })
         })
     }
@@ -473,21 +490,23 @@ pub unsafe extern "C" fn rdram_delete_range(
     max_len: usize,
     removed_out: *mut u64,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `min` and `max` have `min_len` and `max_len` readable bytes for the call (NULL `max`: unbounded),
+    // and `removed_out` is NULL or writable, as the header requires.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let range = key_range(min, min_len, max, max_len)?;
-            let n = c.delete_range(&range)?;
-            write(removed_out, n);
-            Ok(RDRAM_OK)
+            with_client(client, |c| {
+                let range = key_range(min, min_len, max, max_len)?;
+                let n = c.delete_range(&range)?;
+                write(removed_out, n);
+                Ok(RDRAM_OK)
+            })
         })
     }
 }
 
 /// Lists the keys in [min, max) (`max` NULL: unbounded) in key order, calling `callback`
-/// with `userdata` for each, with the value's size. `callback` must not be NULL and must
-/// not call back into this client.
+/// with `userdata` for each, with the value's size. `callback` must not be NULL; a call on
+/// this client from inside it returns RDRAM_INVALID_ARGUMENT.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_list(
     client: *mut rdram_client,
@@ -498,18 +517,20 @@ pub unsafe extern "C" fn rdram_list(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `min` and `max` are readable for their lengths for the call, and `callback` is a function that
+    // takes `userdata` and a key valid during its call, as the header requires.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            let range = key_range(min, min_len, max, max_len)?;
-            let cb = callback.ok_or_else(|| null_arg("callback"))?;
-            for e in c.list(&range)? {
-                if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
-                    break;
+            with_client(client, |c| {
+                let range = key_range(min, min_len, max, max_len)?;
+                let cb = callback.ok_or_else(|| null_arg("callback"))?;
+                for e in c.list(&range)? {
+                    if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
+                        break;
+                    }
                 }
-            }
-            Ok(RDRAM_OK)
+                Ok(RDRAM_OK)
+            })
         })
     }
 }
@@ -524,7 +545,8 @@ pub unsafe extern "C" fn rdram_list_prefix(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `prefix` has `prefix_len` readable bytes for the call; the range built from it lives until
+    // `rdram_list` returns.
     unsafe {
         guard(|| {
             let p = bytes(prefix, prefix_len, "prefix")?;
@@ -539,18 +561,19 @@ pub unsafe extern "C" fn rdram_list_prefix(
 /// the caller and must be freed with `rdram_string_free`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *mut c_char) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `json_out` is writable (checked for NULL), as the header requires.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            if json_out.is_null() {
-                return Err(null_arg("json_out"));
-            }
-            let text = c.stats()?.to_string();
-            json_out.write(
-                std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw(),
-            );
-            Ok(RDRAM_OK)
+            with_client(client, |c| {
+                if json_out.is_null() {
+                    return Err(null_arg("json_out"));
+                }
+                let text = c.stats()?.to_string();
+                json_out.write(
+                    std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw(),
+                );
+                Ok(RDRAM_OK)
+            })
         })
     }
 }
@@ -558,7 +581,7 @@ pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *
 /// Frees a string returned by the library (`rdram_stats`). NULL is allowed.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `s` came from `CString::into_raw` in `rdram_stats` and is given back once.
     unsafe {
         if !s.is_null() {
             drop(std::ffi::CString::from_raw(s));
@@ -573,41 +596,43 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
 /// Items in CUDA device memory are staged through host memory one at a time.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `items` points to `n` items whose keys and values are readable for their lengths for the call, as
+    // the header requires; the client reads the values only before it returns.
     unsafe {
         guard(|| {
             let items = items_mut(items, n)?;
             // Every item gets a status on every path: an item with a bad argument its own
             // error, and the rest are sent.
-            let c = match handle(client) {
-                Ok(c) => c,
-                Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
-            };
-            let mut args = Vec::with_capacity(n);
-            let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
-            for it in items.iter() {
-                if on_device(it.value, it.value_len) {
-                    // Staged through host memory on its own, by the client.
-                    let put = key_arg(it.key, it.key_len)
-                        .and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
-                    results.push(Some(put.and_then(|w| match w {
-                        WriteResult::Written { generation } => Ok(generation),
-                        WriteResult::ConditionFailed => {
-                            Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
-                        }
-                    })));
-                    continue;
-                }
-                match key_arg(it.key, it.key_len).and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?))) {
-                    Ok(a) => {
-                        args.push(a);
-                        results.push(None);
+            let sent = with_client(client, |c| {
+                let mut args = Vec::with_capacity(n);
+                let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
+                for it in items.iter() {
+                    if on_device(it.value, it.value_len) {
+                        // Staged through host memory on its own, by the client.
+                        let put = key_arg(it.key, it.key_len)
+                            .and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
+                        results.push(Some(put.and_then(|w| match w {
+                            WriteResult::Written { generation } => Ok(generation),
+                            WriteResult::ConditionFailed => {
+                                Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
+                            }
+                        })));
+                        continue;
                     }
-                    Err(e) => results.push(Some(Err(e))),
+                    match key_arg(it.key, it.key_len)
+                        .and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?)))
+                    {
+                        Ok(a) => {
+                            args.push(a);
+                            results.push(None);
+                        }
+                        Err(e) => results.push(Some(Err(e))),
+                    }
                 }
-            }
-            let results = merge_results(results, c.put_many(&args, BATCH_DEPTH));
-            Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
+                let results = merge_results(results, c.put_many(&args, BATCH_DEPTH));
+                Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
+            });
+            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
         })
     }
 }
@@ -616,112 +641,135 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
 /// Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
 /// RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
 /// got an answer (whatever it was), else the first other error (see each item's status).
-/// Items in CUDA device memory are staged into it one at a time.
+/// Items in CUDA device memory are staged into it one at a time. Buffers that overlap
+/// are refused (RDRAM_INVALID_ARGUMENT for every item; nothing is read).
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `items` points to `n` items whose keys are readable and whose buffers are writable for their
+    // lengths, not overlapping (checked), as the header requires; the client writes the buffers only before it
+    // returns.
     unsafe {
         guard(|| {
             let items = items_mut(items, n)?;
-            let c = match handle(client) {
-                Ok(c) => c,
-                Err(e) => return Ok(fail_all(items, &e, |it, s| it.status = s)),
-            };
-            let mut keys = Vec::with_capacity(n);
-            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
-            let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
-            for it in items.iter() {
-                let key = key_arg(it.key, it.key_len);
-                match key {
-                    Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
-                    // Staged into device memory on its own, by the client.
-                    Ok(k) if on_device(it.buf, it.buf_len) => {
-                        results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len)))
-                    }
-                    Ok(k) => {
-                        keys.push(k);
-                        bufs.push(if it.buf_len == 0 {
-                            &mut []
-                        } else {
-                            std::slice::from_raw_parts_mut(it.buf, it.buf_len)
-                        });
-                        results.push(None);
-                    }
-                    Err(e) => results.push(Some(Err(e))),
-                }
+            if let Some((a, b)) = overlapping_buffers(items) {
+                let e = Error::new(Status::Invalid, format!("items {a} and {b} have overlapping buffers"));
+                return Ok(fail_all(items, &e, |it, s| it.status = s));
             }
-            let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
-            let mut first_error = RDRAM_OK;
-            for (it, r) in items.iter_mut().zip(results) {
-                it.status = match r {
-                    Ok(GetInto::Value { len, generation, .. }) => {
-                        it.value_len = len;
-                        it.generation = generation;
-                        RDRAM_OK
+            let sent = with_client(client, |c| {
+                let mut keys = Vec::with_capacity(n);
+                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
+                let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
+                for it in items.iter() {
+                    let key = key_arg(it.key, it.key_len);
+                    match key {
+                        Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
+                        // Staged into device memory on its own, by the client.
+                        Ok(k) if on_device(it.buf, it.buf_len) => {
+                            results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len)))
+                        }
+                        Ok(k) => {
+                            keys.push(k);
+                            bufs.push(if it.buf_len == 0 {
+                                &mut []
+                            } else {
+                                std::slice::from_raw_parts_mut(it.buf, it.buf_len)
+                            });
+                            results.push(None);
+                        }
+                        Err(e) => results.push(Some(Err(e))),
                     }
-                    Ok(GetInto::TooSmall { needed }) => {
-                        it.value_len = needed;
-                        RDRAM_BUFFER_TOO_SMALL
-                    }
-                    Ok(GetInto::Missing) => RDRAM_MISSING,
-                    Ok(GetInto::Unchanged { generation }) => {
-                        it.generation = generation;
-                        RDRAM_UNCHANGED
-                    }
-                    Err(e) => {
-                        super::set_last_error(&e.to_string());
-                        e.status.into()
-                    }
-                };
-                if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
-                    first_error = it.status;
                 }
-            }
-            Ok(first_error)
+                let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
+                let mut first_error = RDRAM_OK;
+                for (it, r) in items.iter_mut().zip(results) {
+                    it.status = match r {
+                        Ok(GetInto::Value { len, generation, .. }) => {
+                            it.value_len = len;
+                            it.generation = generation;
+                            RDRAM_OK
+                        }
+                        Ok(GetInto::TooSmall { needed }) => {
+                            it.value_len = needed;
+                            RDRAM_BUFFER_TOO_SMALL
+                        }
+                        Ok(GetInto::Missing) => RDRAM_MISSING,
+                        Ok(GetInto::Unchanged { generation }) => {
+                            it.generation = generation;
+                            RDRAM_UNCHANGED
+                        }
+                        Err(e) => {
+                            super::set_last_error(&e.to_string());
+                            e.status.into()
+                        }
+                    };
+                    if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
+                        first_error = it.status;
+                    }
+                }
+                Ok(first_error)
+            });
+            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
         })
     }
 }
 
 /// Registers caller memory [addr, addr+len) with the transport, so that puts from it and
 /// gets into it move without per-call registration. The memory stays owned by the
-/// caller and must stay valid until `rdram_deregister(client, addr)` or
-/// `rdram_client_close`.
+/// caller, who must keep it mapped until `rdram_deregister(client, addr)` or
+/// `rdram_client_close` returns: the registration holds the transport's (on RDMA
+/// transports, the NIC's) translation of those pages, and a call that moves bytes from or
+/// to that range after they were unmapped could move other memory's bytes. Between calls
+/// nothing touches the memory.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_register(client: *mut rdram_client, addr: *mut c_void, len: usize) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `addr` is `len` bytes of the caller's memory that stay valid until deregistered or the client is
+    // closed: the contract of `Client::register`, stated in the header.
     unsafe {
         guard(|| {
-            let c = handle(client)?;
-            if addr.is_null() {
-                return Err(null_arg("addr"));
-            }
-            if len == 0 {
-                return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
-            }
-            c.register(addr as *mut u8, len)?;
-            Ok(RDRAM_OK)
+            with_client(client, |c| {
+                if addr.is_null() {
+                    return Err(null_arg("addr"));
+                }
+                if len == 0 {
+                    return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
+                }
+                c.register(addr as *mut u8, len)?;
+                Ok(RDRAM_OK)
+            })
         })
     }
 }
 
 /// Deregisters memory registered with `rdram_register` at `addr`.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
-    unsafe {
-        guard(|| {
-            let c = handle(client)?;
+pub extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
             c.deregister(addr as *mut u8)?;
             Ok(RDRAM_OK)
         })
-    }
+    })
+}
+
+/// The first two items (in item order) whose buffers overlap, if any: the values of one
+/// batch land at the same time, so no byte may be written twice.
+fn overlapping_buffers(items: &[rdram_get_item]) -> Option<(usize, usize)> {
+    let mut spans: Vec<(usize, usize, usize)> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, it)| it.buf_len > 0 && !it.buf.is_null())
+        .map(|(i, it)| (it.buf as usize, it.buf_len, i))
+        .collect();
+    // Sorted by start, a span that overlaps any later one overlaps the next.
+    spans.sort_unstable();
+    spans.windows(2).find(|w| w[0].0.saturating_add(w[0].1) > w[1].0).map(|w| (w[0].2.min(w[1].2), w[0].2.max(w[1].2)))
 }
 
 /// Requests in flight per batch call.
 const BATCH_DEPTH: usize = 64;
 
 unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: a non-NULL `key` points to `key_len` readable bytes (the exports' contract).
     unsafe {
         if key.is_null() {
             return Err(null_arg("key"));
@@ -731,7 +779,8 @@ unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error>
 }
 
 unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usize) -> Result<KeyRange, Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `min` and a non-NULL `max` point to `min_len` and `max_len` readable bytes (the exports'
+    // contract).
     unsafe {
         Ok(KeyRange {
             min: bytes(min, min_len, "min")?.to_vec(),
@@ -741,7 +790,7 @@ unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usi
 }
 
 unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `options` is NULL or points to an `rdram_get_options` (the exports' contract).
     unsafe {
         Ok(match options.as_ref() {
             None => GetOptions::default(),
@@ -756,7 +805,8 @@ unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, E
 }
 
 unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: a non-NULL `items` points to `n` items the caller lends for the call only (the exports'
+    // contract).
     unsafe {
         if n == 0 {
             return Ok(&mut []);

@@ -113,7 +113,7 @@ pub(crate) fn null_arg(name: &str) -> Error {
 /// # Safety
 /// `ptr` must point to `len` readable bytes that outlive the returned slice.
 pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a [u8], Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given.
+    // SAFETY: a non-NULL `ptr` points to `len` readable bytes that outlive `'a` (this function's contract).
     unsafe {
         if len == 0 {
             return Ok(&[]);
@@ -128,7 +128,7 @@ pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result
 /// # Safety
 /// `ptr` is NULL or a NUL-terminated string valid for the call.
 pub(crate) unsafe fn c_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str, Error> {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given.
+    // SAFETY: a non-NULL `ptr` is a NUL-terminated string that outlives `'a` (this function's contract).
     unsafe {
         if ptr.is_null() {
             return Err(null_arg(name));

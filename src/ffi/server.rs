@@ -70,7 +70,9 @@ pub unsafe extern "C" fn rdram_server_start(
     config: *const rdram_server_config,
     out: *mut *mut rdram_server,
 ) -> rdram_status {
-    // SAFETY: the caller keeps the header's contract: pointer arguments are NULL or valid for the lengths given, and handles come from this library.
+    // SAFETY: `config` is NULL or points to an `rdram_server_config` whose strings are NUL-terminated or NULL
+    // and whose `cores` has `cores_len` entries (or is NULL), and `out` is written only after its NULL check,
+    // as the header requires.
     unsafe {
         guard(|| {
             if out.is_null() {
