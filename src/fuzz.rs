@@ -116,8 +116,13 @@ pub fn shard_request(data: &[u8]) {
             let (tx, rx) = crossbeam_channel::unbounded();
             tx.send(Membership::Joined { client: 1, session: SESSION }).unwrap();
             let shard = Shard::new(4 << 20, HugePages::Off, Mode::Cache).expect("a 4 MiB shard");
-            let mut s =
-                Service::new(0, 1, rx, shard, std::sync::Arc::new(crate::server::service::ReplyBudget::new(u64::MAX)));
+            let mut s = Service::new(
+                0,
+                1,
+                rx,
+                shard,
+                std::sync::Arc::new(crate::server::reply_backlog::ReplyBudget::new(u64::MAX)),
+            );
             s.sync_membership();
             // A member of a cluster whose keys move (view 3, from "a" to "a" and "b").
             let role = std::sync::Arc::new(crate::cluster::ServerRole::default());

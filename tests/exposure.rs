@@ -189,7 +189,7 @@ fn a_server_out_of_descriptors_serves_its_clients_refuses_new_ones_and_stops() {
     std::thread::sleep(Duration::from_millis(500));
     let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
     assert!(
-        open >= 256 - remote_dram::server::FD_HEADROOM,
+        open >= 256 - remote_dram::server::tunables::FD_HEADROOM,
         "the flood took the server's descriptors ({open} open of 256)"
     );
     assert_eq!(established.get(b"before").unwrap().unwrap().data, b"flood", "the established client is served");

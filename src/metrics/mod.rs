@@ -68,7 +68,7 @@ pub struct ServerCollector {
     pub bootstrap: Arc<BootstrapMetrics>,
     /// "ucx" or "fabric".
     pub transport: String,
-    pub reply_budget: Arc<crate::server::service::ReplyBudget>,
+    pub reply_budget: Arc<crate::server::reply_backlog::ReplyBudget>,
     /// A cluster member's placement and handovers.
     pub cluster: Option<Arc<crate::cluster::ServerRole>>,
 }

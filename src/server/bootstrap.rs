@@ -31,17 +31,9 @@ use crate::error::{Error, Result, Status};
 use crate::metrics::BootstrapMetrics;
 use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC, MOVED_NOTICE};
 use crate::proto::PROTOCOL_VERSION;
-
-/// The whole handshake (the client's line in, ours out) must fit in this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Handshakes in progress at once (one short-lived thread each).
-pub const MAX_HANDSHAKES: usize = 64;
-/// Handshakes in progress at once from one source address.
-pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
-/// File descriptors that must be free for a new client to be welcomed.
-pub const FD_HEADROOM: usize = 64;
-/// How long the accept loop pauses when the process is out of fds (EMFILE).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+use crate::server::tunables::{
+    ACCEPT_BACKOFF, FD_HEADROOM, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE,
+};
 
 pub struct Shared {
     pub node: String,

@@ -2,10 +2,11 @@
 //! clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
-pub use bootstrap::FD_HEADROOM;
 mod fabric_worker;
+pub(crate) mod reply_backlog;
 pub(crate) mod service;
 mod staging;
+pub mod tunables;
 mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};
@@ -20,6 +21,9 @@ use tracing::{debug, warn};
 use crate::error::{Error, Result, Status};
 use crate::metrics;
 use crate::proto::PROTOCOL_VERSION;
+use crate::server::tunables::{
+    DEFAULT_MAX_CLIENTS, DEFAULT_REPLY_BUDGET, DEFAULT_STALL_TIMEOUT, DEFAULT_STRANDED_ENDPOINT_LIMIT,
+};
 use crate::store::{Backing, HugePages, Mode, Shard};
 use crate::transport::{ucx, PollMode, DEFAULT_SPIN};
 
@@ -62,18 +66,6 @@ pub struct ServerConfig {
     /// shards check requests routed with a view against.
     pub cluster_role: Option<Arc<crate::cluster::placement::ServerRole>>,
 }
-
-/// Default for [`ServerConfig::stall_timeout`].
-pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default for [`ServerConfig::stranded_endpoint_limit`]: at most ~25 MB per worker.
-pub const DEFAULT_STRANDED_ENDPOINT_LIMIT: usize = 512;
-
-/// Default for [`ServerConfig::reply_budget`].
-pub const DEFAULT_REPLY_BUDGET: u64 = 256 << 20;
-
-/// Default for [`ServerConfig::max_clients`].
-pub const DEFAULT_MAX_CLIENTS: usize = 1024;
 
 /// Which network stack the workers use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -375,7 +367,7 @@ impl Server {
             }
             _ => ucx::Tcp::Off,
         };
-        let reply_budget = Arc::new(service::ReplyBudget::new(cfg.reply_budget));
+        let reply_budget = Arc::new(reply_backlog::ReplyBudget::new(cfg.reply_budget));
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         let mut members = Vec::new();
         for index in 0..cfg.workers {

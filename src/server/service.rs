@@ -12,6 +12,8 @@ use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
+use crate::server::reply_backlog::ReplyBudget;
+use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS, MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
 use tracing::{info, warn};
@@ -41,10 +43,6 @@ pub enum Answer {
         extent: u64,
     },
 }
-
-/// The slowest transfer rate a server waits for: a transfer of `len` bytes is cut once
-/// `stall_timeout + len / MIN_TRANSFER_RATE` have passed (see [`transfer_deadline`]).
-pub const MIN_TRANSFER_RATE: u64 = 64 << 20;
 
 /// When a transfer of `len` bytes started now is given up on.
 pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::time::Instant {
@@ -79,44 +77,6 @@ pub struct PendingPut {
 pub enum Membership {
     Joined { client: u64, session: u64 },
     Left { client: u64 },
-}
-
-/// Reply bytes that every shard of a server holds for clients that have not taken them
-/// ([`super::ServerConfig::reply_budget`]): one budget, so that the total is bounded
-/// however many clients and shards there are, not only each client's share of a shard.
-#[derive(Debug)]
-pub struct ReplyBudget {
-    limit: u64,
-    held: std::sync::atomic::AtomicU64,
-}
-
-impl ReplyBudget {
-    pub fn new(limit: u64) -> ReplyBudget {
-        ReplyBudget { limit, held: 0.into() }
-    }
-
-    pub fn charge(&self, bytes: u64) {
-        self.held.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn discharge(&self, bytes: u64) {
-        self.held.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn held(&self) -> u64 {
-        self.held.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// Whether a client already holding `behind` unreceived reply bytes may be served: a
-    /// client that is not behind always is (it takes what it asked for), one that is
-    /// waits while the budget is spent.
-    pub fn serves(&self, behind: u64) -> bool {
-        behind == 0 || self.held() < self.limit
-    }
 }
 
 pub struct Service {
@@ -154,14 +114,6 @@ struct PlacementCheck {
     handovers: FxHashMap<Vec<u8>, Instant>,
 }
 
-/// Keys one shard holds for handovers at once (each is one value in flight between two
-/// servers; the server's own mover holds one at a time).
-const MAX_HANDOVERS: usize = 1024;
-/// How long a key is held for a handover that does not end (its mover failed), before
-/// writes to it go ahead here; the handover's delete is conditional on the generation
-/// handed over, so a write in between is never lost.
-const HANDOVER_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Arena pressure as log lines: crossing 90 % full (once, until it drops below 80 %), and
 /// evictions or refused puts, summed over at most one line per [`PRESSURE_LOG_EVERY`].
 #[derive(Default)]
@@ -172,8 +124,6 @@ struct Pressure {
     evictions: u64,
     no_space: u64,
 }
-
-const PRESSURE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Pressure {
     fn observe(&mut self, shard: usize, s: &crate::store::ShardStats) {

@@ -17,20 +17,12 @@
 //! [`flags::STAGE`]: crate::proto::flags::STAGE
 
 use rustc_hash::FxHashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, Result, Status};
+use crate::server::tunables::{MAX_STAGED, MAX_STAGED_PER_SESSION, STAGE_HOLD};
 use crate::store::alloc::Extent;
 use crate::store::Layout;
-
-/// Staged values one shard holds at once, over all its clients.
-pub const MAX_STAGED: usize = 4096;
-/// Staged values one shard holds for one session at once: a client stages one value per
-/// replica and call, and publishes it before its next call.
-pub const MAX_STAGED_PER_SESSION: usize = 16;
-/// How long a staged value waits for its publish (a client that sent it and then stalled
-/// or lost its primary); then it is freed and a publish for it is refused.
-pub const STAGE_HOLD: Duration = Duration::from_secs(30);
 
 /// A value received but not published.
 pub struct Staged {

@@ -140,7 +140,7 @@ enum ClusterCommand {
 
 #[derive(Args)]
 struct GatewayArgs {
-    /// Where TensorStore connects: {"driver": "tsgrpc_kvstore", "address": "<this>"}.
+    /// Where TensorStore connects: `{"driver": "tsgrpc_kvstore", "address": "<this>"}`.
     #[arg(long, default_value = "127.0.0.1:9100")]
     listen: std::net::SocketAddr,
     #[command(flatten)]
@@ -215,15 +215,15 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1)]
     domains: usize,
     /// Clients connected at once; more are refused with "server at capacity".
-    #[arg(long, default_value_t = remote_dram::server::DEFAULT_MAX_CLIENTS)]
+    #[arg(long, default_value_t = remote_dram::server::tunables::DEFAULT_MAX_CLIENTS)]
     max_clients: usize,
     /// A transfer that has not finished after this many ms (plus 1 s per 64 MiB) is cut
     /// and what it held released: a client that starts a large put and stops progressing.
-    #[arg(long, default_value_t = remote_dram::server::DEFAULT_STALL_TIMEOUT.as_millis() as u64)]
+    #[arg(long, default_value_t = remote_dram::server::tunables::DEFAULT_STALL_TIMEOUT.as_millis() as u64)]
     stall_timeout_ms: u64,
     /// UCX: endpoints of departed shared-memory clients a worker may hold (UCX frees them
     /// only with the worker) before new clients get a fresh worker.
-    #[arg(long, default_value_t = remote_dram::server::DEFAULT_STRANDED_ENDPOINT_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = remote_dram::server::tunables::DEFAULT_STRANDED_ENDPOINT_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..))]
     stranded_endpoint_limit: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one).
     #[arg(long, value_name = "ADDR")]

@@ -14,7 +14,7 @@
 //!   in the index; when every stripe's read completed it is committed, and when one failed
 //!   (the client vanished) the extent is released.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,27 +25,18 @@ use tracing::{debug, info, warn};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
-use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Request, Service};
+use crate::server::reply_backlog::{ReplyBacklog, ReplyBudget};
+use crate::server::service::{self, Answer, Membership, PendingPut, Request, Service};
+use crate::server::tunables::{
+    FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY,
+    SWEEP_INTERVAL,
+};
 use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::store::Shard;
 use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::{stripe_len, stripes};
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
 use crate::transport::{PollMode, Poller};
-
-/// How often an idle worker wakes to expire TTL'd keys (and to notice a stop).
-const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
-/// Under load, the clock is read for a sweep once per this many polls.
-const SWEEP_EVERY: u32 = 1024;
-const SWEEP_BATCH: usize = 256;
-/// How long a stopping worker lets transfers in flight finish.
-const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
-/// Receives kept posted for requests: enough for many pipelining clients; more arriving
-/// at once wait in the provider's unexpected-message queue.
-const RECV_BUFS: usize = 256;
-/// How long retired endpoints (see `FabricShardWorker::replace_rails`) keep what their
-/// peers may still be reading.
-const RETIRED_GRACE: Duration = Duration::from_secs(30);
 
 /// A reply message: header, and the payload when it fits.
 struct ReplyBuf {
@@ -126,10 +117,6 @@ struct ReadPlan {
     in_flight: BTreeSet<usize>,
 }
 
-/// Chunk of a one-sided read; chunks in flight per rail.
-const READ_CHUNK: usize = 4 << 20;
-const READ_WINDOW_PER_RAIL: usize = 2;
-
 impl ReadPlan {
     fn new(
         dest: *mut u8,
@@ -204,7 +191,7 @@ pub struct FabricShardWorker {
     /// Per client: reply messages not yet completed and their owned bytes. A client that
     /// does not receive stops being served at the bounds below. (Client ids are ours,
     /// counted up: a fast hash is safe.)
-    backlog: FxHashMap<u64, (usize, u64)>,
+    backlog: ReplyBacklog,
     /// Clients a send to which found their queue full for `fabric::POST_STALL_LIMIT` (dead
     /// or stalled): their further requests and replies are dropped at once, not waited on
     /// again, until they depart. One that was only stalled times out and reconnects.
@@ -226,11 +213,6 @@ struct Retired {
     pinned: Vec<u64>,
     since: Instant,
 }
-
-/// Replies (and owned bytes) a client may leave unreceived before its further requests
-/// are dropped unanswered: far above what any pipelining client keeps in flight.
-const MAX_BACKLOG_REPLIES: usize = 4096;
-const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
 impl FabricShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
@@ -262,6 +244,7 @@ impl FabricShardWorker {
             provider: provider.to_string(),
             listen,
             address,
+            backlog: ReplyBacklog::new(reply_budget.clone()),
             service: Service::new(index, shards, membership, shard, reply_budget),
             arena_mr,
             recv_mr,
@@ -273,7 +256,6 @@ impl FabricShardWorker {
             ops: InFlight::default(),
             reads: HashMap::new(),
             sends: HashMap::new(),
-            backlog: FxHashMap::default(),
             unresponsive: FxHashSet::default(),
             stall_timeout,
             sent_payload: 0,
@@ -403,11 +385,11 @@ impl FabricShardWorker {
                 }
             }
             WorkerOp::Reply { msg, owner, charged } => {
-                self.discharge(owner, charged);
+                self.backlog.discharge(owner, charged);
                 self.reply_pool.push(msg)
             }
             WorkerOp::Data { pinned, key, temp_mr, owner, charged, .. } => {
-                self.discharge(owner, charged);
+                self.backlog.discharge(owner, charged);
                 if let Some(extent) = pinned {
                     self.sends.remove(&key);
                     self.service.shard.unpin(extent);
@@ -515,22 +497,6 @@ impl FabricShardWorker {
         self.peers.get(slot as usize).and_then(|p| p.as_ref()).map(|p| (p.credential, p.client_id))
     }
 
-    fn charge(&mut self, owner: u64, bytes: u64) {
-        let b = self.backlog.entry(owner).or_default();
-        b.0 += 1;
-        b.1 += bytes;
-        self.service.reply_budget.charge(bytes);
-    }
-
-    /// Also for a client that left: its replies' bytes stay charged until their sends end.
-    fn discharge(&mut self, owner: u64, bytes: u64) {
-        self.service.reply_budget.discharge(bytes);
-        if let Some(b) = self.backlog.get_mut(&owner) {
-            b.0 = b.0.saturating_sub(1);
-            b.1 = b.1.saturating_sub(bytes);
-        }
-    }
-
     /// Whether `to`'s client still holds its slot.
     fn holds(&self, to: Client) -> bool {
         self.holder(to.slot).is_some_and(|(_, id)| id == to.id)
@@ -594,7 +560,7 @@ impl FabricShardWorker {
             if self.large_sends_to(client) {
                 self.replace_due = true;
             }
-            self.backlog.remove(&client);
+            self.backlog.forget(client);
             self.unresponsive.remove(&client);
             for slot in 0..self.peers.len() as u32 {
                 if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
@@ -612,9 +578,7 @@ impl FabricShardWorker {
         if self.unresponsive.contains(&client_id) {
             return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index);
         }
-        if self.backlog.get(&client_id).is_some_and(|b| {
-            b.0 >= MAX_BACKLOG_REPLIES || b.1 >= MAX_BACKLOG_BYTES || !self.service.reply_budget.serves(b.1)
-        }) {
+        if self.backlog.is_behind(client_id) {
             // It does not receive what it asked for: stop serving it until it drains.
             return debug!(
                 "shard {}: client {client_id} has too many unreceived replies; request dropped",
@@ -886,7 +850,7 @@ impl FabricShardWorker {
     /// The old rails are never progressed again: reads of client memory in flight stop
     /// there (their puts fail and free their extents), replies are dropped. What peers may
     /// still read through them (reply buffers, pinned extents) is kept for
-    /// [`RETIRED_GRACE`].
+    /// [`FABRIC_RETIRED_GRACE`].
     fn replace_rails(&mut self) -> Result<()> {
         tracing::error!(
             "shard {}: a client left with large messages in flight, which stalls every later large send of libfabric's shm; \
@@ -962,8 +926,9 @@ impl FabricShardWorker {
         if self.retired.is_empty() {
             return;
         }
-        let (expired, kept): (Vec<Retired>, Vec<Retired>) =
-            std::mem::take(&mut self.retired).into_iter().partition(|r| all || r.since.elapsed() >= RETIRED_GRACE);
+        let (expired, kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|r| all || r.since.elapsed() >= FABRIC_RETIRED_GRACE);
         self.retired = kept;
         for r in expired {
             for extent in &r.pinned {
@@ -1018,7 +983,7 @@ impl FabricShardWorker {
         } else {
             let desc = msg.mr.as_ref().map_or(std::ptr::null_mut(), |m| m[0].desc);
             let (ptr, len) = (msg.bytes.as_ptr(), msg.bytes.len());
-            self.charge(to.id, len as u64);
+            self.backlog.charge(to.id, len as u64);
             let id = self.ops.start(WorkerOp::Reply { msg, owner: to.id, charged: len as u64 }, 1);
             let ctx = self.ops.ctx(id, 0);
             // SAFETY: the bytes live in the ReplyBuf's heap buffer, owned by the op until completion.
@@ -1089,7 +1054,7 @@ impl FabricShardWorker {
         let parts: Vec<_> = stripes(payload_len as usize, peer.len()).collect();
         let pins = matches!(value, WorkerOp::Data { pinned: Some(_), .. });
         if let WorkerOp::Data { charged, .. } = &value {
-            self.charge(to.id, *charged);
+            self.backlog.charge(to.id, *charged);
         }
         let id = self.ops.start(value, parts.len());
         self.sent_payload += payload_len as usize;

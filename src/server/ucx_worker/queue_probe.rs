@@ -19,19 +19,14 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::proto::AM_PROBE;
+use crate::server::tunables::{PROBE_CLOSE_LIMIT, PROBE_DEADLINE, PROBE_INTERVAL, PROBE_UNANSWERED_WARNING};
 use crate::transport::ucx::{self, sys, Started, Worker};
-
-/// How often a probe is sent (and the probe worker progressed, at the shard's sweeps).
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
-/// A probe unseen this long after it was sent means a stuck queue. Generous: a healthy
-/// shard reads a probe within microseconds, even behind a full queue.
-pub const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 pub struct QueueProbe {
     /// The probe's own worker; its endpoint is closed (in Drop) before it is destroyed.
@@ -46,11 +41,6 @@ pub struct QueueProbe {
     connected_at: Instant,
     warned_unanswered: bool,
 }
-
-/// How long closing the probe's endpoint may take.
-const CLOSE_LIMIT: Duration = Duration::from_secs(1);
-/// How long a probe path may stay unanswered before that is logged.
-const UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 
 impl QueueProbe {
     pub fn new(tcp: &crate::transport::ucx::Tcp) -> Result<QueueProbe> {
@@ -85,7 +75,7 @@ impl QueueProbe {
             if let Some(request) = unsafe { self.worker.close_ep_nb(self.ep) } {
                 // A forced close completes locally; progress until it has (bounded: a close
                 // that never ends must not hang a shard, and its request then stays UCX's).
-                let deadline = Instant::now() + CLOSE_LIMIT;
+                let deadline = Instant::now() + PROBE_CLOSE_LIMIT;
                 // SAFETY: request came from close_ep_nb and is freed once, by request_done_free.
                 while !unsafe { ucx::request_done_free(request) } && Instant::now() < deadline {
                     self.worker.progress();
@@ -116,7 +106,7 @@ impl QueueProbe {
             }
             // Never answered on this worker: the path may not exist; keep trying.
             Some(_) => {
-                if !self.warned_unanswered && now.duration_since(self.connected_at) >= UNANSWERED_WARNING {
+                if !self.warned_unanswered && now.duration_since(self.connected_at) >= PROBE_UNANSWERED_WARNING {
                     self.warned_unanswered = true;
                     warn!("queue probe: the shard worker never received a probe; a stuck receive queue will not be detected");
                 }

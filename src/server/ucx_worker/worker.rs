@@ -29,33 +29,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
 use super::incarnations::{PerIncarnation, ReplyEps};
 use super::queue_probe::{self, QueueProbe};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
-use crate::server::service::{self, Answer, Membership, PendingPut, ReplyBudget, Service};
+use crate::server::reply_backlog::{ReplyBacklog, ReplyBudget};
+use crate::server::service::{self, Answer, Membership, PendingPut, Service};
+use crate::server::tunables::{
+    IDLE_RECYCLE_AFTER, MAX_RECYCLED, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL, UCX_RETIRED_GRACE,
+};
 use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
 use crate::store::Shard;
 use crate::transport::ucx::{self, sys, Started, Worker};
 use crate::transport::{PollMode, Poller};
-
-/// How often an idle worker wakes to expire TTL'd keys.
-const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
-const SWEEP_BATCH: usize = 256;
-/// Under load, the clock is read for a sweep once per this many progress turns.
-const SWEEP_EVERY: u32 = 1024;
-/// How long a stopping worker lets transfers in flight finish.
-const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
-/// A retired UCX worker is destroyed at the first sweep after this with nothing in flight.
-const RETIRED_GRACE: Duration = Duration::from_secs(10);
-/// Recycled workers (see [`ReplyEps`]) that may wait for their last client at once.
-const MAX_RECYCLED: usize = 2;
-/// A shard with no client left recycles a worker that holds departed clients' endpoints
-/// after this long: what they hold comes back without waiting for the stranded limit.
-const IDLE_RECYCLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Bytes of the arena a reply is sent from, and the arena's mapping on the worker that sends.
 #[derive(Clone, Copy)]
@@ -196,7 +184,7 @@ pub struct ShardWorker {
     orphans: HashMap<usize, u64>,
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
-    backlog: FxHashMap<u64, Backlog>,
+    backlog: ReplyBacklog,
     /// See [`crate::server::ServerConfig::stall_timeout`].
     stall_timeout: Duration,
     /// Endpoints closed because a transfer on them stalled, until UCX finishes the close.
@@ -220,17 +208,6 @@ pub struct ShardWorker {
     tcp: ucx::Tcp,
 }
 
-#[derive(Default)]
-struct Backlog {
-    replies: usize,
-    bytes: u64,
-}
-
-/// Replies (and their owned bytes) a client may leave unreceived before its further
-/// requests are dropped unanswered: far above what any pipelining client keeps in flight.
-const MAX_BACKLOG_REPLIES: usize = 4096;
-const MAX_BACKLOG_BYTES: u64 = 64 << 20;
-
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
     #[allow(clippy::too_many_arguments)]
@@ -251,6 +228,7 @@ impl ShardWorker {
         let address = worker.address()?;
         let handle = worker.handle();
         let mut w = Box::new(ShardWorker {
+            backlog: ReplyBacklog::new(reply_budget.clone()),
             service: Service::new(index, shards, membership, shard, reply_budget),
             tcp,
             retired: Vec::new(),
@@ -266,7 +244,6 @@ impl ShardWorker {
             puts: HashMap::new(),
             sending: HashMap::new(),
             orphans: HashMap::new(),
-            backlog: FxHashMap::default(),
             stall_timeout,
             closing: Vec::new(),
             reply_eps: ReplyEps::default(),
@@ -479,12 +456,12 @@ impl ShardWorker {
     }
 
     /// Whether a retired worker may be destroyed (with nothing in flight). One that was
-    /// stuck goes after [`RETIRED_GRACE`]. One that was recycled serves its clients until
+    /// stuck goes after [`UCX_RETIRED_GRACE`]. One that was recycled serves its clients until
     /// the last has left, but at most [`MAX_RECYCLED`] of them wait for that: beyond, the
     /// oldest goes, and all clients are told to reconnect (as for a stuck worker). A worker
     /// is destroyed only with nothing of ours in flight on it.
     fn retirement_over(&self, r: &Retired, now: Instant) -> bool {
-        if now.duration_since(r.since) < RETIRED_GRACE || self.in_flight_on(r.incarnation) {
+        if now.duration_since(r.since) < UCX_RETIRED_GRACE || self.in_flight_on(r.incarnation) {
             return false;
         }
         match r.why {
@@ -710,10 +687,7 @@ impl ShardWorker {
                 // SAFETY: raw is the live box leaked above, owned by the pending send.
                 let (client, owned) = unsafe { ((*raw).client, (*raw).payload.len() as u64) };
                 if client != 0 {
-                    let b = self.backlog.entry(client).or_default();
-                    b.replies += 1;
-                    b.bytes += owned;
-                    self.service.reply_budget.charge(owned);
+                    self.backlog.charge(client, owned);
                     // SAFETY: as above.
                     unsafe { (*raw).charged = owned };
                     self.sending.insert(raw as usize, client);
@@ -803,11 +777,7 @@ impl ShardWorker {
         // valid for the duration of this callback.
         let payload: &[u8] =
             if length == 0 { &[] } else { unsafe { std::slice::from_raw_parts(data as *const u8, length) } };
-        if self.backlog.get(&client).is_some_and(|b| {
-            b.replies >= MAX_BACKLOG_REPLIES
-                || b.bytes >= MAX_BACKLOG_BYTES
-                || !self.service.reply_budget.serves(b.bytes)
-        }) {
+        if self.backlog.is_behind(client) {
             // It does not receive what it asked for: stop serving it (its memory would
             // pile up here) until it drains.
             debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index);
@@ -835,7 +805,7 @@ impl ShardWorker {
             self.stranded_since = Some(Instant::now());
         }
         for client in departed {
-            self.backlog.remove(&client);
+            self.backlog.forget(client);
             let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
             for m in orphans {
                 self.sending.remove(&m);
@@ -846,7 +816,7 @@ impl ShardWorker {
                     self.service.shard.unpin(extent);
                 }
                 // Its send may never end (a dead shared-memory peer): uncharged now.
-                self.service.reply_budget.discharge(std::mem::take(&mut msg.charged));
+                self.backlog.discharge(client, std::mem::take(&mut msg.charged));
                 self.replies_in_flight.remove(msg.incarnation);
                 self.orphans.insert(m, msg.incarnation);
             }
@@ -1018,11 +988,7 @@ unsafe extern "C" fn on_reply_sent(request: *mut c_void, _status: sys::ucs_statu
         }
         w.sending.remove(&m.key());
         // Zero for a reply to a departed client (discharged when it left).
-        w.service.reply_budget.discharge(m.charged);
-        if let Some(b) = w.backlog.get_mut(&m.client) {
-            b.replies = b.replies.saturating_sub(1);
-            b.bytes = b.bytes.saturating_sub(m.charged);
-        }
+        w.backlog.discharge(m.client, m.charged);
         w.finish_reply(m);
         ucx::request_free(request);
     }
