@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use crate::error::{Error, Result, Status};
 use crate::metrics;
 use crate::proto::PROTOCOL_VERSION;
+use crate::server::service::Service;
 use crate::server::tunables::{
     DEFAULT_MAX_CLIENTS, DEFAULT_REPLY_BUDGET, DEFAULT_STALL_TIMEOUT, DEFAULT_STRANDED_ENDPOINT_LIMIT,
 };
@@ -392,24 +393,18 @@ impl Server {
                         Err(e) => return drop(tx.send(Err(e))),
                     };
                     // Built on this thread, which then runs it.
+                    let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
+                    if let Some(role) = &cfg.cluster_role {
+                        service.set_cluster_role(role.clone());
+                    }
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => fabric_worker::FabricShardWorker::new(
-                            index,
-                            cfg.workers,
-                            membership,
-                            shard,
+                            service,
                             &provider,
                             listen_addr.ip(),
                             rails,
                             cfg.stall_timeout,
-                            reply_budget,
                         )
-                        .map(|mut w| {
-                            if let Some(role) = &cfg.cluster_role {
-                                w.service.set_cluster_role(role.clone());
-                            }
-                            w
-                        })
                         .and_then(|w| {
                             Ok((
                                 w.info()?,
@@ -418,21 +413,11 @@ impl Server {
                             ))
                         }),
                         _ => ucx_worker::ShardWorker::new(
-                            index,
-                            cfg.workers,
-                            membership,
-                            shard,
+                            service,
                             cfg.stall_timeout,
                             cfg.stranded_endpoint_limit,
                             ucx_tcp,
-                            reply_budget,
                         )
-                        .map(|mut w| {
-                            if let Some(role) = &cfg.cluster_role {
-                                w.service.set_cluster_role(role.clone());
-                            }
-                            w
-                        })
                         .and_then(|w| {
                             Ok((
                                 w.info()?,

@@ -29,14 +29,13 @@ use tracing::{debug, info, warn};
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
-use crate::server::reply_backlog::{ReplyBacklog, ReplyBudget};
-use crate::server::service::{self, Answer, Membership, PendingPut, Request, Service};
+use crate::server::reply_backlog::ReplyBacklog;
+use crate::server::service::{self, Answer, PendingPut, Request, Service};
 use crate::server::tunables::{
     FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY,
     SWEEP_INTERVAL,
 };
 use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
-use crate::store::Shard;
 use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::{stripe_len, stripes};
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
@@ -149,22 +148,18 @@ pub struct FabricShardWorker {
 
 impl FabricShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        index: usize,
-        shards: usize,
-        membership: crossbeam_channel::Receiver<Membership>,
-        shard: Shard,
+        service: Service,
         provider: &str,
         listen: std::net::IpAddr,
         rails: usize,
         stall_timeout: Duration,
-        reply_budget: Arc<ReplyBudget>,
     ) -> Result<Box<Self>> {
         let rails = Rails::open(provider, Some(listen), rails)?;
         // No remote access to anything of ours: replies are sends, and put values are
         // read by us from the client. A peer that guesses keys finds nothing to read.
-        let arena_mr = rails.register(shard.arena().base(), shard.arena().len(), RemoteAccess::None)?;
+        let arena = service.shard.arena();
+        let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
         let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
         let address = crate::server::ShardAddress::new(wire::encode_addresses(&rails.addresses()?));
@@ -177,8 +172,8 @@ impl FabricShardWorker {
             provider: provider.to_string(),
             listen,
             address,
-            backlog: ReplyBacklog::new(reply_budget.clone()),
-            service: Service::new(index, shards, membership, shard, reply_budget),
+            backlog: ReplyBacklog::new(service.reply_budget.clone()),
+            service,
             arena_mr,
             recv_mr,
             recv_slab,

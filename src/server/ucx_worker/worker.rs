@@ -39,13 +39,12 @@ use super::incarnations::{PerIncarnation, ReplyEps};
 use super::queue_probe::{self, QueueProbe};
 use crate::error::{Error, Result};
 use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
-use crate::server::reply_backlog::{ReplyBacklog, ReplyBudget};
-use crate::server::service::{self, Answer, Membership, PendingPut, Service};
+use crate::server::reply_backlog::ReplyBacklog;
+use crate::server::service::{self, Answer, PendingPut, Service};
 use crate::server::tunables::{
     IDLE_RECYCLE_AFTER, MAX_RECYCLED, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL, UCX_RETIRED_GRACE,
 };
 use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
-use crate::store::Shard;
 use crate::transport::ucx::{self, sys, Started, Worker};
 use crate::transport::{PollMode, Poller};
 
@@ -147,26 +146,21 @@ pub struct ShardWorker {
 
 impl ShardWorker {
     /// Builds the worker on the calling thread (the one that will run it).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        index: usize,
-        shards: usize,
-        membership: crossbeam_channel::Receiver<Membership>,
-        shard: Shard,
+        service: Service,
         stall_timeout: Duration,
         stranded_limit: usize,
         tcp: ucx::Tcp,
-        reply_budget: Arc<ReplyBudget>,
     ) -> Result<Box<ShardWorker>> {
         let worker = Worker::new(&tcp)?;
         let probe = QueueProbe::new(&tcp)?;
-        let arena = shard.arena();
+        let arena = service.shard.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
         let address = worker.address()?;
         let handle = worker.handle();
         let mut w = Box::new(ShardWorker {
-            backlog: ReplyBacklog::new(reply_budget.clone()),
-            service: Service::new(index, shards, membership, shard, reply_budget),
+            backlog: ReplyBacklog::new(service.reply_budget.clone()),
+            service,
             tcp,
             retired: Vec::new(),
             worker,
