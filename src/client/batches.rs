@@ -1,0 +1,210 @@
+//! Batches: many puts or gets with up to `depth` requests in flight behind one wait, and
+//! in a cluster the copies of a batch's writes to the other replicas, pipelined the same way.
+
+use super::*;
+
+impl Client {
+    /// Stores many values with up to `depth` requests in flight: one wait for many
+    /// round trips. Results are per item, in order.
+    pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
+        self.pipelined(items.len(), depth, |i| {
+            let (key, value) = items[i];
+            if value.len() as u64 > MAX_VALUE_LEN {
+                return Err(Error::new(
+                    Status::ValueTooLarge,
+                    format!("{} bytes > limit {MAX_VALUE_LEN}", value.len()),
+                ));
+            }
+            Ok((Op::Put, key, value, Receive::Owned))
+        })
+        .into_iter()
+        .map(|r| {
+            let reply = r?;
+            match reply.header.status() {
+                Status::Ok => Ok(reply.header.generation),
+                s => Err(error_of(s, &reply)),
+            }
+        })
+        .collect()
+    }
+
+    /// Reads many values with up to `depth` requests in flight. `None`: missing.
+    pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
+        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Owned)))
+            .into_iter()
+            .map(|r| {
+                let reply = r?;
+                match reply.header.status() {
+                    Status::Ok => Ok(Some(Value {
+                        generation: reply.header.generation,
+                        size: reply.header.value_size,
+                        data: reply.payload,
+                    })),
+                    Status::Missing => Ok(None),
+                    s => Err(error_of(s, &reply)),
+                }
+            })
+            .collect()
+    }
+
+    /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
+    /// and collects the replies. In a cluster, a request that a view change or a lost
+    /// server turned back is sent again on its own (see [`Client::call_key_into`]), and
+    /// writes the keys' primaries took are copied to their other replicas.
+    pub(super) fn pipelined<'a>(
+        &mut self,
+        n: usize,
+        depth: usize,
+        item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+    ) -> Vec<Result<Reply>> {
+        let mut results = self.pipelined_once(n, depth, &item);
+        if self.cluster.is_some() {
+            let mut to_copy = Vec::new();
+            for (i, result) in results.iter_mut().enumerate() {
+                let turned_back = match result {
+                    Ok(r) => matches!(r.header.status(), Status::Moved | Status::ViewChanged | Status::KeyMoving),
+                    Err(e) => e.status == Status::Unavailable,
+                };
+                let Ok((op, key, payload, receive)) = item(i) else { continue };
+                if turned_back {
+                    *result = check_key(key)
+                        .and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                } else if result.as_ref().is_ok_and(|r| op == Op::Put && r.header.status() == Status::Ok)
+                    && self.conn.copies_writes()
+                {
+                    to_copy.push(i);
+                }
+            }
+            self.copy_batch(&to_copy, depth, &item, &mut results);
+        }
+        results
+    }
+
+    /// Copies the writes of a batch that the keys' primaries took (items `which` of
+    /// `results`) to the keys' other replicas, pipelined as the batch was. A write whose
+    /// copy did not land at once, or whose key is moving, is then copied on its own
+    /// ([`Client::copy_write`], which waits out view changes).
+    pub(super) fn copy_batch<'a>(
+        &mut self,
+        which: &[usize],
+        depth: usize,
+        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+        results: &mut [Result<Reply>],
+    ) {
+        let mut alone = Vec::new();
+        let mut in_flight = std::collections::VecDeque::new();
+        let depth = depth.max(1);
+        for &i in which {
+            let (Ok((_, key, payload, _)), Ok(reply)) = (item(i), &results[i]) else { continue };
+            let (now, then) = self.conn.replicas_of(key);
+            if !then.is_empty() {
+                alone.push(i);
+                continue;
+            }
+            let mut copy = RequestHeader::new(Op::Put, 0, 0);
+            copy.flags = flags::IMPORT;
+            copy.if_equal = reply.header.generation;
+            for &server in now.iter().skip(1) {
+                if in_flight.len() == depth {
+                    let (j, id) = in_flight.pop_front().unwrap();
+                    if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
+                        alone.push(j);
+                    }
+                }
+                match self.submit_key(key, copy, payload, Receive::Owned, server) {
+                    Ok(id) => in_flight.push_back((i, id)),
+                    Err(_) => alone.push(i),
+                }
+            }
+        }
+        for (j, id) in in_flight {
+            if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
+                alone.push(j);
+            }
+        }
+        alone.sort_unstable();
+        alone.dedup();
+        let started = std::time::Instant::now();
+        for i in alone {
+            let Ok((op, key, payload, _)) = item(i) else { continue };
+            let copied = match &results[i] {
+                Ok(reply) => {
+                    let primary = self.conn.replicas_of(key).0[0];
+                    self.copy_write(
+                        key,
+                        &RequestHeader::new(op, 0, 0),
+                        payload,
+                        reply,
+                        primary,
+                        started,
+                        &mut Vec::new(),
+                    )
+                }
+                Err(_) => continue,
+            };
+            if let Err(e) = copied {
+                results[i] = Err(e);
+            }
+        }
+    }
+
+    pub(super) fn pipelined_once<'a>(
+        &mut self,
+        n: usize,
+        depth: usize,
+        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+    ) -> Vec<Result<Reply>> {
+        // Connected (anew, if a server was lost or the view changed) once for the whole
+        // batch: a new connection while requests are in flight on the old one would lose them.
+        if let Err(e) = self.live() {
+            return (0..n).map(|_| Err(e.clone())).collect();
+        }
+        let submit = |c: &mut Self, i: usize| {
+            let (op, key, payload, receive) = item(i)?;
+            c.submit_batched(op, key, payload, receive)
+        };
+        let depth = depth.max(1);
+        let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
+        let mut in_flight = std::collections::VecDeque::new();
+        for i in 0..n {
+            if in_flight.len() == depth {
+                let (j, id) = in_flight.pop_front().unwrap();
+                results[j] = Some(self.conn.wait(id));
+            }
+            match submit(self, i) {
+                Ok(id) => in_flight.push_back((i, id)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (j, id) in in_flight {
+            results[j] = Some(self.conn.wait(id));
+        }
+        results.into_iter().map(|r| r.unwrap()).collect()
+    }
+
+    /// Reads many values into the given buffers, with up to `depth` requests in flight.
+    pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
+        assert_eq!(keys.len(), bufs.len(), "one buffer per key");
+        let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
+        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Into(sinks[i]))))
+            .into_iter()
+            .map(|r| get_into_result(r?))
+            .collect()
+    }
+
+    /// Starts one request of a batch: keys travel inline, so batches take keys up to
+    /// `INLINE_KEY_MAX`.
+    pub(super) fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
+        check_key(key)?;
+        if key.len() > INLINE_KEY_MAX {
+            return Err(Error::new(
+                Status::Invalid,
+                format!("batched operations take keys up to {INLINE_KEY_MAX} bytes"),
+            ));
+        }
+        let mut h = RequestHeader::new(op, 0, 0);
+        h.key_len = key.len() as u32;
+        let (server, shard) = self.conn.route(key);
+        self.conn.submit_into(server, shard, h, key, payload, receive)
+    }
+}
