@@ -27,12 +27,10 @@ use crate::cluster;
 use crate::error::{Error, Result, Status};
 pub use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
-use crate::transport::{PollMode, DEFAULT_SPIN};
 use conn::Connection;
 pub use device::CHUNK as DEVICE_CHUNK;
 use link::{Receive, Reply, Sink};
 pub use options::*;
-use routing::view_of;
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
 ///
@@ -396,6 +394,15 @@ impl Client {
     pub fn raw_session(&self) -> (u64, u64) {
         (self.conn.session(0), self.conn.next_request_id())
     }
+}
+
+/// A cluster's view; an error when it places keys on no server.
+fn view_of(watch: &cluster::Watch) -> Result<cluster::View> {
+    let view = watch.view();
+    if view.placement.members.is_empty() {
+        return Err(Error::new(Status::Unavailable, format!("cluster {} has no live servers", watch.url())));
+    }
+    Ok(view)
 }
 
 fn check_key(key: &[u8]) -> Result<()> {

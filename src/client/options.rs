@@ -1,6 +1,9 @@
 //! What callers pass and get back: options, conditions, results, listings and key ranges.
 
-use super::*;
+use std::time::Duration;
+
+use crate::proto::ByteRange;
+use crate::transport::{PollMode, DEFAULT_SPIN};
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -72,7 +75,7 @@ pub enum GetResult {
     Unchanged { generation: u64 },
 }
 
-/// The result of [`Client::get_at_most`].
+/// The result of [`Client::get_at_most`](super::Client::get_at_most).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GetAtMost {
     Got(GetResult),
@@ -85,7 +88,7 @@ pub enum GetAtMost {
     },
 }
 
-/// The result of [`Client::get_into`].
+/// The result of [`Client::get_into`](super::Client::get_into).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GetInto {
     /// `len` bytes were written to the buffer; `size` is the whole stored value's size.
@@ -121,9 +124,10 @@ pub struct ListEntry {
     pub size: u64,
 }
 
-/// Where a listing paged with [`Client::list_page`] goes on: a server's shard, named by
-/// the server's address (not by its place in one client's connection, so that any client
-/// of the same servers can take the listing on), and the key to list it from.
+/// Where a listing paged with [`Client::list_page`](super::Client::list_page) goes on: a
+/// server's shard, named by the server's address (not by its place in one client's
+/// connection, so that any client of the same servers can take the listing on), and the
+/// key to list it from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListCursor {
     pub(super) node: String,

@@ -3,15 +3,6 @@
 
 use super::*;
 
-/// A cluster's view; an error when it places keys on no server.
-pub(super) fn view_of(watch: &cluster::Watch) -> Result<cluster::View> {
-    let view = watch.view();
-    if view.placement.members.is_empty() {
-        return Err(Error::new(Status::Unavailable, format!("cluster {} has no live servers", watch.url())));
-    }
-    Ok(view)
-}
-
 impl Client {
     /// Whether connected server `i` is one this client uses: every server given, or in a
     /// cluster, those of its current view.

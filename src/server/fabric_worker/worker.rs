@@ -46,10 +46,58 @@ mod recovery;
 mod replies;
 mod slots;
 
-use reads::ReadPlan;
-use recovery::Retired;
-use replies::ReplyBuf;
-use slots::Peer;
+/// A one-sided read of a client's payload, in chunks dealt round-robin over the rails
+/// with a bounded window in flight: some providers (shm) copy inside the post, so
+/// chunking keeps the worker answering other clients during a 1 GiB put.
+struct ReadPlan {
+    dest: *mut u8,
+    descs: Vec<*mut std::ffi::c_void>,
+    peer: Vec<PeerAddr>,
+    /// The client's address and key on each rail.
+    remote: Vec<(u64, u64)>,
+    len: usize,
+    chunk: usize,
+    next: usize,
+    chunks: usize,
+    failed: bool,
+    /// The client gave up on the request: answer this abort once the reads in flight
+    /// are back (none is posted after it).
+    abort: Option<u64>,
+    /// When the read is given up on if it has not finished (the client stopped progressing).
+    deadline: Instant,
+    /// Chunks posted and not yet back.
+    in_flight: BTreeSet<usize>,
+}
+
+/// Rails given up on, and what their peers may still read through them: reply buffers
+/// and pinned extents (over shm with CMA a receiver copies from our memory itself).
+struct Retired {
+    rails: Rails,
+    regions: Vec<Vec<MemoryRegion>>,
+    _buffers: Vec<Vec<u8>>,
+    _recv_slab: Vec<u8>,
+    pinned: Vec<u64>,
+    since: Instant,
+}
+
+/// A reply message: header, and the payload when it fits.
+struct ReplyBuf {
+    bytes: Vec<u8>,
+    /// Registration of `bytes` on rail 0, when the provider requires local registration.
+    mr: Option<Vec<MemoryRegion>>,
+}
+
+/// A client that said hello: where it is on each rail, and the credential its requests
+/// must carry (so a client cannot act as another by naming its slot).
+struct Peer {
+    addrs: Vec<PeerAddr>,
+    credential: u64,
+    /// Its bootstrap connection: when that closes, the slot is freed.
+    client_id: u64,
+    /// A request arriving in parts (see `proto::fabric`): its id and the bytes so far,
+    /// at most REQUEST_MSG_MAX. One per client, freed with its slot.
+    joining: Option<(u64, Vec<u8>)>,
+}
 
 /// What an operation in flight is, to finish it when it completes.
 enum WorkerOp {

@@ -52,9 +52,71 @@ mod puts;
 mod recovery;
 mod replies;
 
-use puts::PutInFlight;
-use recovery::Retired;
-use replies::ReplyMsg;
+struct PutInFlight {
+    worker: *mut ShardWorker,
+    /// The worker it arrives by (see [`Arrival`]).
+    incarnation: u64,
+    /// Null once the endpoint was closed (see [`ShardWorker::cut_stalled_puts`]).
+    reply_ep: sys::ucp_ep_h,
+    /// When the transfer is cut if it has not finished (its client stopped progressing).
+    deadline: Instant,
+    put: PendingPut,
+    /// Set when the client gave up on this put: the abort request to answer once the
+    /// rendezvous receive (which reads the client's memory) has ended.
+    abort: Option<u64>,
+}
+
+/// A UCX worker no longer handed out to clients, with its mapping of the arena.
+struct Retired {
+    worker: Worker,
+    memh: sys::ucp_mem_h,
+    /// After `worker`: its callbacks may run until it is destroyed.
+    _arrival: ArrivalBox,
+    incarnation: u64,
+    since: Instant,
+    why: Retirement,
+    /// Recycled: clients connected when it was, that had sent this shard nothing yet (so
+    /// may hold its address and send their first request to it later).
+    unheard: Vec<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Retirement {
+    /// Its receive queue got stuck: clients were told to reconnect.
+    Stuck,
+    /// Too many departed clients' endpoints stranded on it: it serves the clients it
+    /// has until they leave (nobody was told).
+    Recycled,
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        // SAFETY: mapped on this worker when it was created; unmapped once, before it is destroyed.
+        unsafe { self.worker.mem_unmap(self.memh) };
+    }
+}
+
+struct ReplyMsg {
+    worker: *mut ShardWorker,
+    /// The reply header, its first `header_len` bytes (a compact form, when it fits).
+    header: [u8; REPLY_HEADER_LEN],
+    header_len: usize,
+    payload: Vec<u8>,
+    /// Arena extent the payload is sent from, if any (pinned while in flight).
+    pinned: Option<u64>,
+    /// The client it goes to (0: not known), so its departure can release the extent.
+    client: u64,
+    /// Owned payload bytes charged to that client while the send is pending.
+    charged: u64,
+    /// The worker it is sent by (see [`Arrival`]).
+    incarnation: u64,
+}
+
+impl ReplyMsg {
+    fn key(&self) -> usize {
+        self as *const ReplyMsg as usize
+    }
+}
 
 /// What a UCX worker's request callbacks are given: the shard, which of its workers the
 /// request came by, and that worker's handle and mapping of the arena (the one a send from

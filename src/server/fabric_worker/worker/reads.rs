@@ -4,29 +4,6 @@
 
 use super::*;
 
-/// A one-sided read of a client's payload, in chunks dealt round-robin over the rails
-/// with a bounded window in flight: some providers (shm) copy inside the post, so
-/// chunking keeps the worker answering other clients during a 1 GiB put.
-pub(super) struct ReadPlan {
-    pub(super) dest: *mut u8,
-    pub(super) descs: Vec<*mut std::ffi::c_void>,
-    pub(super) peer: Vec<PeerAddr>,
-    /// The client's address and key on each rail.
-    pub(super) remote: Vec<(u64, u64)>,
-    pub(super) len: usize,
-    pub(super) chunk: usize,
-    pub(super) next: usize,
-    pub(super) chunks: usize,
-    pub(super) failed: bool,
-    /// The client gave up on the request: answer this abort once the reads in flight
-    /// are back (none is posted after it).
-    pub(super) abort: Option<u64>,
-    /// When the read is given up on if it has not finished (the client stopped progressing).
-    pub(super) deadline: Instant,
-    /// Chunks posted and not yet back.
-    pub(super) in_flight: BTreeSet<usize>,
-}
-
 impl ReadPlan {
     fn new(
         dest: *mut u8,

@@ -3,17 +3,6 @@
 
 use super::*;
 
-/// Rails given up on, and what their peers may still read through them: reply buffers
-/// and pinned extents (over shm with CMA a receiver copies from our memory itself).
-pub(super) struct Retired {
-    pub(super) rails: Rails,
-    pub(super) regions: Vec<Vec<MemoryRegion>>,
-    pub(super) _buffers: Vec<Vec<u8>>,
-    pub(super) _recv_slab: Vec<u8>,
-    pub(super) pinned: Vec<u64>,
-    pub(super) since: Instant,
-}
-
 impl FabricShardWorker {
     /// Replaces the endpoints (rails) with new ones under a new address, which the
     /// bootstrap hands out and tells connected clients of (they reconnect). Stored data is

@@ -3,13 +3,6 @@
 
 use super::*;
 
-/// A reply message: header, and the payload when it fits.
-pub(super) struct ReplyBuf {
-    pub(super) bytes: Vec<u8>,
-    /// Registration of `bytes` on rail 0, when the provider requires local registration.
-    pub(super) mr: Option<Vec<MemoryRegion>>,
-}
-
 impl FabricShardWorker {
     pub(super) fn take_reply_buf(&mut self) -> ReplyBuf {
         self.reply_pool.pop().unwrap_or_else(|| {

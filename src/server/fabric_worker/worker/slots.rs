@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// A client that said hello: where it is on each rail, and the credential its requests
-/// must carry (so a client cannot act as another by naming its slot).
-pub(super) struct Peer {
-    pub(super) addrs: Vec<PeerAddr>,
-    pub(super) credential: u64,
-    /// Its bootstrap connection: when that closes, the slot is freed.
-    pub(super) client_id: u64,
-    /// A request arriving in parts (see `proto::fabric`): its id and the bytes so far,
-    /// at most REQUEST_MSG_MAX. One per client, freed with its slot.
-    pub(super) joining: Option<(u64, Vec<u8>)>,
-}
-
 impl FabricShardWorker {
     pub(super) fn on_hello(&mut self, at: usize, len: usize) {
         let hello = match Hello::decode(&self.recv_slab[at..at + len]) {

@@ -3,20 +3,6 @@
 
 use super::*;
 
-pub(super) struct PutInFlight {
-    pub(super) worker: *mut ShardWorker,
-    /// The worker it arrives by (see [`Arrival`]).
-    pub(super) incarnation: u64,
-    /// Null once the endpoint was closed (see [`ShardWorker::cut_stalled_puts`]).
-    pub(super) reply_ep: sys::ucp_ep_h,
-    /// When the transfer is cut if it has not finished (its client stopped progressing).
-    pub(super) deadline: Instant,
-    pub(super) put: PendingPut,
-    /// Set when the client gave up on this put: the abort request to answer once the
-    /// rendezvous receive (which reads the client's memory) has ended.
-    pub(super) abort: Option<u64>,
-}
-
 pub(super) unsafe extern "C" fn on_put_received(
     request: *mut c_void,
     status: sys::ucs_status_t,

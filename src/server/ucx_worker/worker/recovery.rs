@@ -4,36 +4,6 @@
 
 use super::*;
 
-/// A UCX worker no longer handed out to clients, with its mapping of the arena.
-pub(super) struct Retired {
-    pub(super) worker: Worker,
-    pub(super) memh: sys::ucp_mem_h,
-    /// After `worker`: its callbacks may run until it is destroyed.
-    pub(super) _arrival: ArrivalBox,
-    pub(super) incarnation: u64,
-    pub(super) since: Instant,
-    pub(super) why: Retirement,
-    /// Recycled: clients connected when it was, that had sent this shard nothing yet (so
-    /// may hold its address and send their first request to it later).
-    pub(super) unheard: Vec<u64>,
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-pub(super) enum Retirement {
-    /// Its receive queue got stuck: clients were told to reconnect.
-    Stuck,
-    /// Too many departed clients' endpoints stranded on it: it serves the clients it
-    /// has until they leave (nobody was told).
-    Recycled,
-}
-
-impl Drop for Retired {
-    fn drop(&mut self) {
-        // SAFETY: mapped on this worker when it was created; unmapped once, before it is destroyed.
-        unsafe { self.worker.mem_unmap(self.memh) };
-    }
-}
-
 impl ShardWorker {
     /// Probes the receive queue and replaces a stuck worker; hands out a fresh worker once
     /// too many endpoints are stranded on the current one; destroys retired workers once

@@ -12,28 +12,6 @@ pub(super) struct ArenaSlice {
     pub(super) memh: sys::ucp_mem_h,
 }
 
-pub(super) struct ReplyMsg {
-    pub(super) worker: *mut ShardWorker,
-    /// The reply header, its first `header_len` bytes (a compact form, when it fits).
-    pub(super) header: [u8; REPLY_HEADER_LEN],
-    pub(super) header_len: usize,
-    pub(super) payload: Vec<u8>,
-    /// Arena extent the payload is sent from, if any (pinned while in flight).
-    pub(super) pinned: Option<u64>,
-    /// The client it goes to (0: not known), so its departure can release the extent.
-    pub(super) client: u64,
-    /// Owned payload bytes charged to that client while the send is pending.
-    pub(super) charged: u64,
-    /// The worker it is sent by (see [`Arrival`]).
-    pub(super) incarnation: u64,
-}
-
-impl ReplyMsg {
-    fn key(&self) -> usize {
-        self as *const ReplyMsg as usize
-    }
-}
-
 pub(super) unsafe extern "C" fn on_reply_sent(
     request: *mut c_void,
     _status: sys::ucs_status_t,
