@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::fabric_link::FabricLink;
 use super::link::{Link, Liveness, Receive, Reply};
+use super::options::ClientOptions;
 use super::ucx_link::UcxLink;
-use super::ClientOptions;
 use crate::cluster::LostServers;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};

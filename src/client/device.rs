@@ -9,7 +9,7 @@
 //!   the other buffer; an empty part at the end commits the value as an ordinary put.
 //!   Smaller values, values for a cluster, and values the server has no staging room for
 //!   are copied whole into a pinned buffer (kept for the next put up to
-//!   [`KEEP_PUT_BUFFER`]) and put from there;
+//!   `KEEP_PUT_BUFFER`) and put from there;
 //! - a get receives the value in [`CHUNK`]-byte ranges pinned to its generation, into two
 //!   pinned chunk buffers in turn: while the network fills one, the GPU copies the other
 //!   into place. A value that changes while it is read is read again.
@@ -17,75 +17,19 @@
 //! Every call synchronizes the stream before it returns, whatever happened: no copy
 //! touches the caller's device memory afterwards.
 
+use super::device_staging::{DeviceStaging, CHUNK};
 use super::link::{Receive, Sink};
 use super::{
     apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions,
     WriteResult,
 };
 use crate::error::{Error, Result, Status};
-use crate::gpu::{self, Device, HostBuffer, MemoryKind, Stream};
+use crate::gpu::{self, MemoryKind};
 use crate::proto::ByteRange;
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
 
-/// Bytes a get reads per request into device memory.
-pub const CHUNK: usize = 4 << 20;
-/// A put's pinned buffer is kept for the next put up to this size (larger ones are freed).
-pub const KEEP_PUT_BUFFER: usize = 64 << 20;
 /// Reads of a value that keeps changing under a chunked get.
 const READ_ATTEMPTS: usize = 3;
-
-/// What a client keeps once it has met device memory.
-pub(super) struct DeviceStaging {
-    device: &'static dyn Device,
-    /// One stream per GPU met, by ordinal.
-    streams: Vec<(i32, Box<dyn Stream>)>,
-    /// The two buffers a get's chunks arrive in, in turn.
-    chunks: [HostBuffer; 2],
-    /// A put's value, whole.
-    put_buffer: Option<HostBuffer>,
-}
-
-impl DeviceStaging {
-    fn new(device: &'static dyn Device) -> Result<DeviceStaging> {
-        let chunks = [device.host_buffer(CHUNK)?, device.host_buffer(CHUNK)?];
-        Ok(DeviceStaging { device, streams: Vec::new(), chunks, put_buffer: None })
-    }
-
-    fn stream(&mut self, ordinal: i32) -> Result<&mut dyn Stream> {
-        let at = match self.streams.iter().position(|s| s.0 == ordinal) {
-            Some(i) => i,
-            None => {
-                self.streams.push((ordinal, self.device.stream(ordinal)?));
-                self.streams.len() - 1
-            }
-        };
-        Ok(&mut *self.streams[at].1)
-    }
-
-    /// Copies `len` bytes of device memory at `addr` into a pinned buffer.
-    fn copy_to_host(&mut self, addr: usize, len: usize, ordinal: i32) -> Result<&[u8]> {
-        if self.put_buffer.as_ref().is_none_or(|b| b.len() < len) {
-            self.put_buffer = None;
-            self.put_buffer = Some(self.device.host_buffer(len)?);
-        }
-        let host = self.put_buffer.as_mut().unwrap().as_mut_ptr();
-        let stream = self.stream(ordinal)?;
-        // SAFETY: the put buffer holds `len` bytes and is used by nothing else; the caller
-        // of `put_from` keeps the device range valid; the stream is synchronized below,
-        // before either is used again or the call returns.
-        let queued = unsafe { stream.to_host(host, addr, len) };
-        let synchronized = stream.synchronize();
-        queued.and(synchronized)?;
-        Ok(&self.put_buffer.as_ref().unwrap().as_slice()[..len])
-    }
-
-    /// Drops a put buffer larger than is kept between calls.
-    fn trim(&mut self) {
-        if self.put_buffer.as_ref().is_some_and(|b| b.len() > KEEP_PUT_BUFFER) {
-            self.put_buffer = None;
-        }
-    }
-}
 
 /// How a chunked read ended.
 enum Chunked {

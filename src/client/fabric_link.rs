@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
-use super::ClientOptions;
+use super::options::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};

@@ -11,6 +11,7 @@
 mod batches;
 mod conn;
 mod device;
+mod device_staging;
 mod fabric_link;
 mod link;
 mod options;
@@ -28,7 +29,7 @@ use crate::error::{Error, Result, Status};
 pub use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use conn::Connection;
-pub use device::CHUNK as DEVICE_CHUNK;
+pub use device_staging::CHUNK as DEVICE_CHUNK;
 use link::{Receive, Reply, Sink};
 pub use options::*;
 
@@ -53,7 +54,7 @@ pub struct Client {
     /// What [`Client::set_spin`] last set (the connect-time spin until then).
     spin: Duration,
     /// Streams and pinned buffers for device memory, made when the client first meets it.
-    device_staging: Option<Box<device::DeviceStaging>>,
+    device_staging: Option<Box<device_staging::DeviceStaging>>,
 }
 
 /// Puts of values this large or larger send them to every replica at once (staged);

@@ -14,7 +14,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
-use super::ClientOptions;
+use super::options::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
