@@ -122,13 +122,14 @@ fn generate_fabric_bindings() {
     println!("cargo:rerun-if-changed=src/transport/fabric/shim.h");
 }
 
-/// The tsgrpc gateway's messages and service from proto/ (tonic-build runs protoc).
+/// The tsgrpc gateway's messages and service, from TensorStore's schema beside the gateway
+/// (src/gateway/tsgrpc_kvstore.proto; tonic-build runs protoc).
 fn generate_grpc() {
     tonic_build::configure()
         .bytes(["."])
-        .compile_protos(&["proto/tsgrpc_kvstore.proto"], &["proto"])
-        .expect("protoc failed on proto/tsgrpc_kvstore.proto (install protobuf-compiler: make deps)");
-    println!("cargo:rerun-if-changed=proto");
+        .compile_protos(&["src/gateway/tsgrpc_kvstore.proto"], &["src/gateway"])
+        .expect("protoc failed on src/gateway/tsgrpc_kvstore.proto (install protobuf-compiler: make deps)");
+    println!("cargo:rerun-if-changed=src/gateway/tsgrpc_kvstore.proto");
 }
 
 /// Generates the C header from src/ffi/ into OUT_DIR; `make header` copies it to

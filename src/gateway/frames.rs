@@ -38,7 +38,7 @@ use super::{TokenCheck, KEY_AND_FIELDS, MAX_MESSAGE};
 const WRITE_PATH: &str = "/tensorstore_grpc.kvstore.KvStoreService/Write";
 const READ_PATH: &str = "/tensorstore_grpc.kvstore.KvStoreService/Read";
 /// `WriteRequest.value_part`'s and `ReadResponse.value_part`'s field numbers
-/// (proto/tsgrpc_kvstore.proto).
+/// (tsgrpc_kvstore.proto, beside this file).
 const WRITE_VALUE_PART: u32 = 3;
 const READ_VALUE_PART: u32 = 4;
 /// gRPC's message prefix: a compressed flag and a 4-byte big-endian length.

@@ -23,7 +23,7 @@ use crate::error::{Error, Result, Status};
 use crate::ClientOptions;
 pub use pool::EnginePool;
 
-/// Generated from proto/tsgrpc_kvstore.proto.
+/// Generated from TensorStore's schema, tsgrpc_kvstore.proto (in this folder).
 pub mod pb {
     tonic::include_proto!("tensorstore_grpc.kvstore");
 }
