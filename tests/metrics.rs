@@ -50,7 +50,10 @@ impl Prometheus {
     /// Starts Prometheus on loopback, scraping `targets` (job name, host:port) every second.
     fn start(targets: &[(&str, &str)]) -> Option<Prometheus> {
         if Command::new("prometheus").arg("--version").output().is_err() {
-            eprintln!("SKIPPED: no `prometheus` binary (Debian package prometheus; make deps installs it)");
+            common::missing_prerequisite(
+                "prometheus scrapes",
+                "no `prometheus` binary (Debian package prometheus; make deps installs it)",
+            );
             return None;
         }
         let dir = tempdir::Dir::new("prometheus");
@@ -228,7 +231,10 @@ fn refused_handshakes_are_counted_by_reason() {
 fn top_draws_the_cluster_in_a_terminal() {
     common::init(TCP);
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: no tmux (Debian package tmux; make deps installs it)");
+        common::missing_prerequisite(
+            "top_draws_the_cluster_in_a_terminal",
+            "no tmux (Debian package tmux; make deps installs it)",
+        );
         return;
     }
     let (a, b) = (ServerProc::start(&[]), ServerProc::start(&[]));

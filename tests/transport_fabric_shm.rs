@@ -356,7 +356,7 @@ fn a_failed_endpoint_replacement_is_tried_again() {
     nofile(Some(libc::rlimit { rlim_cur: open_fds, rlim_max: saved.rlim_max }));
     common::signal(killed.id(), common::SIGKILL);
     killed.wait().unwrap();
-    std::thread::sleep(Duration::from_secs(2)); // the replacement fails, at least once
+    std::thread::sleep(Duration::from_secs(2)); // time for the replacement to fail (checked below)
     nofile(Some(saved));
     // Scraping may fail for a moment after the descriptors come back (the endpoint's accept
     // loop retries); the server must still be there and count the replacement.
@@ -366,6 +366,11 @@ fn a_failed_endpoint_replacement_is_tried_again() {
         last.as_ref().is_ok_and(|n| n.is_some_and(|n| n >= 1))
     });
     assert!(replaced, "the failed replacement was not tried again once file descriptors were back: {last:?}");
+    let failed = scrape(&server).map(|t| samples_total(&t, "rdram_worker_replacement_failures_total", ""));
+    assert!(
+        failed.as_ref().is_ok_and(|n| n.is_some_and(|n| n >= 1)),
+        "the premise did not hold: no replacement failed while file descriptors were out ({failed:?})"
+    );
     large_gets_finish(getter("2"));
 }
 

@@ -213,6 +213,13 @@ impl Collector for ServerCollector {
         )?;
         family(
             &mut e,
+            "rdram_worker_replacement_failures",
+            "Attempts to replace or recycle a shard's transport endpoints that failed (out of file descriptors or memory); each is tried again with backoff",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.worker_replacement_failures)),
+        )?;
+        family(
+            &mut e,
             "rdram_worker_recycles",
             "UCX workers whose new clients were moved to a fresh one because departed shared-memory clients' endpoints (freed by UCX only with the worker) piled up",
             MetricType::Counter,

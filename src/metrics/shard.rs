@@ -69,6 +69,9 @@ pub struct Gauges {
     /// Transport endpoints replaced: a UCX worker whose receive queue got stuck
     /// (`server::queue_probe`), libfabric shm rails stalled by a departed client.
     pub worker_replacements: AtomicU64,
+    /// Attempts to replace or recycle the shard's transport endpoints that failed (out of
+    /// file descriptors or memory); each is tried again with backoff.
+    pub worker_replacement_failures: AtomicU64,
     /// UCX workers recycled: new clients handed a fresh one because departed
     /// shared-memory clients' endpoints piled up on the old (`ucx_worker::ReplyEps`).
     pub worker_recycles: AtomicU64,
@@ -131,6 +134,11 @@ impl ShardMetrics {
     /// Counts a replacement of the shard's transport endpoints.
     pub fn worker_replaced(&self) {
         bump(&self.gauges.worker_replacements, 1);
+    }
+
+    /// Counts a replacement or recycling of the shard's endpoints that failed.
+    pub fn worker_replacement_failed(&self) {
+        bump(&self.gauges.worker_replacement_failures, 1);
     }
 
     pub fn worker_recycled(&self) {

@@ -11,6 +11,14 @@ use remote_dram::{Client, ClientOptions};
 
 pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
 
+/// A test whose prerequisite (a program `make deps` installs) is missing: skipped, visibly,
+/// on a developer's machine; under CI (`CI` set), which must have it, a failure.
+pub fn missing_prerequisite(test: &str, what: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(!ci, "{test}: {what}, and CI must have it");
+    eprintln!("SKIPPED {test}: {what}");
+}
+
 /// A load generator of the `rdram-bench` package (bench/), built next to `rdram` by
 /// `cargo build --release` (make test builds it before the tests).
 pub fn bench_binary(name: &str) -> std::path::PathBuf {

@@ -290,6 +290,7 @@ impl FabricShardWorker {
                             self.replace_retry.succeeded();
                         }
                         Err(e) => {
+                            self.service.metrics.worker_replacement_failed();
                             let again = self.replace_retry.failed(now);
                             warn!(
                                 "shard {}: could not replace its endpoints ({}); trying again in {again:?}",

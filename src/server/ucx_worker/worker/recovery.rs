@@ -18,6 +18,7 @@ impl ShardWorker {
         self.prepare_spare();
         if self.probe.tick(self.probe_seen, idle, now) {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
+                self.service.metrics.worker_replacement_failed();
                 warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
             }
         } else if (self.stranded >= self.stranded_limit || self.idle_with_stranded(now))
@@ -26,6 +27,7 @@ impl ShardWorker {
             match self.replace_worker(Retirement::Recycled) {
                 Ok(()) => self.recycle_retry.succeeded(),
                 Err(e) => {
+                    self.service.metrics.worker_replacement_failed();
                     let again = self.recycle_retry.failed(now);
                     warn!(
                         "shard {}: could not start a fresh worker ({}); trying again in {again:?}",
