@@ -30,12 +30,16 @@ fn putter(
 }
 
 fn sigterm_with_a_put_in_flight(extra: &[&str]) {
-    let mut args = vec!["--workers", "1", "--memory", "1GiB"];
+    let mut args = vec!["--workers", "1", "--memory", "1GiB", "--metrics", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut server = ServerProc::start(&args);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let worker = putter(server.addr.clone(), 256 << 20, stop.clone());
-    std::thread::sleep(Duration::from_millis(300));
+    // The premise: the server is receiving puts (the putter starts the next at once).
+    assert!(
+        common::wait_until(Duration::from_secs(20), || server.shard_metric("rdram_transfers_in_flight", 0) >= 1),
+        "no put was seen in flight"
+    );
     let started = Instant::now();
     let status = server.stop().expect("no exit within 10 s of SIGTERM");
     assert!(status.success(), "exit status {status} after SIGTERM with a put in flight");
