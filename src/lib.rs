@@ -12,6 +12,27 @@
 //! - [`cluster`] keeps a cluster's membership and placement in etcd; servers copy and
 //!   move keys when it changes, clients route by it.
 //! - [`gateway`] serves TensorStore's `tsgrpc_kvstore` gRPC protocol from the engine.
+//!
+//! A server in this process and a client of it, over UCX on loopback:
+//!
+//! ```
+//! use remote_dram::{Client, ClientOptions, Server, ServerConfig};
+//!
+//! let server = Server::start(ServerConfig {
+//!     listen: "127.0.0.1:0".into(),
+//!     workers: 1,
+//!     memory: 64 << 20,
+//!     hugepages: remote_dram::store::HugePages::Off,
+//!     ..Default::default()
+//! })?;
+//! let mut client = Client::connect(&server.local_addr().to_string(), ClientOptions::default())?;
+//! let generation = client.put(b"tensor/0", &[1, 2, 3])?;
+//! let value = client.get(b"tensor/0")?.expect("just stored");
+//! assert_eq!((value.data.as_slice(), value.generation), (&[1u8, 2, 3][..], generation));
+//! drop(client);
+//! server.stop();
+//! # Ok::<(), remote_dram::Error>(())
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -142,6 +142,29 @@ impl Client {
         }
     }
 
+    /// Stores `value` under a condition and/or with a TTL (`opts`). A failed condition
+    /// writes nothing and is a result, not an error; the generation it returns is what a
+    /// compare-and-set names next.
+    ///
+    /// ```
+    /// # let server = remote_dram::Server::start(remote_dram::ServerConfig {
+    /// #     listen: "127.0.0.1:0".into(), workers: 1, memory: 64 << 20,
+    /// #     hugepages: remote_dram::store::HugePages::Off, ..Default::default() })?;
+    /// # let mut client = remote_dram::Client::connect(&server.local_addr().to_string(), Default::default())?;
+    /// use remote_dram::client::{PutOptions, WriteCondition, WriteResult};
+    ///
+    /// let first = PutOptions { condition: WriteCondition::IfAbsent, ..Default::default() };
+    /// let WriteResult::Written { generation } = client.put_with(b"lock", b"owner-a", &first)? else {
+    ///     panic!("the key was free");
+    /// };
+    /// // A second writer that expects the key to be absent loses.
+    /// assert_eq!(client.put_with(b"lock", b"owner-b", &first)?, WriteResult::ConditionFailed);
+    /// // Compare-and-set: only the holder of the current generation replaces the value.
+    /// let cas = PutOptions { condition: WriteCondition::IfEqual(generation), ..Default::default() };
+    /// assert!(matches!(client.put_with(b"lock", b"owner-a, renewed", &cas)?, WriteResult::Written { .. }));
+    /// # drop(client); server.stop();
+    /// # Ok::<(), remote_dram::Error>(())
+    /// ```
     pub fn put_with(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Result<WriteResult> {
         check_key(key)?;
         if value.len() as u64 > MAX_VALUE_LEN {
@@ -276,6 +299,22 @@ impl Client {
 
     /// Every key in `range`, in order, with sizes. (Holds them all: for a range that may
     /// hold many keys, page through it with [`Client::list_page`].)
+    ///
+    /// ```
+    /// # let server = remote_dram::Server::start(remote_dram::ServerConfig {
+    /// #     listen: "127.0.0.1:0".into(), workers: 1, memory: 64 << 20,
+    /// #     hugepages: remote_dram::store::HugePages::Off, ..Default::default() })?;
+    /// # let mut client = remote_dram::Client::connect(&server.local_addr().to_string(), Default::default())?;
+    /// use remote_dram::client::KeyRange;
+    ///
+    /// for layer in ["ckpt/7/layer.1", "ckpt/7/layer.0", "ckpt/8/layer.0"] {
+    ///     client.put(layer.as_bytes(), &[0u8; 16])?;
+    /// }
+    /// let keys: Vec<Vec<u8>> = client.list(&KeyRange::prefix(b"ckpt/7/"))?.into_iter().map(|e| e.key).collect();
+    /// assert_eq!(keys, [b"ckpt/7/layer.0".to_vec(), b"ckpt/7/layer.1".to_vec()]);
+    /// # drop(client); server.stop();
+    /// # Ok::<(), remote_dram::Error>(())
+    /// ```
     pub fn list(&mut self, range: &KeyRange) -> Result<Vec<ListEntry>> {
         let mut all = Vec::new();
         let mut from = None;
