@@ -148,6 +148,16 @@ struct Client {
     id: u64,
 }
 
+/// The buffers requests are received into, every page faulted in now: the provider fills
+/// them in turn, so left to fault on use they would add to the resident set for a long
+/// while, one first use at a time, long after start.
+fn recv_slab() -> Vec<u8> {
+    // Written with a non-zero byte: zeroed memory may come from pages not faulted in yet.
+    let mut slab = Vec::with_capacity(RECV_BUFS * wire::REQUEST_MSG_MAX);
+    slab.resize(RECV_BUFS * wire::REQUEST_MSG_MAX, 1u8);
+    slab
+}
+
 pub struct FabricShardWorker {
     /// First: dropped first, so no endpoint outlives the buffers it may write.
     rails: Rails,
@@ -208,7 +218,7 @@ impl FabricShardWorker {
         // read by us from the client. A peer that guesses keys finds nothing to read.
         let arena = service.shard.arena();
         let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
-        let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
+        let recv_slab = recv_slab();
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
         let address = crate::server::ShardAddress::new(wire::encode_addresses(&rails.addresses()?));
         let mut w = Box::new(FabricShardWorker {

@@ -27,7 +27,7 @@ impl FabricShardWorker {
         let rails = Rails::open(&self.provider, Some(self.listen), self.rails.eps.len())?;
         let arena = self.service.shard.arena();
         let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
-        let recv_slab = vec![0u8; RECV_BUFS * wire::REQUEST_MSG_MAX];
+        let recv_slab = recv_slab();
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
         let address = wire::encode_addresses(&rails.addresses()?);
 
