@@ -9,12 +9,14 @@
 #        the remote_dram package; python/tests/run.sh makes target/venv-python), KEEP (keep logs)
 #
 # Three servers (R = 1) hold KEYS values of SIZE bytes; a reader runs rdram-bench GET
-# 4 KiB at READ_RATE requests/s (open loop) for 8 s, once with the cluster at rest and once
-# from the moment a fourth server is up and keys move to it (the server's own start, which
-# on a 2-vCPU machine takes the CPUs for a while, is not in it). Prints the bytes handed over, the time from the
-# placement naming the new server to its next epoch, the rate, and the reader's
-# p50/p99/max both times (the reader's own keys move too). Builds nothing: run
-# `make build` and python/tests/run.sh first.
+# 4 KiB at READ_RATE requests/s (open loop) for 8 s: with the cluster at rest; from the
+# moment a fourth server is up and keys move to it (the server's own start, which on a
+# 2-vCPU machine takes the CPUs for a while, is not in it; the reader's view names the new
+# server from the start); and connected 1.5 s before a fifth server starts (it meets the
+# new server through its watch, and the server's start is in it). Prints the bytes handed
+# over to the fourth, the time from the placement naming it to the next epoch, the rate,
+# and the reader's p50/p99/max each time (the reader's own keys move too). Builds nothing:
+# run `make build` and python/tests/run.sh first.
 set -euo pipefail
 TRANSPORT=${1:-shm}
 BIN=${BIN:-target/release}
@@ -70,7 +72,8 @@ read_p moving >"$work/moving.txt" &
 reader=$!
 # Waits for the next epoch at a pace that leaves the CPUs to the servers and the reader
 # (the times come from the servers' logs).
-until read -r e m < <(placement) && [ "$m" = 0 ] && [ "$e" -gt "$before" ]; do sleep 0.5; done
+settle() { until read -r e m < <(placement) && [ "$m" = 0 ] && [ "$e" -gt "$1" ]; do sleep 0.5; done; }
+settle "$before"
 wait $reader
 echo "reader during the move: $(cat "$work/moving.txt")"
 # When a server proposed the move and the next epoch (UTC seconds of the day).
@@ -83,3 +86,12 @@ print(sum(s["shards"][0].get("handed_over_bytes", 0) for s in json.load(sys.stdi
 python3 -c "
 moved, secs = $moved, $settled - $started
 print(f'$TRANSPORT: {moved / 2**20:.0f} MiB handed over to the new server in {secs:.2f} s: {moved / secs / 1e6:.0f} MB/s')"
+
+read_p connected >"$work/connected.txt" &
+reader=$!
+sleep 1.5
+read -r joined _ < <(placement)
+serve 5
+settle "$joined"
+wait $reader
+echo "reader connected before a fifth server joined: $(cat "$work/connected.txt")"
