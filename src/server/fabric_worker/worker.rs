@@ -148,9 +148,9 @@ struct Client {
     id: u64,
 }
 
-/// The buffers requests are received into, every page faulted in now: the provider fills
-/// them in turn, so left to fault on use they would add to the resident set for a long
-/// while, one first use at a time, long after start.
+/// The buffers requests are received into, every page faulted in now (as the arena is):
+/// the provider fills them in turn, so pages left to fault on first use would keep adding
+/// to the resident set long after start.
 fn recv_slab() -> Vec<u8> {
     // Written with a non-zero byte: zeroed memory may come from pages not faulted in yet.
     let mut slab = Vec::with_capacity(RECV_BUFS * wire::REQUEST_MSG_MAX);
