@@ -134,6 +134,7 @@ pub fn shard_request(data: &[u8]) {
                     next: Some(vec!["a".into(), "b".into()]),
                     replicas: 1,
                     version: 3,
+                    ..Default::default()
                 },
             );
             s.set_cluster_role(role);

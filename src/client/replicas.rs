@@ -106,6 +106,7 @@ impl Client {
         copy.ttl_or_limit = h.ttl_or_limit;
         copy.if_equal = reply.header.generation;
         let payload = if copy.op == Op::Delete as u8 { &[][..] } else { payload };
+        let conditional = h.flags & (flags::IF_EQUAL | flags::IF_NOT_EQUAL | flags::IF_ABSENT) != 0;
         let primary_node = self.conn.servers[primary].node.clone();
         let mut holding = vec![primary_node.clone()];
         let mut pause = CLUSTER_RETRY_MIN;
@@ -114,12 +115,15 @@ impl Client {
                 return Ok(());
             }
             let (now, then) = self.conn.replicas_of(key);
-            // A write taken by a server that is the key's primary no more (its lease
-            // lapsed, or it was paused, and the view moved on) is not copied: the key's
-            // new primary may have given out newer generations meanwhile.
             let still_primary =
                 [now.first(), then.first()].into_iter().flatten().any(|&s| self.conn.servers[s].node == primary_node);
-            if !still_primary {
+            // A write taken by a server that is the key's primary no more is copied on
+            // only if it was taken before the current epoch was sealed: every generation
+            // the key's new primary gave out is above it. Otherwise (the server lost its
+            // lease, or was paused, and the view moved on without it) its write may be
+            // ordered after ones taken since: not copied.
+            let taken_before_seal = copy.if_equal < self.conn.generation_floor();
+            if !still_primary && !taken_before_seal {
                 // Acknowledged only if the key's new primary holds it (the keys' moves
                 // copied it there) under the generation it was given.
                 let landed = copy.op == Op::Put as u8
@@ -167,6 +171,20 @@ impl Client {
             for (server, must, id) in sent {
                 let node = self.conn.servers[server].node.clone();
                 match self.conn.wait(id) {
+                    // The replica holds a newer write, taken by the key's new primary
+                    // after the seal: it may have been decided without this one, so a
+                    // conditional write cannot count as applied.
+                    Ok(r)
+                        if r.header.status() == Status::Ok
+                            && !still_primary
+                            && conditional
+                            && r.header.generation > copy.if_equal =>
+                    {
+                        return Err(Error::new(
+                            Status::Unavailable,
+                            format!("the view changed while the write was copied: {primary_node} took it, but replica {node} holds a newer write from the key's new primary, which may have been decided without this one, so this conditional write may not last; read the key to see"),
+                        ));
+                    }
                     Ok(r) if r.header.status() == Status::Ok => holding.push(node),
                     Ok(r) if must => {
                         if r.header.status() == Status::ViewChanged {

@@ -142,6 +142,13 @@ pub struct MoveReport {
     pub bytes_moved: u64,
     /// Handover rate over the pass so far, bytes per second.
     pub bytes_per_second: u64,
+    /// The version of the sealed placement this source sealed under (0: not sealed):
+    /// from then on it takes no write for a key whose primary changes.
+    #[serde(default)]
+    pub sealed_version: u64,
+    /// The highest generation this source's shards gave out, read once it sealed.
+    #[serde(default)]
+    pub last_generation: u64,
 }
 
 /// Everything under a cluster's prefix at one etcd revision.
@@ -183,10 +190,11 @@ impl View {
 
 /// The placement that should follow `state`'s, if any: the first placement once a member
 /// is live; keys moving once the live members that are not draining differ from the
-/// placement's (a member that died leaves it this way too, once its lease lapsed); the
-/// next epoch once every live source reported its keys copied. A server keys were moving
-/// to that died is dropped from `next`. What a dead member held survives on its keys'
-/// other replicas (none with R = 1).
+/// placement's (a member that died leaves it this way too, once its lease lapsed); sealed
+/// once every live source reported its keys copied; the next epoch, with its generation
+/// floor, once every live source reported itself sealed. A server keys were moving to
+/// that died is dropped from `next`, and the move starts over. What a dead member held
+/// survives on its keys' other replicas (none with R = 1).
 pub fn next_placement(state: &ClusterState) -> Option<Placement> {
     let wanted: Vec<String> = state.members.iter().filter(|m| !m.draining).map(|m| m.address.clone()).collect();
     let live = |a: &String| state.members.iter().any(|m| m.address == *a);
@@ -198,6 +206,7 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
             next: None,
             replicas,
             version: 1,
+            ..Default::default()
         });
     };
     let changed = |p: Placement| Placement { version: p.version + 1, ..p };
@@ -207,16 +216,31 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
         Some(next) if !next.iter().all(live) => {
             let still: Vec<String> = next.iter().filter(|a| live(a)).cloned().collect();
             let next = if still.is_empty() { (!wanted.is_empty()).then_some(wanted) } else { Some(still) };
-            Some(changed(Placement { next, ..p.clone() }))
+            Some(changed(Placement { next, sealed: false, ..p.clone() }))
         }
         Some(next) => {
-            let handed_over = p
+            let reports: Option<Vec<&MoveReport>> = p
                 .members
                 .iter()
                 .filter(|a| live(a))
-                .all(|a| state.moves.get(a).is_some_and(|r| r.done && r.epoch == p.epoch && r.next == *next));
-            handed_over
-                .then(|| changed(Placement { epoch: p.epoch + 1, members: next.clone(), next: None, ..p.clone() }))
+                .map(|a| state.moves.get(a).filter(|r| r.done && r.epoch == p.epoch && r.next == *next))
+                .collect();
+            let reports = reports?;
+            if !p.sealed {
+                return Some(changed(Placement { sealed: true, ..p.clone() }));
+            }
+            if !reports.iter().all(|r| r.sealed_version == p.version) {
+                return None;
+            }
+            let floor = reports.iter().map(|r| r.last_generation).fold(p.generation_floor, u64::max);
+            Some(changed(Placement {
+                epoch: p.epoch + 1,
+                members: next.clone(),
+                next: None,
+                sealed: false,
+                generation_floor: floor,
+                ..p.clone()
+            }))
         }
     }
 }
@@ -987,7 +1011,61 @@ impl Follower {
 
 #[cfg(test)]
 mod tests {
-    use super::ClusterUrl;
+    use super::{next_placement, ClusterState, ClusterUrl, Member, MoveReport, Placement};
+
+    fn member(address: &str) -> Member {
+        Member { address: address.into(), shards: 1, transport: "ucx".into(), capacity_bytes: 1, draining: false }
+    }
+
+    fn report(p: &Placement, sealed: bool, last_generation: u64) -> MoveReport {
+        MoveReport {
+            epoch: p.epoch,
+            next: p.next.clone().unwrap(),
+            done: true,
+            sealed_version: if sealed { p.version } else { 0 },
+            last_generation,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_move_ends_sealed_with_a_generation_floor_above_every_source() {
+        let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut state = ClusterState {
+            members: ["a", "b", "c"].map(member).to_vec(),
+            placement: Some(Placement {
+                epoch: 4,
+                members: names(&["a", "b"]),
+                replicas: 2,
+                version: 9,
+                generation_floor: 50,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let moving = next_placement(&state).expect("c joined: keys move");
+        assert_eq!((moving.epoch, moving.next.clone(), moving.sealed), (4, Some(names(&["a", "b", "c"])), false));
+        state.placement = Some(moving.clone());
+        assert_eq!(next_placement(&state), None, "no source reported yet");
+        state.moves.insert("a".into(), report(&moving, false, 0));
+        assert_eq!(next_placement(&state), None, "b has not copied its keys yet");
+        state.moves.insert("b".into(), report(&moving, false, 0));
+        let sealed = next_placement(&state).expect("every source copied its keys");
+        assert!(sealed.sealed && sealed.epoch == 4 && sealed.version == moving.version + 1);
+        state.placement = Some(sealed.clone());
+        state.moves.insert("a".into(), report(&sealed, true, 700));
+        state.moves.insert("b".into(), report(&moving, true, 900));
+        assert_eq!(next_placement(&state), None, "b sealed under an older version of the placement");
+        state.moves.insert("b".into(), report(&sealed, true, 300));
+        let next = next_placement(&state).expect("every source sealed");
+        assert_eq!((next.epoch, next.members.clone(), next.next.clone()), (5, names(&["a", "b", "c"]), None));
+        assert_eq!((next.sealed, next.generation_floor), (false, 700), "the floor is the sources' highest");
+
+        // A server keys move to that dies unseals the move: it starts over.
+        state.members.retain(|m| m.address != "c");
+        let restarted = next_placement(&state).expect("c is gone");
+        assert_eq!((restarted.next, restarted.sealed), (Some(names(&["a", "b"])), false));
+    }
 
     #[test]
     fn cluster_urls_name_etcd_endpoints_and_a_cluster() {

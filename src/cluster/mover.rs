@@ -12,7 +12,8 @@
 //! on (every new replica holds them by then).
 //!
 //! Once a pass has copied every key it must, it reports its part done in etcd, and the
-//! last report lets the placement move on.
+//! last report lets the placement be sealed. Sealed, it reports the highest generation
+//! its shards gave out; the last of those reports lets the placement move on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +90,7 @@ struct Pass {
 impl Work {
     fn run(&mut self) {
         let mut reported: Option<(u64, Vec<String>)> = None;
+        let mut sealed: Option<u64> = None;
         let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
             let Some(current) = self.role.current() else {
@@ -106,6 +108,16 @@ impl Work {
                     Ok(true) => collected = Some(placement.epoch),
                     Ok(false) => {}
                     Err(e) => self.failed("freeing copies no longer needed", e),
+                }
+                continue;
+            }
+            // Handed over, and the placement sealed: reports this server sealed, once.
+            let to_seal =
+                due.as_ref().filter(|_| due == reported && placement.sealed && sealed != Some(placement.version));
+            if let Some((epoch, next)) = to_seal {
+                match self.seal(*epoch, next, placement.version) {
+                    Ok(()) => sealed = Some(placement.version),
+                    Err(e) => self.failed("sealing for the next view", e),
                 }
                 continue;
             }
@@ -203,7 +215,28 @@ impl Work {
             keys_moved: pass.keys,
             bytes_moved: pass.bytes,
             bytes_per_second: (pass.bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64,
+            sealed_version: 0,
+            last_generation: 0,
         }
+    }
+
+    /// Seals this server for the placement's end (its `sealed` version): reports, beside
+    /// its handover done, the highest generation its shards gave out. Each shard answers
+    /// the statistics request after every write it took before, and checks every later
+    /// write against the sealed placement, which the role held before the request went.
+    fn seal(&mut self, epoch: u64, next: &[String], version: u64) -> Result<()> {
+        let stats = self.own_client()?.stats()?;
+        let shards = stats["servers"].as_array().into_iter().flatten().flat_map(|s| s["shards"].as_array()).flatten();
+        let last_generation = shards.filter_map(|s| s["last_generation"].as_u64()).max().unwrap_or(0);
+        let report = MoveReport {
+            done: true,
+            sealed_version: version,
+            last_generation,
+            ..self.report_base(epoch, next, &Pass::default(), Instant::now())
+        };
+        self.registration.report_moves(&report)?;
+        info!("cluster view {epoch}: sealed for the next view; generations given out here reach {last_generation}");
+        Ok(())
     }
 
     fn client(&self, address: &str) -> Result<Client> {

@@ -13,7 +13,8 @@ use crate::proto::{node_seed, rendezvous, rendezvous_ranked};
 /// Each key goes to `replicas` of `members`, ranked by rendezvous hashing: its primary
 /// first, which decides its generations and conditions, then its other replicas. While
 /// `next` is set, keys are copied to the replicas they gain under `next`; once every
-/// source has copied its keys, the placement becomes `next` under the following epoch.
+/// source has copied its keys, the placement is sealed, and once every source has
+/// sealed, it becomes `next` under the following epoch.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Placement {
     /// Grows by one at each change of `members`; requests carry it, and servers refuse a
@@ -29,6 +30,17 @@ pub struct Placement {
     /// has not seen where keys are being copied to.
     #[serde(default)]
     pub version: u64,
+    /// Set once every source copied its keys to `next`: keys whose primary changes at the
+    /// end of the move take no writes until it ends, and each source reports the highest
+    /// generation it gave out ([`super::MoveReport::last_generation`]).
+    #[serde(default)]
+    pub sealed: bool,
+    /// Above every generation a primary gave out before the epoch began (the highest the
+    /// sources reported when sealed): a key's new primary gives out larger ones, so a
+    /// write its old primary took before the seal can still be copied to the key's
+    /// replicas after the epoch began, and is ordered before every write taken since.
+    #[serde(default)]
+    pub generation_floor: u64,
 }
 
 fn one() -> usize {
@@ -117,8 +129,10 @@ pub struct MoveProgress {
 impl ServerRole {
     /// Publishes the placement for the member named `me`.
     pub fn set(&self, me: &str, placement: Placement) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Arc::new((me.to_string(), Routing::new(placement))));
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        *current = Some(Arc::new((me.to_string(), Routing::new(placement))));
+        // Inside the lock: whoever reads this placement reads its version too, so a
+        // request it sends next is checked against this placement (the mover's seal).
         self.version.fetch_add(1, Ordering::Release);
     }
 
@@ -179,7 +193,14 @@ mod tests {
 
     fn placement(members: &[&str], next: Option<&[&str]>, replicas: usize) -> Placement {
         let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        Placement { epoch: 1, members: names(members), next: next.map(names), replicas, version: 1 }
+        Placement {
+            epoch: 1,
+            members: names(members),
+            next: next.map(names),
+            replicas,
+            version: 1,
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -204,6 +204,11 @@ impl Service {
         if version != p.seen {
             p.current = p.role.current();
             p.seen = version;
+            // Before any write is taken under it: a new epoch's primaries give out
+            // generations above those its old primaries gave.
+            if let Some(c) = &p.current {
+                self.shard.raise_generations_above(c.1.placement.generation_floor);
+            }
         }
         // Borrowed, not cloned: an `Arc` clone per request would bounce its count between
         // the workers' caches.
@@ -251,8 +256,16 @@ impl Service {
             _ => return Ok(()),
         };
         if routing.placement.replicas > 1 {
-            // Its replicas take every write until the move ends: nothing to wait for.
-            return Ok(());
+            // Its replicas take every write until the move is sealed; then the key waits
+            // for its new primary, so that no write is taken here that the sources'
+            // generation floor does not cover.
+            return match write && routing.placement.sealed {
+                true => Err(Error::new(
+                    Status::KeyMoving,
+                    format!("the key's primary becomes {moving_to} as this move ends; writes wait for it"),
+                )),
+                false => Ok(()),
+            };
         }
         if !self.shard.contains(key) {
             return Err(Error::new(Status::Moved, moving_to));
@@ -812,8 +825,10 @@ impl Service {
             self.end_handover(key);
         }
         if h.flags & flags::IMPORT != 0 {
+            // The generation the key holds goes back when it is newer than the delete.
+            let newer = self.shard.generation_of(key).filter(|&g| g > h.if_equal);
             let existed = self.shard.delete_unless_newer(key, h.if_equal);
-            return Ok(ok_reply(h.request_id, h.if_equal, existed as u64));
+            return Ok(ok_reply(h.request_id, newer.unwrap_or(h.if_equal), existed as u64));
         }
         // The generation deleted goes back, for the key's other replicas to delete up to.
         let generation = self.shard.generation_of(key).unwrap_or(0);
@@ -865,6 +880,7 @@ impl Service {
         stats["received_bytes"] = received.into();
         stats["sent_bytes"] = sent.into();
         stats["server_clients"] = self.sessions.len().into();
+        stats["last_generation"] = self.shard.last_generation().into();
         let (staged, staged_bytes) = self.staging.held();
         stats["staged_values"] = staged.into();
         stats["staged_bytes"] = staged_bytes.into();

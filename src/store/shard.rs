@@ -312,6 +312,17 @@ impl Shard {
         Ok(generation)
     }
 
+    /// The highest generation given out or brought here so far.
+    pub fn last_generation(&self) -> u64 {
+        self.last_generation
+    }
+
+    /// Gives out generations above `floor` from now on (a cluster's new epoch: see
+    /// [`crate::cluster::Placement::generation_floor`]).
+    pub fn raise_generations_above(&mut self, floor: u64) {
+        self.last_generation = self.last_generation.max(floor);
+    }
+
     /// The generation of the key's live value.
     pub fn generation_of(&mut self, key: &[u8]) -> Option<u64> {
         self.live_slot(key).map(|s| self.index.entry(s).generation)
