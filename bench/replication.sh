@@ -11,8 +11,9 @@
 # UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
 # (adaptive polling). The servers sleep as soon as they are idle (--spin-us 0, SPIN_US to
 # change): with R = 2 two servers take part in every put, and on a machine with fewer
-# cores than spinning processes their spins would take turns on the CPUs. Builds
-# nothing: run `make build` first.
+# cores than spinning processes their spins take turns on the CPUs (on 2 vCPUs, a client
+# alternating between two servers that spin 200 us waits about 400 us per request: the
+# server it asks runs once the other's spin ends). Builds nothing: run `make build` first.
 set -euo pipefail
 SIZES=${1:-8,1MiB}
 BIN=${BIN:-target/release}
@@ -23,13 +24,15 @@ pids=()
 trap 'kill ${pids[*]} 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 . "$(dirname "$0")/../scripts/etcd.sh"
 start_etcd
+# serve NAME [ARGS...]: starts a server (in this shell, so that the trap stops it); its
+# address in $addr.
 serve() {
   local log=$work/server-$1.log
   shift
   "$BIN/rdram" serve --listen 127.0.0.1:0 --workers 1 --memory 1GiB --hugepages off --spin-us "${SPIN_US:-0}" "$@" >"$log" 2>&1 &
   pids+=($!)
   until grep -q "^listening on" "$log"; do sleep 0.1; done
-  sed -n 's/^listening on //p' "$log"
+  addr=$(sed -n 's/^listening on //p' "$log")
 }
 measure() {
   "$BIN/rdram-bench" --server "$1" --poll adaptive --ops get,put --sizes "$SIZES" \
@@ -39,12 +42,13 @@ for line in sys.stdin:
     r = json.loads(line)
     print("  %-3s %8s B  p50 %8.2f us  p99 %8.2f us  %8.1f MB/s" % (r["op"], r["size"], r["p50_us"], r["p99_us"], r.get("mb_per_s", 0)))'
 }
-s1=$(serve s1); s2=$(serve s2)
+serve s1; s1=$addr
+serve s2; s2=$addr
 static="$s1,$s2"
 for r in 1 2; do
   "$BIN/rdram" cluster create "etcd://$etcd/r$r" --replicas $r >/dev/null
-  serve "r$r-a" --cluster "etcd://$etcd/r$r" >/dev/null
-  serve "r$r-b" --cluster "etcd://$etcd/r$r" >/dev/null
+  serve "r$r-a" --cluster "etcd://$etcd/r$r"
+  serve "r$r-b" --cluster "etcd://$etcd/r$r"
 done
 echo "static list of two servers:"; measure "$static"
 echo "cluster, R = 1:"; measure "etcd://$etcd/r1"
