@@ -586,6 +586,7 @@ impl Registration {
                     role.set(&me, p.clone());
                 }
             }
+            role.set_live(s.members.iter().map(|m| m.address.clone()).collect());
             *seen.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
             next_placement(s)
         };

@@ -109,6 +109,8 @@ pub struct ServerRole {
     tick_ms: AtomicU64,
     pause_limit_ms: AtomicU64,
     fenced: AtomicBool,
+    /// The members etcd last said are live (their lease holds).
+    live: Mutex<Vec<String>>,
 }
 
 /// Milliseconds on the monotonic clock since the first call.
@@ -138,6 +140,16 @@ impl ServerRole {
 
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// Records the members etcd says are live.
+    pub fn set_live(&self, members: Vec<String>) {
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = members;
+    }
+
+    /// Whether etcd last said `member` is live.
+    pub fn is_live(&self, member: &str) -> bool {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|m| m == member)
     }
 
     /// The epoch of the placement this server holds (0: none yet).
