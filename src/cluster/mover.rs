@@ -89,7 +89,8 @@ struct Pass {
 
 impl Work {
     fn run(&mut self) {
-        let mut reported: Option<(u64, Vec<String>)> = None;
+        // The last handover reported done, for the placement's epoch and `next`.
+        let mut reported: Option<MoveReport> = None;
         let mut sealed: Option<u64> = None;
         let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
@@ -111,17 +112,17 @@ impl Work {
                 }
                 continue;
             }
+            let handed_over =
+                reported.as_ref().filter(|r| due.as_ref().is_some_and(|(e, n)| r.epoch == *e && r.next == *n));
             // Handed over, and the placement sealed: reports this server sealed, once.
-            let to_seal =
-                due.as_ref().filter(|_| due == reported && placement.sealed && sealed != Some(placement.version));
-            if let Some((epoch, next)) = to_seal {
-                match self.seal(*epoch, next, placement.version) {
+            if let Some(done) = handed_over.filter(|_| placement.sealed && sealed != Some(placement.version)) {
+                match self.seal(done, placement.version) {
                     Ok(()) => sealed = Some(placement.version),
                     Err(e) => self.failed("sealing for the next view", e),
                 }
                 continue;
             }
-            if due.is_none() || due == reported {
+            if due.is_none() || handed_over.is_some() {
                 self.role.moves.active.store(false, Ordering::Relaxed);
                 std::thread::sleep(POLL);
                 continue;
@@ -142,7 +143,7 @@ impl Work {
                     match self.registration.report_moves(&report) {
                         Ok(()) => {
                             info!("cluster view {epoch}: every key of this server that moves is copied ({} keys, {} bytes this pass)", pass.keys, pass.bytes);
-                            reported = Some((epoch, next));
+                            reported = Some(report);
                         }
                         Err(e) => {
                             warn!("cannot report the handover done: {}; trying again", e.message);
@@ -221,21 +222,19 @@ impl Work {
     }
 
     /// Seals this server for the placement's end (its `sealed` version): reports, beside
-    /// its handover done, the highest generation its shards gave out. Each shard answers
+    /// its handover `done`, the highest generation its shards gave out. Each shard answers
     /// the statistics request after every write it took before, and checks every later
     /// write against the sealed placement, which the role held before the request went.
-    fn seal(&mut self, epoch: u64, next: &[String], version: u64) -> Result<()> {
+    fn seal(&mut self, done: &MoveReport, version: u64) -> Result<()> {
         let stats = self.own_client()?.stats()?;
         let shards = stats["servers"].as_array().into_iter().flatten().flat_map(|s| s["shards"].as_array()).flatten();
         let last_generation = shards.filter_map(|s| s["last_generation"].as_u64()).max().unwrap_or(0);
-        let report = MoveReport {
-            done: true,
-            sealed_version: version,
-            last_generation,
-            ..self.report_base(epoch, next, &Pass::default(), Instant::now())
-        };
+        let report = MoveReport { sealed_version: version, last_generation, ..done.clone() };
         self.registration.report_moves(&report)?;
-        info!("cluster view {epoch}: sealed for the next view; generations given out here reach {last_generation}");
+        info!(
+            "cluster view {}: sealed for the next view; generations given out here reach {last_generation}",
+            done.epoch
+        );
         Ok(())
     }
 
