@@ -836,10 +836,12 @@ impl Service {
             self.end_handover(key);
         }
         if h.flags & flags::IMPORT != 0 {
-            // The generation the key holds goes back when it is newer than the delete.
-            let newer = self.shard.generation_of(key).filter(|&g| g > h.if_equal);
-            let existed = self.shard.delete_unless_newer(key, h.if_equal);
-            return Ok(ok_reply(h.request_id, newer.unwrap_or(h.if_equal), existed as u64));
+            // The generation the key keeps goes back when it is newer than the delete.
+            let (generation, existed) = match self.shard.delete_unless_newer(key, h.if_equal) {
+                Ok(existed) => (h.if_equal, existed),
+                Err(newer) => (newer, false),
+            };
+            return Ok(ok_reply(h.request_id, generation, existed as u64));
         }
         // The generation deleted goes back, for the key's other replicas to delete up to.
         let generation = self.shard.generation_of(key).unwrap_or(0);

@@ -329,15 +329,16 @@ impl Shard {
     }
 
     /// Deletes the key unless it holds a generation newer than `generation` (a replica
-    /// copying a delete its primary made); true if it went.
-    pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> bool {
+    /// copying a delete its primary made): whether it went, or the newer generation it
+    /// keeps.
+    pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> std::result::Result<bool, u64> {
         self.last_generation = self.last_generation.max(generation);
-        if self.generation_of(key).is_some_and(|g| g > generation) {
-            return false;
+        if let Some(newer) = self.generation_of(key).filter(|&g| g > generation) {
+            return Err(newer);
         }
         let existed = self.remove_key(key);
         self.counters.deletes += existed as u64;
-        existed
+        Ok(existed)
     }
 
     /// Whether the key holds a live value.
