@@ -247,7 +247,7 @@ typedef struct rdram_server_config {
    */
   const char *auth_token;
   /**
-   * Cores to pin workers to (NULL: cores 0.. of this machine). Borrowed for the call.
+   * Cores to pin workers to, in order, wrapping (NULL: not pinned). Borrowed for the call.
    */
   const uint32_t *cores;
   size_t cores_len;

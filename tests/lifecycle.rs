@@ -210,3 +210,51 @@ fn a_default_library_client_reaches_a_local_server_over_shared_memory() {
     );
     assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
 }
+
+/// The CPUs a task may run on, as `/proc` lists them (`Cpus_allowed_list`).
+fn cpus_allowed(task: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{task}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string()
+}
+
+/// The `/proc` paths of a server process's worker threads.
+fn shard_threads(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let paths = tasks.map(|t| format!("{pid}/task/{}", t.unwrap().file_name().to_string_lossy()));
+    paths
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("rdram-shard-")))
+        .collect()
+}
+
+/// Workers run wherever the process may run unless cores are given, so that servers which
+/// share a host never pile onto one core (each would wait out the other's adaptive spin);
+/// `--cores` pins each worker, in order; a core the process may not use is refused at start.
+#[test]
+fn workers_are_pinned_only_to_the_cores_given() {
+    common::init(common::SHM);
+    let own = cpus_allowed("self");
+    let server = ServerProc::start(&[]);
+    let threads = shard_threads(server.child.id());
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    for t in &threads {
+        assert_eq!(cpus_allowed(t), own, "{t}: a worker was pinned without --cores");
+    }
+    drop(server);
+
+    let first: usize = own.split([',', '-']).next().unwrap().parse().unwrap();
+    let server = ServerProc::start(&["--cores", &first.to_string()]);
+    let threads = shard_threads(server.child.id());
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    for t in &threads {
+        assert_eq!(cpus_allowed(t), first.to_string(), "{t}: not pinned to --cores {first}");
+    }
+    drop(server);
+
+    let out = std::process::Command::new(common::RDRAM)
+        .args(["serve", "--listen", "127.0.0.1:0", "--memory", "64MiB", "--hugepages", "off", "--cores", "100000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a core out of reach must not start a server");
+    assert!(stderr.contains("core 100000 is not one this process may run on"), "{stderr}");
+}

@@ -52,7 +52,7 @@ pub struct rdram_server_config {
     pub cache_mode: u8,
     /// Token clients must present (NULL: none). Copied.
     pub auth_token: *const c_char,
-    /// Cores to pin workers to (NULL: cores 0.. of this machine). Borrowed for the call.
+    /// Cores to pin workers to, in order, wrapping (NULL: not pinned). Borrowed for the call.
     pub cores: *const u32,
     pub cores_len: usize,
     /// "auto" (NULL: UCX, or libfabric when the efa provider exists), "ucx" or "fabric".

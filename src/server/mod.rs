@@ -1,5 +1,5 @@
-//! The server: one pinned worker thread per shard, plus a bootstrap thread that answers
-//! clients' TCP handshakes with the shards' transport addresses.
+//! The server: one worker thread per shard (pinned to the cores given), plus a bootstrap
+//! thread that answers clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
 mod fabric_worker;
@@ -33,7 +33,9 @@ pub struct ServerConfig {
     /// `host:port`; port 0 picks a free port.
     pub listen: String,
     pub workers: usize,
-    /// Cores to pin workers to, in order; empty = cores 0..n of this machine, wrapping.
+    /// Cores to pin workers to, in order, wrapping; empty = not pinned. Pinning is asked
+    /// for, never a default: servers on one host that each pinned worker 0 to the first
+    /// core would share that core, each waiting out the other's adaptive spin.
     pub cores: Vec<usize>,
     /// Total arena memory, split evenly across shards.
     pub memory: u64,
@@ -340,7 +342,15 @@ impl Server {
             .ok_or_else(|| Error::new(Status::Invalid, format!("listen address {} resolves to nothing", cfg.listen)))?;
 
         let stop = Arc::new(AtomicBool::new(false));
-        let machine_cores = core_affinity::get_core_ids().unwrap_or_default();
+        if !cfg.cores.is_empty() {
+            let allowed: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().iter().map(|c| c.id).collect();
+            if let Some(c) = cfg.cores.iter().find(|c| !allowed.contains(c)) {
+                return Err(Error::new(
+                    Status::Invalid,
+                    format!("core {c} is not one this process may run on (allowed: {allowed:?})"),
+                ));
+            }
+        }
         let mut workers = Vec::new();
         let mut wakers = Vec::new();
         let mut addresses = Vec::new();
@@ -372,11 +382,7 @@ impl Server {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(cfg.workers);
         let mut members = Vec::new();
         for index in 0..cfg.workers {
-            let core = match (cfg.cores.get(index % cfg.cores.len().max(1)), machine_cores.len()) {
-                (Some(&c), _) => Some(core_affinity::CoreId { id: c }),
-                (None, 0) => None,
-                (None, n) => Some(machine_cores[index % n]),
-            };
+            let core = cfg.cores.get(index % cfg.cores.len().max(1)).map(|&id| core_affinity::CoreId { id });
             cores.push(core.map(|c| c.id));
             let (tx, stop, cfg, transport, ucx_tcp, reply_budget) =
                 (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), ucx_tcp.clone(), reply_budget.clone());

@@ -186,7 +186,8 @@ struct ServeArgs {
     listen: String,
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Cores to pin workers to, e.g. 0,1.
+    /// Cores to pin workers to, e.g. 0,1 (default: not pinned; give disjoint cores to
+    /// servers that share a host).
     #[arg(long, value_delimiter = ',')]
     cores: Vec<usize>,
     /// Total arena memory, split across workers (e.g. 1GiB, 512MiB).
