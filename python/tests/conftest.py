@@ -97,22 +97,33 @@ def etcd():
     """A real etcd on two free loopback ports, for clusters; yields its HOST:PORT."""
     if shutil.which("etcd") is None:
         pytest.fail("etcd is not installed (make deps installs Debian's etcd-server)")
-    client, peer = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
-        proc = subprocess.Popen(
-            ["etcd", "--name", "t", "--data-dir", data,
-             "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
-             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-             "--initial-cluster", f"t=http://127.0.0.1:{peer}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", client), timeout=1).close()
+        # Ports are found free and then handed to etcd, so another process may take one
+        # in between (or both picks be the same port): etcd then exits, and starts again
+        # on new ports.
+        for attempt in range(3):
+            client = free_port()
+            peer = free_port()
+            while peer == client:
+                peer = free_port()
+            proc = subprocess.Popen(
+                ["etcd", "--name", "t", "--data-dir", f"{data}/{attempt}",
+                 "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--initial-cluster", f"t=http://127.0.0.1:{peer}", "--log-level", "error"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 20
+            while proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", client), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "etcd did not start"
+                    time.sleep(0.1)
+            if proc.poll() is None:
                 break
-            except OSError:
-                assert time.monotonic() < deadline, "etcd did not start"
-                time.sleep(0.1)
+        else:
+            pytest.fail(f"etcd exited at start three times (last status {proc.returncode})")
         yield f"127.0.0.1:{client}"
         proc.kill()
         proc.wait()
