@@ -11,9 +11,8 @@
 # UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
 # (adaptive polling). The servers sleep as soon as they are idle (--spin-us 0, SPIN_US to
 # change): with R = 2 two servers take part in every put, and on a machine with fewer
-# cores than spinning processes their spins take turns on the CPUs (on 2 vCPUs, a client
-# alternating between two servers that spin 200 us waits about 400 us per request: the
-# server it asks runs once the other's spin ends). Builds nothing: run `make build` first.
+# cores than spinning processes a request may wait for another process's spin to yield
+# the CPU (tens of µs on 2 vCPUs). Builds nothing: run `make build` first.
 set -euo pipefail
 SIZES=${1:-8,1MiB}
 BIN=${BIN:-target/release}

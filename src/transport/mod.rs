@@ -185,8 +185,15 @@ impl Poller {
             return Ok(());
         }
         let since = *self.idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < self.spin {
-            std::hint::spin_loop();
+        let idle = since.elapsed();
+        if idle < self.spin {
+            if idle >= YIELD_AFTER && self.idle_turns % YIELD_EVERY == 0 {
+                // Where spinning threads outnumber free CPUs, the thread with work waits
+                // for this one's spin to end unless it gives the CPU up now and then.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             return Ok(());
         }
         let fd = t.event_fd();
@@ -215,6 +222,13 @@ impl Poller {
         Ok(())
     }
 }
+
+/// How long an idle spin runs before it starts to yield its CPU: back-to-back requests,
+/// a few µs apart, never pay for a yield.
+const YIELD_AFTER: Duration = Duration::from_micros(10);
+/// Idle passes between yields once it does (a multiple of [`CLOCK_EVERY`]): rare enough
+/// that a request seldom arrives while the thread is in the system call.
+const YIELD_EVERY: u32 = 8 * CLOCK_EVERY;
 
 /// How long an idle loop first naps when the transport has no fd to sleep on.
 const NAP: Duration = Duration::from_millis(1);
