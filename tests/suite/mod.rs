@@ -610,15 +610,9 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
     let mut checker =
         Client::connect(&server.addr, ClientOptions { timeout: Duration::from_secs(5), ..common::options() }).unwrap();
     let original = pattern(12, LEN);
-    let timed_out = |outcome: &str, status: Option<Status>| match status {
-        Some(Status::Timeout) => true,
-        None => false,
-        Some(other) => panic!("{outcome}: failed with {other:?}, not a timeout"),
-    };
     for round in 0..3 {
         let mut c = Client::connect(&server.addr, hasty.clone()).unwrap();
-        let mut put_gave_up = false;
-        for attempt in 0..TRIES {
+        let put_gave_up = gives_up_within(TRIES, &format!("round {round}, put"), |attempt| {
             let key = format!("abandoned/{round}/{attempt}");
             let mut buf = original.clone();
             let outcome = c.put(key.as_bytes(), &buf);
@@ -626,7 +620,6 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
             if round == 0 {
                 // A client that closes right after its put timed out (UCX 1.13.1 aborted the
                 // server when the endpoint closed with the rendezvous still in flight).
-                drop(c);
                 c = Client::connect(&server.addr, hasty.clone()).unwrap();
             }
             // Give a server that would still pull from `buf` the time to do it.
@@ -641,18 +634,12 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
                 }
             }
             checker.delete(key.as_bytes()).unwrap();
-            let what = format!("round {round}, put {attempt}");
-            if timed_out(&what, outcome.as_ref().err().map(|e| e.status)) {
-                put_gave_up = true;
-                break;
-            }
-            eprintln!("{what}: the transfer ended before the timeout; trying again");
-        }
+            outcome.err().map(|e| e.status)
+        });
         assert!(put_gave_up, "round {round}: every one of {TRIES} puts of 256 MiB ended within 1 ms");
         // Gets: a reply still arriving must not land in the caller's buffer afterwards.
         checker.put(b"big", &original).unwrap();
-        let mut get_gave_up = false;
-        for attempt in 0..TRIES {
+        let get_gave_up = gives_up_within(TRIES, &format!("round {round}, get"), |_| {
             let mut out = vec![0u8; LEN];
             let got = c.get_into(b"big", &GetOptions::default(), &mut out);
             if got.is_ok() {
@@ -664,13 +651,8 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
                 out.iter().all(|&b| b == 0x11),
                 "round {round}: the buffer was written after get_into returned ({got:?})"
             );
-            let what = format!("round {round}, get {attempt}");
-            if timed_out(&what, got.as_ref().err().map(|e| e.status)) {
-                get_gave_up = true;
-                break;
-            }
-            eprintln!("{what}: the transfer ended before the timeout; trying again");
-        }
+            got.err().map(|e| e.status)
+        });
         assert!(get_gave_up, "round {round}: every one of {TRIES} gets of 256 MiB ended within 1 ms");
         checker.delete(b"big").unwrap();
     }
@@ -691,6 +673,20 @@ pub fn timed_out_calls_leave_caller_memory_alone(transport: &str) {
         }),
         "extents still held after every key was deleted (used {used}): {stats}"
     );
+}
+
+/// Runs `attempt` (given its number) until it fails with a timeout, `tries` times at
+/// most; an attempt that succeeded (None) is tried again, and any other error fails the
+/// test. Whether one timed out.
+fn gives_up_within(tries: usize, what: &str, mut attempt: impl FnMut(usize) -> Option<Status>) -> bool {
+    for i in 0..tries {
+        match attempt(i) {
+            Some(Status::Timeout) => return true,
+            None => eprintln!("{what} {i}: the transfer ended before the timeout; trying again"),
+            Some(other) => panic!("{what} {i}: failed with {other:?}, not a timeout"),
+        }
+    }
+    false
 }
 
 /// Issue 12.7: a handle survives a stalled server (SIGSTOP: its calls time out; after
