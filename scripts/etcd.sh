@@ -1,9 +1,15 @@
 # start_etcd: an etcd server on free loopback ports with a data directory under $work;
-# sets $etcd (HOST:PORT of its client port). Needs `$work` and `$pids` of the caller.
+# sets $etcd (HOST:PORT of its client port), and the secret the cluster members started
+# here share (RDRAM_CLUSTER_SECRET_FILE, unless set). Needs `$work` and `$pids` of the caller.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 start_etcd() {
   local client peer attempt pid
   command -v etcd >/dev/null || { echo "etcd is not installed (make deps installs Debian's etcd-server)"; exit 1; }
+  if [ -z "${RDRAM_CLUSTER_SECRET_FILE:-}" ]; then
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/cluster-secret"
+    chmod 600 "$work/cluster-secret"
+    export RDRAM_CLUSTER_SECRET_FILE="$work/cluster-secret"
+  fi
   # Ports are found free, then handed to etcd: another process may take one in between
   # (or both picks be one port). etcd then exits, and starts again on new ports.
   for attempt in 1 2 3; do

@@ -137,7 +137,9 @@ pub fn shard_request(data: &[u8]) {
                     ..Default::default()
                 },
             );
-            s.set_cluster_role(role);
+            // The fuzzer knows no secret: the tickets it makes up must all be refused.
+            let secret = crate::auth::ClusterSecret::new(b"fuzz target cluster secret").unwrap();
+            s.set_cluster_role(role, secret);
             s
         });
         // Most inputs get the right session so that they reach the store.

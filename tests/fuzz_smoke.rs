@@ -230,7 +230,7 @@ fn write_seed_corpus() {
     let mut reply = ReplyHeader::new(9, Status::Ok);
     reply.generation = 3;
     write("request_header", "reply", &reply.encode());
-    let hello = Hello { magic: "remote_dram".into(), version: 2, token: Some("t".into()) };
+    let hello = Hello { magic: "remote_dram".into(), version: 2, nonce: "00".repeat(32) };
     write("bootstrap_line", "hello", &serde_json::to_vec(&hello).unwrap());
     let welcome = Welcome::refusal(Status::AuthFailed, "no".into());
     write("bootstrap_line", "refusal", &serde_json::to_vec(&welcome).unwrap());

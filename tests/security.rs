@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, rdram, ServerProc};
 use remote_dram::client::KeyRange;
-use remote_dram::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
+use remote_dram::proto::bootstrap::{client_handshake, Welcome};
 use remote_dram::proto::fabric::{self as wire, decode_addresses};
-use remote_dram::proto::{Op, RequestHeader, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
+use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
 use remote_dram::transport::fabric::{Completion, Endpoint, OpContext, RemoteAccess};
 use remote_dram::{Client, ClientOptions, Status};
 
@@ -33,9 +33,7 @@ fn with_token(token: &str) -> ClientOptions {
 /// The bootstrap exchange by hand: what any program that reaches the port can do.
 fn bootstrap(addr: &str, token: Option<&str>) -> (Welcome, TcpStream) {
     let mut s = TcpStream::connect(addr).unwrap();
-    write_line(&mut s, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: token.map(str::to_string) })
-        .unwrap();
-    let w: Welcome = read_line(&s, Duration::from_secs(5)).unwrap();
+    let w = client_handshake(&mut s, addr, token, Duration::from_secs(5)).unwrap();
     (w, s)
 }
 

@@ -7,8 +7,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{pattern, ServerProc};
-use remote_dram::proto::bootstrap::{hex_decode, read_line, write_line, Hello, Welcome, MAGIC};
-use remote_dram::proto::{Op, RequestHeader, AM_REQUEST, PROTOCOL_VERSION, REQUEST_HEADER_LEN};
+use remote_dram::proto::bootstrap::{client_handshake, hex_decode};
+use remote_dram::proto::{Op, RequestHeader, AM_REQUEST, REQUEST_HEADER_LEN};
 use remote_dram::transport::ucx::{sys, Worker};
 use remote_dram::{Client, ClientOptions};
 
@@ -144,8 +144,7 @@ fn departed_shared_memory_clients_leave_nothing_behind_for_good() {
 fn dying_sender() {
     let Ok(addr) = std::env::var(DYING_SENDER_ENV) else { return };
     let mut stream = TcpStream::connect(&addr).unwrap();
-    write_line(&mut stream, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: None }).unwrap();
-    let welcome: Welcome = read_line(&stream, Duration::from_secs(5)).unwrap();
+    let welcome = client_handshake(&mut stream, &addr, None, Duration::from_secs(5)).unwrap();
     let worker = Worker::new(&remote_dram::transport::ucx::Tcp::Off).unwrap();
     // SAFETY: no error callback; the endpoint lives until the process dies.
     let (ep, _) =

@@ -25,3 +25,9 @@ fn the_command_line_prints_only_the_value_and_loads_no_libfabric() {
     assert!(stderr.contains("libucp.so"), "LD_DEBUG lists what is loaded: {stderr}");
     assert!(!stderr.contains("libfabric.so"), "libfabric was loaded");
 }
+
+/// UCX only: over UCX the inline key travels in the active message's header.
+#[test]
+fn inline_keys_of_any_length_are_answered() {
+    suite::inline_keys_of_any_length_are_answered(common::TCP)
+}

@@ -17,7 +17,7 @@ use std::os::raw::c_void;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use remote_dram::proto::bootstrap::{self, Hello, Welcome};
+use remote_dram::proto::bootstrap;
 use remote_dram::transport::ucx::sys::*;
 use remote_dram::transport::ucx::{ptr_status, status_string};
 
@@ -48,10 +48,7 @@ fn peek(pid: u32, address: u64) -> [u8; 8] {
 /// The server's UCX address for shard 0, through the bootstrap (the token check).
 fn shard_address(server: &common::ServerProc) -> Vec<u8> {
     let mut stream = TcpStream::connect(&server.addr).unwrap();
-    let hello = Hello { magic: bootstrap::MAGIC.into(), version: remote_dram::proto::PROTOCOL_VERSION, token: None };
-    bootstrap::write_line(&mut stream, &hello).unwrap();
-    let welcome: Welcome = bootstrap::read_line(&stream, Duration::from_secs(5)).unwrap();
-    assert!(welcome.error.is_none(), "{welcome:?}");
+    let welcome = bootstrap::client_handshake(&mut stream, &server.addr, None, Duration::from_secs(5)).unwrap();
     // The stream stays open while the test runs: it is the session.
     std::mem::forget(stream);
     bootstrap::hex_decode(&welcome.shards[0]).unwrap()

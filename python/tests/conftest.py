@@ -23,6 +23,10 @@ TRANSPORT = os.environ.get("RDRAM_TEST_TRANSPORT", "tcp")
 UCX_TLS = {"tcp": "tcp", "shm": "posix,sysv,cma,self"}
 
 os.environ["UCX_NET_DEVICES"] = "lo"
+# Cluster members (`--cluster`) read the secret they share from here.
+_SECRET = pathlib.Path(tempfile.gettempdir()) / f"rdram-test-cluster-secret-{os.getpid()}"
+_SECRET.write_text("a cluster secret for these tests\n")
+os.environ["RDRAM_CLUSTER_SECRET_FILE"] = str(_SECRET)
 if TRANSPORT.startswith("fabric:"):
     PROVIDER = TRANSPORT.removeprefix("fabric:")
     SERVE_ARGS = ["--transport", "fabric", "--provider", PROVIDER]

@@ -101,9 +101,14 @@ impl Client {
                 alone.push(i);
                 continue;
             }
+            let Some(ticket) = reply.payload.get(..crate::auth::TICKET_LEN).and_then(|t| t.try_into().ok()) else {
+                alone.push(i);
+                continue;
+            };
             let mut copy = RequestHeader::new(Op::Put, 0, 0);
             copy.flags = flags::IMPORT;
             copy.if_equal = reply.header.generation;
+            copy.set_ticket(&ticket);
             for &server in now.iter().skip(1) {
                 if in_flight.len() == depth {
                     let (j, id) = in_flight.pop_front().unwrap();

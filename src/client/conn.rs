@@ -12,7 +12,7 @@ use super::options::ClientOptions;
 use super::ucx_link::UcxLink;
 use crate::cluster::LostServers;
 use crate::error::{Error, Result, Status};
-use crate::proto::bootstrap::{read_line, write_line, Hello, Welcome, MAGIC};
+use crate::proto::bootstrap::{client_handshake, Welcome};
 use crate::proto::{self, flags, Op, RequestHeader, MAX_REQUEST_HEADER_LEN, PROTOCOL_VERSION, VALUE_ALIGN};
 
 pub struct ServerConn {
@@ -416,11 +416,7 @@ fn handshake(addr: &str, opts: &ClientOptions) -> Result<(Welcome, TcpStream)> {
     let mut stream = TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(unavailable)?;
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(opts.connect_timeout))?;
-    write_line(&mut stream, &Hello { magic: MAGIC.into(), version: PROTOCOL_VERSION, token: opts.auth_token.clone() })?;
-    let welcome: Welcome = read_line(&stream, opts.connect_timeout)?;
-    if let Some((code, msg)) = welcome.error {
-        return Err(Error::new(Status::from_code(code), format!("server {addr} refused the connection: {msg}")));
-    }
+    let welcome = client_handshake(&mut stream, addr, opts.auth_token.as_deref(), opts.connect_timeout)?;
     if welcome.version != PROTOCOL_VERSION {
         return Err(Error::new(
             Status::VersionMismatch,

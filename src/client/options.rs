@@ -21,6 +21,11 @@ pub struct ClientOptions {
     /// about ten times longer. Such a context also starts sooner (no tcp interface
     /// discovery).
     pub local_shared_memory: bool,
+    /// A cluster server's own calls only (its mover): the cluster's secret, with which the
+    /// client makes the tickets of its copies and handovers itself. Applications leave it
+    /// None: their copies carry the tickets the keys' primaries gave them.
+    #[doc(hidden)]
+    pub cluster_secret: Option<crate::auth::ClusterSecret>,
 }
 
 impl Default for ClientOptions {
@@ -32,6 +37,7 @@ impl Default for ClientOptions {
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             local_shared_memory: true,
+            cluster_secret: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! back during a move is settled, and the movers' handover calls.
 
 use super::*;
+use crate::auth::{Grant, TICKET_LEN};
 
 impl Client {
     /// Sends a large put's value to the key's replicas other than its primary as staged
@@ -106,6 +107,14 @@ impl Client {
         copy.ttl_or_limit = h.ttl_or_limit;
         copy.if_equal = reply.header.generation;
         let payload = if copy.op == Op::Delete as u8 { &[][..] } else { payload };
+        // The key's primary's leave for the copies: no replica takes one without it.
+        let ticket: [u8; TICKET_LEN] = reply.payload.get(..TICKET_LEN).and_then(|t| t.try_into().ok()).ok_or_else(|| {
+            Error::new(
+                Status::Internal,
+                "the key's primary gave no ticket for the write's copies (is it a remote_dram server of another version?)",
+            )
+        })?;
+        copy.set_ticket(&ticket);
         let conditional = h.flags & (flags::IF_EQUAL | flags::IF_NOT_EQUAL | flags::IF_ABSENT) != 0;
         let primary_node = self.conn.servers[primary].node.clone();
         let mut holding = vec![primary_node.clone()];
@@ -288,6 +297,9 @@ impl Client {
         check_key(key)?;
         let mut h = RequestHeader::new(Op::Get, 0, 0);
         h.flags |= flag;
+        if flag == flags::MIGRATE {
+            h.set_ticket(&self.member_ticket(key, Grant::Hold)?);
+        }
         let reply = self.call_key(key, h, &[])?;
         match reply.header.status() {
             Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
@@ -308,6 +320,7 @@ impl Client {
             h.flags |= flags::HAS_TTL;
             h.ttl_or_limit = ttl_ms;
         }
+        h.set_ticket(&self.member_ticket(key, Grant::Put { generation, len: value.len() as u64, ttl_ms })?);
         let reply = self.call_put(key, value, h)?;
         match reply.header.status() {
             Status::Ok => Ok(()),
@@ -323,11 +336,21 @@ impl Client {
         let mut h = RequestHeader::new(Op::Delete, 0, 0);
         h.flags |= flags::MIGRATE | flags::IF_EQUAL;
         h.if_equal = generation;
+        h.set_ticket(&self.member_ticket(key, Grant::EndHold { generation })?);
         let reply = self.call_key(key, h, &[])?;
         match reply.header.status() {
             Status::Ok => Ok(true),
             Status::ConditionFailed => Ok(false),
             s => Err(error_of(s, &reply)),
         }
+    }
+
+    /// A cluster server's own ticket for `grant` on `key`, made with the secret in its
+    /// options ([`ClientOptions::cluster_secret`]).
+    fn member_ticket(&self, key: &[u8], grant: Grant) -> Result<[u8; TICKET_LEN]> {
+        let secret = self.opts.cluster_secret.as_ref().ok_or_else(|| {
+            Error::new(Status::AuthFailed, "copies and handovers between servers need the cluster's secret")
+        })?;
+        Ok(secret.ticket(key, grant))
     }
 }

@@ -119,6 +119,8 @@ pub struct UcxLink {
     next_abort: u64,
     poller: Poller,
     liveness: Liveness,
+    /// The longest request header UCX can carry ([`Worker::max_am_header`]).
+    max_header: usize,
     worker: Box<Worker>,
 }
 
@@ -192,7 +194,9 @@ impl UcxLink {
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
         // endpoint and stops progressing before state and worker are freed).
         unsafe { worker.set_am_handler(proto::AM_REPLY, Some(on_reply), state_ptr as *mut c_void)? };
+        let max_header = worker.max_am_header()?;
         let mut link = UcxLink {
+            max_header,
             state,
             servers: Vec::new(),
             pool: Vec::new(),
@@ -385,6 +389,17 @@ impl Link for UcxLink {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
         }
         let ep = *conn.eps.get(shard).ok_or_else(|| Error::new(Status::Invalid, format!("no shard {shard}")))?;
+        if header.len() + header_tail.len() > self.max_header {
+            // UCX would send it garbled, corrupting memory here and at the server.
+            return Err(Error::new(
+                Status::Invalid,
+                format!(
+                    "a {}-byte request header is longer than UCX carries ({} bytes)",
+                    header.len() + header_tail.len(),
+                    self.max_header
+                ),
+            ));
+        }
         self.reclaim_zombies();
         let mut p = self.pool.pop().unwrap_or_else(|| {
             Box::new(Pending {

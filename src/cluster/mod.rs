@@ -34,6 +34,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchO
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::auth::ClusterSecret;
 use crate::error::{Error, Result, Status};
 
 /// How long one etcd call may take before it counts as etcd being unreachable.
@@ -116,8 +117,10 @@ pub struct Settings {
     pub replicas: u32,
 }
 
-/// What a live server publishes about itself.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// What a live server publishes about itself, sealed with the cluster's secret and bound
+/// to its lease: servers ignore a record whose seal does not hold for the lease etcd says
+/// it is attached to (one made by someone without the secret, or moved off its lease).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Member {
     /// Its bootstrap address: what clients connect to, and the node name keys hash over.
     pub address: String,
@@ -127,6 +130,34 @@ pub struct Member {
     /// Handing its keys over before it leaves: keys are placed on it no more.
     #[serde(default)]
     pub draining: bool,
+    /// [`crate::auth::ClusterSecret::seal`] of the record without this field, under `lease`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub seal: String,
+    /// The lease etcd holds the record under (read from etcd, never written).
+    #[serde(skip)]
+    pub lease: i64,
+}
+
+impl Member {
+    /// The record's bytes in etcd, sealed for `lease`.
+    fn sealed(&self, secret: &ClusterSecret, lease: i64) -> Vec<u8> {
+        let bare = Member { seal: String::new(), ..self.clone() };
+        let bytes = serde_json::to_vec(&bare).expect("a member record serializes");
+        let seal = secret.seal(&bytes, lease);
+        serde_json::to_vec(&Member { seal, ..bare }).expect("a member record serializes")
+    }
+
+    /// Why this record, as read from etcd, is not to be trusted; None when its seal holds
+    /// for the lease it is attached to.
+    fn distrust(&self, secret: &ClusterSecret) -> Option<&'static str> {
+        if self.lease == 0 {
+            return Some("it is attached to no lease");
+        }
+        let bare = Member { seal: String::new(), lease: 0, ..self.clone() };
+        let bytes = serde_json::to_vec(&bare).expect("a member record serializes");
+        (!secret.seal_holds(&self.seal, &bytes, self.lease))
+            .then_some("its seal does not hold (not made with this cluster's secret for its lease)")
+    }
 }
 
 /// A source server's progress in handing over the keys that move elsewhere under a
@@ -161,6 +192,10 @@ pub struct ClusterState {
     pub placement: Option<Placement>,
     /// The placement key's last modification, which a proposal must still find.
     pub placement_revision: i64,
+    /// Why the placement key holds no placement that can be served on (not one of ours,
+    /// or a generation floor past [`crate::store::shard::GENERATION_LIMIT`]); `placement`
+    /// is None then.
+    pub placement_unreadable: Option<String>,
     pub moves: BTreeMap<String, MoveReport>,
     /// Servers asked to drain (`rdram cluster drain`).
     pub drains: Vec<String>,
@@ -243,6 +278,29 @@ pub fn next_placement(state: &ClusterState) -> Option<Placement> {
             }))
         }
     }
+}
+
+/// A placement read from etcd, checked before any server or client takes it.
+fn valid_placement(p: Placement) -> std::result::Result<Placement, String> {
+    if p.epoch == 0 || p.version == 0 || p.replicas == 0 || p.members.is_empty() {
+        return Err(format!(
+            "epoch {}, version {}, {} replicas, {} members",
+            p.epoch,
+            p.version,
+            p.replicas,
+            p.members.len()
+        ));
+    }
+    crate::store::shard::check_generation(p.generation_floor).map_err(|e| e.message)?;
+    Ok(p)
+}
+
+/// The placement to write back when etcd's was deleted or made unreadable while this
+/// server held `held`: the same, one version on, so that neither the epoch nor the
+/// generation floor ever goes back.
+fn restored(state: &ClusterState, held: Option<&Placement>) -> Option<Placement> {
+    let held = held.filter(|_| state.placement.is_none())?;
+    Some(Placement { version: held.version + 1, ..held.clone() })
 }
 
 fn etcd_error(url: &ClusterUrl, what: &str, e: impl std::fmt::Display) -> Error {
@@ -377,10 +435,18 @@ async fn read_state(client: &mut etcd_client::Client, url: &ClusterUrl) -> Resul
         if name == "config" {
             state.settings = serde_json::from_slice(value).ok();
         } else if name == "placement" {
-            state.placement = serde_json::from_slice(value).ok();
             state.placement_revision = kv.mod_revision();
-        } else if name.starts_with("members/") {
-            state.members.extend(serde_json::from_slice::<Member>(value).ok());
+            match serde_json::from_slice::<Placement>(value).map_err(|e| e.to_string()).and_then(valid_placement) {
+                Ok(p) => state.placement = Some(p),
+                Err(why) => state.placement_unreadable = Some(why),
+            }
+        } else if let Some(address) = name.strip_prefix("members/") {
+            if let Ok(m) = serde_json::from_slice::<Member>(value) {
+                // A record is its own key's: one filed under another name is ignored.
+                if m.address == address {
+                    state.members.push(Member { lease: kv.lease(), ..m });
+                }
+            }
         } else if let Some(address) = name.strip_prefix("moves/") {
             if let Ok(report) = serde_json::from_slice(value) {
                 state.moves.insert(address.to_string(), report);
@@ -402,9 +468,9 @@ async fn propose(
 ) -> Result<bool> {
     let key = url.placement_key();
     let value = serde_json::to_vec(proposed).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-    let unchanged = match state.placement {
-        None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-        Some(_) => Compare::mod_revision(key.clone(), CompareOp::Equal, state.placement_revision),
+    let unchanged = match state.placement_revision {
+        0 => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        revision => Compare::mod_revision(key.clone(), CompareOp::Equal, revision),
     };
     let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(key, value, None)]);
     let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the placement", e))?;
@@ -515,8 +581,9 @@ fn no_such_cluster(url: &ClusterUrl) -> Error {
 pub struct Registration {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     url: ClusterUrl,
-    member: Mutex<Member>,
+    member: Arc<Mutex<Member>>,
     lease: Arc<AtomicI64>,
+    secret: ClusterSecret,
     /// Whether the last exchange with etcd succeeded (for logs and metrics).
     pub etcd_reachable: Arc<AtomicBool>,
     /// The cluster's state as last read.
@@ -532,17 +599,24 @@ impl Registration {
     /// Registers `member` in the cluster under a lease of `ttl`, and keeps `role` set to
     /// the cluster's placement from then on. Fails, saying why, when etcd cannot be
     /// reached or the cluster was not created.
-    pub fn join(url: &ClusterUrl, member: Member, ttl: Duration, role: Arc<ServerRole>) -> Result<Registration> {
+    pub fn join(
+        url: &ClusterUrl,
+        member: Member,
+        ttl: Duration,
+        role: Arc<ServerRole>,
+        secret: ClusterSecret,
+    ) -> Result<Registration> {
         let ttl_secs = ttl.as_secs().max(1) as i64;
         let runtime = runtime()?;
-        let value = serde_json::to_vec(&member).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
         let key = url.members_prefix() + &member.address;
+        let record = Arc::new(Mutex::new(member.clone()));
+        let reregister = Arc::new(AtomicBool::new(false));
         let lease = Arc::new(AtomicI64::new(0));
         let etcd_reachable = Arc::new(AtomicBool::new(true));
         let (client, watcher) = runtime.block_on(async {
             let mut client = connect(url).await?;
             read_settings(&mut client, url).await?.ok_or_else(|| no_such_cluster(url))?;
-            let id = register(&mut client, url, &key, &value, ttl_secs).await?;
+            let id = register(&mut client, url, &key, &member, &secret, ttl_secs).await?;
             lease.store(id, Ordering::SeqCst);
             let watcher = connect(url).await?;
             Ok::<_, Error>((client, watcher))
@@ -568,7 +642,9 @@ impl Registration {
             client,
             url: url.clone(),
             key,
-            value,
+            record: record.clone(),
+            secret: secret.clone(),
+            reregister: reregister.clone(),
             ttl_secs,
             lease: lease.clone(),
             reachable: etcd_reachable.clone(),
@@ -579,7 +655,34 @@ impl Registration {
         let state = Arc::new(Mutex::new(ClusterState::default()));
         let me = member.address.clone();
         let seen = state.clone();
-        let steward = move |s: &ClusterState| {
+        let mut distrusted = std::collections::HashSet::new();
+        let mut warned_about = -1;
+        let checks = secret.clone();
+        let steward = move |read: &ClusterState| {
+            let mut s = read.clone();
+            s.members.retain(|m| match m.distrust(&checks) {
+                None => true,
+                Some(why) => {
+                    if distrusted.insert((m.address.clone(), m.lease, m.seal.clone())) {
+                        warn!("cluster: ignoring the member record of {} in etcd: {why}", m.address);
+                    }
+                    false
+                }
+            });
+            if !s.members.iter().any(|m| m.address == me) && s.revision > 0 {
+                // Deleted or rewritten by someone else while this server lives: put back.
+                reregister.store(true, Ordering::SeqCst);
+            }
+            let s = &s;
+            let held = role.current().map(|c| c.1.placement.clone());
+            if let Some(back) = restored(s, held.as_ref()) {
+                if warned_about != s.placement_revision {
+                    warned_about = s.placement_revision;
+                    let why = s.placement_unreadable.as_deref().unwrap_or("it was deleted");
+                    warn!("cluster: the placement in etcd cannot be served on ({why}); serving on view {} and writing it back", back.epoch);
+                }
+                return Some(back);
+            }
             if let Some(p) = &s.placement {
                 let changed = role.current().is_none_or(|c| c.1.placement != *p);
                 if changed {
@@ -609,9 +712,10 @@ impl Registration {
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(Registration {
+            secret,
             runtime: Mutex::new(Some(runtime)),
             url: url.clone(),
-            member: Mutex::new(member),
+            member: record,
             lease,
             etcd_reachable,
             state,
@@ -634,7 +738,7 @@ impl Registration {
         };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.members_prefix() + &member.address;
-        let value = serde_json::to_vec(&member).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        let value = member.sealed(&self.secret, id);
         self.block_on(async move {
             let mut client = connect(&url).await?;
             client
@@ -705,20 +809,34 @@ impl Drop for Registration {
     }
 }
 
-/// Grants a lease of `ttl_secs` and puts the member key under it; returns the lease.
+/// Grants a lease of `ttl_secs` and puts the member record under it; returns the lease.
 async fn register(
     client: &mut etcd_client::Client,
     url: &ClusterUrl,
     key: &str,
-    value: &[u8],
+    member: &Member,
+    secret: &ClusterSecret,
     ttl_secs: i64,
 ) -> Result<i64> {
     let lease = client.lease_grant(ttl_secs, None).await.map_err(|e| etcd_error(url, "cannot grant a lease", e))?;
+    put_record(client, url, key, member, secret, lease.id()).await?;
+    Ok(lease.id())
+}
+
+/// Puts the member record, sealed, under `lease`.
+async fn put_record(
+    client: &mut etcd_client::Client,
+    url: &ClusterUrl,
+    key: &str,
+    member: &Member,
+    secret: &ClusterSecret,
+    lease: i64,
+) -> Result<()> {
     client
-        .put(key, value, Some(PutOptions::new().with_lease(lease.id())))
+        .put(key, member.sealed(secret, lease), Some(PutOptions::new().with_lease(lease)))
         .await
         .map_err(|e| etcd_error(url, "cannot register this server", e))?;
-    Ok(lease.id())
+    Ok(())
 }
 
 /// Keeps a registration's lease alive; registers again under a new lease if the old one
@@ -727,7 +845,11 @@ struct KeepAlive {
     client: etcd_client::Client,
     url: ClusterUrl,
     key: String,
-    value: Vec<u8>,
+    /// The record as this server last wrote it (draining or not).
+    record: Arc<Mutex<Member>>,
+    secret: ClusterSecret,
+    /// Set when the record went from etcd (or was rewritten) while this server lives.
+    reregister: Arc<AtomicBool>,
     ttl_secs: i64,
     lease: Arc<AtomicI64>,
     reachable: Arc<AtomicBool>,
@@ -798,12 +920,25 @@ impl KeepAlive {
                     if !self.reachable.swap(true, Ordering::SeqCst) {
                         info!("cluster {}: etcd reachable again", self.url);
                     }
+                    if self.reregister.swap(false, Ordering::SeqCst) {
+                        warn!("cluster {}: this server's member record went from etcd (or was rewritten); registering again", self.url);
+                        let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        if let Err(e) =
+                            put_record(&mut self.client, &self.url, &self.key, &member, &self.secret, id).await
+                        {
+                            self.reregister.store(true, Ordering::SeqCst);
+                            return e;
+                        }
+                    }
                     self.lift_fence().await;
                 }
                 Ok(Ok(Some(_))) => {
                     // The lease expired while etcd was out of reach: join again.
                     warn!("cluster {}: this server's lease expired; registering again", self.url);
-                    return match register(&mut self.client, &self.url, &self.key, &self.value, self.ttl_secs).await {
+                    let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    return match register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs)
+                        .await
+                    {
                         Ok(new) => {
                             self.lease.store(new, Ordering::SeqCst);
                             self.lift_fence().await;
@@ -927,6 +1062,9 @@ impl Watch {
 
 /// Makes `state`'s placement the view, if it is newer than the one shown.
 fn publish_view(view: &Mutex<View>, revision: &AtomicI64, state: &ClusterState) {
+    if state.placement.is_none() && state.placement_revision != 0 {
+        return; // unreadable: routes on the last good view until a server writes it back
+    }
     let fresh = view_of(state);
     let mut current = view.lock().unwrap_or_else(|e| e.into_inner());
     if *current != fresh && fresh.revision >= current.revision {
@@ -977,6 +1115,11 @@ impl Follower {
             let state = read_state(&mut self.client, &self.url).await?;
             match (self.on_state)(&state) {
                 Some(proposed) => {
+                    if state.placement.is_none() && state.placement_revision != 0 {
+                        // Writing back over a placement someone made unreadable: not in a
+                        // tight loop if they keep at it.
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
                     propose(&mut self.client, &self.url, &state, &proposed).await?;
                 }
                 None => return Ok(state.revision),
@@ -1015,7 +1158,7 @@ mod tests {
     use super::{next_placement, ClusterState, ClusterUrl, Member, MoveReport, Placement};
 
     fn member(address: &str) -> Member {
-        Member { address: address.into(), shards: 1, transport: "ucx".into(), capacity_bytes: 1, draining: false }
+        Member { address: address.into(), shards: 1, transport: "ucx".into(), capacity_bytes: 1, ..Default::default() }
     }
 
     fn report(p: &Placement, sealed: bool, last_generation: u64) -> MoveReport {

@@ -37,6 +37,8 @@ pub struct MoverConfig {
     /// This server's address, its name in the cluster.
     pub me: String,
     pub auth_token: Option<String>,
+    /// Makes the tickets the mover's copies and handovers carry.
+    pub cluster_secret: crate::auth::ClusterSecret,
     /// Bytes per second handed over at most (0: no bound).
     pub rate: u64,
 }
@@ -241,6 +243,7 @@ impl Work {
     fn client(&self, address: &str) -> Result<Client> {
         let opts = ClientOptions {
             auth_token: self.cfg.auth_token.clone(),
+            cluster_secret: Some(self.cfg.cluster_secret.clone()),
             timeout: Duration::from_secs(10),
             ..Default::default()
         };

@@ -1,9 +1,17 @@
-//! Out-of-band connection setup over a plain TCP socket: one JSON line each way.
+//! Out-of-band connection setup over a plain TCP socket: JSON lines, two each way.
 //!
-//! The client sends a [`Hello`] (protocol version, auth token); the server answers with a
-//! [`Welcome`]: its transport, its shard count and, per shard, the transport address of the
-//! shard's worker (a UCX worker address today, a libfabric `fi_getname` address next), plus
-//! the client's own session credential, which every data-path request must carry.
+//! 1. The client sends a [`Hello`]: protocol version and a random nonce.
+//! 2. The server answers with a [`Challenge`]: a nonce of its own and, when it has an auth
+//!    token, its proof that it knows the token (HMAC-SHA256 under the token over both
+//!    nonces, [`crate::auth::token_proof`]). A client with a token checks that proof
+//!    before it sends anything else, so a server that does not know the token learns
+//!    nothing from it; the token itself never crosses the wire.
+//! 3. The client sends its [`Proof`] the same way (the other side's label, so neither proof
+//!    can stand for the other).
+//! 4. The server answers with a [`Welcome`]: its transport, its shard count and, per shard,
+//!    the transport address of the shard's worker, plus the client's own session
+//!    credential, which every data-path request must carry. Or a refusal: a [`Welcome`]
+//!    with `error` set, which may also come in place of the challenge.
 
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -25,8 +33,32 @@ const MAX_LINE: usize = 1 << 20;
 pub struct Hello {
     pub magic: String,
     pub version: u8,
+    /// The client's nonce, hex ([`crate::auth::NONCE_LEN`] bytes).
     #[serde(default)]
-    pub token: Option<String>,
+    pub nonce: String,
+}
+
+/// The server's first answer: its nonce and, when it has a token, its proof.
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct Challenge {
+    pub magic: String,
+    pub version: u8,
+    /// Set when the server refuses the connection at once: status code and message.
+    #[serde(default)]
+    pub error: Option<(i8, String)>,
+    /// The server's nonce, hex.
+    #[serde(default)]
+    pub nonce: String,
+    /// The server's proof that it knows the auth token, hex; None for an open server.
+    #[serde(default)]
+    pub proof: Option<String>,
+}
+
+/// The client's proof that it knows the auth token, hex; None for a client without one.
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct Proof {
+    #[serde(default)]
+    pub proof: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -79,6 +111,62 @@ impl Welcome {
             ucx_tcp: false,
         }
     }
+}
+
+/// The client's side of the handshake on a connected `stream` to `addr`, with
+/// `token` if it has one: the server's welcome, or why it refused (or could not prove
+/// that it knows the token, in which case nothing but nonces was sent to it).
+pub fn client_handshake(stream: &mut TcpStream, addr: &str, token: Option<&str>, timeout: Duration) -> Result<Welcome> {
+    use crate::auth::{token_proof, token_proof_holds, Side};
+    let deadline = Instant::now() + timeout;
+    let client_nonce = crate::auth::nonce()?;
+    write_line(
+        &mut *stream,
+        &Hello { magic: MAGIC.into(), version: super::PROTOCOL_VERSION, nonce: hex_encode(&client_nonce) },
+    )?;
+    let challenge: Challenge = read_line_until(stream, deadline)?;
+    if let Some((code, msg)) = challenge.error {
+        return Err(Error::new(Status::from_code(code), format!("server {addr} refused the connection: {msg}")));
+    }
+    if challenge.version != super::PROTOCOL_VERSION {
+        return Err(Error::new(
+            Status::VersionMismatch,
+            format!(
+                "protocol version mismatch: client speaks v{}, server {addr} v{}",
+                super::PROTOCOL_VERSION,
+                challenge.version
+            ),
+        ));
+    }
+    let server_nonce = hex_decode(&challenge.nonce)?;
+    let proof = match token {
+        Some(token) => {
+            let proved = challenge
+                .proof
+                .as_deref()
+                .map(hex_decode)
+                .transpose()?
+                .is_some_and(|p| token_proof_holds(&p, token, Side::Server, &client_nonce, &server_nonce));
+            if !proved {
+                let why = match challenge.proof {
+                    None => "it runs without an auth token",
+                    Some(_) => "wrong auth token here or there",
+                };
+                return Err(Error::new(
+                    Status::AuthFailed,
+                    format!("server {addr} could not prove that it knows this client's auth token ({why}); nothing was sent to it"),
+                ));
+            }
+            Some(hex_encode(&token_proof(token, Side::Client, &client_nonce, &server_nonce)))
+        }
+        None => None,
+    };
+    write_line(&mut *stream, &Proof { proof })?;
+    let welcome: Welcome = read_line_until(stream, deadline)?;
+    if let Some((code, msg)) = welcome.error {
+        return Err(Error::new(Status::from_code(code), format!("server {addr} refused the connection: {msg}")));
+    }
+    Ok(welcome)
 }
 
 pub fn write_line<T: Serialize>(mut stream: impl Write, msg: &T) -> Result<()> {

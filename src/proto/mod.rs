@@ -23,7 +23,10 @@
 //!   header  = ReplyHeader (40 B), or over UCX one of its compact forms when they say
 //!             everything ([`ReplyHeader::encode_compact`]): 20 B when `value_size` is the
 //!             payload's length, 24 B when there is no payload; `more` 0 in both.
-//!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text.
+//!   payload = value bytes (get), list entries (list), JSON (stats) or UTF-8 error text;
+//!             for a put or delete a cluster client routed to the key's primary, the
+//!             ticket ([`crate::auth::TICKET_LEN`] bytes) its copies to the key's other
+//!             replicas carry ([`RequestHeader::ticket`]).
 //!   Why compact: UCX's shared memory puts a short message in its receiver's queue after a
 //!   28-byte element header and its own 8-byte header, and sends the user header after the
 //!   payload. A 40-byte reply header with an 8-byte value reaches into the element's second
@@ -117,12 +120,16 @@ pub mod flags {
     /// of the key when its primary cannot be reached.
     pub const ASKING: u32 = 1 << 11;
     /// Replication between replicas (from a client copying a write its key's primary
-    /// took, or from a server copying keys to their new replicas). Put: `if_equal` holds
+    /// took, or from a server copying keys to their new replicas), taken only by a
+    /// cluster's members and, for a put or delete, only with the ticket
+    /// ([`crate::proto::RequestHeader::ticket`]) the key's primary gave in its reply to the
+    /// write (or a member made). Put: `if_equal` holds
     /// the generation the primary gave the value, which is installed unless the key holds
     /// that generation or a newer one. Get: also answers the key's TTL left in `more`
     /// (ms, 0: none). Delete: `if_equal` holds the generation the primary deleted, and
     /// the key goes unless it holds a newer one.
     pub const IMPORT: u32 = 1 << 12;
+    /// Between a cluster's members only, with a ticket a member made (as [`IMPORT`]).
     /// Get: hold the key for a handover (writes through the cluster wait until it is
     /// deleted or the hold lapses), and answer its TTL left in `more` (ms, 0: none).
     /// Delete (with `IF_EQUAL`): end the handover, deleting the key if it still holds
@@ -286,6 +293,23 @@ impl RequestHeader {
         len + VIEW_LEN
     }
 
+    /// The replication ticket an [`flags::IMPORT`] or [`flags::MIGRATE`] request carries in
+    /// the range fields (16 bytes: `range_start`, then `range_end`, little-endian), which
+    /// those requests do not otherwise use: proof from a server holding the cluster's secret
+    /// that the key's primary gave this generation (see [`crate::auth::Grant`]).
+    pub fn ticket(&self) -> [u8; crate::auth::TICKET_LEN] {
+        let mut t = [0u8; crate::auth::TICKET_LEN];
+        t[..8].copy_from_slice(&self.range_start.to_le_bytes());
+        t[8..].copy_from_slice(&self.range_end.to_le_bytes());
+        t
+    }
+
+    /// Puts `ticket` where [`RequestHeader::ticket`] reads it.
+    pub fn set_ticket(&mut self, ticket: &[u8; crate::auth::TICKET_LEN]) {
+        self.range_start = i64::from_le_bytes(ticket[..8].try_into().unwrap());
+        self.range_end = i64::from_le_bytes(ticket[8..].try_into().unwrap());
+    }
+
     /// How many bytes the header took on the wire, its view included (decoded headers only).
     pub fn encoded_len(&self) -> usize {
         let fixed = if self.flags & flags::SHORT_FORM != 0 { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
@@ -299,9 +323,12 @@ impl RequestHeader {
         let short = buf.len() >= SHORT_REQUEST_HEADER_LEN
             && u32::from_le_bytes(buf[4..8].try_into().unwrap()) & flags::SHORT_FORM != 0;
         let need = if short { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
+        // The id is read whenever it is there, so that even a cut or foreign header is
+        // answered with an error rather than left to the sender's timeout.
+        let readable_id = (buf.len() >= 16).then(|| u64_at(buf, 8));
         if buf.len() < need {
             return Err(DecodeError::new(
-                None,
+                readable_id,
                 Status::Invalid,
                 format!("request header is {} bytes, need {need}", buf.len()),
             ));
@@ -309,7 +336,7 @@ impl RequestHeader {
         let request_id = u64_at(buf, 8);
         let fail = |status, msg: String| Err(DecodeError::new(Some(request_id), status, msg));
         if u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
-            return Err(DecodeError::new(None, Status::Invalid, "bad magic: not a remote_dram request".into()));
+            return Err(DecodeError::new(readable_id, Status::Invalid, "bad magic: not a remote_dram request".into()));
         }
         let lengths_at = if short { 24 } else { 64 };
         let mut h = RequestHeader {

@@ -9,8 +9,9 @@
 //! free what it held.
 //!
 //! Bounds: at most [`MAX_HANDSHAKES`] handshakes at once, [`MAX_HANDSHAKES_PER_SOURCE`] of
-//! them from one address (so that one host's silent sockets cannot lock out everyone
-//! else), each finished within [`HANDSHAKE_TIMEOUT`] in all (not per byte); at most
+//! them from one address, each finished within [`HANDSHAKE_TIMEOUT`] in all (not per
+//! byte); at a bound the oldest handshake in progress there is cut, so that silent sockets
+//! (from one host, or from many) cannot lock a prompt client out; at most
 //! `max_clients` welcomed clients, counted apart from handshakes; and a new client only
 //! while the process has [`FD_HEADROOM`] file descriptors to spare (a client's endpoints
 //! need some). Beyond any of these a client is told "server at capacity" and why; with no
@@ -19,7 +20,7 @@
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,9 +28,12 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::service::Membership;
+use crate::auth;
 use crate::error::{Error, Result, Status};
 use crate::metrics::BootstrapMetrics;
-use crate::proto::bootstrap::{read_line_until, write_line, Hello, Welcome, MAGIC, MOVED_NOTICE};
+use crate::proto::bootstrap::{
+    hex_decode, hex_encode, read_line_until, write_line, Challenge, Hello, Proof, Welcome, MAGIC, MOVED_NOTICE,
+};
 use crate::proto::PROTOCOL_VERSION;
 use crate::server::tunables::{
     ACCEPT_BACKOFF, FD_HEADROOM, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE,
@@ -53,9 +57,17 @@ pub struct Shared {
     pub max_clients: usize,
     /// Connected clients and handshake outcomes (also for `--metrics`).
     pub metrics: Arc<BootstrapMetrics>,
-    pub handshakes: AtomicUsize,
-    /// Handshakes in progress per source address.
-    pub handshakes_by_source: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    /// Handshakes in progress, oldest first (see [`HandshakePlace`]).
+    pub handshakes: std::sync::Mutex<std::collections::VecDeque<InProgress>>,
+    pub next_handshake: AtomicU64,
+}
+
+/// A handshake in progress: a second handle on its socket, to cut it when it must make
+/// room for a newer one.
+pub struct InProgress {
+    id: u64,
+    source: std::net::IpAddr,
+    stream: TcpStream,
 }
 
 impl Shared {
@@ -141,52 +153,56 @@ fn refuse_at_once(stream: &TcpStream, shared: &Shared, why: &str) {
 }
 
 /// A place among the handshakes in progress, given back when dropped.
+///
+/// At a bound (all places, or those of one source address) the oldest handshake in
+/// progress there is cut to make room: whoever holds sockets open without finishing them
+/// only ever cuts their own (or, from many addresses, the oldest), and a client that
+/// completes its handshake promptly always gets through.
 struct HandshakePlace {
     shared: Arc<Shared>,
-    source: std::net::IpAddr,
+    id: u64,
 }
 
 impl HandshakePlace {
     /// A place for `stream`'s handshake, or None after telling it why there is none.
     fn take(shared: &Arc<Shared>, stream: &TcpStream) -> Option<HandshakePlace> {
         let source = stream.peer_addr().map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-        let refusal = {
-            let mut by_source = shared.handshakes_by_source.lock().unwrap_or_else(|e| e.into_inner());
-            // An entry only for a place given: refusals from many addresses leave nothing.
-            let from_source = by_source.get(&source).copied().unwrap_or(0);
-            if from_source >= MAX_HANDSHAKES_PER_SOURCE {
-                Some("server at capacity: too many handshakes in progress from this address")
-            } else if shared.handshakes.load(Ordering::SeqCst) >= MAX_HANDSHAKES {
-                Some("server at capacity: too many handshakes in progress")
-            } else if free_fds().is_some_and(|free| free < FD_HEADROOM) {
-                Some("server at capacity: out of file descriptors")
-            } else {
-                by_source.insert(source, from_source + 1);
-                shared.handshakes.fetch_add(1, Ordering::SeqCst);
-                None
-            }
-        };
-        match refusal {
-            Some(why) => {
-                debug!("refused {source}: {why}");
-                refuse_at_once(stream, shared, why);
-                None
-            }
-            None => Some(HandshakePlace { shared: shared.clone(), source }),
+        if free_fds().is_some_and(|free| free < FD_HEADROOM) {
+            let why = "server at capacity: out of file descriptors";
+            debug!("refused {source}: {why}");
+            refuse_at_once(stream, shared, why);
+            return None;
         }
+        let Ok(second) = stream.try_clone() else {
+            refuse_at_once(stream, shared, "server at capacity: out of file descriptors");
+            return None;
+        };
+        let id = shared.next_handshake.fetch_add(1, Ordering::Relaxed);
+        let mut all = shared.handshakes.lock().unwrap_or_else(|e| e.into_inner());
+        let from_source = all.iter().filter(|h| h.source == source).count();
+        let oldest = if from_source >= MAX_HANDSHAKES_PER_SOURCE {
+            all.iter().position(|h| h.source == source)
+        } else if all.len() >= MAX_HANDSHAKES {
+            Some(0)
+        } else {
+            None
+        };
+        if let Some(cut) = oldest.and_then(|at| all.remove(at)) {
+            debug!("bootstrap: cut the oldest handshake in progress from {} to make room", cut.source);
+            shared.metrics.refused_capacity.fetch_add(1, Ordering::Relaxed);
+            let _ = cut.stream.shutdown(std::net::Shutdown::Both);
+        }
+        all.push_back(InProgress { id, source, stream: second });
+        Some(HandshakePlace { shared: shared.clone(), id })
     }
 }
 
 impl Drop for HandshakePlace {
     fn drop(&mut self) {
-        let mut by_source = self.shared.handshakes_by_source.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = by_source.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                by_source.remove(&self.source);
-            }
+        let mut all = self.shared.handshakes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = all.iter().position(|h| h.id == self.id) {
+            all.remove(at);
         }
-        self.shared.handshakes.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -291,10 +307,41 @@ fn handshake(mut stream: TcpStream, shared: &Shared) -> Result<Kept> {
         refuse(&mut stream, Status::VersionMismatch, msg.clone())?;
         return Err(refused(Status::VersionMismatch, &msg));
     }
-    if let Some(expected) = &shared.token {
-        let given = hello.token.as_deref().unwrap_or("");
-        if !crate::auth::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            let why = if hello.token.is_none() { "this server requires an auth token" } else { "wrong auth token" };
+    // Challenge–response: each side proves it knows the token; the token never travels.
+    let client_nonce = match hex_decode(&hello.nonce) {
+        Ok(n) if n.len() == auth::NONCE_LEN => n,
+        _ => {
+            let msg = "the hello carries no valid nonce".to_string();
+            refuse(&mut stream, Status::Invalid, msg.clone())?;
+            return Err(refused(Status::Invalid, &msg));
+        }
+    };
+    let server_nonce = auth::nonce()?;
+    let challenge = Challenge {
+        magic: MAGIC.into(),
+        version: PROTOCOL_VERSION,
+        error: None,
+        nonce: hex_encode(&server_nonce),
+        proof: shared
+            .token
+            .as_deref()
+            .map(|t| hex_encode(&auth::token_proof(t, auth::Side::Server, &client_nonce, &server_nonce))),
+    };
+    write_line(&mut stream, &challenge)?;
+    let proof: Proof = match read_line_until(&stream, deadline) {
+        Ok(p) => p,
+        Err(e) => {
+            shared.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    if let Some(token) = &shared.token {
+        let given = proof.proof.as_deref().map(hex_decode).and_then(std::result::Result::ok);
+        let holds = given
+            .as_deref()
+            .is_some_and(|p| auth::token_proof_holds(p, token, auth::Side::Client, &client_nonce, &server_nonce));
+        if !holds {
+            let why = if proof.proof.is_none() { "this server requires an auth token" } else { "wrong auth token" };
             refuse(&mut stream, Status::AuthFailed, why.into())?;
             return Err(refused(Status::AuthFailed, why));
         }

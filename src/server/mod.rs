@@ -68,6 +68,9 @@ pub struct ServerConfig {
     /// In a cluster: the placement, kept current by the server's etcd agent, that the
     /// shards check requests routed with a view against.
     pub cluster_role: Option<Arc<crate::cluster::placement::ServerRole>>,
+    /// In a cluster (required with `cluster_role`): the secret the cluster's servers share
+    /// and clients never see, for the replication tickets ([`crate::auth::ClusterSecret`]).
+    pub cluster_secret: Option<crate::auth::ClusterSecret>,
 }
 
 /// Which network stack the workers use.
@@ -132,6 +135,7 @@ impl Default for ServerConfig {
                 .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
             reply_budget: DEFAULT_REPLY_BUDGET,
             cluster_role: None,
+            cluster_secret: None,
         }
     }
 }
@@ -328,6 +332,12 @@ impl Server {
         if cfg.max_clients == 0 {
             return Err(Error::new(Status::Invalid, "max_clients must be at least 1"));
         }
+        if cfg.cluster_role.is_some() && cfg.cluster_secret.is_none() {
+            return Err(Error::new(
+                Status::Invalid,
+                "a cluster member needs the cluster's secret (--cluster-secret-file), which its clients never see",
+            ));
+        }
         if cfg.auth_token.as_deref().is_some_and(str::is_empty) {
             return Err(Error::new(
                 Status::Invalid,
@@ -400,8 +410,8 @@ impl Server {
                     };
                     // Built on this thread, which then runs it.
                     let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
-                    if let Some(role) = &cfg.cluster_role {
-                        service.set_cluster_role(role.clone());
+                    if let (Some(role), Some(secret)) = (&cfg.cluster_role, &cfg.cluster_secret) {
+                        service.set_cluster_role(role.clone(), secret.clone());
                     }
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => fabric_worker::FabricShardWorker::new(
@@ -517,8 +527,8 @@ impl Server {
             next_client: 1.into(),
             max_clients: cfg.max_clients,
             metrics: bootstrap_metrics.clone(),
-            handshakes: 0.into(),
-            handshakes_by_source: Default::default(),
+            handshakes: Default::default(),
+            next_handshake: 0.into(),
         };
         if let Some(listen) = &cfg.metrics {
             shard_metrics.iter().for_each(|m| m.time_requests());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::staging::Staging;
+use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
@@ -109,6 +110,8 @@ pub struct Service {
 /// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
 struct PlacementCheck {
     role: Arc<ServerRole>,
+    /// Makes the tickets this shard gives as a key's primary and checks those it takes.
+    secret: ClusterSecret,
     seen: u64,
     current: Option<Arc<(String, Routing)>>,
     handovers: FxHashMap<Vec<u8>, Instant>,
@@ -181,8 +184,50 @@ impl Service {
 
     /// Makes this shard a cluster member's: requests routed with a view are checked
     /// against the placement `role` holds.
-    pub fn set_cluster_role(&mut self, role: Arc<ServerRole>) {
-        self.placement = Some(PlacementCheck { role, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
+    pub fn set_cluster_role(&mut self, role: Arc<ServerRole>, secret: ClusterSecret) {
+        self.placement =
+            Some(PlacementCheck { role, secret, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
+    }
+
+    /// Refuses a frame that only a cluster's members send ([`flags::IMPORT`],
+    /// [`flags::MIGRATE`], a put with [`flags::STAGE`] other than a part of a client's own
+    /// value; discarding what the session itself staged is anyone's) when
+    /// this server is in no cluster: there, no one may install a generation it did not give.
+    fn members_only(&self, h: &RequestHeader) -> Result<()> {
+        let staged_copy = h.op == Op::Put as u8 && h.flags & flags::STAGE != 0 && !is_part(h);
+        let replica_frame = h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || staged_copy;
+        if replica_frame && self.placement.is_none() {
+            return Err(Error::new(
+                Status::AuthFailed,
+                "replication and handover frames are taken only between members of a cluster; this server is in none",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a frame that would change what `key` holds on a replica's say-so without
+    /// the ticket for `grant` that a key's primary (or a member) made with the cluster's
+    /// secret: only the key's primary decides its generations.
+    fn check_ticket(&self, h: &RequestHeader, key: &[u8], grant: Grant) -> Result<()> {
+        if self.placement.as_ref().is_some_and(|p| p.secret.allows(&h.ticket(), key, grant)) {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::AuthFailed,
+            "a replica copy without a valid ticket: only the key's primary decides its generations",
+        ))
+    }
+
+    /// As the key's primary under a view: the ticket that lets the writer's copies of this
+    /// write (or delete) reach the key's other replicas, in `out` as the reply's payload.
+    fn give_ticket(&self, h: &RequestHeader, key: &[u8], grant: Grant, out: &mut Vec<u8>) {
+        if h.flags & (flags::VIEW | flags::IMPORT | flags::STAGE | flags::MIGRATE) != flags::VIEW {
+            return;
+        }
+        if let Some(p) = &self.placement {
+            out.clear();
+            out.extend_from_slice(&p.secret.ticket(key, grant));
+        }
     }
 
     /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
@@ -207,7 +252,16 @@ impl Service {
             // Before any write is taken under it: a new epoch's primaries give out
             // generations above those its old primaries gave.
             if let Some(c) = &p.current {
-                self.shard.raise_generations_above(c.1.placement.generation_floor);
+                // Checked as the placement was read from etcd; a floor refused here too
+                // leaves this server refusing writes rather than giving out wrapped ones.
+                let floor = c.1.placement.generation_floor;
+                if let Err(e) = self.shard.raise_generations_above(floor) {
+                    p.seen = u64::MAX;
+                    return Err(Error::new(
+                        Status::ViewChanged,
+                        format!("the placement's generation floor: {}", e.message),
+                    ));
+                }
             }
         }
         // Borrowed, not cloned: an `Arc` clone per request would bounce its count between
@@ -388,7 +442,9 @@ impl Service {
     pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), Refusal> {
         let (h, op) = decoded(header).map_err(|e| self.refused(None, e))?;
         let client = self.client_of(h.session);
-        Ok((checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?, client.unwrap_or(0)))
+        let req = checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?;
+        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
+        Ok((req, client.unwrap_or(0)))
     }
 
     /// Like [`Service::admit`] for a transport that sends one message (header, inline key
@@ -401,10 +457,10 @@ impl Service {
     ) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
         let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
         let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
-        Ok((
-            checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?,
-            payload,
-        ))
+        let req =
+            checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?;
+        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
+        Ok((req, payload))
     }
 
     /// Counts a request refused before it was served.
@@ -444,9 +500,9 @@ impl Service {
             return Answer::Owned(error_reply(h.request_id, &e, out));
         }
         let result = match req.op {
-            Op::Put => self.eager_put(h, req.inline, payload),
+            Op::Put => self.eager_put(h, req.inline, payload, out),
             Op::Get => return self.get(h, req.inline, payload, out),
-            Op::Delete => self.delete(h, req.inline, payload),
+            Op::Delete => self.delete(h, req.inline, payload, out),
             Op::DeleteRange | Op::List => self.range_op(h, req.op, payload, out),
             Op::Stats => self.stats(h, out),
             // The transport found nothing of that request in flight: it finished (and was
@@ -571,7 +627,14 @@ impl Service {
             return error_reply(id, &e, out);
         }
         match self.commit_or_stage(p.extent, p.layout, &p.header) {
-            Ok(generation) => ok_reply(id, generation, p.layout.value_len),
+            Ok(generation) => {
+                if self.placement.is_some() {
+                    let key = self.shard.arena().slice(p.extent.offset, key_len).to_vec();
+                    let grant = Grant::Put { generation, len: p.layout.value_len, ttl_ms: ttl(&p.header) };
+                    self.give_ticket(&p.header, &key, grant, out);
+                }
+                ok_reply(id, generation, p.layout.value_len)
+            }
             Err(e) => error_reply(id, &e, out),
         }
     }
@@ -596,7 +659,13 @@ impl Service {
         Ok(key)
     }
 
-    fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+    fn eager_put(
+        &mut self,
+        h: &RequestHeader,
+        inline: &[u8],
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
         if is_part(h) {
@@ -615,6 +684,7 @@ impl Service {
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
         let generation = self.commit_or_stage(extent, layout, h)?;
+        self.give_ticket(h, key, Grant::Put { generation, len: value.len() as u64, ttl_ms: ttl(h) }, out);
         Ok(ok_reply(h.request_id, generation, value.len() as u64))
     }
 
@@ -640,6 +710,11 @@ impl Service {
                 Status::Invalid,
                 format!("the value staged under request id {} is another key's, or staged in parts", h.if_not_equal),
             ));
+        }
+        let grant = Grant::Put { generation: h.if_equal, len: staged.layout.value_len, ttl_ms: ttl(h) };
+        if let Err(e) = self.check_ticket(h, key, grant) {
+            self.shard.release(staged.extent);
+            return Err(e);
         }
         let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
         Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
@@ -778,6 +853,12 @@ impl Service {
     /// its condition holds, or for an import, under the generation it brings.
     fn commit(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
         if h.flags & flags::IMPORT != 0 {
+            let key = self.shard.arena().slice(extent.offset, u64::from(layout.key_len));
+            let grant = Grant::Put { generation: h.if_equal, len: layout.value_len, ttl_ms: ttl(h) };
+            if let Err(e) = self.check_ticket(h, key, grant) {
+                self.shard.release(extent);
+                return Err(e);
+            }
             self.shard.commit_import(extent, layout, h.if_equal, ttl(h))
         } else {
             self.shard.commit_put(extent, layout, &condition(h), ttl(h))
@@ -796,7 +877,9 @@ impl Service {
         if h.flags & (flags::MIGRATE | flags::IMPORT) != 0 {
             if let Ok(GetOutcome::Value { value_size, .. }) = outcome {
                 if h.flags & flags::MIGRATE != 0 {
-                    if let Err(e) = self.hold_for_handover(key, value_size) {
+                    let held =
+                        self.check_ticket(h, key, Grant::Hold).and_then(|()| self.hold_for_handover(key, value_size));
+                    if let Err(e) = held {
                         return Answer::Owned(error_reply(h.request_id, &e, out));
                     }
                 }
@@ -819,7 +902,7 @@ impl Service {
         Answer::Owned(reply)
     }
 
-    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         if h.flags & flags::STAGE != 0 {
             // Discards what the client's session staged (the key's primary refused the write):
@@ -833,11 +916,13 @@ impl Service {
         }
         self.check_placement(h, key, true)?;
         if h.flags & flags::MIGRATE != 0 {
+            self.check_ticket(h, key, Grant::EndHold { generation: h.if_equal })?;
             self.end_handover(key);
         }
         if h.flags & flags::IMPORT != 0 {
+            self.check_ticket(h, key, Grant::Delete { generation: h.if_equal })?;
             // The generation the key keeps goes back when it is newer than the delete.
-            let (generation, existed) = match self.shard.delete_unless_newer(key, h.if_equal) {
+            let (generation, existed) = match self.shard.delete_unless_newer(key, h.if_equal)? {
                 Ok(existed) => (h.if_equal, existed),
                 Err(newer) => (newer, false),
             };
@@ -846,6 +931,9 @@ impl Service {
         // The generation deleted goes back, for the key's other replicas to delete up to.
         let generation = self.shard.generation_of(key).unwrap_or(0);
         let existed = self.shard.delete(key, &condition(h))?;
+        if existed {
+            self.give_ticket(h, key, Grant::Delete { generation }, out);
+        }
         Ok(ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64))
     }
 
@@ -1009,7 +1097,7 @@ mod tests {
             .unwrap();
         let role = Arc::new(ServerRole::default());
         role.set(me, placement);
-        service.set_cluster_role(role.clone());
+        service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap());
         (service, role, key)
     }
 

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 // Handshakes on the bootstrap port (bootstrap.rs)
 
-/// The whole handshake (the client's line in, ours out) must fit in this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The whole handshake (both of the client's lines in, ours out) must fit in this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Handshakes in progress at once (one short-lived thread each).
 pub const MAX_HANDSHAKES: usize = 64;
 
-/// Handshakes in progress at once from one source address.
+/// Handshakes in progress at once from one source address (past it, the oldest is cut).
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 
 /// File descriptors that must be free for a new client to be welcomed.

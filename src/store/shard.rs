@@ -131,6 +131,24 @@ struct Pin {
     freed: Option<Extent>,
 }
 
+/// Generations stay below this: one given out, brought by an import or set as a floor.
+/// Fresh shards start at wall-clock nanoseconds (about 2^60.6 in 2026; this limit is
+/// reached in the year 2262), so a generation at or above it was made up, and taking it
+/// would leave no room above it.
+pub const GENERATION_LIMIT: u64 = 1 << 63;
+
+/// Refuses a generation that came from elsewhere (an import, a floor) at or above
+/// [`GENERATION_LIMIT`].
+pub fn check_generation(generation: u64) -> Result<u64> {
+    if generation >= GENERATION_LIMIT {
+        return Err(Error::new(
+            Status::Invalid,
+            format!("generation {generation} is past the limit {GENERATION_LIMIT}: refused"),
+        ));
+    }
+    Ok(generation)
+}
+
 pub struct Shard {
     arena: Arena,
     alloc: ExtentAllocator,
@@ -173,9 +191,10 @@ impl Shard {
         self.clock.elapsed().as_nanos() as u64
     }
 
-    fn next_generation(&mut self) -> u64 {
-        self.last_generation += 1;
-        self.last_generation
+    fn next_generation(&mut self) -> Result<u64> {
+        let next = check_generation(self.last_generation + 1)?;
+        self.last_generation = next;
+        Ok(next)
     }
 
     /// Looks a key up, dropping it first if its TTL has passed.
@@ -288,7 +307,13 @@ impl Shard {
             self.release(extent);
             return Err(Error::new(Status::ConditionFailed, ""));
         }
-        let generation = self.next_generation();
+        let generation = match self.next_generation() {
+            Ok(g) => g,
+            Err(e) => {
+                self.release(extent);
+                return Err(e);
+            }
+        };
         self.install(extent, layout, generation, ttl_ms)?;
         Ok(generation)
     }
@@ -299,6 +324,10 @@ impl Shard {
     /// given out here from now on are above it, so that the key's generations never go
     /// backwards. Returns the generation the key holds.
     pub fn commit_import(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<u64> {
+        if let Err(e) = check_generation(generation) {
+            self.release(extent);
+            return Err(e);
+        }
         self.last_generation = self.last_generation.max(generation);
         // SAFETY: as in `commit_put`: the extent is reserved, outside the index.
         let key: &[u8] = unsafe {
@@ -319,8 +348,11 @@ impl Shard {
 
     /// Gives out generations above `floor` from now on (a cluster's new epoch: see
     /// [`crate::cluster::Placement::generation_floor`]).
-    pub fn raise_generations_above(&mut self, floor: u64) {
-        self.last_generation = self.last_generation.max(floor);
+    /// A floor at or past [`GENERATION_LIMIT`] is refused (the placement that carried it
+    /// was made up; its epoch's floor is checked when read from etcd too).
+    pub fn raise_generations_above(&mut self, floor: u64) -> Result<()> {
+        self.last_generation = self.last_generation.max(check_generation(floor)?);
+        Ok(())
     }
 
     /// The generation of the key's live value.
@@ -331,14 +363,14 @@ impl Shard {
     /// Deletes the key unless it holds a generation newer than `generation` (a replica
     /// copying a delete its primary made): whether it went, or the newer generation it
     /// keeps.
-    pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> std::result::Result<bool, u64> {
-        self.last_generation = self.last_generation.max(generation);
+    pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> Result<std::result::Result<bool, u64>> {
+        self.last_generation = self.last_generation.max(check_generation(generation)?);
         if let Some(newer) = self.generation_of(key).filter(|&g| g > generation) {
-            return Err(newer);
+            return Ok(Err(newer));
         }
         let existed = self.remove_key(key);
         self.counters.deletes += existed as u64;
-        Ok(existed)
+        Ok(Ok(existed))
     }
 
     /// Whether the key holds a live value.

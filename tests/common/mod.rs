@@ -49,6 +49,10 @@ static SERVE_ARGS: OnceLock<Vec<String>> = OnceLock::new();
 pub fn init(transport: &str) {
     INIT.call_once(|| {
         std::env::set_var("UCX_NET_DEVICES", "lo");
+        // Cluster members (`--cluster`) read the secret they share from here.
+        let secret = std::env::temp_dir().join(format!("rdram-test-cluster-secret-{}", std::process::id()));
+        std::fs::write(&secret, "a cluster secret for these tests\n").unwrap();
+        std::env::set_var("RDRAM_CLUSTER_SECRET_FILE", &secret);
         match transport.strip_prefix("fabric:") {
             Some(provider) => {
                 // "+register-local": every local buffer registered, as EFA (FI_MR_LOCAL) needs.

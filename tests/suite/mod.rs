@@ -452,6 +452,65 @@ pub fn store_mode_full_arena(transport: &str) {
     c.put(b"again", &value).unwrap();
 }
 
+/// Hand-made requests whose key travels inline in the request header, 1 KiB to 1 MiB long,
+/// from a live session and from one already revoked: each is answered by the server (a
+/// result or a clear error), or, past what the client's transport carries in a header
+/// (UCX: about 8 KiB), refused by the client before anything is sent; the server keeps
+/// serving. (The client used to hand UCX such headers, which UCX sent garbled: a
+/// 32,000-byte inline key corrupted the receiving server's memory.)
+pub fn inline_keys_of_any_length_are_answered(transport: &str) {
+    use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
+    common::init(transport);
+    let mut server = ServerProc::start(&["--workers", "1"]);
+    let mut c = server.client();
+    let live = c.raw_session().0;
+    let revoked = server.client().raw_session().0;
+    let stats_with = |c: &mut Client, session: u64| {
+        let h = RequestHeader::new(Op::Stats, c.raw_session().1, session);
+        let mut buf = [0u8; REQUEST_HEADER_LEN];
+        h.encode(&mut buf);
+        c.raw_request(0, &buf, &[], Duration::from_secs(10)).map(|r| r.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || stats_with(&mut c, revoked).ok() == Some(Status::AuthFailed)),
+        "the departed client's session was not revoked"
+    );
+    let mut answered = BTreeMap::new();
+    for len in [1 << 10, 4 << 10, 8000, 16_000, 32_000, 60_000, 64 << 10, (64 << 10) + 1, 1 << 20] {
+        for (session, what) in [(live, "live"), (revoked, "revoked")] {
+            let mut h = RequestHeader::new(Op::Put, c.raw_session().1, session);
+            h.key_len = len as u32;
+            let mut fixed = [0u8; REQUEST_HEADER_LEN];
+            h.encode(&mut fixed);
+            let mut frame = fixed.to_vec();
+            frame.resize(REQUEST_HEADER_LEN + len, b'k');
+            match c.raw_request(0, &frame, b"value", Duration::from_secs(20)) {
+                Ok((status, message)) if session == revoked => {
+                    assert_eq!(status, Status::AuthFailed, "inline key of {len} B: {message}");
+                    *answered.entry(len).or_insert(0) += 1;
+                }
+                Ok((status, message)) => {
+                    assert!(
+                        matches!(status, Status::Ok | Status::KeyTooLarge | Status::Invalid),
+                        "inline key of {len} B: {status:?} {message}"
+                    );
+                    assert!(status == Status::Ok || !message.is_empty(), "an error says why");
+                    *answered.entry(len).or_insert(0) += 1;
+                }
+                Err(e) => assert!(
+                    e.status == Status::Invalid && e.message.contains("longer than"),
+                    "{what} session, inline key of {len} B: neither answered nor refused here: {e}"
+                ),
+            }
+            assert!(server.child.try_wait().unwrap().is_none(), "the server died on an inline key of {len} B");
+        }
+    }
+    assert!(answered.get(&(4 << 10)) == Some(&2), "keys of 1 and 4 KiB reach the server: {answered:?}");
+    c.put(b"after", b"still serving").unwrap();
+    assert_eq!(c.get(b"after").unwrap().unwrap().data, b"still serving");
+    assert!(server.stop().is_some_and(|s| s.success()), "the server exits 0");
+}
+
 pub fn auth_token_required(transport: &str) {
     common::init(transport);
     let dir = std::env::temp_dir().join(format!("rdram-auth-{}", std::process::id()));

@@ -239,6 +239,11 @@ struct ServeArgs {
     /// member set at SIGTERM (or when the lease expires, if the process dies).
     #[arg(long, env = "RDRAM_CLUSTER")]
     cluster: Option<String>,
+    /// Cluster: file holding the secret the cluster's servers share (at least 16 bytes; its
+    /// clients never see it). It seals member records in etcd and the tickets without which
+    /// no replica takes a copy; required with --cluster.
+    #[arg(long, env = "RDRAM_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
     /// How long the cluster's registration outlives this server's last word with etcd.
     #[arg(long, default_value_t = remote_dram::cluster::DEFAULT_LEASE_TTL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1000..))]
     lease_ttl_ms: u64,
@@ -530,6 +535,15 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     let cluster = cluster.transpose()?;
     let lease_ttl = Duration::from_millis(args.lease_ttl_ms);
     let auth_token = server_token(args.auth_token_file.as_deref())?;
+    let cluster_secret =
+        match (&cluster, &args.cluster_secret_file) {
+            (Some(_), None) => return Err(Error::new(
+                Status::Invalid,
+                "--cluster needs --cluster-secret-file: the secret the cluster's servers share and clients never see",
+            )),
+            (Some(_), Some(path)) => Some(remote_dram::auth::ClusterSecret::from_file(&path.to_string_lossy())?),
+            (None, _) => None,
+        };
     let cfg = ServerConfig {
         listen: args.listen,
         workers: args.workers,
@@ -552,6 +566,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         ucx_tcp: args.ucx_tcp,
         reply_budget: args.reply_budget,
         cluster_role: None,
+        cluster_secret: cluster_secret.clone(),
     };
     raise_fd_limit();
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
@@ -567,7 +582,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
                 shards: info.shards,
                 transport: info.transport.clone(),
                 capacity_bytes: info.bytes_per_shard * info.shards as u64,
-                draining: false,
+                ..Default::default()
             };
             if server.local_addr().ip().is_unspecified() {
                 server.stop();
@@ -577,11 +592,16 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
                 ));
             }
             let me = member.address.clone();
-            match remote_dram::cluster::Registration::join(url, member, lease_ttl, role.clone()) {
+            let secret = cluster_secret.clone().expect("checked above: a cluster member has its secret");
+            match remote_dram::cluster::Registration::join(url, member, lease_ttl, role.clone(), secret.clone()) {
                 Ok(r) => {
                     let r = Arc::new(r);
-                    let mover_cfg =
-                        remote_dram::cluster::mover::MoverConfig { me, auth_token: token, rate: args.rebalance_rate };
+                    let mover_cfg = remote_dram::cluster::mover::MoverConfig {
+                        me,
+                        auth_token: token,
+                        cluster_secret: secret,
+                        rate: args.rebalance_rate,
+                    };
                     let mover = remote_dram::cluster::mover::Mover::start(role.clone(), r.clone(), mover_cfg);
                     Some((r, mover))
                 }

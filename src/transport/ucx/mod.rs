@@ -352,6 +352,17 @@ impl Worker {
         Ok(bytes)
     }
 
+    /// The longest active-message user header this worker can send. UCX (1.22, release
+    /// builds) does not check it: a longer header leaves the sender's and the receiver's
+    /// memory corrupted.
+    pub fn max_am_header(&self) -> Result<usize> {
+        let mut attr =
+            ucp_worker_attr_t { field_mask: UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER as u64, ..Default::default() };
+        // SAFETY: worker valid; attr is an in/out parameter.
+        check(unsafe { ucp_worker_query(self.worker, &mut attr) }, "ucp_worker_query")?;
+        Ok(attr.max_am_header)
+    }
+
     /// What progresses this worker without borrowing it: for owners whose callbacks
     /// take `&mut` of a struct that contains the worker (no reference to it may be live
     /// while they run).
