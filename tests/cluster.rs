@@ -1015,3 +1015,234 @@ fn etcd_over_tls_with_a_client_certificate() {
     assert_eq!(status["members"].as_array().map(Vec::len), Some(1), "{status}");
     drop(server);
 }
+
+/// etcd's v3 JSON gateway, for writing what an attacker with access to etcd would.
+struct EtcdKv {
+    base: String,
+}
+
+impl EtcdKv {
+    fn of(url: &str) -> EtcdKv {
+        let host = url.trim_start_matches("etcd://").split('/').next().unwrap();
+        EtcdKv { base: format!("http://{host}/v3/kv") }
+    }
+
+    fn call(&self, what: &str, body: serde_json::Value) -> serde_json::Value {
+        let text = ureq::post(&format!("{}/{what}", self.base)).send_string(&body.to_string()).unwrap();
+        serde_json::from_str(&text.into_string().unwrap()).unwrap()
+    }
+
+    fn put(&self, key: &str, value: &[u8]) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        self.call("put", serde_json::json!({"key": b64.encode(key), "value": b64.encode(value)}));
+    }
+
+    fn delete(&self, key: &str) {
+        use base64::Engine as _;
+        self.call("deleterange", serde_json::json!({"key": base64::engine::general_purpose::STANDARD.encode(key)}));
+    }
+
+    /// The key's value and lease, if it exists.
+    fn get(&self, key: &str) -> Option<(Vec<u8>, i64)> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let got = self.call("range", serde_json::json!({"key": b64.encode(key)}));
+        let kv = got["kvs"].as_array()?.first()?.clone();
+        let value = b64.decode(kv["value"].as_str().unwrap_or("")).unwrap();
+        let lease = kv["lease"].as_str().map_or(0, |l| l.parse().unwrap());
+        Some((value, lease))
+    }
+}
+
+/// A hand-made request to one server (a client of that server alone, as any token holder
+/// can make): its status and message.
+fn raw(
+    server: &str,
+    op: remote_dram::proto::Op,
+    key: &[u8],
+    value: &[u8],
+    edit: impl Fn(&mut remote_dram::proto::RequestHeader),
+) -> (remote_dram::Status, String) {
+    use remote_dram::proto::{RequestHeader, REQUEST_HEADER_LEN};
+    let mut c = Client::connect(server, ClientOptions::default()).unwrap();
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(op, id, session);
+    h.key_len = key.len() as u32;
+    edit(&mut h);
+    let mut fixed = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut fixed);
+    let mut frame = fixed.to_vec();
+    frame.extend_from_slice(key);
+    c.raw_request(0, &frame, value, Duration::from_secs(10)).unwrap()
+}
+
+/// An ordinary client (it has the token) sends replica frames by hand to a key's replica in
+/// an R = 2 cluster: imports of a made-up generation (u64::MAX among them), with no ticket
+/// or a forged one, an import of a delete, a handover hold and a staged value published
+/// without a ticket. Every one is refused and changes nothing: both replicas keep the
+/// value and generation the key's primary gave, and the next write's generation follows
+/// on from it (no wrap).
+#[test]
+fn no_client_installs_a_generation_its_primary_did_not_give() {
+    use remote_dram::proto::{flags, Op};
+    use remote_dram::Status;
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("forge");
+    create(&url, 2);
+    let servers = [member(&url), member(&url)];
+    let mut c = client(&url);
+    let key = b"counter";
+    let g1 = c.put(key, b"given by the primary").unwrap();
+    let forged = [0x5a; 16];
+    for server in &servers {
+        let attempts: Vec<(&str, Op, &[u8], Box<dyn Fn(&mut remote_dram::proto::RequestHeader)>)> = vec![
+            (
+                "import of u64::MAX",
+                Op::Put,
+                b"forged",
+                Box::new(|h| {
+                    h.flags |= flags::IMPORT;
+                    h.if_equal = u64::MAX;
+                }),
+            ),
+            (
+                "import with a forged ticket",
+                Op::Put,
+                b"forged",
+                Box::new(move |h| {
+                    h.flags |= flags::IMPORT;
+                    h.if_equal = g1 + 1;
+                    h.set_ticket(&forged);
+                }),
+            ),
+            (
+                "import of a delete",
+                Op::Delete,
+                b"",
+                Box::new(move |h| {
+                    h.flags |= flags::IMPORT;
+                    h.if_equal = g1 + 1;
+                }),
+            ),
+            ("handover hold", Op::Get, b"", Box::new(|h| h.flags |= flags::MIGRATE)),
+            (
+                "handover end",
+                Op::Delete,
+                b"",
+                Box::new(move |h| {
+                    h.flags |= flags::MIGRATE | flags::IF_EQUAL;
+                    h.if_equal = g1;
+                }),
+            ),
+        ];
+        for (what, op, value, edit) in attempts {
+            let (status, message) = raw(&server.addr, op, key, value, edit);
+            assert_eq!(status, Status::AuthFailed, "{what} on {}: {message}", server.addr);
+            assert!(message.contains("ticket"), "{what}: {message}");
+        }
+        // A value staged as a replica's copy, then published without a ticket.
+        let mut stager = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        let (session, id) = stager.raw_session();
+        let mut stage = remote_dram::proto::RequestHeader::new(Op::Put, id, session);
+        stage.flags = flags::STAGE;
+        stage.key_len = key.len() as u32;
+        let frame = |h: &remote_dram::proto::RequestHeader| {
+            let mut fixed = [0u8; remote_dram::proto::REQUEST_HEADER_LEN];
+            h.encode(&mut fixed);
+            [&fixed[..], key].concat()
+        };
+        let (status, _) =
+            stager.raw_request(0, &frame(&stage), b"staged by a client", Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::Ok, "staging holds a value unpublished, for anyone in the cluster");
+        let mut publish = remote_dram::proto::RequestHeader::new(Op::Put, stager.raw_session().1, session);
+        publish.flags = flags::STAGE | flags::IMPORT;
+        publish.if_not_equal = id;
+        publish.if_equal = u64::MAX - 1;
+        publish.key_len = key.len() as u32;
+        let (status, message) = stager.raw_request(0, &frame(&publish), b"", Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::AuthFailed, "publish without a ticket: {message}");
+        let held = Client::connect(&server.addr, ClientOptions::default()).unwrap().get(key).unwrap().unwrap();
+        assert_eq!((held.data.as_slice(), held.generation), (&b"given by the primary"[..], g1), "{}", server.addr);
+    }
+    let g2 = c.put(key, b"next").unwrap();
+    assert!(g2 > g1 && g2 < 1 << 63, "generations follow on: {g1} then {g2}");
+    for server in &servers {
+        let held = Client::connect(&server.addr, ClientOptions::default()).unwrap().get(key).unwrap().unwrap();
+        assert_eq!((held.data.as_slice(), held.generation), (&b"next"[..], g2), "{}", server.addr);
+    }
+}
+
+/// What a writer to etcd can and cannot do. A member record it makes up (naming a port
+/// this test listens on) is ignored: the placement never takes it and nothing connects to
+/// it. A live member's record it deletes, or rewrites off its lease, is put back by that
+/// member. A placement it garbles or deletes is written back, its epoch and version never
+/// going back, and the cluster serves on throughout.
+#[test]
+fn etcd_writers_cannot_redirect_or_detach_members() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("trust");
+    create(&url, 1);
+    let servers = [member(&url), member(&url)];
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (_, members, settled) = placement(&url);
+            settled && members.len() == 2
+        }),
+        "the two members were not placed"
+    );
+    let kv = EtcdKv::of(&url);
+    let prefix = "/remote_dram/trust/";
+    let decoy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    decoy.set_nonblocking(true).unwrap();
+    let decoy_addr = decoy.local_addr().unwrap().to_string();
+    let fake = serde_json::json!({"address": decoy_addr, "shards": 1, "transport": "ucx", "capacity_bytes": 1 << 30});
+    kv.put(&format!("{prefix}members/{decoy_addr}"), fake.to_string().as_bytes());
+    let (epoch, placed, _) = placement(&url);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(placement(&url).1, placed, "a made-up member entered the placement");
+    let (code, _, err) = rdram(&["put", "--server", &url, "k", "v"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(decoy.accept().is_err(), "something connected to the made-up member");
+
+    // A live member's record deleted, then another's rewritten without its lease.
+    for (server, how) in [(&servers[0], "deleted"), (&servers[1], "rewritten")] {
+        let key = format!("{prefix}members/{}", server.addr);
+        let (record, lease) = kv.get(&key).expect("a live member has a record");
+        assert_ne!(lease, 0, "a member's record is under its lease");
+        match how {
+            "deleted" => kv.delete(&key),
+            _ => kv.put(&key, &record),
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || kv.get(&key).is_some_and(|(_, l)| l != 0)),
+            "the member whose record was {how} did not register again"
+        );
+    }
+    assert_eq!(placement(&url), (epoch, placed.clone(), true), "a live member left the placement");
+    let (code, out, err) = rdram(&["get", "--server", &url, "k"], None);
+    assert_eq!((code, out.as_slice()), (0, &b"v"[..]), "{err}");
+
+    // The placement garbled, then deleted: written back, never going back.
+    let version = |url: &str| status(url)["placement"]["version"].as_u64();
+    for how in ["garbled", "deleted"] {
+        let before = version(&url).unwrap();
+        match how {
+            "garbled" => kv.put(&format!("{prefix}placement"), b"{not a placement"),
+            _ => kv.delete(&format!("{prefix}placement")),
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || version(&url).is_some_and(|v| v > before)),
+            "the {how} placement was not written back"
+        );
+        let (now_epoch, now_placed, _) = placement(&url);
+        assert!(
+            now_epoch >= epoch && now_placed == placed,
+            "the {how} placement came back as epoch {now_epoch} on {now_placed:?}"
+        );
+        let (code, out, err) = rdram(&["get", "--server", &url, "k"], None);
+        assert_eq!((code, out.as_slice()), (0, &b"v"[..]), "after the placement was {how}: {err}");
+    }
+}

@@ -199,6 +199,8 @@ pub struct ClusterState {
     pub moves: BTreeMap<String, MoveReport>,
     /// Servers asked to drain (`rdram cluster drain`).
     pub drains: Vec<String>,
+    /// Live members whose record in etcd went or was spoilt: their last good one stands in.
+    pub stood_in: Vec<String>,
 }
 
 /// What a client routes on: the placement at one etcd revision.
@@ -655,25 +657,12 @@ impl Registration {
         let state = Arc::new(Mutex::new(ClusterState::default()));
         let me = member.address.clone();
         let seen = state.clone();
-        let mut distrusted = std::collections::HashSet::new();
         let mut warned_about = -1;
-        let checks = secret.clone();
-        let steward = move |read: &ClusterState| {
-            let mut s = read.clone();
-            s.members.retain(|m| match m.distrust(&checks) {
-                None => true,
-                Some(why) => {
-                    if distrusted.insert((m.address.clone(), m.lease, m.seal.clone())) {
-                        warn!("cluster: ignoring the member record of {} in etcd: {why}", m.address);
-                    }
-                    false
-                }
-            });
-            if !s.members.iter().any(|m| m.address == me) && s.revision > 0 {
+        let steward = move |s: &ClusterState| {
+            if s.stood_in.contains(&me) {
                 // Deleted or rewritten by someone else while this server lives: put back.
                 reregister.store(true, Ordering::SeqCst);
             }
-            let s = &s;
             let held = role.current().map(|c| c.1.placement.clone());
             if let Some(back) = restored(s, held.as_ref()) {
                 if warned_about != s.placement_revision {
@@ -698,6 +687,7 @@ impl Registration {
             url: url.clone(),
             on_state: Box::new(steward),
             what: "serving on the last view",
+            members: Members::checked_with(secret.clone()),
         };
         runtime.spawn(follower.run());
         // Returns once the placement has this server (as a member, or as one keys move
@@ -881,10 +871,10 @@ impl KeepAlive {
         }
     }
 
-    /// Waits `every`, or less once the server is fenced.
+    /// Waits `every`, or less once the server is fenced or its record must be put back.
     async fn pause(&self, every: Duration) {
         let until = tokio::time::Instant::now() + every;
-        while tokio::time::Instant::now() < until && !self.role.fenced() {
+        while tokio::time::Instant::now() < until && !self.role.fenced() && !self.reregister.load(Ordering::SeqCst) {
             tokio::time::sleep(TICK).await;
         }
     }
@@ -1026,6 +1016,7 @@ impl Watch {
             url: url.clone(),
             on_state: Box::new(publish),
             what: "routing on the last view",
+            members: Members::default(),
         };
         runtime.spawn(follower.run());
         Ok(Watch { runtime, url: url.clone(), client, view, revision, lost })
@@ -1090,6 +1081,58 @@ struct Follower {
     on_state: OnState,
     /// What goes on while etcd is unreachable, for the log.
     what: &'static str,
+    members: Members,
+}
+
+/// Which servers are live: those whose lease is. A record in etcd is taken when it is
+/// under a lease and (for servers, who hold the cluster's secret) its seal holds for that
+/// lease; others are ignored, with one warning each. A record that went (deleted, or
+/// rewritten off its lease or seal) while the lease of the one last taken lives still
+/// counts, as that record: whoever may write to etcd cannot take a live server out of
+/// the placement, and the server puts its record back.
+#[derive(Default)]
+struct Members {
+    secret: Option<ClusterSecret>,
+    /// The records last taken, by address.
+    taken: BTreeMap<String, Member>,
+    warned: std::collections::HashSet<(String, i64, String)>,
+}
+
+impl Members {
+    fn checked_with(secret: ClusterSecret) -> Members {
+        Members { secret: Some(secret), ..Default::default() }
+    }
+
+    /// Replaces `state.members` with the live servers' records.
+    async fn settle(&mut self, client: &mut etcd_client::Client, state: &mut ClusterState) {
+        let mut live: BTreeMap<String, Member> = BTreeMap::new();
+        for m in std::mem::take(&mut state.members) {
+            let why = match &self.secret {
+                Some(secret) => m.distrust(secret),
+                None => (m.lease == 0).then_some("it is attached to no lease"),
+            };
+            match why {
+                None => drop(live.insert(m.address.clone(), m)),
+                Some(why) => {
+                    if self.warned.insert((m.address.clone(), m.lease, m.seal.clone())) {
+                        warn!("cluster: ignoring the member record of {} in etcd: {why}", m.address);
+                    }
+                }
+            }
+        }
+        for (address, m) in &self.taken {
+            if live.contains_key(address) {
+                continue;
+            }
+            let lives = client.lease_time_to_live(m.lease, None).await.is_ok_and(|r| r.ttl() > 0);
+            if lives {
+                live.insert(address.clone(), m.clone());
+                state.stood_in.push(address.clone());
+            }
+        }
+        state.members = live.values().cloned().collect();
+        self.taken = live;
+    }
 }
 
 impl Follower {
@@ -1112,7 +1155,8 @@ impl Follower {
     /// that asks for nothing more; returns the revision read.
     async fn settle(&mut self) -> Result<i64> {
         loop {
-            let state = read_state(&mut self.client, &self.url).await?;
+            let mut state = read_state(&mut self.client, &self.url).await?;
+            self.members.settle(&mut self.client, &mut state).await;
             match (self.on_state)(&state) {
                 Some(proposed) => {
                     if state.placement.is_none() && state.placement_revision != 0 {
