@@ -33,7 +33,8 @@ fn with_token(token: &str) -> ClientOptions {
 /// The bootstrap exchange by hand: what any program that reaches the port can do.
 fn bootstrap(addr: &str, token: Option<&str>) -> (Welcome, TcpStream) {
     let mut s = TcpStream::connect(addr).unwrap();
-    let w = client_handshake(&mut s, addr, token, Duration::from_secs(5)).unwrap();
+    let w = client_handshake(&mut s, addr, token, Duration::from_secs(5))
+        .unwrap_or_else(|e| Welcome::refusal(e.status, e.message));
     (w, s)
 }
 
@@ -586,4 +587,166 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
         let (ok, stderr) = client(false, tls, &put);
         assert!(ok, "{name}: the server's own user: {stderr}");
     }
+}
+
+/// A hand-made request to `server`'s shard 0 from a client of its own: status and message.
+fn raw_frame(
+    server: &ServerProc,
+    op: Op,
+    key: &[u8],
+    value: &[u8],
+    edit: impl Fn(&mut RequestHeader),
+) -> (Status, String) {
+    let mut c = server.client();
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(op, id, session);
+    h.key_len = key.len() as u32;
+    edit(&mut h);
+    let mut fixed = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut fixed);
+    c.raw_request(0, &[&fixed[..], key].concat(), value, Duration::from_secs(10)).unwrap()
+}
+
+/// 57.1: a server in no cluster takes no frame that only members send: imports (of a put,
+/// with u64::MAX; of a delete), a replica's staged copy and its publish, and handover
+/// holds. Each is refused and changes nothing: the key keeps its value and generation, and
+/// the next write's generation follows on from it.
+#[test]
+fn a_server_outside_a_cluster_takes_no_frame_only_members_send() {
+    use remote_dram::proto::flags;
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1"]);
+    let mut c = server.client();
+    let g1 = c.put(b"k", b"mine").unwrap();
+    let frames: [(&str, Op, &[u8], &dyn Fn(&mut RequestHeader)); 6] = [
+        ("import of u64::MAX", Op::Put, b"forged", &|h| {
+            h.flags |= flags::IMPORT;
+            h.if_equal = u64::MAX;
+        }),
+        ("import of a delete", Op::Delete, b"", &|h| {
+            h.flags |= flags::IMPORT;
+            h.if_equal = u64::MAX;
+        }),
+        ("a replica's staged copy", Op::Put, b"staged", &|h| h.flags |= flags::STAGE),
+        ("a staged copy's publish", Op::Put, b"", &|h| {
+            h.flags |= flags::STAGE | flags::IMPORT;
+            h.if_equal = u64::MAX;
+            h.if_not_equal = 1;
+        }),
+        ("a handover hold", Op::Get, b"", &|h| h.flags |= flags::MIGRATE),
+        ("a handover's end", Op::Delete, b"", &|h| {
+            h.flags |= flags::MIGRATE | flags::IF_EQUAL;
+            h.if_equal = 1;
+        }),
+    ];
+    for (what, op, value, edit) in frames {
+        let (status, message) = raw_frame(&server, op, b"k", value, edit);
+        assert_eq!(status, Status::AuthFailed, "{what}: {message}");
+        assert!(message.contains("members of a cluster"), "{what}: {message}");
+    }
+    let held = c.get(b"k").unwrap().unwrap();
+    assert_eq!((held.data.as_slice(), held.generation), (&b"mine"[..], g1));
+    let g2 = c.put(b"k", b"next").unwrap();
+    assert!(g2 > g1 && g2 < 1 << 63, "generations follow on: {g1} then {g2}");
+}
+
+/// 57.3: the token never crosses the wire. A listener posing as a server (as anyone who
+/// can write to etcd, or answer on a server's address, could) gets a client's hello and
+/// answers with a proof it cannot have made, or none: the client gives up before sending
+/// anything more, says why, and nothing it sent holds the token.
+#[test]
+fn the_token_never_crosses_the_wire() {
+    use remote_dram::proto::bootstrap::{hex_encode, write_line, Challenge, MAGIC};
+    common::init(common::TCP);
+    let token = "the-token-no-one-else-may-see";
+    for (proof, why) in [(Some(hex_encode(&[7u8; 32])), "wrong auth token"), (None, "without an auth token")] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let impostor = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut heard = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The hello, then our challenge, then whatever else the client sends.
+            let n = s.read(&mut buf).unwrap();
+            heard.extend_from_slice(&buf[..n]);
+            let challenge = Challenge {
+                magic: MAGIC.into(),
+                version: remote_dram::proto::PROTOCOL_VERSION,
+                error: None,
+                nonce: hex_encode(&[1u8; 32]),
+                proof,
+            };
+            write_line(&mut s, &challenge).unwrap();
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                heard.extend_from_slice(&buf[..n]);
+            }
+            heard
+        });
+        let err = Client::connect(&addr, with_token(token)).err().expect("an impostor was trusted");
+        assert_eq!(err.status, Status::AuthFailed, "{err}");
+        assert!(err.message.contains("could not prove") && err.message.contains(why), "{err}");
+        let heard = String::from_utf8_lossy(&impostor.join().unwrap()).into_owned();
+        assert!(
+            heard.contains("remote_dram") && heard.lines().count() == 1,
+            "the client sent more than its hello: {heard}"
+        );
+        assert!(!heard.contains(token), "the token crossed the wire: {heard}");
+    }
+    // Against the real server, both sides prove it, and a wrong token is refused.
+    let file = token_file(token);
+    let server = ServerProc::start(&["--workers", "1", "--auth-token-file", file.to_str().unwrap()]);
+    let mut c = Client::connect(&server.addr, with_token(token)).unwrap();
+    c.put(b"k", b"v").unwrap();
+    let err = Client::connect(&server.addr, with_token("guess")).err().expect("a wrong token was let in");
+    assert_eq!(err.status, Status::AuthFailed, "{err}");
+}
+
+/// 57.4: silent handshakes from one address (every local client shares 127.0.0.1) cannot
+/// lock a prompt client out: at the bound the oldest is cut.
+#[test]
+fn held_handshakes_do_not_lock_out_a_prompt_client() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1"]);
+    let held: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(&server.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (code, out, err) = rdram(&["put", "--server", &server.addr, "k", "through"], None);
+    assert_eq!(code, 0, "a prompt client was locked out: {err} {}", String::from_utf8_lossy(&out));
+    let mut c = server.client();
+    assert_eq!(c.get(b"k").unwrap().unwrap().data, b"through");
+    drop(held);
+}
+
+/// 57.4: frames cut short are answered with an error (they used to get no reply, and the
+/// sender waited out its timeout): a full header cut to 40 bytes, a short form cut to 31,
+/// and a header that is not ours.
+#[test]
+fn cut_frames_are_answered_with_an_error() {
+    common::init(common::TCP);
+    let server = ServerProc::start(&["--workers", "1"]);
+    let mut c = server.client();
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(Op::Get, id, session);
+    h.key_len = 1;
+    let mut full = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut full);
+    let mut short = [0u8; REQUEST_HEADER_LEN];
+    let short_len = h.encode_short(&mut short);
+    assert_eq!(short_len, 32);
+    let mut foreign = full;
+    foreign[0] ^= 0xff;
+    for (what, frame) in
+        [("40 bytes", &full[..40]), ("a 31-byte short form", &short[..31]), ("a foreign header", &foreign[..])]
+    {
+        let mut frame = frame.to_vec();
+        frame[8..16].copy_from_slice(&c.raw_session().1.to_le_bytes());
+        let started = Instant::now();
+        let (status, message) = c.raw_request(0, &frame, &[], Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::Invalid, "{what}: {message}");
+        assert!(!message.is_empty() && started.elapsed() < Duration::from_secs(5), "{what}: {message}");
+    }
+    c.put(b"k", b"v").unwrap();
 }
