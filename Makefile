@@ -77,7 +77,7 @@ lint: deps
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
 # starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).
 FUZZ_RUNS ?= 10000000
-FUZZ_TARGETS := request_header bootstrap_line fabric_hello gateway_request shard_request
+FUZZ_TARGETS := request_header bootstrap_line fabric_hello gateway_request shard_request ucx_request
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz
 	@rustup toolchain list | grep -q nightly || { echo "make fuzz needs a nightly toolchain: rustup toolchain install nightly"; exit 1; }

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 
 use crate::gateway::pb;
-use crate::proto::bootstrap::{hex_decode, Hello, Welcome};
+use crate::proto::bootstrap::{hex_decode, Challenge, Hello, Proof, Welcome};
 use crate::proto::fabric::{self, RemoteValue};
 use crate::proto::{decode_list_entries, flags, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN};
 use crate::server::service::{Membership, Service};
@@ -35,6 +35,8 @@ pub fn request_header(data: &[u8]) {
 /// The bootstrap's JSON lines (both directions) and the hex addresses they carry.
 pub fn bootstrap_line(data: &[u8]) {
     let _ = serde_json::from_slice::<Hello>(data);
+    let _ = serde_json::from_slice::<Challenge>(data);
+    let _ = serde_json::from_slice::<Proof>(data);
     if let Ok(w) = serde_json::from_slice::<Welcome>(data) {
         for s in &w.shards {
             let _ = fabric::decode_addresses(s);
@@ -103,10 +105,11 @@ pub fn gateway_request(data: &[u8]) {
     }
 }
 
-/// A whole request (header, key, payload as one libfabric message) served by a real
-/// shard: what a hostile client can make a worker do.
-pub fn shard_request(data: &[u8]) {
-    const SESSION: u64 = 0x5e55_1011;
+/// A shard of a cluster member whose keys move (view 3, from "a" to "a" and "b"), with one
+/// client (`SESSION`): what the request targets are served by, once per thread.
+const SESSION: u64 = 0x5e55_1011;
+
+fn with_service(f: impl FnOnce(&mut Service)) {
     thread_local! {
         static SERVICE: RefCell<Option<Service>> = const { RefCell::new(None) };
     }
@@ -124,7 +127,6 @@ pub fn shard_request(data: &[u8]) {
                 std::sync::Arc::new(crate::server::reply_backlog::ReplyBudget::new(u64::MAX)),
             );
             s.sync_membership();
-            // A member of a cluster whose keys move (view 3, from "a" to "a" and "b").
             let role = std::sync::Arc::new(crate::cluster::ServerRole::default());
             role.set(
                 "a",
@@ -142,11 +144,23 @@ pub fn shard_request(data: &[u8]) {
             s.set_cluster_role(role, secret);
             s
         });
-        // Most inputs get the right session so that they reach the store.
+        f(service)
+    });
+}
+
+/// Most inputs get the right session so that they reach the store.
+fn with_session(msg: &mut [u8]) {
+    if msg.len() >= 24 && msg[0] & 1 == 0 {
+        msg[16..24].copy_from_slice(&SESSION.to_le_bytes());
+    }
+}
+
+/// A whole request (header, key, payload as one libfabric message) served by a real
+/// shard: what a hostile client can make a worker do.
+pub fn shard_request(data: &[u8]) {
+    with_service(|service| {
         let mut msg = data.to_vec();
-        if msg.len() >= 24 && msg[0] & 1 == 0 {
-            msg[16..24].copy_from_slice(&SESSION.to_le_bytes());
-        }
+        with_session(&mut msg);
         let mut out = Vec::new();
         let admitted = service
             .admit_message(&msg, SESSION)
@@ -154,6 +168,23 @@ pub fn shard_request(data: &[u8]) {
         if let Ok((header, op, inline, payload)) = admitted {
             let req = crate::server::service::Request { header, op, inline: &inline };
             let _ = service.serve(&req, &payload, &mut out);
+        }
+    });
+}
+
+/// A whole request as UCX hands it to a shard worker: the active message's header (the
+/// first two bytes of the input give its length) and its eager payload, through the UCX
+/// path's admission ([`Service::admit`]) and then served.
+pub fn ucx_request(data: &[u8]) {
+    let Some((len, rest)) = data.split_first_chunk::<2>() else { return };
+    let at = (u16::from_le_bytes(*len) as usize).min(rest.len());
+    let (header, payload) = rest.split_at(at);
+    let mut header = header.to_vec();
+    with_session(&mut header);
+    with_service(|service| {
+        let mut out = Vec::new();
+        if let Ok((req, _client)) = service.admit(&header) {
+            let _ = service.serve(&req, payload, &mut out);
         }
     });
 }

@@ -10,12 +10,13 @@ use remote_dram::fuzz;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("request_header", fuzz::request_header),
     ("bootstrap_line", fuzz::bootstrap_line),
     ("fabric_hello", fuzz::fabric_hello),
     ("gateway_request", fuzz::gateway_request),
     ("shard_request", fuzz::shard_request),
+    ("ucx_request", fuzz::ucx_request),
 ];
 
 /// Random inputs per target in the smoke run.
@@ -226,6 +227,12 @@ fn write_seed_corpus() {
     for (name, bytes) in &requests {
         write("request_header", name, bytes);
         write("shard_request", name, bytes);
+        // Over UCX the header (with an inline key) is the active message's, the rest its payload.
+        if let Ok((h, op)) = RequestHeader::decode(bytes) {
+            let inline = matches!(op, Op::Put | Op::Get | Op::Delete) && h.flags & flags::KEY_IN_PAYLOAD == 0;
+            let at = (h.encoded_len() + if inline { h.key_len as usize } else { 0 }).min(bytes.len());
+            write("ucx_request", name, &[&(at as u16).to_le_bytes()[..], bytes].concat());
+        }
     }
     let mut reply = ReplyHeader::new(9, Status::Ok);
     reply.generation = 3;

@@ -147,6 +147,7 @@ pub fn run(
         None => None,
     };
     let check = TokenCheck(config.token.clone().map(Arc::new));
+    runtime.spawn(give_back_freed_memory(buffered.clone(), connection_places.clone()));
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(io)?;
         ready(listener.local_addr().map_err(io)?, endpoint.as_ref().map(|e| e.local_addr()));
@@ -181,4 +182,24 @@ pub fn run(
             .await
             .map_err(|e| Error::new(Status::Io, format!("gRPC server: {e}")))
     })
+}
+
+/// How often the gateway looks whether memory its clients made it hold was let go.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Hands heap memory back to the system once what clients made the gateway hold (its
+/// `--max-buffered` budget, and connections with their HTTP/2 windows) went down: glibc
+/// may keep freed memory in its heaps for reuse, and then what clients that left streams
+/// half-finished or untaken made the gateway hold would stay resident after they went.
+async fn give_back_freed_memory(buffered: Arc<tokio::sync::Semaphore>, places: Arc<tokio::sync::Semaphore>) {
+    let mut before = (buffered.available_permits(), places.available_permits());
+    loop {
+        tokio::time::sleep(TRIM_EVERY).await;
+        let now = (buffered.available_permits(), places.available_permits());
+        if now.0 > before.0 || now.1 > before.1 {
+            // SAFETY: malloc_trim has no preconditions; it only returns free memory.
+            unsafe { libc::malloc_trim(0) };
+        }
+        before = now;
+    }
 }
