@@ -1246,3 +1246,53 @@ fn etcd_writers_cannot_redirect_or_detach_members() {
         assert_eq!((code, out.as_slice()), (0, &b"v"[..]), "after the placement was {how}: {err}");
     }
 }
+
+/// 58.2: a member SIGKILLed does not lock new clients out. One of three servers (R = 2)
+/// is killed; a client started 0.5 s later, while the dead member is still in the
+/// placement, connects to the others and reads every key at once (from the keys' other
+/// replicas); its writes go through once the placement has moved on without the dead
+/// member (its lease, plus the time to propose).
+#[test]
+fn a_dead_member_locks_no_new_client_out() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("alive");
+    create(&url, 2);
+    let mut servers = vec![member(&url), member(&url), member(&url)];
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (_, members, settled) = placement(&url);
+            settled && members.len() == 3
+        }),
+        "the three members were not placed"
+    );
+    let mut c = client(&url);
+    let keys: Vec<String> = (0..30).map(|i| format!("alive/{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put(k.as_bytes(), &value_of(i)).unwrap();
+    }
+    drop(c);
+    servers[1].kill();
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut fresh = Client::connect(&url, ClientOptions { timeout: Duration::from_secs(5), ..Default::default() })
+        .expect("a new client is locked out by a dead member");
+    for (i, k) in keys.iter().enumerate() {
+        let got = fresh
+            .get(k.as_bytes())
+            .unwrap_or_else(|e| panic!("{k} unreadable {:?} after the kill: {e}", killed.elapsed()));
+        assert_eq!(got.map(|v| v.data), Some(value_of(i)), "{k}");
+    }
+    let read_all = killed.elapsed();
+    for (i, k) in keys.iter().enumerate() {
+        let mut written = false;
+        while !written && killed.elapsed() < Duration::from_millis(TTL_MS) + Duration::from_secs(5) {
+            written = fresh.put(k.as_bytes(), &value_of(i + 1)).is_ok();
+        }
+        assert!(written, "{k} not writable {:?} after the kill", killed.elapsed());
+    }
+    eprintln!("after the kill: every key read by a new client at {read_all:?}, written by {:?}", killed.elapsed());
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(fresh.get(k.as_bytes()).unwrap().map(|v| v.data), Some(value_of(i + 1)), "{k}");
+    }
+}

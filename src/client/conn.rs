@@ -20,6 +20,10 @@ pub struct ServerConn {
     pub node_seed: u64,
     session: u64,
     shards: usize,
+    /// This server's index in the link; None for a cluster member that could not be
+    /// reached when the connection was made (it counts as lost: its keys' other replicas
+    /// serve them, and a reconnect is tried once it answers again).
+    link_index: Option<usize>,
 }
 
 impl ServerConn {
@@ -104,8 +108,21 @@ impl Connection {
         let scope =
             if opts.local_shared_memory && crate::transport::ucx::offers_shared_memory() { here.clone() } else { None };
         let mut all_local = scope.is_some();
+        // In a cluster, a member that does not answer is connected to as lost, so that the
+        // keys whose replicas live are served (and it is tried again once it answers).
+        let mut unreached: Vec<(String, Error)> = Vec::new();
+        let mut reached = Vec::new();
         for addr in addresses {
-            let (welcome, stream) = handshake(addr, opts)?;
+            let (welcome, stream) = match handshake(addr, opts) {
+                Ok(w) => w,
+                Err(e) if lost.is_some() && matches!(e.status, Status::Unavailable | Status::Timeout) => {
+                    tracing::debug!("connecting without cluster member {addr} for now: {}", e.message);
+                    unreached.push((addr.clone(), e));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            reached.push(addr.clone());
             let ip = stream.local_addr()?.ip();
             bootstraps.push(stream);
             if welcomes.iter().any(|w| w.node == welcome.node) {
@@ -126,7 +143,11 @@ impl Connection {
             local_ip.get_or_insert(ip);
             welcomes.push(welcome);
         }
-        let liveness = Liveness::new(bootstraps, addresses.to_vec(), lost.cloned())?;
+        if welcomes.is_empty() {
+            let (_, first) = unreached.into_iter().next().expect("at least one address was tried");
+            return Err(first);
+        }
+        let liveness = Liveness::new(bootstraps, reached, lost.cloned())?;
         let joins = Joins {
             transport: welcomes[0].transport.clone(),
             provider: welcomes[0].provider.clone(),
@@ -151,15 +172,24 @@ impl Connection {
                 ))
             }
         };
-        let servers = welcomes
+        let mut servers = welcomes
             .into_iter()
-            .map(|w| ServerConn {
+            .enumerate()
+            .map(|(i, w)| ServerConn {
                 node_seed: proto::node_seed(&w.node),
                 shards: w.shards.len(),
                 session: w.session,
                 node: w.node,
+                link_index: Some(i),
             })
             .collect::<Vec<_>>();
+        servers.extend(unreached.into_iter().map(|(addr, _)| ServerConn {
+            node_seed: proto::node_seed(&addr),
+            shards: 1,
+            session: 0,
+            node: addr,
+            link_index: None,
+        }));
         let route_seeds = servers.iter().map(|s| s.node_seed).collect();
         let route_to = (0..servers.len()).collect();
         let mut conn = Connection {
@@ -204,16 +234,18 @@ impl Connection {
             bootstraps.push(stream);
         }
         let first = self.servers.len();
+        let linked = self.servers.iter().filter(|s| s.link_index.is_some()).count();
         if let Err(e) = self.link.add_servers(&welcomes, bootstraps, opts.connect_timeout) {
             self.joins.closed = true;
             return Err(e);
         }
-        for w in welcomes {
+        for (j, w) in welcomes.into_iter().enumerate() {
             self.servers.push(ServerConn {
                 node_seed: proto::node_seed(&w.node),
                 shards: w.shards.len(),
                 session: w.session,
                 node: w.node,
+                link_index: Some(linked + j),
             });
         }
         if self.link.round_trip_before_use() {
@@ -229,6 +261,9 @@ impl Connection {
     fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration) -> Result<()> {
         let mut ids = Vec::new();
         for server in first_server..self.servers.len() {
+            if self.servers[server].link_index.is_none() {
+                continue;
+            }
             for shard in 0..self.servers[server].shards {
                 let mut h = RequestHeader::new(proto::Op::Abort, 0, 0);
                 h.ttl_or_limit = u64::MAX;
@@ -292,12 +327,18 @@ impl Connection {
         payload: &[u8],
         receive: Receive,
     ) -> Result<u64> {
+        let Some(linked) = self.servers[server].link_index else {
+            return Err(Error::new(
+                Status::Unavailable,
+                format!("server {} could not be reached when this client connected", self.servers[server].node),
+            ));
+        };
         if shard >= self.servers[server].shards {
             return Err(Error::new(Status::Invalid, format!("no shard {shard}")));
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.link.submit(id, server, shard, header, header_tail, payload, receive)?;
+        self.link.submit(id, linked, shard, header, header_tail, payload, receive)?;
         Ok(id)
     }
 
@@ -323,7 +364,7 @@ impl Connection {
     }
 
     pub fn is_dead(&self, server: usize) -> bool {
-        self.link.is_dead(server)
+        self.servers[server].link_index.is_none_or(|l| self.link.is_dead(l))
     }
 
     pub fn set_spin(&mut self, spin: Duration) {
