@@ -297,6 +297,15 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
         Status::AuthFailed,
         "an import of a value staged in parts"
     );
+    // Refused at the door, it left the value staged: discarded, as a client does.
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(Op::Delete, id, session);
+    h.flags = flags::STAGE;
+    (h.key_len, h.if_not_equal) = (key.len() as u32, stage);
+    let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
+    h.encode((&mut buf[..]).try_into().unwrap());
+    buf.extend_from_slice(key);
+    assert_eq!(c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0, Status::Ok);
     assert_eq!(c.get(key).unwrap(), None);
     let (_, _, stage) = send(&mut c, 0, 3000, 0, &part);
     assert_eq!(send(&mut c, 3000, 3000, stage, &[]).0, Status::Invalid, "a commit of an incomplete value");

@@ -210,13 +210,14 @@ fn garbage_requests_are_refused_and_server_keeps_serving() {
     let mut h = header(&c, Op::Get, 4);
     h.session ^= 1;
     assert_eq!(send_short(&mut c, h, b"keep").0, Status::AuthFailed);
-    // Pure garbage has no request id to answer: nothing comes back, and the server lives on.
+    // Garbage whose bytes 8..16 name a request is answered, so its sender does not wait
+    // out a timeout; the server lives on.
     let junk = pattern(5, 40);
     let id = c.raw_session().1;
     let mut junk_header = junk.clone();
     junk_header[8..16].copy_from_slice(&id.to_le_bytes());
-    let err = c.raw_request(0, &junk_header, &[], Duration::from_millis(500)).unwrap_err();
-    assert_eq!(err.status, Status::Timeout);
+    let (status, message) = c.raw_request(0, &junk_header, &[], Duration::from_secs(10)).unwrap();
+    assert_eq!(status, Status::Invalid, "{message}");
     let mut fresh = server.client();
     assert_eq!(fresh.get(b"keep").unwrap().unwrap().data, b"safe");
 }
@@ -274,75 +275,4 @@ fn hugepages_off_and_on() {
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("nr_hugepages"));
     }
-}
-
-/// A staged value ([`flags::STAGE`], what a cluster client sends a key's other replicas
-/// while its primary takes a write) is seen by no one until it is published under the
-/// generation given; a publish names the session's own staged value, and what a session
-/// staged goes when it is discarded or the session ends.
-#[test]
-fn staged_values_are_unseen_until_published_and_go_with_their_session() {
-    setup();
-    let server = ServerProc::start(&[]);
-    let key = b"staged";
-    let shard = proto::shard_of(key, 2); // ServerProc's two workers
-    let value = pattern(3, 100_000);
-    let send = |c: &mut Client, op: Op, flags: u32, stage: u64, generation: u64, payload: &[u8]| {
-        let (session, id) = c.raw_session();
-        let mut h = RequestHeader::new(op, id, session);
-        h.flags = flags;
-        h.key_len = key.len() as u32;
-        h.if_not_equal = stage;
-        h.if_equal = generation;
-        let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
-        h.encode((&mut buf[..]).try_into().unwrap());
-        buf.extend_from_slice(key);
-        let (status, msg) = c.raw_request(shard, &buf, payload, Duration::from_secs(10)).unwrap();
-        (status, msg, id)
-    };
-    let staged = |c: &mut Client| -> (u64, u64) {
-        let stats = c.stats().unwrap();
-        let s = &stats["servers"][0]["shards"][shard];
-        (s["staged_values"].as_u64().unwrap(), s["staged_bytes"].as_u64().unwrap())
-    };
-    let mut c = server.client();
-    let (status, msg, stage) = send(&mut c, Op::Put, flags::STAGE, 0, 0, &value);
-    assert_eq!(status, Status::Ok, "{msg}");
-    assert!(c.get(key).unwrap().is_none(), "a staged value is not readable");
-    let (n, bytes) = staged(&mut c);
-    assert!(n == 1 && bytes >= value.len() as u64, "{n} values, {bytes} bytes staged");
-
-    // A publish names a staged value of this session, and carries no value itself.
-    assert_eq!(send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage + 1000, 7, &[]).0, Status::Missing);
-    let mut other = server.client();
-    assert_eq!(
-        send(&mut other, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, &[]).0,
-        Status::Missing,
-        "another session's stage"
-    );
-    assert_eq!(send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, b"x").0, Status::Invalid);
-    let (status, msg, _) = send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage, 7, &[]);
-    assert_eq!(status, Status::Ok, "{msg}");
-    let got = c.get(key).unwrap().unwrap();
-    assert_eq!((got.generation, got.data == value), (7, true), "published under the generation given");
-    assert_eq!(staged(&mut c), (0, 0));
-    assert_eq!(send(&mut c, Op::Put, flags::IMPORT | flags::STAGE, stage, 8, &[]).0, Status::Missing, "published once");
-
-    // Discarded, and freed with the session that staged it.
-    let (_, _, stage) = send(&mut c, Op::Put, flags::STAGE, 0, 0, &value);
-    assert_eq!(staged(&mut c).0, 1);
-    assert_eq!(send(&mut c, Op::Delete, flags::STAGE, stage, 0, &[]).0, Status::Ok);
-    assert_eq!(staged(&mut c), (0, 0));
-    assert_eq!(c.get(key).unwrap().unwrap().generation, 7, "a discard leaves the key alone");
-    let (status, _, _) = send(&mut other, Op::Put, flags::STAGE, 0, 0, &value);
-    assert_eq!(status, Status::Ok);
-    assert_eq!(staged(&mut c).0, 1);
-    drop(other);
-    assert!(
-        wait_until(Duration::from_secs(10), || staged(&mut c) == (0, 0)),
-        "a departed session's staged value is freed: {:?}",
-        staged(&mut c)
-    );
-    c.delete(key).unwrap();
-    assert_eq!(c.stats().unwrap()["used_bytes"].as_u64(), Some(0), "nothing staged or stored is left");
 }

@@ -26,6 +26,7 @@ os.environ["UCX_NET_DEVICES"] = "lo"
 # Cluster members (`--cluster`) read the secret they share from here.
 _SECRET = pathlib.Path(tempfile.gettempdir()) / f"rdram-test-cluster-secret-{os.getpid()}"
 _SECRET.write_text("a cluster secret for these tests\n")
+_SECRET.chmod(0o600)
 os.environ["RDRAM_CLUSTER_SECRET_FILE"] = str(_SECRET)
 if TRANSPORT.startswith("fabric:"):
     PROVIDER = TRANSPORT.removeprefix("fabric:")

@@ -295,24 +295,22 @@ impl Client {
 
     pub(super) fn read_for_copy(&mut self, key: &[u8], flag: u32) -> Result<Option<(Vec<u8>, u64, u64)>> {
         check_key(key)?;
-        let mut h = RequestHeader::new(Op::Get, 0, 0);
-        h.flags |= flag;
-        if flag == flags::MIGRATE {
-            h.set_ticket(&self.member_ticket(key, Grant::Hold)?);
-        }
-        let reply = self.call_key(key, h, &[])?;
-        match reply.header.status() {
-            Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
-            Status::Missing => Ok(None),
-            s => Err(error_of(s, &reply)),
-        }
+        let h = self.read_for_copy_header(key, flag == flags::MIGRATE)?;
+        copied_value(self.call_key(key, h, &[])?)
     }
 
-    /// Handover or copy, second step (on the key's new replica): stores the value under
-    /// the generation and TTL it had, unless the key holds that generation or a newer one.
-    #[doc(hidden)]
-    pub fn handover_import(&mut self, key: &[u8], value: &[u8], generation: u64, ttl_ms: u64) -> Result<()> {
-        check_key(key)?;
+    fn read_for_copy_header(&self, key: &[u8], hold: bool) -> Result<RequestHeader> {
+        let mut h = RequestHeader::new(Op::Get, 0, 0);
+        if hold {
+            h.flags |= flags::MIGRATE;
+            h.set_ticket(&self.member_ticket(key, Grant::Hold)?);
+        } else {
+            h.flags |= flags::IMPORT;
+        }
+        Ok(h)
+    }
+
+    fn import_header(&self, key: &[u8], len: usize, generation: u64, ttl_ms: u64) -> Result<RequestHeader> {
         let mut h = RequestHeader::new(Op::Put, 0, 0);
         h.flags |= flags::IMPORT;
         h.if_equal = generation;
@@ -320,7 +318,101 @@ impl Client {
             h.flags |= flags::HAS_TTL;
             h.ttl_or_limit = ttl_ms;
         }
-        h.set_ticket(&self.member_ticket(key, Grant::Put { generation, len: value.len() as u64, ttl_ms })?);
+        h.set_ticket(&self.member_ticket(key, Grant::Put { generation, len: len as u64, ttl_ms })?);
+        Ok(h)
+    }
+
+    fn end_hold_header(&self, key: &[u8], generation: u64) -> Result<RequestHeader> {
+        let mut h = RequestHeader::new(Op::Delete, 0, 0);
+        h.flags |= flags::MIGRATE | flags::IF_EQUAL;
+        h.if_equal = generation;
+        h.set_ticket(&self.member_ticket(key, Grant::EndHold { generation })?);
+        Ok(h)
+    }
+
+    /// [`Client::handover_get`] (`true`) or [`Client::copy_get`] of many keys (each at
+    /// most `INLINE_KEY_MAX` bytes), up to `depth` in flight: a mover's reads.
+    #[doc(hidden)]
+    pub fn read_for_copy_many(
+        &mut self,
+        keys: &[(&[u8], bool)],
+        depth: usize,
+    ) -> Vec<Result<Option<(Vec<u8>, u64, u64)>>> {
+        let headers: Vec<_> = keys.iter().map(|&(key, hold)| self.read_for_copy_header(key, hold)).collect();
+        let replies = self.member_pipelined(keys.len(), depth, |i| Ok((headers[i].clone()?, keys[i].0, &[][..])));
+        replies.into_iter().map(|r| copied_value(r?)).collect()
+    }
+
+    /// [`Client::handover_import`] of many (key, value, generation, TTL), up to `depth` in
+    /// flight: a mover's copies.
+    #[doc(hidden)]
+    pub fn handover_import_many(&mut self, items: &[(&[u8], &[u8], u64, u64)], depth: usize) -> Vec<Result<()>> {
+        let headers: Vec<_> = items.iter().map(|&(k, v, g, ttl)| self.import_header(k, v.len(), g, ttl)).collect();
+        let replies = self.member_pipelined(items.len(), depth, |i| Ok((headers[i].clone()?, items[i].0, items[i].1)));
+        replies
+            .into_iter()
+            .map(|r| {
+                let reply = r?;
+                match reply.header.status() {
+                    Status::Ok => Ok(()),
+                    s => Err(error_of(s, &reply)),
+                }
+            })
+            .collect()
+    }
+
+    /// [`Client::handover_delete`] of many (key, generation), up to `depth` in flight.
+    #[doc(hidden)]
+    pub fn handover_delete_many(&mut self, items: &[(&[u8], u64)], depth: usize) -> Vec<Result<bool>> {
+        let headers: Vec<_> = items.iter().map(|&(k, g)| self.end_hold_header(k, g)).collect();
+        let replies = self.member_pipelined(items.len(), depth, |i| Ok((headers[i].clone()?, items[i].0, &[][..])));
+        replies.into_iter().map(|r| ended_hold(r?)).collect()
+    }
+
+    /// Sends `n` of a cluster server's own requests (header, key, payload each; keys of at
+    /// most `INLINE_KEY_MAX` bytes) with up to `depth` in flight, each to its key's server
+    /// on this connection; the replies, in order.
+    fn member_pipelined<'a>(
+        &mut self,
+        n: usize,
+        depth: usize,
+        item: impl Fn(usize) -> Result<(RequestHeader, &'a [u8], &'a [u8])>,
+    ) -> Vec<Result<Reply>> {
+        if let Err(e) = self.live() {
+            return (0..n).map(|_| Err(e.clone())).collect();
+        }
+        let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
+        let mut in_flight = std::collections::VecDeque::new();
+        for i in 0..n {
+            if in_flight.len() == depth.max(1) {
+                let (j, id) = in_flight.pop_front().unwrap();
+                results[j] = Some(self.conn.wait(id));
+            }
+            let submitted = item(i).and_then(|(h, key, payload)| {
+                check_key(key)?;
+                if key.len() > INLINE_KEY_MAX {
+                    return Err(Error::new(Status::Invalid, format!("batches take keys up to {INLINE_KEY_MAX} bytes")));
+                }
+                let server = self.conn.route(key).0;
+                self.submit_key(key, h, payload, Receive::Owned, server)
+            });
+            match submitted {
+                Ok(id) => in_flight.push_back((i, id)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (j, id) in in_flight {
+            results[j] = Some(self.conn.wait(id));
+        }
+        results.into_iter().map(|r| r.unwrap()).collect()
+    }
+
+    /// Handover or copy, second step (on the key's new replica): stores the value under
+    /// the generation and TTL it had, unless the key holds that generation or a newer one.
+    #[doc(hidden)]
+    pub fn handover_import(&mut self, key: &[u8], value: &[u8], generation: u64, ttl_ms: u64) -> Result<()> {
+        check_key(key)?;
+        let h = self.import_header(key, value.len(), generation, ttl_ms)?;
         let reply = self.call_put(key, value, h)?;
         match reply.header.status() {
             Status::Ok => Ok(()),
@@ -333,16 +425,8 @@ impl Client {
     #[doc(hidden)]
     pub fn handover_delete(&mut self, key: &[u8], generation: u64) -> Result<bool> {
         check_key(key)?;
-        let mut h = RequestHeader::new(Op::Delete, 0, 0);
-        h.flags |= flags::MIGRATE | flags::IF_EQUAL;
-        h.if_equal = generation;
-        h.set_ticket(&self.member_ticket(key, Grant::EndHold { generation })?);
-        let reply = self.call_key(key, h, &[])?;
-        match reply.header.status() {
-            Status::Ok => Ok(true),
-            Status::ConditionFailed => Ok(false),
-            s => Err(error_of(s, &reply)),
-        }
+        let h = self.end_hold_header(key, generation)?;
+        ended_hold(self.call_key(key, h, &[])?)
     }
 
     /// A cluster server's own ticket for `grant` on `key`, made with the secret in its
@@ -352,5 +436,23 @@ impl Client {
             Error::new(Status::AuthFailed, "copies and handovers between servers need the cluster's secret")
         })?;
         Ok(secret.ticket(key, grant))
+    }
+}
+
+/// A copy read's value, generation and TTL left (ms); None when the key is gone.
+fn copied_value(reply: Reply) -> Result<Option<(Vec<u8>, u64, u64)>> {
+    match reply.header.status() {
+        Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
+        Status::Missing => Ok(None),
+        s => Err(error_of(s, &reply)),
+    }
+}
+
+/// Whether a handover's end deleted the key (false: a write went ahead).
+fn ended_hold(reply: Reply) -> Result<bool> {
+    match reply.header.status() {
+        Status::Ok => Ok(true),
+        Status::ConditionFailed => Ok(false),
+        s => Err(error_of(s, &reply)),
     }
 }

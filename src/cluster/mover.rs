@@ -1,6 +1,7 @@
 //! A cluster member's mover: while keys move to a new placement, it copies each key this
-//! server is the first live replica of to the replicas the key gains under `next`, one
-//! key at a time, through the real transport and the cluster's token like any client,
+//! server is the first live replica of to the replicas the key gains under `next`, in
+//! batches of many keys with [`DEPTH`] requests in flight (at most [`BATCH_BYTES`] held),
+//! through the real transport and the cluster's token like any client,
 //! preserving generation and TTL ([`Client::handover_import`], which never replaces a
 //! newer value: clients copy their writes to those replicas too while keys move).
 //!
@@ -26,6 +27,23 @@ use tracing::{info, warn};
 use super::{MoveReport, Registration, Routing, ServerRole};
 use crate::client::{Client, ClientOptions, KeyRange};
 use crate::error::Result;
+use crate::proto::INLINE_KEY_MAX;
+
+/// A key a pass moves: handed over to its new owner (R = 1), or copied to the replicas
+/// it gains.
+struct Move {
+    key: Vec<u8>,
+    to: Vec<String>,
+    hand_over: bool,
+}
+
+/// Values one batch of a pass reads before it writes them: what the mover holds at once.
+const BATCH_BYTES: u64 = 64 << 20;
+/// Keys in one batch, at most.
+const BATCH_KEYS: usize = 512;
+/// Requests a batch keeps in flight per connection: the mover moves at the link's speed,
+/// not at one round trip per key.
+const DEPTH: usize = 32;
 
 /// How often the mover looks for a placement to move keys for, and reports progress.
 const POLL: Duration = Duration::from_millis(50);
@@ -260,35 +278,49 @@ impl Work {
         let live: Vec<String> = self.registration.state().members.into_iter().map(|m| m.address).collect();
         let me = self.cfg.me.clone();
         let mut cursor = None;
+        let mut batch: Vec<Move> = Vec::new();
+        let mut batch_bytes = 0;
         loop {
             let (page, more) = self.own_client()?.list_page(&KeyRange::default(), cursor.as_ref())?;
-            for entry in page {
-                if self.stop.load(Ordering::SeqCst) || self.role.version() != version {
-                    return Ok(Pass { interrupted: true, ..pass });
-                }
+            let last_page = more.is_none();
+            let page_len = page.len();
+            for (i, entry) in page.into_iter().enumerate() {
                 let key = &entry.key;
-                let moved = if routing.placement.replicas <= 1 {
+                let due = if routing.placement.replicas <= 1 {
                     // Whatever is here goes to its owner under `next`.
                     match routing.next_owner(key) {
-                        Some(owner) if owner != me => self.hand_over(key, owner.to_string())?,
-                        _ => continue,
+                        Some(owner) if owner != me => {
+                            Some(Move { key: entry.key.clone(), to: vec![owner.to_string()], hand_over: true })
+                        }
+                        _ => None,
                     }
                 } else {
                     let now = routing.replicas(key);
                     // The first live replica copies; the others leave it be, and a copy no
                     // longer needed goes once the placement moved on.
-                    if now.iter().find(|m| live.iter().any(|l| l == *m)) != Some(&me.as_str()) {
-                        continue;
-                    }
+                    let first_live = now.iter().find(|m| live.iter().any(|l| l == *m));
                     let gaining: Vec<String> =
                         routing.next_replicas(key).into_iter().filter(|m| !now.contains(m)).map(String::from).collect();
-                    if gaining.is_empty() {
-                        continue;
-                    }
-                    self.copy(key, &gaining)?
+                    (first_live == Some(&me.as_str()) && !gaining.is_empty()).then(|| Move {
+                        key: entry.key.clone(),
+                        to: gaining,
+                        hand_over: false,
+                    })
                 };
-                pass.bytes += moved;
-                pass.keys += 1;
+                if let Some(m) = due {
+                    batch_bytes += entry.size;
+                    batch.push(m);
+                }
+                let page_done = i + 1 == page_len && last_page;
+                if batch.is_empty() || !(page_done || batch.len() >= BATCH_KEYS || batch_bytes >= BATCH_BYTES) {
+                    continue;
+                }
+                if self.stop.load(Ordering::SeqCst) || self.role.version() != version {
+                    return Ok(Pass { interrupted: true, ..pass });
+                }
+                let (keys, bytes) = self.move_batch(&batch)?;
+                (batch_bytes, pass.keys, pass.bytes) = (0, pass.keys + keys, pass.bytes + bytes);
+                batch.clear();
                 self.pace(pass.bytes, started);
                 if last_report.elapsed() >= REPORT_EVERY {
                     let _ = self.registration.report_moves(&self.report_base(epoch, next, &pass, started));
@@ -297,9 +329,64 @@ impl Work {
             }
             match more {
                 Some(c) => cursor = Some(c),
-                None => return Ok(pass),
+                None if batch.is_empty() => return Ok(pass),
+                None => {
+                    let (keys, bytes) = self.move_batch(&batch)?;
+                    return Ok(Pass { keys: pass.keys + keys, bytes: pass.bytes + bytes, ..pass });
+                }
             }
         }
+    }
+
+    /// Moves a batch of keys: reads them all here (holding those handed over), then writes
+    /// each target's share, then ends the handovers, each step pipelined. Keys longer than
+    /// batches take go one at a time. The keys and bytes moved (a key gone meanwhile is not).
+    fn move_batch(&mut self, batch: &[Move]) -> Result<(u64, u64)> {
+        let (mut keys, mut bytes) = (0, 0);
+        for m in batch.iter().filter(|m| m.key.len() > INLINE_KEY_MAX) {
+            let moved = if m.hand_over { self.hand_over(&m.key, m.to[0].clone())? } else { self.copy(&m.key, &m.to)? };
+            keys += u64::from(moved > 0);
+            bytes += moved;
+        }
+        let batch: Vec<&Move> = batch.iter().filter(|m| m.key.len() <= INLINE_KEY_MAX).collect();
+        let reads: Vec<(&[u8], bool)> = batch.iter().map(|m| (&m.key[..], m.hand_over)).collect();
+        let mut read = Vec::with_capacity(batch.len());
+        for r in self.own_client()?.read_for_copy_many(&reads, DEPTH) {
+            read.push(r?);
+        }
+        let mut targets: Vec<&String> = batch.iter().flat_map(|m| &m.to).collect();
+        targets.sort();
+        targets.dedup();
+        for target in targets {
+            let items: Vec<(&[u8], &[u8], u64, u64)> = batch
+                .iter()
+                .zip(&read)
+                .filter(|(m, _)| m.to.contains(target))
+                .filter_map(|(m, r)| {
+                    r.as_ref().map(|(value, generation, ttl)| (&m.key[..], &value[..], *generation, *ttl))
+                })
+                .collect();
+            for r in self.owner(target)?.handover_import_many(&items, DEPTH) {
+                r?;
+            }
+        }
+        // Not deleted when the key was rewritten meanwhile (its hold lapsed): the next
+        // pass hands the newer value over.
+        let ends: Vec<(&[u8], u64)> = batch
+            .iter()
+            .zip(&read)
+            .filter(|(m, _)| m.hand_over)
+            .filter_map(|(m, r)| r.as_ref().map(|(_, generation, _)| (&m.key[..], *generation)))
+            .collect();
+        for r in self.own_client()?.handover_delete_many(&ends, DEPTH) {
+            r?;
+        }
+        for (value, _, _) in read.iter().flatten() {
+            self.count(value.len());
+            keys += 1;
+            bytes += value.len() as u64;
+        }
+        Ok((keys, bytes))
     }
 
     fn owner(&mut self, address: &str) -> Result<&mut Client> {

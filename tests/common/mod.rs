@@ -52,6 +52,7 @@ pub fn init(transport: &str) {
         // Cluster members (`--cluster`) read the secret they share from here.
         let secret = std::env::temp_dir().join(format!("rdram-test-cluster-secret-{}", std::process::id()));
         std::fs::write(&secret, "a cluster secret for these tests\n").unwrap();
+        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         std::env::set_var("RDRAM_CLUSTER_SECRET_FILE", &secret);
         match transport.strip_prefix("fabric:") {
             Some(provider) => {
