@@ -1097,7 +1097,8 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
     let g1 = c.put(key, b"given by the primary").unwrap();
     let forged = [0x5a; 16];
     for server in &servers {
-        let attempts: Vec<(&str, Op, &[u8], Box<dyn Fn(&mut remote_dram::proto::RequestHeader)>)> = vec![
+        type Attempt<'a> = (&'a str, Op, &'a [u8], Box<dyn Fn(&mut remote_dram::proto::RequestHeader)>);
+        let attempts: Vec<Attempt> = vec![
             (
                 "import of u64::MAX",
                 Op::Put,
@@ -1258,7 +1259,7 @@ fn a_dead_member_locks_no_new_client_out() {
     let etcd = Etcd::start();
     let url = etcd.url("alive");
     create(&url, 2);
-    let mut servers = vec![member(&url), member(&url), member(&url)];
+    let mut servers = [member(&url), member(&url), member(&url)];
     assert!(
         wait_until(Duration::from_secs(10), || {
             let (_, members, settled) = placement(&url);

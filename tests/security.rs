@@ -618,7 +618,8 @@ fn a_server_outside_a_cluster_takes_no_frame_only_members_send() {
     let server = ServerProc::start(&["--workers", "1"]);
     let mut c = server.client();
     let g1 = c.put(b"k", b"mine").unwrap();
-    let frames: [(&str, Op, &[u8], &dyn Fn(&mut RequestHeader)); 6] = [
+    type Frame<'a> = (&'a str, Op, &'a [u8], &'a dyn Fn(&mut RequestHeader));
+    let frames: [Frame; 6] = [
         ("import of u64::MAX", Op::Put, b"forged", &|h| {
             h.flags |= flags::IMPORT;
             h.if_equal = u64::MAX;

@@ -333,11 +333,7 @@ impl Client {
     /// [`Client::handover_get`] (`true`) or [`Client::copy_get`] of many keys (each at
     /// most `INLINE_KEY_MAX` bytes), up to `depth` in flight: a mover's reads.
     #[doc(hidden)]
-    pub fn read_for_copy_many(
-        &mut self,
-        keys: &[(&[u8], bool)],
-        depth: usize,
-    ) -> Vec<Result<Option<(Vec<u8>, u64, u64)>>> {
+    pub fn read_for_copy_many(&mut self, keys: &[(&[u8], bool)], depth: usize) -> Vec<Result<Option<CopiedValue>>> {
         let headers: Vec<_> = keys.iter().map(|&(key, hold)| self.read_for_copy_header(key, hold)).collect();
         let replies = self.member_pipelined(keys.len(), depth, |i| Ok((headers[i].clone()?, keys[i].0, &[][..])));
         replies.into_iter().map(|r| copied_value(r?)).collect()
@@ -439,8 +435,11 @@ impl Client {
     }
 }
 
-/// A copy read's value, generation and TTL left (ms); None when the key is gone.
-fn copied_value(reply: Reply) -> Result<Option<(Vec<u8>, u64, u64)>> {
+/// A value read to be copied: its bytes, generation and TTL left (ms, 0: none).
+pub type CopiedValue = (Vec<u8>, u64, u64);
+
+/// A copy read's value; None when the key is gone.
+fn copied_value(reply: Reply) -> Result<Option<CopiedValue>> {
     match reply.header.status() {
         Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
         Status::Missing => Ok(None),
