@@ -222,9 +222,11 @@ fn refused_handshakes_are_counted_by_reason() {
     }
     // The client without a token is refused; the one with a wrong token gives up itself on
     // the server's proof, before proving anything: the server sees its handshake end.
-    let text = http_get(&url);
-    assert!(text.contains("rdram_handshakes_total{outcome=\"refused\",reason=\"auth\"} 1"), "{text}");
-    assert!(text.contains("rdram_handshakes_total{outcome=\"failed\",reason=\"\"} 1"), "{text}");
+    let counted = |text: &str| {
+        text.contains("rdram_handshakes_total{outcome=\"refused\",reason=\"auth\"} 1")
+            && text.contains("rdram_handshakes_total{outcome=\"failed\",reason=\"\"} 1")
+    };
+    assert!(common::wait_until(std::time::Duration::from_secs(5), || counted(&http_get(&url))), "{}", http_get(&url));
 }
 
 /// `rdram top` in a real terminal (a tmux pane), over a two-server cluster: the table
