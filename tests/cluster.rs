@@ -1055,28 +1055,6 @@ impl EtcdKv {
     }
 }
 
-/// A hand-made request to one server (a client of that server alone, as any token holder
-/// can make): its status and message.
-fn raw(
-    server: &str,
-    op: remote_dram::proto::Op,
-    key: &[u8],
-    value: &[u8],
-    edit: impl Fn(&mut remote_dram::proto::RequestHeader),
-) -> (remote_dram::Status, String) {
-    use remote_dram::proto::{RequestHeader, REQUEST_HEADER_LEN};
-    let mut c = Client::connect(server, ClientOptions::default()).unwrap();
-    let (session, id) = c.raw_session();
-    let mut h = RequestHeader::new(op, id, session);
-    h.key_len = key.len() as u32;
-    edit(&mut h);
-    let mut fixed = [0u8; REQUEST_HEADER_LEN];
-    h.encode(&mut fixed);
-    let mut frame = fixed.to_vec();
-    frame.extend_from_slice(key);
-    c.raw_request(0, &frame, value, Duration::from_secs(10)).unwrap()
-}
-
 /// An ordinary client (it has the token) sends replica frames by hand to a key's replica in
 /// an R = 2 cluster: imports of a made-up generation (u64::MAX among them), with no ticket
 /// or a forged one, an import of a delete, a handover hold and a staged value published
@@ -1139,7 +1117,7 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
             ),
         ];
         for (what, op, value, edit) in attempts {
-            let (status, message) = raw(&server.addr, op, key, value, edit);
+            let (status, message) = common::raw_request(&server.addr, op, key, value, edit);
             assert_eq!(status, Status::AuthFailed, "{what} on {}: {message}", server.addr);
             assert!(message.contains("ticket"), "{what}: {message}");
         }

@@ -589,24 +589,6 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
     }
 }
 
-/// A hand-made request to `server`'s shard 0 from a client of its own: status and message.
-fn raw_frame(
-    server: &ServerProc,
-    op: Op,
-    key: &[u8],
-    value: &[u8],
-    edit: impl Fn(&mut RequestHeader),
-) -> (Status, String) {
-    let mut c = server.client();
-    let (session, id) = c.raw_session();
-    let mut h = RequestHeader::new(op, id, session);
-    h.key_len = key.len() as u32;
-    edit(&mut h);
-    let mut fixed = [0u8; REQUEST_HEADER_LEN];
-    h.encode(&mut fixed);
-    c.raw_request(0, &[&fixed[..], key].concat(), value, Duration::from_secs(10)).unwrap()
-}
-
 /// 57.1: a server in no cluster takes no frame that only members send: imports (of a put,
 /// with u64::MAX; of a delete), a replica's staged copy and its publish, and handover
 /// holds. Each is refused and changes nothing: the key keeps its value and generation, and
@@ -641,7 +623,7 @@ fn a_server_outside_a_cluster_takes_no_frame_only_members_send() {
         }),
     ];
     for (what, op, value, edit) in frames {
-        let (status, message) = raw_frame(&server, op, b"k", value, edit);
+        let (status, message) = common::raw_request(&server.addr, op, b"k", value, edit);
         assert_eq!(status, Status::AuthFailed, "{what}: {message}");
         assert!(message.contains("members of a cluster"), "{what}: {message}");
     }

@@ -290,3 +290,24 @@ pub fn list_without_reading(client: &mut Client, shard: usize) {
     h.encode(&mut buf);
     client.raw_submit(shard, &buf, &[]).unwrap();
 }
+
+/// A hand-made request (header from `edit`, the key inline, `value` as payload) to shard 0
+/// of the server at `addr`, from a client of its own, as any token holder can send: the
+/// status and message of the answer.
+pub fn raw_request(
+    addr: &str,
+    op: remote_dram::proto::Op,
+    key: &[u8],
+    value: &[u8],
+    edit: impl Fn(&mut remote_dram::proto::RequestHeader),
+) -> (remote_dram::Status, String) {
+    use remote_dram::proto::{RequestHeader, REQUEST_HEADER_LEN};
+    let mut c = Client::connect(addr, options()).unwrap();
+    let (session, id) = c.raw_session();
+    let mut h = RequestHeader::new(op, id, session);
+    h.key_len = key.len() as u32;
+    edit(&mut h);
+    let mut fixed = [0u8; REQUEST_HEADER_LEN];
+    h.encode(&mut fixed);
+    c.raw_request(0, &[&fixed[..], key].concat(), value, Duration::from_secs(10)).unwrap()
+}
