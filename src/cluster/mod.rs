@@ -586,6 +586,8 @@ pub struct Registration {
     member: Arc<Mutex<Member>>,
     lease: Arc<AtomicI64>,
     secret: ClusterSecret,
+    /// This member's connection to etcd for its own writes (a handle on a shared channel).
+    etcd: etcd_client::Client,
     /// Whether the last exchange with etcd succeeded (for logs and metrics).
     pub etcd_reachable: Arc<AtomicBool>,
     /// The cluster's state as last read.
@@ -640,6 +642,8 @@ impl Registration {
             })
         }
         .map_err(|e| Error::new(Status::Internal, format!("cannot start the lease clock: {e}")))?;
+        // One connection to etcd serves this member's own writes (draining, reports, leaving).
+        let etcd = client.clone();
         let task = KeepAlive {
             client,
             url: url.clone(),
@@ -703,6 +707,7 @@ impl Registration {
         }
         Ok(Registration {
             secret,
+            etcd,
             runtime: Mutex::new(Some(runtime)),
             url: url.clone(),
             member: record,
@@ -729,8 +734,8 @@ impl Registration {
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.members_prefix() + &member.address;
         let value = member.sealed(&self.secret, id);
+        let mut client = self.etcd.clone();
         self.block_on(async move {
-            let mut client = connect(&url).await?;
             client
                 .put(key, value, Some(PutOptions::new().with_lease(id)))
                 .await
@@ -744,8 +749,8 @@ impl Registration {
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.move_key(&self.address());
         let value = serde_json::to_vec(report).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        let mut client = self.etcd.clone();
         self.block_on(async move {
-            let mut client = connect(&url).await?;
             client
                 .put(key, value, Some(PutOptions::new().with_lease(id)))
                 .await
@@ -780,8 +785,8 @@ impl Registration {
         let Some(runtime) = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let drain_key = url.drain_key(&self.address());
+        let mut client = self.etcd.clone();
         let revoked = runtime.block_on(async {
-            let mut client = connect(&url).await?;
             let _ = client.delete(drain_key, None).await;
             client.lease_revoke(id).await.map_err(|e| etcd_error(&url, "cannot revoke the lease", e))
         });

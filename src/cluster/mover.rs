@@ -248,7 +248,18 @@ impl Work {
     fn seal(&mut self, done: &MoveReport, version: u64) -> Result<()> {
         let stats = self.own_client()?.stats()?;
         let shards = stats["servers"].as_array().into_iter().flatten().flat_map(|s| s["shards"].as_array()).flatten();
-        let last_generation = shards.filter_map(|s| s["last_generation"].as_u64()).max().unwrap_or(0);
+        // Every shard's, or no report: a floor too low would let the next epoch's primaries
+        // give out generations this server gave already.
+        let last_generation = shards
+            .map(|s| s["last_generation"].as_u64())
+            .try_fold(None, |most: Option<u64>, g| g.map(|g| Some(most.map_or(g, |m| m.max(g)))))
+            .flatten()
+            .ok_or_else(|| {
+                crate::error::Error::new(
+                    crate::error::Status::Internal,
+                    "this server's statistics do not give every shard's last generation; not sealing",
+                )
+            })?;
         let report = MoveReport { sealed_version: version, last_generation, ..done.clone() };
         self.registration.report_moves(&report)?;
         info!(
