@@ -6,7 +6,7 @@ use std::time::Duration;
 // Handshakes on the bootstrap port (bootstrap.rs)
 
 /// The whole handshake (both of the client's lines in, ours out) must fit in this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Handshakes in progress at once (one short-lived thread each).
 pub const MAX_HANDSHAKES: usize = 64;
