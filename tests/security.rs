@@ -291,7 +291,7 @@ fn empty_tokens_refuse_to_start_and_loose_token_files_warn() {
 fn bootstrap_has_a_deadline_and_a_client_limit() {
     common::init(common::TCP);
     let server = ServerProc::start(&["--workers", "1", "--max-clients", "2"]);
-    // One byte every 500 ms: the whole handshake must end within its 5 s deadline.
+    // One byte every 500 ms: the whole handshake must end within its 3 s deadline.
     let mut slow = TcpStream::connect(&server.addr).unwrap();
     let started = Instant::now();
     let line = br#"{"magic":"remote_dram","version":2,"token":null}"#;
