@@ -1,0 +1,133 @@
+//! Following a cluster's state: a watch on its prefix, the whole state read again after
+//! each change, and which members are live.
+
+use super::etcd::{connect, etcd_error, propose, read_state};
+use super::*;
+
+/// What a follower does with each state it reads; a placement it returns is proposed.
+pub(super) type OnState = Box<dyn FnMut(&ClusterState) -> Option<Placement> + Send>;
+
+/// Follows a cluster's state: watches its prefix and reads the whole state again after
+/// each change (a handful of keys), so that what it hands on is always one etcd
+/// revision's; proposes the placements its handler says are due.
+pub(super) struct Follower {
+    pub(super) client: etcd_client::Client,
+    pub(super) url: ClusterUrl,
+    pub(super) on_state: OnState,
+    /// What goes on while etcd is unreachable, for the log.
+    pub(super) what: &'static str,
+    pub(super) members: Members,
+}
+
+/// Which servers are live: those whose lease is. A record in etcd is taken when it is
+/// under a lease and (for servers, who hold the cluster's secret) its seal holds for that
+/// lease; others are ignored, with one warning each. A record that went (deleted, or
+/// rewritten off its lease or seal) while the lease of the one last taken lives still
+/// counts, as that record: whoever may write to etcd cannot take a live server out of
+/// the placement, and the server puts its record back.
+#[derive(Default)]
+pub(super) struct Members {
+    secret: Option<ClusterSecret>,
+    /// The records last taken, by address.
+    taken: BTreeMap<String, Member>,
+    warned: std::collections::HashSet<(String, i64, String)>,
+}
+
+impl Members {
+    pub(super) fn checked_with(secret: ClusterSecret) -> Members {
+        Members { secret: Some(secret), ..Default::default() }
+    }
+
+    /// Replaces `state.members` with the live servers' records.
+    async fn settle(&mut self, client: &mut etcd_client::Client, state: &mut ClusterState) {
+        let mut live: BTreeMap<String, Member> = BTreeMap::new();
+        for m in std::mem::take(&mut state.members) {
+            let why = match &self.secret {
+                Some(secret) => m.distrust(secret),
+                None => (m.lease == 0).then_some("it is attached to no lease"),
+            };
+            match why {
+                None => drop(live.insert(m.address.clone(), m)),
+                Some(why) => {
+                    if self.warned.insert((m.address.clone(), m.lease, m.seal.clone())) {
+                        warn!("cluster: ignoring the member record of {} in etcd: {why}", m.address);
+                    }
+                }
+            }
+        }
+        for (address, m) in &self.taken {
+            if live.contains_key(address) {
+                continue;
+            }
+            let lives = client.lease_time_to_live(m.lease, None).await.is_ok_and(|r| r.ttl() > 0);
+            if lives {
+                live.insert(address.clone(), m.clone());
+                state.stood_in.push(address.clone());
+            }
+        }
+        state.members = live.values().cloned().collect();
+        self.taken = live;
+    }
+}
+
+impl Follower {
+    pub(super) async fn run(mut self) {
+        let mut warned = false;
+        loop {
+            let failure = self.follow().await;
+            if !warned {
+                warn!("cluster {}: etcd unreachable ({}); {}", self.url, failure.message, self.what);
+                warned = true;
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+            if let Ok(client) = connect(&self.url).await {
+                self.client = client;
+            }
+        }
+    }
+
+    /// Reads the state and hands it on, proposing what is due, until it reads a state
+    /// that asks for nothing more; returns the revision read.
+    async fn settle(&mut self) -> Result<i64> {
+        loop {
+            let mut state = read_state(&mut self.client, &self.url).await?;
+            self.members.settle(&mut self.client, &mut state).await;
+            match (self.on_state)(&state) {
+                Some(proposed) => {
+                    if state.placement.is_none() && state.placement_revision != 0 {
+                        // Writing back over a placement someone made unreadable: not in a
+                        // tight loop if they keep at it.
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                    propose(&mut self.client, &self.url, &state, &proposed).await?;
+                }
+                None => return Ok(state.revision),
+            }
+        }
+    }
+
+    async fn follow(&mut self) -> Error {
+        let revision = match self.settle().await {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let (_watcher, mut events) = match self.client.watch(self.url.prefix(), Some(options)).await {
+            Ok(w) => w,
+            Err(e) => return etcd_error(&self.url, "cannot watch the cluster", e),
+        };
+        loop {
+            match events.message().await {
+                Ok(Some(reply)) if reply.canceled() => return etcd_error(&self.url, "watch", "canceled"),
+                Ok(Some(reply)) if reply.events().is_empty() => {}
+                Ok(Some(_)) => {
+                    if let Err(e) = self.settle().await {
+                        return e;
+                    }
+                }
+                Ok(None) => return etcd_error(&self.url, "watch", "stream ended"),
+                Err(e) => return etcd_error(&self.url, "watch", e),
+            }
+        }
+    }
+}

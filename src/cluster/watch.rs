@@ -1,0 +1,129 @@
+//! What clients and tools route on: a cluster's placement followed by a watch, and the
+//! servers whose leases lapsed.
+
+use super::etcd::{connect, read_state, runtime};
+use super::follower::{Follower, Members};
+use super::*;
+
+/// A cluster's placement as etcd says it is now, followed by a background watch.
+/// [`Watch::revision`] is one atomic load: callers compare it with the revision of the
+/// view they route on.
+pub struct Watch {
+    runtime: tokio::runtime::Runtime,
+    url: ClusterUrl,
+    /// For [`Watch::refresh`] (the follower has a connection of its own).
+    client: etcd_client::Client,
+    view: Arc<Mutex<View>>,
+    revision: Arc<AtomicI64>,
+    lost: Arc<LostServers>,
+}
+
+/// Servers a cluster's placement names whose lease lapsed (dead, or stopped answering):
+/// a client waiting on one gives up on it at once instead of at its timeout. A version
+/// (one atomic load) says when the set changed.
+#[derive(Debug, Default)]
+pub struct LostServers {
+    version: std::sync::atomic::AtomicU64,
+    nodes: Mutex<Vec<String>>,
+}
+
+impl LostServers {
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn contains(&self, node: &str) -> bool {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|n| n == node)
+    }
+
+    fn publish(&self, state: &ClusterState) {
+        let Some(p) = &state.placement else { return };
+        let live = |a: &String| state.members.iter().any(|m| m.address == *a);
+        let lost: Vec<String> = p.members.iter().chain(p.next.iter().flatten()).filter(|a| !live(a)).cloned().collect();
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if *nodes != lost {
+            *nodes = lost;
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Watch {
+    /// Reads the placement (failing if etcd cannot be reached or the cluster does not
+    /// exist) and starts watching it.
+    pub fn start(url: &ClusterUrl) -> Result<Watch> {
+        let runtime = runtime()?;
+        let (client, follower_client, state) = runtime.block_on(async {
+            let mut client = connect(url).await?;
+            let state = read_state(&mut client, url).await?;
+            state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
+            let follower_client = connect(url).await?;
+            Ok::<_, Error>((client, follower_client, state))
+        })?;
+        let view = Arc::new(Mutex::new(view_of(&state)));
+        let revision = Arc::new(AtomicI64::new(state.placement_revision));
+        let lost = Arc::new(LostServers::default());
+        lost.publish(&state);
+        let (shown, published, gone) = (view.clone(), revision.clone(), lost.clone());
+        let publish = move |s: &ClusterState| {
+            publish_view(&shown, &published, s);
+            gone.publish(s);
+            None
+        };
+        let follower = Follower {
+            client: follower_client,
+            url: url.clone(),
+            on_state: Box::new(publish),
+            what: "routing on the last view",
+            members: Members::default(),
+        };
+        runtime.spawn(follower.run());
+        Ok(Watch { runtime, url: url.clone(), client, view, revision, lost })
+    }
+
+    /// Reads the placement from etcd now, not waiting for the watch: for a caller a server
+    /// told that the view changed.
+    pub fn refresh(&self) -> Result<()> {
+        let mut client = self.client.clone();
+        let state = self.runtime.block_on(read_state(&mut client, &self.url))?;
+        publish_view(&self.view, &self.revision, &state);
+        self.lost.publish(&state);
+        Ok(())
+    }
+
+    /// The servers of the placement whose lease lapsed, kept up to date.
+    pub fn lost(&self) -> Arc<LostServers> {
+        self.lost.clone()
+    }
+
+    /// The revision of the newest view.
+    pub fn revision(&self) -> i64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn url(&self) -> &ClusterUrl {
+        &self.url
+    }
+}
+
+/// Makes `state`'s placement the view, if it is newer than the one shown.
+pub(super) fn publish_view(view: &Mutex<View>, revision: &AtomicI64, state: &ClusterState) {
+    if state.placement.is_none() && state.placement_revision != 0 {
+        return; // unreadable: routes on the last good view until a server writes it back
+    }
+    let fresh = view_of(state);
+    let mut current = view.lock().unwrap_or_else(|e| e.into_inner());
+    if *current != fresh && fresh.revision >= current.revision {
+        *current = fresh;
+        drop(current);
+        revision.store(state.placement_revision, Ordering::Release);
+    }
+}
+
+pub(super) fn view_of(state: &ClusterState) -> View {
+    View { revision: state.placement_revision, placement: state.placement.clone().unwrap_or_default() }
+}
