@@ -220,11 +220,15 @@ impl Service {
 
     /// As the key's primary under a view: the ticket that lets the writer's copies of this
     /// write (or delete) reach the key's other replicas, in `out` as the reply's payload.
+    /// None while keys have one replica and none move (the writer copies nothing then, and
+    /// a small put would pay for the MAC).
     fn give_ticket(&self, h: &RequestHeader, key: &[u8], grant: Grant, out: &mut Vec<u8>) {
         if h.flags & (flags::VIEW | flags::IMPORT | flags::STAGE | flags::MIGRATE) != flags::VIEW {
             return;
         }
-        if let Some(p) = &self.placement {
+        let Some(p) = &self.placement else { return };
+        let copied = p.current.as_deref().is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
+        if copied {
             out.clear();
             out.extend_from_slice(&p.secret.ticket(key, grant));
         }
