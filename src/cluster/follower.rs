@@ -4,6 +4,9 @@
 use super::etcd::{connect, etcd_error, propose, read_state};
 use super::*;
 
+/// Ignored member records remembered (so that each is warned about once), at most.
+const WARNED_RECORDS: usize = 1024;
+
 /// What a follower does with each state it reads; a placement it returns is proposed.
 pub(super) type OnState = Box<dyn FnMut(&ClusterState) -> Option<Placement> + Send>;
 
@@ -49,6 +52,11 @@ impl Members {
             match why {
                 None => drop(live.insert(m.address.clone(), m)),
                 Some(why) => {
+                    if self.warned.len() >= WARNED_RECORDS {
+                        // Whoever writes etcd could make up records without end: forget, and
+                        // perhaps warn again, rather than grow.
+                        self.warned.clear();
+                    }
                     if self.warned.insert((m.address.clone(), m.lease, m.seal.clone())) {
                         warn!("cluster: ignoring the member record of {} in etcd: {why}", m.address);
                     }

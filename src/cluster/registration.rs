@@ -163,15 +163,8 @@ impl Registration {
         };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.members_prefix() + &member.address;
-        let value = member.sealed(&self.secret, id);
-        let mut client = self.etcd.clone();
-        self.block_on(async move {
-            client
-                .put(key, value, Some(PutOptions::new().with_lease(id)))
-                .await
-                .map_err(|e| etcd_error(&url, "cannot mark this server as draining", e))?;
-            Ok(())
-        })
+        let (mut client, secret) = (self.etcd.clone(), self.secret.clone());
+        self.block_on(async move { put_record(&mut client, &url, &key, &member, &secret, id).await })
     }
 
     /// Publishes this server's progress in handing its keys over.
@@ -260,7 +253,7 @@ pub(super) async fn put_record(
     client
         .put(key, member.sealed(secret, lease), Some(PutOptions::new().with_lease(lease)))
         .await
-        .map_err(|e| etcd_error(url, "cannot register this server", e))?;
+        .map_err(|e| etcd_error(url, "cannot write this server's member record", e))?;
     Ok(())
 }
 

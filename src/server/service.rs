@@ -619,12 +619,12 @@ impl Service {
         }
         let key_len = p.header.key_len as u64;
         let mut checked = self.check_shard(self.shard.arena().slice(p.extent.offset, key_len));
-        if checked.is_ok() && self.placement.is_some() {
-            // Checked again now that the value is here: the key may have been handed over
-            // while it arrived. (A copy of the key, which the check reads beside the shard;
-            // servers outside a cluster make none.)
-            let key = self.shard.arena().slice(p.extent.offset, key_len).to_vec();
-            checked = self.check_placement(&p.header, &key, true);
+        // In a cluster, a copy of the key (which the checks read beside the shard; servers
+        // outside a cluster make none): checked again now that the value is here, as the key
+        // may have been handed over while it arrived, and named in the ticket for its copies.
+        let key = self.placement.is_some().then(|| self.shard.arena().slice(p.extent.offset, key_len).to_vec());
+        if let Some(key) = key.as_deref().filter(|_| checked.is_ok()) {
+            checked = self.check_placement(&p.header, key, true);
         }
         if let Err(e) = checked {
             self.shard.release(p.extent);
@@ -632,10 +632,9 @@ impl Service {
         }
         match self.commit_or_stage(p.extent, p.layout, &p.header) {
             Ok(generation) => {
-                if self.placement.is_some() {
-                    let key = self.shard.arena().slice(p.extent.offset, key_len).to_vec();
+                if let Some(key) = &key {
                     let grant = Grant::Put { generation, len: p.layout.value_len, ttl_ms: ttl(&p.header) };
-                    self.give_ticket(&p.header, &key, grant, out);
+                    self.give_ticket(&p.header, key, grant, out);
                 }
                 ok_reply(id, generation, p.layout.value_len)
             }
