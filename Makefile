@@ -31,7 +31,7 @@ demo: build
 test: lint test-rust test-ffi test-gateway test-python
 
 test-rust: build
-	$(CARGO) test --release -- --test-threads=2
+	$(CARGO) test --profile test-release -- --test-threads=2
 
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).
 bench: deps redis

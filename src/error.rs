@@ -80,13 +80,16 @@ statuses! {
     /// Cluster: the key is being handed to another server this moment; the client sends
     /// the write again shortly.
     KeyMoving = -18, "key_moving", "the key is moving to another server";
+    /// Cluster: the key's last write is being copied to its replicas, and no client reads
+    /// it before every replica holds it; the client asks again shortly.
+    Replicating = -19, "replicating", "the key's last write is being copied to its replicas";
 }
 
 impl Status {
     /// Statuses the client settles itself (cluster view changes) and never returns: the
     /// C ABI and Python have no name for them.
     pub fn is_internal_to_clusters(self) -> bool {
-        matches!(self, Status::Moved | Status::ViewChanged | Status::KeyMoving)
+        matches!(self, Status::Moved | Status::ViewChanged | Status::KeyMoving | Status::Replicating)
     }
 }
 

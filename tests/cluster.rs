@@ -1276,6 +1276,96 @@ fn a_dead_member_locks_no_new_client_out() {
     }
 }
 
+/// A write on its primary alone is read by no one: the primary copies it to the key's
+/// other replicas before anyone sees it (here the copies are held 4 s by a test hook).
+/// Writers killed after their primary took their write, readers meanwhile, then SIGKILL of
+/// the primary: every read before saw the previous value or none, and after the failover
+/// every key reads the value the readers saw, never older.
+#[test]
+fn a_write_is_read_only_once_every_replica_holds_it() {
+    use remote_dram::cluster::{Placement, Routing};
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("unseen");
+    create(&url, 2);
+    let ttl = TTL_MS.to_string();
+    let args = ["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl];
+    const HOLD: Duration = Duration::from_secs(4);
+    let hold = [(remote_dram::cluster::replication::TEST_COPY_DELAY_ENV, "4000")];
+    let mut servers: Vec<ServerProc> = (0..3).map(|_| ServerProc::start_with_env(&args, &hold)).collect();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (_, members, settled) = placement(&url);
+            settled && members.len() == 3
+        }),
+        "the three members were not placed"
+    );
+    let routing = Routing::new(serde_json::from_value::<Placement>(status(&url)["placement"].clone()).unwrap());
+    let primary = servers[0].addr.clone();
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("unseen/{i}"))
+        .filter(|k| routing.owner(k.as_bytes()) == Some(&primary))
+        .take(8)
+        .collect();
+    let old = |i: usize| format!("old-{i}");
+    let mut c = client(&url);
+    let items: Vec<(&[u8], Vec<u8>)> =
+        keys.iter().enumerate().map(|(i, k)| (k.as_bytes(), old(i).into_bytes())).collect();
+    let items: Vec<(&[u8], &[u8])> = items.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    for r in c.put_many(&items, 8) {
+        r.expect("an acknowledged first write");
+    }
+    let spawned = Instant::now();
+    let writers: Vec<Child> = keys
+        .iter()
+        .map(|k| {
+            Command::new(RDRAM)
+                .args(["put", "--server", &url, "--timeout-ms", "20000", k, "new"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    for mut w in writers {
+        w.kill().unwrap();
+        let status = w.wait().unwrap();
+        assert!(!status.success(), "a writer was answered before its copies could have ended");
+    }
+    let mut reader =
+        Client::connect(&url, ClientOptions { timeout: Duration::from_millis(100), ..Default::default() }).unwrap();
+    let mut seen = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        match reader.get(k.as_bytes()) {
+            Ok(v) => {
+                let v = v.map(|v| String::from_utf8(v.data).unwrap());
+                assert_eq!(v.as_deref(), Some(old(i).as_str()), "{k}: a read saw a write its replica lacks");
+                seen.push(k.clone());
+            }
+            Err(e) => assert_eq!(e.status, remote_dram::Status::Unavailable, "{k}: {e}"),
+        }
+    }
+    servers[0].kill();
+    assert!(spawned.elapsed() < HOLD, "the primary outlived its copies' hold: the test proves nothing");
+    let mut after =
+        Client::connect(&url, ClientOptions { timeout: Duration::from_secs(10), ..Default::default() }).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let v = after.get(k.as_bytes()).unwrap().map(|v| String::from_utf8(v.data).unwrap());
+        assert_eq!(v.as_deref(), Some(old(i).as_str()), "{k} after the primary's death");
+    }
+    eprintln!("{} of {} keys read during the copies' hold (the others refused until timeout)", seen.len(), keys.len());
+    let next: Vec<Vec<u8>> = (0..keys.len()).map(|i| format!("next-{i}").into_bytes()).collect();
+    let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&next).map(|(k, v)| (k.as_bytes(), v.as_slice())).collect();
+    for (k, r) in keys.iter().zip(after.put_many(&items, 8)) {
+        r.unwrap_or_else(|e| panic!("{k} not written after the failover: {e}"));
+    }
+    for (k, v) in keys.iter().zip(&next) {
+        assert_eq!(after.get(k.as_bytes()).unwrap().map(|v| v.data).as_ref(), Some(v), "{k}");
+    }
+    drop(servers);
+}
+
 /// A staged value ([`flags::STAGE`], what a cluster client sends a key's other replicas
 /// while its primary takes a write) is seen by no one until it is published under the
 /// generation given; a publish names the session's own staged value, and what a session

@@ -49,8 +49,7 @@ impl Client {
 
     /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
     /// and collects the replies. In a cluster, a request that a view change or a lost
-    /// server turned back is sent again on its own (see [`Client::call_key_into`]), and
-    /// writes the keys' primaries took are copied to their other replicas.
+    /// server turned back is sent again on its own (see [`Client::call_key_into`]).
     pub(super) fn pipelined<'a>(
         &mut self,
         n: usize,
@@ -59,98 +58,19 @@ impl Client {
     ) -> Vec<Result<Reply>> {
         let mut results = self.pipelined_once(n, depth, &item);
         if self.cluster.is_some() {
-            let mut to_copy = Vec::new();
             for (i, result) in results.iter_mut().enumerate() {
                 let turned_back = match result {
-                    Ok(r) => matches!(r.header.status(), Status::Moved | Status::ViewChanged | Status::KeyMoving),
+                    Ok(r) => r.header.status().is_internal_to_clusters(),
                     Err(e) => e.status == Status::Unavailable,
                 };
                 let Ok((op, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
                     *result = check_key(key)
                         .and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
-                } else if result.as_ref().is_ok_and(|r| op == Op::Put && r.header.status() == Status::Ok)
-                    && self.conn.copies_writes()
-                {
-                    to_copy.push(i);
                 }
             }
-            self.copy_batch(&to_copy, depth, &item, &mut results);
         }
         results
-    }
-
-    /// Copies the writes of a batch that the keys' primaries took (items `which` of
-    /// `results`) to the keys' other replicas, pipelined as the batch was. A write whose
-    /// copy did not land at once, or whose key is moving, is then copied on its own
-    /// ([`Client::copy_write`], which waits out view changes).
-    pub(super) fn copy_batch<'a>(
-        &mut self,
-        which: &[usize],
-        depth: usize,
-        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
-        results: &mut [Result<Reply>],
-    ) {
-        let mut alone = Vec::new();
-        let mut in_flight = std::collections::VecDeque::new();
-        let depth = depth.max(1);
-        for &i in which {
-            let (Ok((_, key, payload, _)), Ok(reply)) = (item(i), &results[i]) else { continue };
-            let (now, then) = self.conn.replicas_of(key);
-            if !then.is_empty() {
-                alone.push(i);
-                continue;
-            }
-            let Some(ticket) = reply.payload.get(..crate::auth::TICKET_LEN).and_then(|t| t.try_into().ok()) else {
-                alone.push(i);
-                continue;
-            };
-            let mut copy = RequestHeader::new(Op::Put, 0, 0);
-            copy.flags = flags::IMPORT;
-            copy.if_equal = reply.header.generation;
-            copy.set_ticket(&ticket);
-            for &server in now.iter().skip(1) {
-                if in_flight.len() == depth {
-                    let (j, id) = in_flight.pop_front().unwrap();
-                    if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
-                        alone.push(j);
-                    }
-                }
-                match self.submit_key(key, copy, payload, Receive::Owned, server) {
-                    Ok(id) => in_flight.push_back((i, id)),
-                    Err(_) => alone.push(i),
-                }
-            }
-        }
-        for (j, id) in in_flight {
-            if !self.conn.wait(id).is_ok_and(|r| r.header.status() == Status::Ok) {
-                alone.push(j);
-            }
-        }
-        alone.sort_unstable();
-        alone.dedup();
-        let started = std::time::Instant::now();
-        for i in alone {
-            let Ok((op, key, payload, _)) = item(i) else { continue };
-            let copied = match &results[i] {
-                Ok(reply) => {
-                    let primary = self.conn.replicas_of(key).0[0];
-                    self.copy_write(
-                        key,
-                        &RequestHeader::new(op, 0, 0),
-                        payload,
-                        reply,
-                        primary,
-                        started,
-                        &mut Vec::new(),
-                    )
-                }
-                Err(_) => continue,
-            };
-            if let Err(e) = copied {
-                results[i] = Err(e);
-            }
-        }
     }
 
     pub(super) fn pipelined_once<'a>(

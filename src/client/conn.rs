@@ -43,10 +43,6 @@ pub struct Connection {
     route_seeds: Vec<u64>,
     /// In a cluster: the placement version requests are routed with ([`flags::VIEW`]).
     view: Option<u64>,
-    /// In a cluster: the placement's generation floor ([`Placement::generation_floor`]).
-    ///
-    /// [`Placement::generation_floor`]: crate::cluster::Placement::generation_floor
-    generation_floor: u64,
     /// In a cluster: servers that hold each key (R), and while keys move, the servers
     /// keys hash over under the placement's `next`, with their seeds.
     replicas: usize,
@@ -200,7 +196,6 @@ impl Connection {
             route_to,
             route_seeds,
             view: None,
-            generation_floor: 0,
             replicas: 1,
             next_to: Vec::new(),
             next_seeds: Vec::new(),
@@ -409,14 +404,7 @@ impl Connection {
         self.next_to = next_to;
         self.replicas = placement.replicas.max(1);
         self.view = Some(placement.version);
-        self.generation_floor = placement.generation_floor;
         Ok(())
-    }
-
-    /// Generations below this were given out before the current epoch of the cluster's
-    /// placement began (0 outside a cluster).
-    pub fn generation_floor(&self) -> u64 {
-        self.generation_floor
     }
 
     /// The servers that hold `key` in a cluster, its primary first, and while keys move,
@@ -431,11 +419,6 @@ impl Connection {
             .map(|i| self.next_to[i])
             .collect();
         (now, then)
-    }
-
-    /// Whether keys have more than one replica, or are moving (writes are copied then).
-    pub fn copies_writes(&self) -> bool {
-        self.replicas > 1 || !self.next_to.is_empty()
     }
 
     /// The server connected to under `node`, its bootstrap address.

@@ -4,7 +4,7 @@
 //!
 //! This file holds `Client` and its calls; the rest is split by concern: `options` (what
 //! calls take and return), `routing` (where a key goes, reconnects, a cluster's view),
-//! `replicas` (writes to every replica, moves), `batches` (pipelined calls), `device`
+//! `replicas` (settling a cluster's turned-back calls, servers' copies and handovers), `batches` (pipelined calls), `device`
 //! (CUDA memory), and below them `conn` (one connection to the servers) over a `link`
 //! (`ucx_link`, `fabric_link`) with its `requests` table.
 
@@ -32,6 +32,7 @@ use conn::Connection;
 pub use device_staging::CHUNK as DEVICE_CHUNK;
 use link::{Receive, Reply, Sink};
 pub use options::*;
+pub use replicas::ReplicaCopy;
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
 ///
@@ -56,10 +57,6 @@ pub struct Client {
     /// Streams and pinned buffers for device memory, made when the client first meets it.
     device_staging: Option<Box<device_staging::DeviceStaging>>,
 }
-
-/// Puts of values this large or larger send them to every replica at once (staged);
-/// smaller ones are copied after the primary's reply, which costs the same round trip.
-const STAGE_FROM: usize = 256 * 1024;
 
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// First and longest pause before a request that a cluster's view change turned back is

@@ -276,36 +276,6 @@ impl Client {
             return self.send_key(key, h, payload, receive, None).map(|(reply, _)| reply);
         }
         let started = std::time::Instant::now();
-        let (first, mut staged) = match self.stage_copies(key, &h, payload) {
-            Some((primary, sent)) => {
-                // The primary's first attempt goes beside the staged copies, and all are
-                // waited for before anything (a retry's reconnect) could replace the
-                // connection they use: the caller's value is read by no one after return.
-                let first = self
-                    .submit_key(key, h, payload, receive, primary)
-                    .and_then(|id| self.conn.wait(id))
-                    .map(|r| (r, primary));
-                (Some(first), self.staged(sent))
-            }
-            None => (None, Vec::new()),
-        };
-        let settled = self.settle_key(key, h, payload, receive, started, first);
-        let (reply, primary) = match settled {
-            Ok(settled) => settled,
-            Err(e) => {
-                self.discard_staged(key, &mut staged);
-                return Err(e);
-            }
-        };
-        let copied = h.flags & (flags::IMPORT | flags::MIGRATE) == 0 && reply.header.status() == Status::Ok;
-        let copy = match Op::from_u8(h.op) {
-            Some(Op::Put) if copied => self.copy_write(key, &h, payload, &reply, primary, started, &mut staged),
-            Some(Op::Delete) if copied && reply.header.value_size != 0 => {
-                self.copy_write(key, &h, payload, &reply, primary, started, &mut staged)
-            }
-            _ => Ok(()),
-        };
-        self.discard_staged(key, &mut staged);
-        copy.map(|()| reply)
+        self.settle_key(key, h, payload, receive, started, None).map(|(reply, _)| reply)
     }
 }

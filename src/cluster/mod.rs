@@ -31,6 +31,7 @@ mod follower;
 pub mod mover;
 pub mod placement;
 mod registration;
+pub mod replication;
 mod watch;
 use etcd::{connect, etcd_error, read_settings, read_state, runtime};
 pub use etcd::{CA_FILE_ENV, CERT_FILE_ENV, CREDENTIALS_FILE_ENV, KEY_FILE_ENV};

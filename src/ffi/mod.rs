@@ -75,7 +75,7 @@ impl From<Status> for rdram_status {
             Status::NullArgument => RDRAM_NULL_ARGUMENT,
             // The client settles these itself; one that outlives its retries is the
             // cluster being unavailable for the moment.
-            Status::Moved | Status::ViewChanged | Status::KeyMoving => RDRAM_UNAVAILABLE,
+            Status::Moved | Status::ViewChanged | Status::KeyMoving | Status::Replicating => RDRAM_UNAVAILABLE,
         }
     }
 }
@@ -162,10 +162,10 @@ pub extern "C" fn rdram_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The library version, e.g. "0.1.0 (protocol 9)". Static; never NULL.
+/// The library version, e.g. "0.1.0 (protocol 10)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn rdram_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), " (protocol 9)\0").as_ptr() as *const c_char
+    concat!(env!("CARGO_PKG_VERSION"), " (protocol 10)\0").as_ptr() as *const c_char
 }
 
 #[cfg(test)]

@@ -89,6 +89,7 @@ pub fn status_of(e: &Error) -> tonic::Status {
         | Status::Io
         | Status::ViewChanged
         | Status::KeyMoving
+        | Status::Replicating
         | Status::Moved => Code::Unavailable,
         // A key routed to a shard that does not own it will not route differently on a
         // retry (the layouts disagree): a permanent error, not one to retry for minutes.

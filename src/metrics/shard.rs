@@ -13,9 +13,31 @@ use crate::store::ShardStats;
 pub const OPS: [&str; 8] = ["put", "get", "delete", "delete_range", "list", "stats", "abort", "unknown"];
 const UNKNOWN_OP: usize = OPS.len() - 1;
 
-/// Every status, in code order (-18..=4); `STATUS_OFFSET` maps a code to its index.
-const STATUSES: usize = 23;
-const STATUS_OFFSET: i32 = 18;
+/// Every status, in code order; `STATUS_OFFSET` maps a code to its index.
+const STATUSES: usize = (max_code() + STATUS_OFFSET + 1) as usize;
+const STATUS_OFFSET: i32 = -min_code();
+
+const fn min_code() -> i32 {
+    let (mut i, mut min) = (0, 0);
+    while i < Status::ALL.len() {
+        if (Status::ALL[i] as i32) < min {
+            min = Status::ALL[i] as i32;
+        }
+        i += 1;
+    }
+    min
+}
+
+const fn max_code() -> i32 {
+    let (mut i, mut max) = (0, 0);
+    while i < Status::ALL.len() {
+        if (Status::ALL[i] as i32) > max {
+            max = Status::ALL[i] as i32;
+        }
+        i += 1;
+    }
+    max
+}
 
 /// Upper bounds (seconds) of the service-time histogram's buckets: 1 µs to 10 s.
 pub const DURATION_BUCKETS: [f64; 19] =

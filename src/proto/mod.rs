@@ -49,7 +49,9 @@ use crate::error::Status;
 /// 4: requests may come in [`flags::SHORT_FORM`]. 5: replies may come in a compact form
 /// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
 /// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
-pub const PROTOCOL_VERSION: u8 = 9;
+/// 9: bootstrap proofs instead of the token. 10: a key's primary copies writes to its
+/// replicas itself, and answers reads of a key being copied with `Replicating`.
+pub const PROTOCOL_VERSION: u8 = 10;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"

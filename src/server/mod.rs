@@ -411,7 +411,9 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
                     if let (Some(role), Some(secret)) = (&cfg.cluster_role, &cfg.cluster_secret) {
-                        service.set_cluster_role(role.clone(), secret.clone());
+                        if let Err(e) = service.set_cluster_role(role.clone(), secret.clone(), cfg.auth_token.clone()) {
+                            return drop(tx.send(Err(e)));
+                        }
                     }
                     let built = match transport {
                         TransportChoice::Fabric { provider, rails } => fabric_worker::FabricShardWorker::new(

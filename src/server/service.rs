@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::staging::Staging;
 use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
+use crate::cluster::replication::{ArenaValue, CopyJob, Replicator, ReplicatorConfig};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
@@ -43,6 +44,10 @@ pub enum Answer {
         len: u64,
         extent: u64,
     },
+    /// A write the key's primary took, answered once every replica holds it: the
+    /// transport keeps where the answer goes under this token until
+    /// [`Service::next_copied`] gives it.
+    Deferred(u64),
 }
 
 /// When a transfer of `len` bytes started now is given up on.
@@ -81,6 +86,12 @@ pub enum Membership {
 }
 
 pub struct Service {
+    /// In a cluster: the writes this shard took as their keys' primary while they are
+    /// copied to the keys' other replicas. First: its thread reads the arena, and stops
+    /// (joined) before the shard below frees it.
+    replication: Option<Replication>,
+    /// Set while a request is answered, when its answer waits for its copies.
+    deferred: Option<u64>,
     pub index: usize,
     shards: usize,
     /// Live clients' sessions -> client number; a request must carry one of them.
@@ -104,6 +115,26 @@ pub struct Service {
     placement: Option<PlacementCheck>,
     /// Replicated values received ahead of their generation ([`flags::STAGE`]).
     staging: Staging,
+}
+
+/// A cluster member's shard's copies in flight (see [`crate::cluster::replication`]).
+struct Replication {
+    replicator: Replicator,
+    next_token: u64,
+    copies: FxHashMap<u64, Copying>,
+    /// Keys with copies in flight, and how many: no client reads them meanwhile.
+    keys: FxHashMap<Vec<u8>, u32>,
+}
+
+/// A write waiting for its copies: its answer, and what it holds.
+struct Copying {
+    reply: ReplyHeader,
+    key: Vec<u8>,
+    /// The value's extent, pinned while the replicator reads it.
+    pinned: Option<u64>,
+    op: Op,
+    arrived: Option<Instant>,
+    received: u64,
 }
 
 /// A cluster member's shard's side of placement: the routing last read from the
@@ -166,6 +197,8 @@ impl Service {
         // A quarter of the arena at most waits for publishes: the rest stays for values.
         let staging = Staging::new(shard.stats().capacity_bytes / 4);
         Service {
+            replication: None,
+            deferred: None,
             staging,
             index,
             shards,
@@ -183,10 +216,25 @@ impl Service {
     }
 
     /// Makes this shard a cluster member's: requests routed with a view are checked
-    /// against the placement `role` holds.
-    pub fn set_cluster_role(&mut self, role: Arc<ServerRole>, secret: ClusterSecret) {
+    /// against the placement `role` holds, and the writes it takes as their keys' primary
+    /// are copied to the keys' other replicas (as a member: with `secret`, and the
+    /// cluster's `auth_token`) before they are answered.
+    pub fn set_cluster_role(
+        &mut self,
+        role: Arc<ServerRole>,
+        secret: ClusterSecret,
+        auth_token: Option<String>,
+    ) -> Result<()> {
+        let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token };
+        self.replication = Some(Replication {
+            replicator: Replicator::start(self.index, cfg)?,
+            next_token: 1,
+            copies: FxHashMap::default(),
+            keys: FxHashMap::default(),
+        });
         self.placement =
             Some(PlacementCheck { role, secret, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
+        Ok(())
     }
 
     /// Refuses a frame that only a cluster's members send ([`flags::IMPORT`],
@@ -218,20 +266,114 @@ impl Service {
         ))
     }
 
-    /// As the key's primary under a view: the ticket that lets the writer's copies of this
-    /// write (or delete) reach the key's other replicas, in `out` as the reply's payload.
-    /// None while keys have one replica and none move (the writer copies nothing then, and
-    /// a small put would pay for the MAC).
-    fn give_ticket(&self, h: &RequestHeader, key: &[u8], grant: Grant, out: &mut Vec<u8>) {
-        if h.flags & (flags::VIEW | flags::IMPORT | flags::STAGE | flags::MIGRATE) != flags::VIEW {
-            return;
+    /// As the key's primary under a view, while keys have more than one replica or move:
+    /// hands a client's write (committed: `generation`, and the value's extent and layout,
+    /// None for a delete) to the replicator, and defers `reply` until every replica holds
+    /// it. Otherwise (one replica and nothing moving, or not a client's write) `reply`
+    /// goes at once.
+    fn replicate(
+        &mut self,
+        h: &RequestHeader,
+        key: &[u8],
+        generation: u64,
+        value: Option<(Extent, Layout)>,
+        reply: ReplyHeader,
+    ) -> ReplyHeader {
+        let client_write = h.flags & (flags::VIEW | flags::IMPORT | flags::MIGRATE) == flags::VIEW
+            && (h.flags & flags::STAGE == 0 || is_part(h));
+        let copied = self
+            .placement
+            .as_ref()
+            .and_then(|p| p.current.as_deref())
+            .is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
+        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else { return reply };
+        let token = r.next_token;
+        r.next_token += 1;
+        let job_value = value.map(|(extent, layout)| {
+            let at = extent.offset + u64::from(layout.value_at);
+            // SAFETY: the committed value's bytes, which nothing writes again; its extent
+            // is pinned below until `next_copied` hears this copy ended, and the
+            // replicator stops before the arena is freed (field order of `Service`).
+            unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
+        });
+        let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h) };
+        if let Err(e) = r.replicator.copy(job) {
+            return error_reply(h.request_id, &e, &mut Vec::new());
         }
-        let Some(p) = &self.placement else { return };
-        let copied = p.current.as_deref().is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
-        if copied {
-            out.clear();
-            out.extend_from_slice(&p.secret.ticket(key, grant));
+        let pinned = value.map(|(extent, _)| extent.offset);
+        if let Some(offset) = pinned {
+            self.shard.pin(offset);
         }
+        *r.keys.entry(key.to_vec()).or_insert(0) += 1;
+        let (op, received) = match value {
+            Some((_, layout)) => (Op::Put, layout.value_len),
+            None => (Op::Delete, 0),
+        };
+        r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
+        self.deferred = Some(token);
+        reply
+    }
+
+    /// A deferred answer whose copies ended: its token and header (an error's message in
+    /// `out`). None when no copy ended since the last call.
+    pub fn next_copied(&mut self, out: &mut Vec<u8>) -> Option<(u64, ReplyHeader)> {
+        let r = self.replication.as_mut()?;
+        if r.copies.is_empty() {
+            return None;
+        }
+        let done = r.replicator.next_done()?;
+        let c = r.copies.remove(&done.token)?;
+        if let Some(n) = r.keys.get_mut(&c.key) {
+            *n -= 1;
+            if *n == 0 {
+                r.keys.remove(&c.key);
+            }
+        }
+        if let Some(offset) = c.pinned {
+            self.shard.unpin(offset);
+        }
+        out.clear();
+        let header = match done.result {
+            Ok(()) => c.reply,
+            Err(e) => error_reply(c.reply.request_id, &e, out),
+        };
+        let received = if header.status() == Status::Ok { c.received } else { 0 };
+        self.metrics.record(Some(c.op), header.status(), received, 0, c.arrived);
+        Some((done.token, header))
+    }
+
+    /// The answer deferred while a request was served, if it was: its copy then records
+    /// the request's metrics when it ends, from `arrived` on.
+    fn take_deferred(&mut self, arrived: Option<Instant>) -> Option<u64> {
+        let token = self.deferred.take()?;
+        if let Some(c) = self.replication.as_mut().and_then(|r| r.copies.get_mut(&token)) {
+            c.arrived = arrived;
+        }
+        Some(token)
+    }
+
+    /// How the replicator wakes this shard's worker when copies end.
+    pub fn set_copy_wake(&self, wake: crate::cluster::replication::Wake) {
+        if let Some(r) = &self.replication {
+            r.replicator.set_wake(wake);
+        }
+    }
+
+    /// Whether answers wait for copies.
+    pub fn copies_in_flight(&self) -> bool {
+        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty())
+    }
+
+    /// Refuses a client's read of a key whose last write is not on every replica yet.
+    fn check_replicated(&self, h: &RequestHeader, key: &[u8]) -> Result<()> {
+        let Some(r) = &self.replication else { return Ok(()) };
+        if r.keys.is_empty() || h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || !r.keys.contains_key(key) {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::Replicating,
+            "the key's last write is being copied to its replicas; it is read once every replica holds it",
+        ))
     }
 
     /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
@@ -487,11 +629,15 @@ impl Service {
     pub fn serve(&mut self, req: &Request, payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let arrived = self.metrics.clock();
         let answer = self.answer(req, payload, out);
+        if let Some(token) = self.take_deferred(arrived) {
+            return Answer::Deferred(token);
+        }
         let (status, received, sent) = match &answer {
             Answer::Owned(h) if h.status() != Status::Ok => (h.status(), 0, 0),
             Answer::Owned(h) if req.op == Op::Put => (h.status(), h.value_size, 0),
             Answer::Owned(h) => (h.status(), 0, out.len() as u64),
             Answer::Arena { header, len, .. } => (header.status(), 0, *len),
+            Answer::Deferred(_) => unreachable!("taken above"),
         };
         self.metrics.record(Some(req.op), status, received, sent, arrived);
         answer
@@ -504,9 +650,9 @@ impl Service {
             return Answer::Owned(error_reply(h.request_id, &e, out));
         }
         let result = match req.op {
-            Op::Put => self.eager_put(h, req.inline, payload, out),
+            Op::Put => self.eager_put(h, req.inline, payload),
             Op::Get => return self.get(h, req.inline, payload, out),
-            Op::Delete => self.delete(h, req.inline, payload, out),
+            Op::Delete => self.delete(h, req.inline, payload),
             Op::DeleteRange | Op::List => self.range_op(h, req.op, payload, out),
             Op::Stats => self.stats(h, out),
             // The transport found nothing of that request in flight: it finished (and was
@@ -588,13 +734,17 @@ impl Service {
     }
 
     /// Publishes a put whose bytes arrived (`arrived`), or frees its slot when the
-    /// transfer failed (the client vanished): the server keeps serving either way.
-    pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
+    /// transfer failed (the client vanished): the server keeps serving either way. In a
+    /// cluster the answer may wait for the write's copies ([`Answer::Deferred`]).
+    pub fn finish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> Answer {
         let (since, value_len) = (p.arrived, p.layout.value_len);
         let reply = self.publish_put(p, arrived, out);
+        if let Some(token) = self.take_deferred(since) {
+            return Answer::Deferred(token);
+        }
         let received = if reply.status() == Status::Ok { value_len } else { 0 };
         self.metrics.record(Some(Op::Put), reply.status(), received, 0, since);
-        reply
+        Answer::Owned(reply)
     }
 
     fn publish_put(&mut self, p: PendingPut, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
@@ -621,7 +771,7 @@ impl Service {
         let mut checked = self.check_shard(self.shard.arena().slice(p.extent.offset, key_len));
         // In a cluster, a copy of the key (which the checks read beside the shard; servers
         // outside a cluster make none): checked again now that the value is here, as the key
-        // may have been handed over while it arrived, and named in the ticket for its copies.
+        // may have been handed over while it arrived, and named in the write's copies.
         let key = self.placement.is_some().then(|| self.shard.arena().slice(p.extent.offset, key_len).to_vec());
         if let Some(key) = key.as_deref().filter(|_| checked.is_ok()) {
             checked = self.check_placement(&p.header, key, true);
@@ -632,11 +782,11 @@ impl Service {
         }
         match self.commit_or_stage(p.extent, p.layout, &p.header) {
             Ok(generation) => {
-                if let Some(key) = &key {
-                    let grant = Grant::Put { generation, len: p.layout.value_len, ttl_ms: ttl(&p.header) };
-                    self.give_ticket(&p.header, key, grant, out);
+                let reply = ok_reply(id, generation, p.layout.value_len);
+                match &key {
+                    Some(key) => self.replicate(&p.header, key, generation, Some((p.extent, p.layout)), reply),
+                    None => reply,
                 }
-                ok_reply(id, generation, p.layout.value_len)
             }
             Err(e) => error_reply(id, &e, out),
         }
@@ -662,13 +812,7 @@ impl Service {
         Ok(key)
     }
 
-    fn eager_put(
-        &mut self,
-        h: &RequestHeader,
-        inline: &[u8],
-        payload: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<ReplyHeader> {
+    fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
         if is_part(h) {
@@ -687,8 +831,8 @@ impl Service {
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
         let generation = self.commit_or_stage(extent, layout, h)?;
-        self.give_ticket(h, key, Grant::Put { generation, len: value.len() as u64, ttl_ms: ttl(h) }, out);
-        Ok(ok_reply(h.request_id, generation, value.len() as u64))
+        let reply = ok_reply(h.request_id, generation, value.len() as u64);
+        Ok(self.replicate(h, key, generation, Some((extent, layout)), reply))
     }
 
     /// Publishes the value the client's session staged for `key` under the request id in
@@ -837,7 +981,8 @@ impl Service {
             ));
         }
         let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
-        Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
+        let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
+        Ok(self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply))
     }
 
     /// Publishes a put's value, or holds it for a later publish when it is staged.
@@ -870,11 +1015,15 @@ impl Service {
 
     fn get(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let range = (h.flags & flags::HAS_RANGE != 0).then_some(ByteRange { start: h.range_start, end: h.range_end });
-        let key =
-            match self.key_of(h, inline, payload).and_then(|key| self.check_placement(h, key, false).map(|()| key)) {
-                Ok(key) => key,
-                Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
-            };
+        let checked = self.key_of(h, inline, payload).and_then(|key| {
+            self.check_placement(h, key, false)?;
+            self.check_replicated(h, key)?;
+            Ok(key)
+        });
+        let key = match checked {
+            Ok(key) => key,
+            Err(e) => return Answer::Owned(error_reply(h.request_id, &e, out)),
+        };
         let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
         if h.flags & (flags::MIGRATE | flags::IMPORT) != 0 {
@@ -905,7 +1054,7 @@ impl Service {
         Answer::Owned(reply)
     }
 
-    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
+    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         if h.flags & flags::STAGE != 0 {
             // Discards what the client's session staged (the key's primary refused the write):
@@ -934,10 +1083,8 @@ impl Service {
         // The generation deleted goes back, for the key's other replicas to delete up to.
         let generation = self.shard.generation_of(key).unwrap_or(0);
         let existed = self.shard.delete(key, &condition(h))?;
-        if existed {
-            self.give_ticket(h, key, Grant::Delete { generation }, out);
-        }
-        Ok(ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64))
+        let reply = ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64);
+        Ok(if existed { self.replicate(h, key, generation, None, reply) } else { reply })
     }
 
     fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
@@ -1100,7 +1247,7 @@ mod tests {
             .unwrap();
         let role = Arc::new(ServerRole::default());
         role.set(me, placement);
-        service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap());
+        service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None).unwrap();
         (service, role, key)
     }
 

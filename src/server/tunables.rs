@@ -69,6 +69,9 @@ pub const STAGE_HOLD: Duration = Duration::from_secs(30);
 
 /// How often an idle worker wakes to expire TTL'd keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest a worker sleeps while answers wait for their copies (the replicator
+/// wakes it as they end; this bounds a wake that went astray).
+pub const COPY_WAIT_MAX: Duration = Duration::from_millis(1);
 
 /// Expired keys one sweep frees at most, so that a sweep never holds up requests for long.
 pub const SWEEP_BATCH: usize = 256;

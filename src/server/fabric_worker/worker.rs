@@ -32,8 +32,8 @@ use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
 use crate::server::reply_backlog::ReplyBacklog;
 use crate::server::service::{self, Answer, PendingPut, Request, Service};
 use crate::server::tunables::{
-    FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY,
-    SWEEP_INTERVAL,
+    COPY_WAIT_MAX, FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN, SWEEP_BATCH,
+    SWEEP_EVERY, SWEEP_INTERVAL,
 };
 use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::transport::fabric::ops::{Finished, Progress};
@@ -187,6 +187,9 @@ pub struct FabricShardWorker {
     /// Reads of client memory in flight, by (client, request id): what an abort names.
     /// Keyed by client, not slot: a reused slot's new holder counts request ids from 1.
     reads: HashMap<(u64, u64), u32>,
+    /// Writes whose answer waits for their copies to the keys' other replicas, by the
+    /// service's token: the client the answer goes to.
+    deferred: HashMap<u64, Client>,
     /// Reply payloads being sent from pinned extents, by (client, request id).
     sends: HashMap<(u64, u64), u32>,
     /// Per client: reply messages not yet completed and their owned bytes. A client that
@@ -241,6 +244,7 @@ impl FabricShardWorker {
             free_slots: Vec::new(),
             ops: InFlight::default(),
             reads: HashMap::new(),
+            deferred: HashMap::new(),
             sends: HashMap::new(),
             unresponsive: FxHashSet::default(),
             stall_timeout,
@@ -271,8 +275,12 @@ impl FabricShardWorker {
         let mut turns = 0u32;
         let mut done: Vec<Completion> = Vec::with_capacity(64);
         while !stop.load(Ordering::Relaxed) {
-            let did_work = self.rails.poll(&mut done) > 0;
+            let mut did_work = self.rails.poll(&mut done) > 0;
             turns = turns.wrapping_add(1);
+            let copying = self.service.copies_in_flight();
+            if copying {
+                did_work |= self.answer_copied();
+            }
             for c in done.drain(..) {
                 match self.ops.progress(c) {
                     Progress::Finished(f) => self.finished(f),
@@ -315,7 +323,10 @@ impl FabricShardWorker {
             if self.sent_payload > 0 {
                 poller.expect_transfer(std::mem::take(&mut self.sent_payload));
             }
-            if let Err(e) = poller.after_progress(&self.rails, did_work, SWEEP_INTERVAL) {
+            // No wake reaches this worker in its sleep: while copies are in flight it sleeps
+            // a millisecond at most.
+            let sleep = if copying { COPY_WAIT_MAX } else { SWEEP_INTERVAL };
+            if let Err(e) = poller.after_progress(&self.rails, did_work, sleep) {
                 warn!("worker: {e}");
             }
         }
@@ -394,8 +405,8 @@ impl FabricShardWorker {
                 // not after an abort, nor once the client's slot is gone.
                 let wanted = plan.abort.is_none() && self.holds(to);
                 self.scratch.clear();
-                let header = self.service.finish_put(put, f.result.is_ok() && wanted, &mut self.scratch);
-                self.reply(to, Answer::Owned(header), None);
+                let answer = self.service.finish_put(put, f.result.is_ok() && wanted, &mut self.scratch);
+                self.reply(to, answer, None);
                 self.confirm_abort(to, plan.abort);
             }
             WorkerOp::ReadPayload { to, header, op, inline, buf, temp_mr, plan } => {

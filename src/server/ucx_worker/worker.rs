@@ -42,7 +42,8 @@ use crate::proto::{self, ReplyHeader, REPLY_HEADER_LEN};
 use crate::server::reply_backlog::ReplyBacklog;
 use crate::server::service::{self, Answer, PendingPut, Service};
 use crate::server::tunables::{
-    IDLE_RECYCLE_AFTER, MAX_RECYCLED, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL, UCX_RETIRED_GRACE,
+    COPY_WAIT_MAX, IDLE_RECYCLE_AFTER, MAX_RECYCLED, SHUTDOWN_DRAIN, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL,
+    UCX_RETIRED_GRACE,
 };
 use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
 use crate::transport::ucx::{self, sys, Started, Worker};
@@ -64,6 +65,13 @@ struct PutInFlight {
     /// Set when the client gave up on this put: the abort request to answer once the
     /// rendezvous receive (which reads the client's memory) has ended.
     abort: Option<u64>,
+}
+
+/// Where a deferred answer goes (see [`Answer::Deferred`]).
+struct DeferredReply {
+    ep: sys::ucp_ep_h,
+    incarnation: u64,
+    client: u64,
 }
 
 /// A UCX worker no longer handed out to clients, with its mapping of the arena.
@@ -170,6 +178,9 @@ pub struct ShardWorker {
     replies_in_flight: PerIncarnation,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
     reply_pool: Vec<Box<ReplyMsg>>,
+    /// Writes whose answer waits for their copies to the keys' other replicas, by the
+    /// service's token: where the answer goes.
+    deferred: HashMap<u64, DeferredReply>,
     /// Rendezvous puts being received, by (client session, request id): what an abort
     /// names. The boxes are owned by their UCX receive until its callback.
     puts: HashMap<(u64, u64), *mut PutInFlight>,
@@ -235,6 +246,7 @@ impl ShardWorker {
             replies_in_flight: PerIncarnation::default(),
             reply_pool: Vec::new(),
             puts: HashMap::new(),
+            deferred: HashMap::new(),
             sending: HashMap::new(),
             orphans: HashMap::new(),
             stall_timeout,
@@ -252,6 +264,8 @@ impl ShardWorker {
         unsafe { (*w.arrival.0).shard = me };
         Self::install_handlers(&w.worker, &w.arrival)?;
         w.probe.connect(&address)?;
+        let waker = w.worker.waker();
+        w.service.set_copy_wake(Box::new(move || waker.wake()));
         Ok(w)
     }
 
@@ -293,7 +307,13 @@ impl ShardWorker {
         let mut turns = 0u32;
         while !stop.load(Ordering::Relaxed) {
             // SAFETY: the worker lives in the box until after this loop; this is its thread.
-            let did_work = unsafe { Self::progress_all(this) };
+            let mut did_work = unsafe { Self::progress_all(this) };
+            // SAFETY: as above; answering sends, but progresses nothing.
+            let copying = unsafe { (*this).service.copies_in_flight() };
+            if copying {
+                // SAFETY: as above.
+                did_work |= unsafe { (*this).answer_copied() };
+            }
             turns = turns.wrapping_add(1);
             // Swept when idle, and under constant load too (the clock read only every
             // SWEEP_EVERY busy turns, or when the poller says so while idle): departed
@@ -322,7 +342,10 @@ impl ShardWorker {
             }
             // SAFETY: as above; the reference ends before the next progress.
             let worker = unsafe { &(*this).worker };
-            if let Err(e) = poller.after_progress(worker, did_work, SWEEP_INTERVAL) {
+            // The replicator wakes the worker as copies end; a millisecond bounds a wake lost
+            // to a worker replaced meanwhile.
+            let sleep = if copying { COPY_WAIT_MAX } else { SWEEP_INTERVAL };
+            if let Err(e) = poller.after_progress(worker, did_work, sleep) {
                 warn!("worker: {e}");
             }
         }
@@ -373,11 +396,31 @@ impl ShardWorker {
         !self.puts.is_empty() || self.replies_in_flight.total() > 0 || self.reap_closed()
     }
 
+    /// Sends the answers of writes whose copies ended; true if there were any.
+    fn answer_copied(&mut self) -> bool {
+        let mut any = false;
+        let mut m = self.take_reply();
+        while let Some((token, header)) = self.service.next_copied(&mut m.payload) {
+            any = true;
+            let Some(to) = self.deferred.remove(&token) else { continue };
+            // A client that left gets nothing: its endpoint may be gone.
+            if !self.service.is_live(to.client) {
+                continue;
+            }
+            m.client = to.client;
+            self.send_reply(to.ep, to.incarnation, header, m, None);
+            m = self.take_reply();
+        }
+        self.finish_reply(m);
+        any
+    }
+
     /// Whether anything of ours is still in flight on worker `incarnation` (which may be
     /// destroyed only once nothing is: its callbacks would never come).
     fn in_flight_on(&self, incarnation: u64) -> bool {
         // SAFETY: boxes in `puts` are alive until their receive's callback removes them.
         self.replies_in_flight.count(incarnation) > 0
+            || self.deferred.values().any(|d| d.incarnation == incarnation)
             || self.puts.values().any(|&p| unsafe { (*p).incarnation } == incarnation)
             || self.closing.iter().any(|&(_, g)| g == incarnation)
     }

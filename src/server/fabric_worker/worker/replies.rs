@@ -16,6 +16,11 @@ impl FabricShardWorker {
     /// in `self.scratch`. `capacity`: the most payload the client can take (a get into a
     /// caller's buffer).
     pub(super) fn reply(&mut self, to: Client, answer: Answer, capacity: Option<u64>) {
+        if let Answer::Deferred(token) = answer {
+            // Answered once its copies end (`answer_copied`).
+            self.deferred.insert(token, to);
+            return;
+        }
         let slot = to.slot;
         let Some(peer0) =
             self.peers.get(slot as usize).and_then(|p| p.as_ref()).filter(|p| p.client_id == to.id).map(|p| p.addrs[0])
@@ -28,6 +33,7 @@ impl FabricShardWorker {
         let (mut header, arena) = match answer {
             Answer::Owned(h) => (h, None),
             Answer::Arena { header, offset, len, extent } => (header, Some((offset, len, extent))),
+            Answer::Deferred(_) => unreachable!("kept above"),
         };
         let payload_len = arena.map_or(self.scratch.len() as u64, |a| a.1);
         header.payload_len = payload_len;
@@ -150,6 +156,22 @@ impl FabricShardWorker {
 
     /// Whether a message too large to be copied inline is on its way to `client` over
     /// libfabric's shm (whose sender then waits for the receiver's answer).
+    /// Sends the answers of writes whose copies ended; true if there were any.
+    pub(super) fn answer_copied(&mut self) -> bool {
+        let mut any = false;
+        let mut out = std::mem::take(&mut self.scratch);
+        while let Some((token, header)) = self.service.next_copied(&mut out) {
+            any = true;
+            if let Some(to) = self.deferred.remove(&token) {
+                self.scratch = std::mem::take(&mut out);
+                self.reply(to, Answer::Owned(header), None);
+                out = std::mem::take(&mut self.scratch);
+            }
+        }
+        self.scratch = out;
+        any
+    }
+
     pub(super) fn large_sends_to(&self, client: u64) -> bool {
         let inject = self.rails.eps[0].inject_size;
         self.rails.provider() == "shm"

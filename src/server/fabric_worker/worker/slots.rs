@@ -80,6 +80,7 @@ impl FabricShardWorker {
             }
             self.backlog.forget(client);
             self.unresponsive.remove(&client);
+            self.deferred.retain(|_, to| to.id != client);
             for slot in 0..self.peers.len() as u32 {
                 if self.peers[slot as usize].as_ref().is_some_and(|p| p.client_id == client) {
                     self.forget(slot);

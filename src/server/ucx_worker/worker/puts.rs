@@ -112,9 +112,16 @@ impl ShardWorker {
         // Published only if every byte arrived while the client still wanted it: not
         // after it gave up (abort) or went away (its session revoked).
         let wanted = p.abort.is_none() && self.service.client_of(p.put.header.session).is_some();
+        let client = self.service.client_of(p.put.header.session).unwrap_or(0);
         let mut m = self.take_reply();
-        let header = self.service.finish_put(p.put, status == sys::UCS_OK && wanted, &mut m.payload);
-        self.send_reply(p.reply_ep, p.incarnation, header, m, None);
+        match self.service.finish_put(p.put, status == sys::UCS_OK && wanted, &mut m.payload) {
+            Answer::Deferred(token) => {
+                self.defer(token, p.reply_ep, p.incarnation, client);
+                self.finish_reply(m);
+            }
+            Answer::Owned(header) => self.send_reply(p.reply_ep, p.incarnation, header, m, None),
+            Answer::Arena { .. } => unreachable!("a put's answer carries no value"),
+        }
         if let Some(abort) = p.abort {
             debug!("shard {}: put abandoned by its client; discarded", self.service.index);
             let m = self.take_reply();

@@ -125,6 +125,10 @@ impl ShardWorker {
     /// owned bytes.
     pub(super) fn answer(&mut self, ep: sys::ucp_ep_h, came_by: Arrival, answer: Answer, m: Box<ReplyMsg>) {
         match answer {
+            Answer::Deferred(token) => {
+                self.defer(token, ep, came_by.incarnation, m.client);
+                self.finish_reply(m);
+            }
             Answer::Owned(header) => self.send_reply(ep, came_by.incarnation, header, m, None),
             Answer::Arena { header, offset, len, extent } => self.send_reply(
                 ep,
@@ -134,6 +138,11 @@ impl ShardWorker {
                 Some(ArenaSlice { offset, len, extent, memh: came_by.memh }),
             ),
         }
+    }
+
+    /// Keeps where the answer under `token` goes until its copies end.
+    pub(super) fn defer(&mut self, token: u64, ep: sys::ucp_ep_h, incarnation: u64, client: u64) {
+        self.deferred.insert(token, DeferredReply { ep, incarnation, client });
     }
 
     pub(super) fn reply_error(&mut self, ep: sys::ucp_ep_h, incarnation: u64, request_id: u64, err: &Error) {
@@ -156,6 +165,7 @@ impl ShardWorker {
         if self.stranded > 0 && self.stranded_since.is_none() {
             self.stranded_since = Some(Instant::now());
         }
+        self.deferred.retain(|_, d| !departed.contains(&d.client));
         for client in departed {
             self.backlog.forget(client);
             let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
