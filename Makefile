@@ -30,7 +30,9 @@ demo: build
 
 test: lint test-rust test-ffi test-gateway test-python
 
+# The tests' own build (profile test-release: no whole-program LTO), load generators included.
 test-rust: build
+	$(CARGO) build --profile test-release
 	$(CARGO) test --profile test-release -- --test-threads=2
 
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).

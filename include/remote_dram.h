@@ -282,7 +282,7 @@ const char *rdram_strerror(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 9)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 10)". Static; never NULL.
  */
 const char *rdram_version(void);
 

@@ -19,9 +19,24 @@ impl Client {
     ) -> Result<(Reply, usize)> {
         let mut reply = first.unwrap_or_else(|| self.send_key(key, h, payload, receive, None));
         let mut pause = CLUSTER_RETRY_MIN;
+        let write = matches!(Op::from_u8(h.op), Some(Op::Put | Op::Delete));
+        let conditional = write && h.flags & (flags::IF_EQUAL | flags::IF_NOT_EQUAL | flags::IF_ABSENT) != 0;
+        // An attempt lost with its server may have been taken, and its primary copies it on
+        // to the replicas (a write taken before the epoch's seal outlives its primary): a
+        // conditional write that then fails its condition may have failed on itself.
+        let mut lost_attempt: Option<String> = None;
         loop {
             let mut asked = None;
             let why = match &reply {
+                Ok((r, _)) if r.header.status() == Status::ConditionFailed && lost_attempt.is_some() => {
+                    return Err(Error::new(
+                        Status::Unavailable,
+                        format!(
+                            "outcome unknown: an attempt of this conditional write was lost with its server ({}), and may have been taken before the condition failed on the next; read the key to see",
+                            lost_attempt.unwrap_or_default()
+                        ),
+                    ));
+                }
                 Ok((r, _)) => match r.header.status() {
                     Status::Moved => {
                         let node = String::from_utf8_lossy(&r.payload).into_owned();
@@ -42,7 +57,12 @@ impl Client {
                     _ => return reply,
                 },
                 // A server lost: its keys' writes wait for the view without it.
-                Err(e) if e.status == Status::Unavailable => e.message.clone(),
+                Err(e) if e.status == Status::Unavailable => {
+                    if conditional {
+                        lost_attempt = Some(e.message.clone());
+                    }
+                    e.message.clone()
+                }
                 Err(_) => return reply,
             };
             tracing::debug!("cluster call sent again after {:?}: {why}", started.elapsed());

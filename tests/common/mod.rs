@@ -20,12 +20,12 @@ pub fn missing_prerequisite(test: &str, what: &str) {
 }
 
 /// A load generator of the `rdram-bench` package (bench/), built next to `rdram` by
-/// `cargo build --release` (make test builds it before the tests).
+/// `cargo build` in the tests' profile (make test-rust builds it before the tests).
 pub fn bench_binary(name: &str) -> std::path::PathBuf {
     let path = std::path::Path::new(RDRAM).with_file_name(name);
     assert!(
         path.exists(),
-        "{} is missing: `cargo build --release` builds it (the workspace's default members)",
+        "{} is missing: `cargo build` in the tests' profile builds it (the workspace's default members; make test-rust does)",
         path.display()
     );
     path
