@@ -808,7 +808,7 @@ fn signal(server: &ServerProc, name: &str) {
     assert!(ok, "kill -{name}");
 }
 
-/// Benchmark, not a check (`cargo test --release --test cluster failover_times --
+/// Benchmark, not a check (`cargo test --profile test-release --test cluster failover_times --
 /// --ignored --nocapture`): over 20 trials, the time from SIGKILL of a key's primary
 /// (R = 2, three servers, lease TTL [`TTL_MS`]) to the first successful read and write of
 /// that key through a client given the cluster; a new server replaces the dead one
