@@ -154,18 +154,11 @@ impl Client {
     /// flight: a mover's copies.
     #[doc(hidden)]
     pub fn handover_import_many(&mut self, items: &[(&[u8], &[u8], u64, u64)], depth: usize) -> Vec<Result<()>> {
-        let headers: Vec<_> = items.iter().map(|&(k, v, g, ttl)| self.import_header(k, v.len(), g, ttl)).collect();
-        let replies = self.member_pipelined(items.len(), depth, |i| Ok((headers[i].clone()?, items[i].0, items[i].1)));
-        replies
-            .into_iter()
-            .map(|r| {
-                let reply = r?;
-                match reply.header.status() {
-                    Status::Ok => Ok(()),
-                    s => Err(error_of(s, &reply)),
-                }
-            })
-            .collect()
+        let copies: Vec<ReplicaCopy> = items
+            .iter()
+            .map(|&(key, value, generation, ttl_ms)| ReplicaCopy { key, value: Some(value), generation, ttl_ms })
+            .collect();
+        self.replicate_many(&copies, depth)
     }
 
     /// [`Client::handover_delete`] of many (key, generation), up to `depth` in flight.

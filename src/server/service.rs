@@ -6,10 +6,12 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod replication;
+
 use super::staging::Staging;
 use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
-use crate::cluster::replication::{ArenaValue, CopyJob, Replicator, ReplicatorConfig};
+use crate::cluster::replication::{Replicator, ReplicatorConfig};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
@@ -18,6 +20,7 @@ use crate::server::reply_backlog::ReplyBudget;
 use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS, MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
+use replication::Replication;
 use tracing::{info, warn};
 
 /// Why a request was not admitted, with its id when that could be read (so that the
@@ -115,26 +118,6 @@ pub struct Service {
     placement: Option<PlacementCheck>,
     /// Replicated values received ahead of their generation ([`flags::STAGE`]).
     staging: Staging,
-}
-
-/// A cluster member's shard's copies in flight (see [`crate::cluster::replication`]).
-struct Replication {
-    replicator: Replicator,
-    next_token: u64,
-    copies: FxHashMap<u64, Copying>,
-    /// Keys with copies in flight, and how many: no client reads them meanwhile.
-    keys: FxHashMap<Vec<u8>, u32>,
-}
-
-/// A write waiting for its copies: its answer, and what it holds.
-struct Copying {
-    reply: ReplyHeader,
-    key: Vec<u8>,
-    /// The value's extent, pinned while the replicator reads it.
-    pinned: Option<u64>,
-    op: Op,
-    arrived: Option<Instant>,
-    received: u64,
 }
 
 /// A cluster member's shard's side of placement: the routing last read from the
@@ -263,116 +246,6 @@ impl Service {
         Err(Error::new(
             Status::AuthFailed,
             "a replica copy without a valid ticket: only the key's primary decides its generations",
-        ))
-    }
-
-    /// As the key's primary under a view, while keys have more than one replica or move:
-    /// hands a client's write (committed: `generation`, and the value's extent and layout,
-    /// None for a delete) to the replicator, and defers `reply` until every replica holds
-    /// it. Otherwise (one replica and nothing moving, or not a client's write) `reply`
-    /// goes at once.
-    fn replicate(
-        &mut self,
-        h: &RequestHeader,
-        key: &[u8],
-        generation: u64,
-        value: Option<(Extent, Layout)>,
-        reply: ReplyHeader,
-    ) -> ReplyHeader {
-        let client_write = h.flags & (flags::VIEW | flags::IMPORT | flags::MIGRATE) == flags::VIEW
-            && (h.flags & flags::STAGE == 0 || is_part(h));
-        let copied = self
-            .placement
-            .as_ref()
-            .and_then(|p| p.current.as_deref())
-            .is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
-        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else { return reply };
-        let token = r.next_token;
-        r.next_token += 1;
-        let job_value = value.map(|(extent, layout)| {
-            let at = extent.offset + u64::from(layout.value_at);
-            // SAFETY: the committed value's bytes, which nothing writes again; its extent
-            // is pinned below until `next_copied` hears this copy ended, and the
-            // replicator stops before the arena is freed (field order of `Service`).
-            unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
-        });
-        let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h) };
-        if let Err(e) = r.replicator.copy(job) {
-            return error_reply(h.request_id, &e, &mut Vec::new());
-        }
-        let pinned = value.map(|(extent, _)| extent.offset);
-        if let Some(offset) = pinned {
-            self.shard.pin(offset);
-        }
-        *r.keys.entry(key.to_vec()).or_insert(0) += 1;
-        let (op, received) = match value {
-            Some((_, layout)) => (Op::Put, layout.value_len),
-            None => (Op::Delete, 0),
-        };
-        r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
-        self.deferred = Some(token);
-        reply
-    }
-
-    /// A deferred answer whose copies ended: its token and header (an error's message in
-    /// `out`). None when no copy ended since the last call.
-    pub fn next_copied(&mut self, out: &mut Vec<u8>) -> Option<(u64, ReplyHeader)> {
-        let r = self.replication.as_mut()?;
-        if r.copies.is_empty() {
-            return None;
-        }
-        let done = r.replicator.next_done()?;
-        let c = r.copies.remove(&done.token)?;
-        if let Some(n) = r.keys.get_mut(&c.key) {
-            *n -= 1;
-            if *n == 0 {
-                r.keys.remove(&c.key);
-            }
-        }
-        if let Some(offset) = c.pinned {
-            self.shard.unpin(offset);
-        }
-        out.clear();
-        let header = match done.result {
-            Ok(()) => c.reply,
-            Err(e) => error_reply(c.reply.request_id, &e, out),
-        };
-        let received = if header.status() == Status::Ok { c.received } else { 0 };
-        self.metrics.record(Some(c.op), header.status(), received, 0, c.arrived);
-        Some((done.token, header))
-    }
-
-    /// The answer deferred while a request was served, if it was: its copy then records
-    /// the request's metrics when it ends, from `arrived` on.
-    fn take_deferred(&mut self, arrived: Option<Instant>) -> Option<u64> {
-        let token = self.deferred.take()?;
-        if let Some(c) = self.replication.as_mut().and_then(|r| r.copies.get_mut(&token)) {
-            c.arrived = arrived;
-        }
-        Some(token)
-    }
-
-    /// How the replicator wakes this shard's worker when copies end.
-    pub fn set_copy_wake(&self, wake: crate::cluster::replication::Wake) {
-        if let Some(r) = &self.replication {
-            r.replicator.set_wake(wake);
-        }
-    }
-
-    /// Whether answers wait for copies.
-    pub fn copies_in_flight(&self) -> bool {
-        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty())
-    }
-
-    /// Refuses a client's read of a key whose last write is not on every replica yet.
-    fn check_replicated(&self, h: &RequestHeader, key: &[u8]) -> Result<()> {
-        let Some(r) = &self.replication else { return Ok(()) };
-        if r.keys.is_empty() || h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || !r.keys.contains_key(key) {
-            return Ok(());
-        }
-        Err(Error::new(
-            Status::Replicating,
-            "the key's last write is being copied to its replicas; it is read once every replica holds it",
         ))
     }
 
