@@ -321,6 +321,16 @@ fn placement(url: &str) -> (u64, Vec<String>, bool) {
     (p["epoch"].as_u64().unwrap(), members, p["next"].is_null())
 }
 
+/// Waits (up to 30 s) until the placement holds `n` members and no keys move; fails the
+/// test with the cluster's status otherwise.
+fn wait_until_placed(url: &str, n: usize) {
+    let placed = wait_until(Duration::from_secs(30), || {
+        let (_, members, settled) = placement(url);
+        settled && members.len() == n
+    });
+    assert!(placed, "{n} members were not placed: {}", status(url));
+}
+
 fn value_of(i: usize) -> Vec<u8> {
     common::pattern(i as u64, 2048 + i % 1024)
 }
@@ -551,11 +561,7 @@ fn large_values_are_staged_on_their_replicas() {
     let url = etcd.url("staged");
     create(&url, 2);
     let servers = [member(&url), member(&url), member(&url)];
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (_, members, settled) = placement(&url);
-        settled && members.len() == 3
-    });
-    assert!(ready, "{}", status(&url));
+    wait_until_placed(&url, 3);
     let value = |i: usize| common::pattern(i as u64, 300_000 + i);
     let mut c = client(&url);
     let mut generations = std::collections::BTreeMap::new();
@@ -621,11 +627,7 @@ fn one_server_fails_under_load(pause: bool) {
     let c = member(&url);
     // Loaded once the three servers' keys have settled: the errors counted are the
     // failover's.
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (_, members, settled) = placement(&url);
-        settled && members.len() == 3
-    });
-    assert!(ready, "{}", status(&url));
+    wait_until_placed(&url, 3);
     let preload = 600;
     let counters = 8;
     let mut setup = client(&url);
@@ -824,11 +826,7 @@ fn failover_times() {
     let mut c = client(&url);
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
     for trial in 0..20 {
-        let settled = wait_until(Duration::from_secs(30), || {
-            let (_, members, settled) = placement(&url);
-            settled && members.len() == 3
-        });
-        assert!(settled, "{}", status(&url));
+        wait_until_placed(&url, 3);
         let (_, members, _) = placement(&url);
         let seeds: Vec<u64> = members.iter().map(|m| remote_dram::proto::node_seed(m)).collect();
         let victim = trial % 3;
@@ -1165,13 +1163,7 @@ fn etcd_writers_cannot_redirect_or_detach_members() {
     let url = etcd.url("trust");
     create(&url, 1);
     let servers = [member(&url), member(&url)];
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let (_, members, settled) = placement(&url);
-            settled && members.len() == 2
-        }),
-        "the two members were not placed"
-    );
+    wait_until_placed(&url, 2);
     let kv = EtcdKv::of(&url);
     let prefix = "/remote_dram/trust/";
     let decoy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1238,13 +1230,7 @@ fn a_dead_member_locks_no_new_client_out() {
     let url = etcd.url("alive");
     create(&url, 2);
     let mut servers = [member(&url), member(&url), member(&url)];
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let (_, members, settled) = placement(&url);
-            settled && members.len() == 3
-        }),
-        "the three members were not placed"
-    );
+    wait_until_placed(&url, 3);
     let mut c = client(&url);
     let keys: Vec<String> = (0..30).map(|i| format!("alive/{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -1293,13 +1279,7 @@ fn a_write_is_read_only_once_every_replica_holds_it() {
     const HOLD: Duration = Duration::from_secs(4);
     let hold = [(remote_dram::cluster::replication::TEST_COPY_DELAY_ENV, "4000")];
     let mut servers: Vec<ServerProc> = (0..3).map(|_| ServerProc::start_with_env(&args, &hold)).collect();
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let (_, members, settled) = placement(&url);
-            settled && members.len() == 3
-        }),
-        "the three members were not placed"
-    );
+    wait_until_placed(&url, 3);
     let routing = Routing::new(serde_json::from_value::<Placement>(status(&url)["placement"].clone()).unwrap());
     let primary = servers[0].addr.clone();
     let keys: Vec<String> = (0..)

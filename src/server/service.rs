@@ -6,20 +6,22 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod placement;
 mod replication;
 
 use super::staging::Staging;
 use crate::auth::{ClusterSecret, Grant};
-use crate::cluster::placement::{Routing, ServerRole};
+use crate::cluster::placement::ServerRole;
 use crate::cluster::replication::{Replicator, ReplicatorConfig};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
 use crate::server::reply_backlog::ReplyBudget;
-use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS, MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
+use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
+use placement::PlacementCheck;
 use replication::Replication;
 use tracing::{info, warn};
 
@@ -120,17 +122,6 @@ pub struct Service {
     staging: Staging,
 }
 
-/// A cluster member's shard's side of placement: the routing last read from the
-/// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
-struct PlacementCheck {
-    role: Arc<ServerRole>,
-    /// Makes the tickets this shard gives as a key's primary and checks those it takes.
-    secret: ClusterSecret,
-    seen: u64,
-    current: Option<Arc<(String, Routing)>>,
-    handovers: FxHashMap<Vec<u8>, Instant>,
-}
-
 /// Arena pressure as log lines: crossing 90 % full (once, until it drops below 80 %), and
 /// evictions or refused puts, summed over at most one line per [`PRESSURE_LOG_EVERY`].
 #[derive(Default)]
@@ -218,187 +209,6 @@ impl Service {
         self.placement =
             Some(PlacementCheck { role, secret, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
         Ok(())
-    }
-
-    /// Refuses a frame that only a cluster's members send ([`flags::IMPORT`],
-    /// [`flags::MIGRATE`], a put with [`flags::STAGE`] other than a part of a client's own
-    /// value; discarding what the session itself staged is anyone's) when
-    /// this server is in no cluster: there, no one may install a generation it did not give.
-    fn members_only(&self, h: &RequestHeader) -> Result<()> {
-        let staged_copy = h.op == Op::Put as u8 && h.flags & flags::STAGE != 0 && !is_part(h);
-        let replica_frame = h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || staged_copy;
-        if replica_frame && self.placement.is_none() {
-            return Err(Error::new(
-                Status::AuthFailed,
-                "replication and handover frames are taken only between members of a cluster; this server is in none",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Refuses a frame that would change what `key` holds on a replica's say-so without
-    /// the ticket for `grant` that a key's primary (or a member) made with the cluster's
-    /// secret: only the key's primary decides its generations.
-    fn check_ticket(&self, h: &RequestHeader, key: &[u8], grant: Grant) -> Result<()> {
-        if self.placement.as_ref().is_some_and(|p| p.secret.allows(&h.ticket(), key, grant)) {
-            return Ok(());
-        }
-        Err(Error::new(
-            Status::AuthFailed,
-            "a replica copy without a valid ticket: only the key's primary decides its generations",
-        ))
-    }
-
-    /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
-    /// cannot take as routed: the view's placement version is not this server's ("view
-    /// changed"); a key sent here asking ([`flags::ASKING`]) or to be replicated
-    /// ([`flags::IMPORT`]) that this server does not hold under the placement; or keys are
-    /// moving and this one, moving elsewhere, is no longer here ("moved", with the server
-    /// it moved to) or is being handed over (a write waits: "key moving"). Requests
-    /// without a view (clients given addresses, servers copying keys) are not fenced.
-    fn check_placement(&mut self, h: &RequestHeader, key: &[u8], write: bool) -> Result<()> {
-        let Some(p) = self.placement.as_mut() else { return Ok(()) };
-        if h.flags & flags::VIEW == 0 {
-            return Ok(());
-        }
-        if !p.role.serving() {
-            return Err(Error::new(Status::ViewChanged, "this server was paused for longer than its lease allows; it serves again once etcd confirmed its lease and it read the placement again"));
-        }
-        let version = p.role.version();
-        if version != p.seen {
-            p.current = p.role.current();
-            p.seen = version;
-            // Before any write is taken under it: a new epoch's primaries give out
-            // generations above those its old primaries gave.
-            if let Some(c) = &p.current {
-                // Checked as the placement was read from etcd; a floor refused here too
-                // leaves this server refusing writes rather than giving out wrapped ones.
-                let floor = c.1.placement.generation_floor;
-                if let Err(e) = self.shard.raise_generations_above(floor) {
-                    p.seen = u64::MAX;
-                    return Err(Error::new(
-                        Status::ViewChanged,
-                        format!("the placement's generation floor: {}", e.message),
-                    ));
-                }
-            }
-        }
-        // Borrowed, not cloned: an `Arc` clone per request would bounce its count between
-        // the workers' caches.
-        let Some(current) = p.current.as_deref() else {
-            return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
-        };
-        let (me, routing) = (current.0.as_str(), &current.1);
-        let held = routing.placement.version;
-        if h.view != held {
-            return Err(Error::new(
-                Status::ViewChanged,
-                format!("request routed with placement version {}, this server holds version {held}", h.view),
-            ));
-        }
-        let replicating = h.flags & (flags::IMPORT | flags::STAGE) != 0;
-        if replicating || (h.flags & flags::ASKING != 0 && !write) {
-            return if routing.holds(me, key) {
-                Ok(())
-            } else {
-                Err(Error::new(
-                    Status::ViewChanged,
-                    format!("the key has no replica on this server in placement version {held}"),
-                ))
-            };
-        }
-        if h.flags & flags::ASKING != 0 {
-            let owner = routing.owner(key);
-            if routing.next_owner(key) != Some(me) && owner != Some(me) {
-                return Err(Error::new(
-                    Status::ViewChanged,
-                    format!("asked here, but the key's primary is elsewhere in placement version {held}"),
-                ));
-            }
-            // With R ≥ 2 a client asks a write of the key's next primary only when it lost
-            // the key's primary. Taken once etcd says that primary is gone, not while it
-            // lives (the client lost only its own connection): two servers would then
-            // order the key's writes.
-            if let Some(live) = owner.filter(|o| write && routing.placement.replicas > 1 && *o != me) {
-                if p.role.is_live(live) {
-                    return Err(Error::new(
-                        Status::ViewChanged,
-                        format!("asked here as the key's next primary, but its primary {live} is live"),
-                    ));
-                }
-            }
-            return Ok(());
-        }
-        if routing.owner(key) != Some(me) {
-            return Err(Error::new(
-                Status::ViewChanged,
-                format!("this server is not the key's primary in placement version {held}"),
-            ));
-        }
-        let moving_to = match routing.next_owner(key) {
-            Some(next) if next != me => next.to_string(),
-            _ => return Ok(()),
-        };
-        if routing.placement.replicas > 1 {
-            // Its replicas take every write until the move is sealed; then the key waits
-            // for its new primary, so that no write is taken here that the sources'
-            // generation floor does not cover.
-            return match write && routing.placement.sealed {
-                true => Err(Error::new(
-                    Status::KeyMoving,
-                    format!("the key's primary becomes {moving_to} as this move ends; writes wait for it"),
-                )),
-                false => Ok(()),
-            };
-        }
-        if !self.shard.contains(key) {
-            return Err(Error::new(Status::Moved, moving_to));
-        }
-        if write && self.held_for_handover(key) {
-            return Err(Error::new(Status::KeyMoving, format!("the key is being handed over to {moving_to}")));
-        }
-        Ok(())
-    }
-
-    /// Whether `key` is held for a handover now (a lapsed hold is dropped).
-    fn held_for_handover(&mut self, key: &[u8]) -> bool {
-        let Some(p) = self.placement.as_mut() else { return false };
-        match p.handovers.get(key) {
-            Some(&until) if Instant::now() < until => true,
-            Some(_) => {
-                p.handovers.remove(key);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Holds `key` for a handover of `len` bytes ([`flags::MIGRATE`] get).
-    fn hold_for_handover(&mut self, key: &[u8], len: u64) -> Result<()> {
-        let Some(p) = self.placement.as_mut() else {
-            return Err(Error::new(
-                Status::Invalid,
-                "handovers are between members of a cluster; this server is in none",
-            ));
-        };
-        let now = Instant::now();
-        if p.handovers.len() >= MAX_HANDOVERS {
-            p.handovers.retain(|_, until| *until > now);
-            if p.handovers.len() >= MAX_HANDOVERS {
-                return Err(Error::new(
-                    Status::Unavailable,
-                    format!("{MAX_HANDOVERS} keys of this shard are in handovers already"),
-                ));
-            }
-        }
-        p.handovers.insert(key.to_vec(), transfer_deadline(HANDOVER_HOLD, len));
-        Ok(())
-    }
-
-    fn end_handover(&mut self, key: &[u8]) {
-        if let Some(p) = self.placement.as_mut() {
-            p.handovers.remove(key);
-        }
     }
 
     /// Applies what the bootstrap said about clients since the last call. Rare (a client
@@ -657,7 +467,9 @@ impl Service {
             Ok(generation) => {
                 let reply = ok_reply(id, generation, p.layout.value_len);
                 match &key {
-                    Some(key) => self.replicate(&p.header, key, generation, Some((p.extent, p.layout)), reply),
+                    Some(key) => self
+                        .replicate(&p.header, key, generation, Some((p.extent, p.layout)), reply)
+                        .unwrap_or_else(|e| error_reply(id, &e, out)),
                     None => reply,
                 }
             }
@@ -705,7 +517,7 @@ impl Service {
         self.shard.write_put(extent, layout, key, value);
         let generation = self.commit_or_stage(extent, layout, h)?;
         let reply = ok_reply(h.request_id, generation, value.len() as u64);
-        Ok(self.replicate(h, key, generation, Some((extent, layout)), reply))
+        self.replicate(h, key, generation, Some((extent, layout)), reply)
     }
 
     /// Publishes the value the client's session staged for `key` under the request id in
@@ -855,7 +667,7 @@ impl Service {
         }
         let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
         let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
-        Ok(self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply))
+        self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply)
     }
 
     /// Publishes a put's value, or holds it for a later publish when it is staged.
@@ -957,7 +769,11 @@ impl Service {
         let generation = self.shard.generation_of(key).unwrap_or(0);
         let existed = self.shard.delete(key, &condition(h))?;
         let reply = ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64);
-        Ok(if existed { self.replicate(h, key, generation, None, reply) } else { reply })
+        if existed {
+            self.replicate(h, key, generation, None, reply)
+        } else {
+            Ok(reply)
+        }
     }
 
     fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
@@ -1095,7 +911,7 @@ fn ttl(h: &RequestHeader) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Placement;
+    use crate::cluster::{Placement, Routing};
     use crate::store::{HugePages, Mode};
 
     /// A shard of member `me` in a cluster with R = 2 whose keys move from `members` to

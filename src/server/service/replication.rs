@@ -45,7 +45,7 @@ impl Service {
         generation: u64,
         value: Option<(Extent, Layout)>,
         reply: ReplyHeader,
-    ) -> ReplyHeader {
+    ) -> Result<ReplyHeader> {
         let client_write = h.flags & (flags::VIEW | flags::IMPORT | flags::MIGRATE) == flags::VIEW
             && (h.flags & flags::STAGE == 0 || is_part(h));
         let copied = self
@@ -53,7 +53,7 @@ impl Service {
             .as_ref()
             .and_then(|p| p.current.as_deref())
             .is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
-        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else { return reply };
+        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else { return Ok(reply) };
         let token = r.next_token;
         r.next_token += 1;
         let job_value = value.map(|(extent, layout)| {
@@ -64,9 +64,8 @@ impl Service {
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
         let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h) };
-        if let Err(e) = r.replicator.copy(job) {
-            return error_reply(h.request_id, &e, &mut Vec::new());
-        }
+        // (Only a replicator thread that died refuses: the write stays here, on one replica.)
+        r.replicator.copy(job)?;
         let pinned = value.map(|(extent, _)| extent.offset);
         if let Some(offset) = pinned {
             self.shard.pin(offset);
@@ -78,7 +77,7 @@ impl Service {
         };
         r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
         self.deferred = Some(token);
-        reply
+        Ok(reply)
     }
 
     /// A deferred answer whose copies ended: its token and header (an error's message in
