@@ -137,20 +137,15 @@ pub mod flags {
     /// Delete (with `IF_EQUAL`): end the handover, deleting the key if it still holds
     /// the generation handed over.
     pub const MIGRATE: u32 = 1 << 13;
-    /// A replica's copy of a write sent while the key's primary takes it, before its
-    /// generation is known. Put: the value is received and held unpublished (reachable
-    /// by no one) for the sending client's session under the request's id. Put with `IMPORT` and no
-    /// value: publishes the value staged under the id in `if_not_equal`, with the
-    /// generation in `if_equal` (as an import). Delete: discards the value staged under
-    /// the id in `if_not_equal`. Staged values are bounded per shard, lapse, and go
-    /// when their session ends (see `server/staging.rs`).
-    ///
-    /// Put with [`HAS_RANGE`] (not `IMPORT`): a part of a value staged in parts, the key
+    /// A value staged in parts. Put with [`HAS_RANGE`] (never with `IMPORT`), the key
     /// inline: bytes `[range_start, range_start + payload)` of a value of `range_end`
     /// bytes. The first part (at 0) stages the value under the request's id, the later
     /// ones name it in `if_not_equal` and come in order, one at a time. The empty part at
     /// `range_start == range_end` commits the value as an ordinary put (its condition and
-    /// TTL in the header). A client copying a value out of GPU memory sends it so.
+    /// TTL in the header). Delete: discards the value the session staged under the id in
+    /// `if_not_equal`. Staged values are reachable by no one, bounded per shard, lapse,
+    /// and go when their session ends (see `server/staging.rs`). A client copying a value
+    /// out of GPU memory sends it so.
     pub const STAGE: u32 = 1 << 14;
     /// Every flag a request may carry once it is whole.
     pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE | STAGE;

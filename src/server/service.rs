@@ -118,7 +118,7 @@ pub struct Service {
     pub reply_budget: Arc<ReplyBudget>,
     /// In a cluster: the placement that requests routed with a view are checked against.
     placement: Option<PlacementCheck>,
-    /// Replicated values received ahead of their generation ([`flags::STAGE`]).
+    /// Values staged in parts, until their last part commits them ([`flags::STAGE`]).
     staging: Staging,
 }
 
@@ -384,16 +384,11 @@ impl Service {
                 part: Some(id),
             });
         }
-        if h.flags & flags::STAGE != 0 {
-            if h.flags & flags::IMPORT != 0 {
-                return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
-            }
-            self.staging.admit(h.session, arriving)?;
-        }
+        whole_values_are_not_staged(&h)?;
         if !in_payload {
             self.check_shard(req.inline)?;
             self.check_placement(&h, req.inline, true)?;
-            if h.flags & (flags::IMPORT | flags::STAGE) == 0 {
+            if h.flags & flags::IMPORT == 0 {
                 self.shard.precheck_put(req.inline, &condition(&h))?;
             }
         }
@@ -463,7 +458,7 @@ impl Service {
             self.shard.release(p.extent);
             return error_reply(id, &e, out);
         }
-        match self.commit_or_stage(p.extent, p.layout, &p.header) {
+        match self.commit(p.extent, p.layout, &p.header) {
             Ok(generation) => {
                 let reply = ok_reply(id, generation, p.layout.value_len);
                 match &key {
@@ -503,53 +498,18 @@ impl Service {
         if is_part(h) {
             return self.eager_part(h, key, value);
         }
+        whole_values_are_not_staged(h)?;
         self.check_placement(h, key, true)?;
-        const STAGED_IMPORT: u32 = flags::IMPORT | flags::STAGE;
-        match h.flags & STAGED_IMPORT {
-            STAGED_IMPORT => return self.publish_staged(h, key, value.len()),
-            flags::STAGE => self.staging.admit(h.session, value.len() as u64)?,
-            0 => self.shard.precheck_put(key, &condition(h))?,
-            _ => {}
+        if h.flags & flags::IMPORT == 0 {
+            self.shard.precheck_put(key, &condition(h))?;
         }
         // Copied here from the receive buffer: aligned to where the value sits in it.
         let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
-        let generation = self.commit_or_stage(extent, layout, h)?;
+        let generation = self.commit(extent, layout, h)?;
         let reply = ok_reply(h.request_id, generation, value.len() as u64);
         self.replicate(h, key, generation, Some((extent, layout)), reply)
-    }
-
-    /// Publishes the value the client's session staged for `key` under the request id in
-    /// `if_not_equal`, with the generation in `if_equal` ([`flags::STAGE`]).
-    fn publish_staged(&mut self, h: &RequestHeader, key: &[u8], value_len: usize) -> Result<ReplyHeader> {
-        if value_len != 0 {
-            return Err(Error::new(Status::Invalid, "publishing a staged value carries no payload"));
-        }
-        let staged = self.staging.take(h.session, h.if_not_equal).ok_or_else(|| {
-            Error::new(
-                Status::Missing,
-                format!("no value is staged under request id {} (it lapsed, or never arrived)", h.if_not_equal),
-            )
-        })?;
-        if self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key
-            || staged.assembly.is_some()
-        {
-            // (A value staged in parts is committed by its last part, never imported: its
-            // extent may hold bytes that never arrived.)
-            self.shard.release(staged.extent);
-            return Err(Error::new(
-                Status::Invalid,
-                format!("the value staged under request id {} is another key's, or staged in parts", h.if_not_equal),
-            ));
-        }
-        let grant = Grant::Put { generation: h.if_equal, len: staged.layout.value_len, ttl_ms: ttl(h) };
-        if let Err(e) = self.check_ticket(h, key, grant) {
-            self.shard.release(staged.extent);
-            return Err(e);
-        }
-        let generation = self.shard.commit_import(staged.extent, staged.layout, h.if_equal, ttl(h))?;
-        Ok(ok_reply(h.request_id, generation, staged.layout.value_len))
     }
 
     /// Admits a part of a value staged in parts ([`flags::STAGE`] with a range): the
@@ -668,18 +628,6 @@ impl Service {
         let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
         let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
         self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply)
-    }
-
-    /// Publishes a put's value, or holds it for a later publish when it is staged.
-    fn commit_or_stage(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
-        if h.flags & (flags::STAGE | flags::IMPORT) != flags::STAGE {
-            return self.commit(extent, layout, h);
-        }
-        self.staging.hold(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
-            self.shard.release(extent);
-            e
-        })?;
-        Ok(0)
     }
 
     /// Publishes a put's key and value, written into `extent`: under a new generation if
@@ -847,6 +795,18 @@ pub fn error_reply(request_id: u64, err: &Error, out: &mut Vec<u8>) -> ReplyHead
 /// A part of a value staged in parts ([`flags::STAGE`] with a range, not an import).
 fn is_part(h: &RequestHeader) -> bool {
     h.flags & (flags::STAGE | flags::HAS_RANGE | flags::IMPORT) == flags::STAGE | flags::HAS_RANGE
+}
+
+/// Refuses a put flagged [`flags::STAGE`] that is not a part of a value staged in parts
+/// (parts are taken before this is asked).
+fn whole_values_are_not_staged(h: &RequestHeader) -> Result<()> {
+    if h.flags & flags::STAGE == 0 {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::Invalid,
+        "a staged put is a part of a value staged in parts: it carries a range (HAS_RANGE) and no IMPORT",
+    ))
 }
 
 /// The empty part at a value's end, which commits it.

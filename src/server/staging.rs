@@ -1,14 +1,6 @@
-//! Values a replica holds for a client before they are published ([`flags::STAGE`]).
-//!
-//! A client that writes a large value to a key with R > 1 replicas sends it to the key's
-//! primary and, at the same time, to each other replica as a staged put; once the primary
-//! has given the write its generation, a small publish request (`IMPORT | STAGE`) installs
-//! the staged value under that generation. The value crosses the network to every replica
-//! at once, instead of once to the primary and then once more to each replica.
-//!
-//! A value can also be staged in parts, in order, one part in flight at a time, and then
-//! committed as an ordinary put (see [`flags::STAGE`]): a client copying a value out of GPU
-//! memory sends one part while the GPU copies the next.
+//! Values a client stages in parts before they are committed ([`flags::STAGE`]): in
+//! order, one part in flight at a time, then committed as an ordinary put. A client
+//! copying a value out of GPU memory sends one part while the GPU copies the next.
 //!
 //! A staged value is reachable by no reader or writer; it is bounded in count and bytes
 //! per shard and per session, held for at most [`STAGE_HOLD`], and freed when its

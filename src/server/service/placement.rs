@@ -5,11 +5,11 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{is_part, transfer_deadline, Service};
+use super::{transfer_deadline, Service};
 use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
-use crate::proto::{flags, Op, RequestHeader};
+use crate::proto::{flags, RequestHeader};
 use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS};
 
 /// A cluster member's shard's side of placement: the routing last read from the
@@ -25,13 +25,10 @@ pub(super) struct PlacementCheck {
 
 impl Service {
     /// Refuses a frame that only a cluster's members send ([`flags::IMPORT`],
-    /// [`flags::MIGRATE`], a put with [`flags::STAGE`] other than a part of a client's own
-    /// value; discarding what the session itself staged is anyone's) when
-    /// this server is in no cluster: there, no one may install a generation it did not give.
+    /// [`flags::MIGRATE`]) when this server is in no cluster: there, no one may install a
+    /// generation it did not give.
     pub(super) fn members_only(&self, h: &RequestHeader) -> Result<()> {
-        let staged_copy = h.op == Op::Put as u8 && h.flags & flags::STAGE != 0 && !is_part(h);
-        let replica_frame = h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || staged_copy;
-        if replica_frame && self.placement.is_none() {
+        if h.flags & (flags::IMPORT | flags::MIGRATE) != 0 && self.placement.is_none() {
             return Err(Error::new(
                 Status::AuthFailed,
                 "replication and handover frames are taken only between members of a cluster; this server is in none",
@@ -100,8 +97,7 @@ impl Service {
                 format!("request routed with placement version {}, this server holds version {held}", h.view),
             ));
         }
-        let replicating = h.flags & (flags::IMPORT | flags::STAGE) != 0;
-        if replicating || (h.flags & flags::ASKING != 0 && !write) {
+        if h.flags & flags::IMPORT != 0 || (h.flags & flags::ASKING != 0 && !write) {
             return if routing.holds(me, key) {
                 Ok(())
             } else {
