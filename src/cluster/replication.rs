@@ -26,6 +26,10 @@ use crate::auth::ClusterSecret;
 use crate::client::{Client, ClientOptions, ReplicaCopy};
 use crate::error::{Error, Result, Status};
 
+/// How long the replicator looks for copies without sleeping, and how long it sleeps
+/// when none are waiting (it wakes as soon as one is handed over).
+const SPIN: Duration = Duration::from_micros(50);
+const IDLE_WAIT: Duration = Duration::from_millis(200);
 /// Copies a batch keeps in flight per replica.
 const DEPTH: usize = 32;
 /// Copies taken into one batch, at most.
@@ -210,19 +214,12 @@ impl Work {
     fn run(mut self) {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let wait = self.waiting.iter().map(|w| w.retry_at).min().map(|at| at.saturating_duration_since(now));
-            let first = match wait {
-                Some(d) if d.is_zero() => self.jobs.try_recv().ok(),
-                Some(d) => match self.jobs.recv_timeout(d) {
-                    Ok(job) => Some(job),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
-                None => match self.jobs.recv_timeout(Duration::from_millis(200)) {
-                    Ok(job) => Some(job),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
+            let wait =
+                self.waiting.iter().map(|w| w.retry_at).min().map_or(IDLE_WAIT, |at| at.saturating_duration_since(now));
+            let first = match self.next_job(wait) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => None,
             };
             let now = Instant::now();
             for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(BATCH) {
@@ -232,6 +229,28 @@ impl Work {
                 self.waiting.push(waiting);
             }
             self.copy_due();
+        }
+    }
+
+    /// The next copy handed over within `wait`: looked for without sleeping for up to
+    /// [`SPIN`] first (giving the CPU up between looks), as copies come right behind each
+    /// other under load and a sleeping thread takes tens of µs to wake.
+    fn next_job(&self, wait: Duration) -> std::result::Result<Option<CopyJob>, RecvTimeoutError> {
+        let started = Instant::now();
+        loop {
+            match self.jobs.try_recv() {
+                Ok(job) => return Ok(Some(job)),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            let spun = started.elapsed();
+            if spun >= wait {
+                return Ok(None);
+            }
+            if spun >= SPIN {
+                return self.jobs.recv_timeout(wait - spun).map(Some);
+            }
+            std::thread::yield_now();
         }
     }
 

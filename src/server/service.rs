@@ -203,6 +203,7 @@ impl Service {
         self.replication = Some(Replication {
             replicator: Replicator::start(self.index, cfg)?,
             next_token: 1,
+            last_handed: Instant::now(),
             copies: FxHashMap::default(),
             keys: FxHashMap::default(),
         });

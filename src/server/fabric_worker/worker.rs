@@ -280,6 +280,10 @@ impl FabricShardWorker {
             let copying = self.service.copies_in_flight();
             if copying {
                 did_work |= self.answer_copied();
+                if !did_work && self.service.copy_expected_soon() {
+                    std::thread::yield_now();
+                    continue;
+                }
             }
             for c in done.drain(..) {
                 match self.ops.progress(c) {

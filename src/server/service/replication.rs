@@ -9,6 +9,7 @@ use super::{error_reply, is_part, ttl, Service};
 use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Op, ReplyHeader, RequestHeader};
+use crate::server::tunables::COPY_SPIN;
 use crate::store::alloc::Extent;
 use crate::store::Layout;
 
@@ -17,6 +18,8 @@ pub(super) struct Replication {
     pub(super) replicator: Replicator,
     pub(super) next_token: u64,
     pub(super) copies: FxHashMap<u64, Copying>,
+    /// When the last copy was handed over (see [`Service::copy_expected_soon`]).
+    pub(super) last_handed: Instant,
     /// Keys with copies in flight, and how many: no client reads them meanwhile.
     pub(super) keys: FxHashMap<Vec<u8>, u32>,
 }
@@ -76,6 +79,7 @@ impl Service {
             None => (Op::Delete, 0),
         };
         r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
+        r.last_handed = Instant::now();
         self.deferred = Some(token);
         Ok(reply)
     }
@@ -128,6 +132,13 @@ impl Service {
     /// Whether answers wait for copies.
     pub fn copies_in_flight(&self) -> bool {
         self.replication.as_ref().is_some_and(|r| !r.copies.is_empty())
+    }
+
+    /// Whether a copy was handed over within the last [`COPY_SPIN`]: its answer is likely
+    /// a replica's round trip away, so the worker looks again rather than sleep (giving the
+    /// CPU up between looks, for the replicator and the replica).
+    pub fn copy_expected_soon(&self) -> bool {
+        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty() && r.last_handed.elapsed() < COPY_SPIN)
     }
 
     /// Refuses a client's read of a key whose last write is not on every replica yet.

@@ -313,6 +313,11 @@ impl ShardWorker {
             if copying {
                 // SAFETY: as above.
                 did_work |= unsafe { (*this).answer_copied() };
+                // SAFETY: as above.
+                if !did_work && unsafe { (*this).service.copy_expected_soon() } {
+                    std::thread::yield_now();
+                    continue;
+                }
             }
             turns = turns.wrapping_add(1);
             // Swept when idle, and under constant load too (the clock read only every
