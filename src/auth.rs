@@ -3,9 +3,9 @@
 //!   the bootstrap's challenge–response ([`token_proof`]) proves each side knows it;
 //! - the **cluster secret**, which only a cluster's servers hold ([`ClusterSecret`]). It
 //!   authenticates their member records in etcd and the tickets that let a frame install
-//!   a generation on a replica: a key's primary gives the writer a ticket for the
-//!   generation it decided, and a replica takes the copy only with it. No client can make
-//!   one up.
+//!   a generation on a replica: a key's primary makes one for each copy of a write it
+//!   sends the key's replicas (and movers for theirs), and a replica takes a copy only
+//!   with it. No client ever holds one, nor can make one up.
 
 use std::sync::Arc;
 

@@ -21,9 +21,9 @@ pub struct ClientOptions {
     /// about ten times longer. Such a context also starts sooner (no tcp interface
     /// discovery).
     pub local_shared_memory: bool,
-    /// A cluster server's own calls only (its mover): the cluster's secret, with which the
-    /// client makes the tickets of its copies and handovers itself. Applications leave it
-    /// None: their copies carry the tickets the keys' primaries gave them.
+    /// A cluster server's own calls only (its replicator and mover): the cluster's secret,
+    /// with which the client makes the tickets of its copies and handovers. Applications
+    /// leave it None: they send no copies.
     #[doc(hidden)]
     pub cluster_secret: Option<crate::auth::ClusterSecret>,
 }

@@ -3,7 +3,7 @@
 //! batches of many keys with [`DEPTH`] requests in flight (at most [`BATCH_BYTES`] held),
 //! through the real transport and the cluster's token like any client,
 //! preserving generation and TTL ([`Client::handover_import`], which never replaces a
-//! newer value: clients copy their writes to those replicas too while keys move).
+//! newer value: keys' primaries copy their writes to those replicas too while keys move).
 //!
 //! With one replica per key, a key whose owner changes is handed over instead: held here
 //! ([`Client::handover_get`]), stored on its new owner, then deleted here if it was not

@@ -287,6 +287,10 @@ impl Work {
                 }
             }
         }
+        let mut settled = vec![false; self.waiting.len()];
+        for &(i, _) in &ended {
+            settled[i] = true;
+        }
         let mut missed: HashMap<usize, String> = HashMap::new();
         for (replica, items) in sends {
             for ((i, must), outcome) in items.iter().copied().zip(self.send(&replica, &items)) {
@@ -298,7 +302,7 @@ impl Work {
             }
         }
         for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
-            if ended.iter().any(|(j, _)| *j == i) {
+            if settled[i] {
                 continue;
             }
             match missed.remove(&i) {

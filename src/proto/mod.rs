@@ -121,11 +121,10 @@ pub mod flags {
     /// placement being moved to, as Redis Cluster's ASKING); a read from another replica
     /// of the key when its primary cannot be reached.
     pub const ASKING: u32 = 1 << 11;
-    /// Replication between replicas (from a client copying a write its key's primary
-    /// took, or from a server copying keys to their new replicas), taken only by a
-    /// cluster's members and, for a put or delete, only with the ticket
-    /// ([`crate::proto::RequestHeader::ticket`]) the key's primary gave in its reply to the
-    /// write (or a member made). Put: `if_equal` holds
+    /// Replication between replicas (a key's primary copying a write it took, or a
+    /// server copying keys to their new replicas), taken only by a cluster's members and,
+    /// for a put or delete, only with the ticket
+    /// ([`crate::proto::RequestHeader::ticket`]) the sending member made. Put: `if_equal` holds
     /// the generation the primary gave the value, which is installed unless the key holds
     /// that generation or a newer one. Get: also answers the key's TTL left in `more`
     /// (ms, 0: none). Delete: `if_equal` holds the generation the primary deleted, and
