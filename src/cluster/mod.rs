@@ -28,6 +28,7 @@
 
 mod etcd;
 mod follower;
+pub mod member;
 pub mod mover;
 pub mod placement;
 mod registration;

@@ -576,38 +576,18 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     let server = Server::start(cfg)?;
     let membership = match &cluster {
         Some(url) => {
-            let info = server.info();
-            let member = remote_dram::cluster::Member {
-                address: info.address.clone(),
-                shards: info.shards,
-                transport: info.transport.clone(),
-                capacity_bytes: info.bytes_per_shard * info.shards as u64,
-                ..Default::default()
+            let cfg = remote_dram::cluster::member::MemberConfig {
+                url: url.clone(),
+                lease_ttl,
+                secret: cluster_secret.clone().expect("checked above: a cluster member has its secret"),
+                auth_token: token,
+                rebalance_rate: args.rebalance_rate,
             };
-            if server.local_addr().ip().is_unspecified() {
-                server.stop();
-                return Err(Error::new(
-                    Status::Invalid,
-                    "--cluster needs a --listen address that clients can reach, not 0.0.0.0",
-                ));
-            }
-            let me = member.address.clone();
-            let secret = cluster_secret.clone().expect("checked above: a cluster member has its secret");
-            match remote_dram::cluster::Registration::join(url, member, lease_ttl, role.clone(), secret.clone()) {
-                Ok(r) => {
-                    let r = Arc::new(r);
-                    let mover_cfg = remote_dram::cluster::mover::MoverConfig {
-                        me,
-                        auth_token: token,
-                        cluster_secret: secret,
-                        rate: args.rebalance_rate,
-                    };
-                    let mover = remote_dram::cluster::mover::Mover::start(role.clone(), r.clone(), mover_cfg);
-                    Some((r, mover))
-                }
+            match remote_dram::cluster::member::ClusterMember::join(server.info(), role.clone(), cfg) {
+                Ok(m) => Some(m),
                 Err(e) => {
                     server.stop();
-                    return Err(Error::new(e.status, format!("cannot join cluster {url}: {}", e.message)));
+                    return Err(e);
                 }
             }
         }
@@ -619,14 +599,13 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         println!("cluster: {url}");
     }
     std::io::stdout().flush()?;
-    let me = server.info().address.clone();
     // Until a stop signal, or in a cluster, a drain request for this server.
     let mut drain = args.drain;
     let sig = loop {
         if let Some(sig) = wait_for_signal(&stop_signals, Duration::from_millis(200)) {
             break sig;
         }
-        if membership.as_ref().is_some_and(|(r, _)| r.state().drains.contains(&me)) {
+        if membership.as_ref().is_some_and(|m| m.drain_asked()) {
             eprintln!("rdram: asked to drain");
             drain = true;
             break 0;
@@ -635,13 +614,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     if sig != 0 {
         eprintln!("rdram: signal {sig}, shutting down");
     }
-    if let Some((registration, mover)) = membership {
+    if let Some(member) = membership {
         if drain {
-            hand_keys_over(&registration, &me, &stop_signals);
+            hand_keys_over(&member, &stop_signals);
         }
-        mover.stop();
         // Out of the member set first, so that clients stop routing here, then stop.
-        registration.leave();
+        member.leave();
     }
     server.stop();
     eprintln!("rdram: stopped");
@@ -657,32 +635,17 @@ fn wait_for_signal(set: &libc::sigset_t, timeout: Duration) -> Option<libc::c_in
     (sig > 0).then_some(sig)
 }
 
-/// A graceful leave: marks this server as draining, so that the next placement leaves it
-/// out and its mover hands every key over, and returns once the placement no longer has
-/// it, or at once when no other server could take the keys, or at a second signal.
-fn hand_keys_over(registration: &remote_dram::cluster::Registration, me: &str, signals: &libc::sigset_t) {
-    if let Err(e) = registration.start_draining() {
-        eprintln!("rdram: cannot drain ({}); leaving without handing keys over", e.message);
-        return;
-    }
+/// A graceful leave (see [`ClusterMember::drain`]); a second signal stops waiting.
+fn hand_keys_over(member: &remote_dram::cluster::member::ClusterMember, signals: &libc::sigset_t) {
     eprintln!("rdram: draining: handing every key over before leaving (a second signal stops at once)");
-    let started = std::time::Instant::now();
-    loop {
-        if wait_for_signal(signals, Duration::from_millis(100)).is_some() {
-            eprintln!("rdram: second signal: leaving without waiting for the handover");
-            return;
+    use remote_dram::cluster::member::Drained;
+    match member.drain(|| wait_for_signal(signals, Duration::ZERO).is_some()) {
+        Ok(Drained::HandedOver(took)) => {
+            eprintln!("rdram: drained in {:.1} s: every key is on the other servers", took.as_secs_f64())
         }
-        let state = registration.state();
-        let placed_here =
-            state.placement.as_ref().is_some_and(|p| p.members.iter().chain(p.next.iter().flatten()).any(|m| m == me));
-        if !placed_here {
-            eprintln!("rdram: drained in {:.1} s: every key is on the other servers", started.elapsed().as_secs_f64());
-            return;
-        }
-        if !state.members.iter().any(|m| m.address != me && !m.draining) {
-            eprintln!("rdram: no other server to hand keys over to; leaving with them");
-            return;
-        }
+        Ok(Drained::NoOneToTakeThem) => eprintln!("rdram: no other server to hand keys over to; leaving with them"),
+        Ok(Drained::GivenUp) => eprintln!("rdram: second signal: leaving without waiting for the handover"),
+        Err(e) => eprintln!("rdram: cannot drain ({}); leaving without handing keys over", e.message),
     }
 }
 
