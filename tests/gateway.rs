@@ -240,8 +240,8 @@ async fn unfinished_writes_are_bounded_globally() {
 }
 
 /// 57.4: what clients that leave mid-stream made the gateway hold goes back to the system
-/// once they are gone: eight writes of 40 MiB each, abandoned half-way (as clients that stop
-/// sending would leave them), take its resident memory up by about 320 MB; a few seconds
+/// once they are gone: writes of 40 MiB abandoned half-way (as clients that stop sending
+/// would leave them) and reads never taken take its resident memory up by 150-290 MB; a few seconds
 /// after their connections close it is back near where it started. (glibc kept the freed
 /// values in its heaps: 1.14 GB stayed resident minutes after such clients left.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,8 +281,11 @@ async fn memory_held_for_departed_clients_goes_back() {
             let req = pb::ReadRequest { key: b"big".to_vec().into(), ..Default::default() };
             parked.push(connect(&gateway).await.read(req).await.unwrap().into_inner());
         }
+        // The abandoned writes alone hold 160 MiB; the parked reads add up to 128 MiB more
+        // when the gateway has read them from the server before the window shut, which a
+        // busy machine does not always get to.
         let grown = common::wait_until(std::time::Duration::from_secs(20), || {
-            common::rss_kib(pid).is_some_and(|now| now > settled + 200 * 1024)
+            common::rss_kib(pid).is_some_and(|now| now > settled + 150 * 1024)
         });
         assert!(
             grown,

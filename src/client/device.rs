@@ -18,7 +18,7 @@
 //! touches the caller's device memory afterwards.
 
 use super::device_staging::{DeviceStaging, CHUNK};
-use super::link::{Receive, Sink};
+use super::link::{Receive, Reply, Sink};
 use super::{
     apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions,
     WriteResult,
@@ -163,7 +163,7 @@ impl Client {
             (h.range_start, h.range_end, h.if_not_equal) = ((k * CHUNK) as i64, len as i64, stage_id.unwrap_or(0));
             let reply = self.call_key(key, h, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
             if reply.header.status() != Status::Ok {
-                return Err(error_of(reply.header.status(), &reply));
+                return Err(part_refused(&reply));
             }
             stage_id.get_or_insert(reply.header.request_id);
             // The next part is in its buffer.
@@ -181,7 +181,7 @@ impl Client {
         match reply.header.status() {
             Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
             Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
-            s => Err(error_of(s, &reply)),
+            _ => Err(part_refused(&reply)),
         }
     }
 
@@ -293,6 +293,15 @@ impl Client {
 }
 
 /// The kind of memory of a caller's range (its first byte's).
+/// Why a server refused a part of a value staged in parts, or its commit: `Missing` (the
+/// value lapsed or was discarded) stays itself, so that the caller sends the value whole.
+fn part_refused(reply: &Reply) -> Error {
+    match reply.header.status() {
+        Status::Missing => Error::new(Status::Missing, String::from_utf8_lossy(&reply.payload)),
+        s => error_of(s, reply),
+    }
+}
+
 fn device_kind(addr: usize, len: usize) -> MemoryKind {
     if len == 0 {
         return MemoryKind::Host;

@@ -99,7 +99,8 @@ pub struct Service {
     deferred: Option<u64>,
     pub index: usize,
     shards: usize,
-    /// Live clients' sessions -> client number; a request must carry one of them.
+    /// Live clients' sessions -> client number; a request must carry one of them: the
+    /// bootstrap's, or one a transport worker issued in its place ([`Service::open_session`]).
     /// Session secrets are drawn by the server, so a fast hash is safe here (lookups of
     /// guessed values cannot collide their way into a slow path: nothing they insert).
     sessions: FxHashMap<u64, u64>,
@@ -248,6 +249,18 @@ impl Service {
             self.sync_membership();
         }
         self.sessions.get(&session).copied()
+    }
+
+    /// Takes `session`, drawn by the transport worker for `client` (libfabric's per-slot
+    /// credential), as that client's: what it stages lives as long as the client does.
+    pub fn open_session(&mut self, session: u64, client: u64) {
+        self.sessions.insert(session, client);
+    }
+
+    /// Ends a session opened with [`Service::open_session`]; what it staged goes.
+    pub fn close_session(&mut self, session: u64) {
+        self.sessions.remove(&session);
+        self.free_staged();
     }
 
     /// The clients connected as far as this worker has heard.

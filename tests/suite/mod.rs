@@ -14,6 +14,7 @@ use remote_dram::client::{
     ByteRange, DeleteResult, GetAtMost, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition,
     WriteResult,
 };
+use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
 use remote_dram::{Client, ClientOptions, Status};
 
 pub const SIZES: [usize; 5] = [0, 1, 8 << 10, 1 << 20, 64 << 20];
@@ -459,7 +460,6 @@ pub fn store_mode_full_arena(transport: &str) {
 /// serving. (The client used to hand UCX such headers, which UCX sent garbled: a
 /// 32,000-byte inline key corrupted the receiving server's memory.)
 pub fn inline_keys_of_any_length_are_answered(transport: &str) {
-    use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
     common::init(transport);
     let mut server = ServerProc::start(&["--workers", "1"]);
     let mut c = server.client();
@@ -509,6 +509,39 @@ pub fn inline_keys_of_any_length_are_answered(transport: &str) {
     c.put(b"after", b"still serving").unwrap();
     assert_eq!(c.get(b"after").unwrap().unwrap().data, b"still serving");
     assert!(server.stop().is_some_and(|s| s.success()), "the server exits 0");
+}
+
+/// A value staged in parts (as device memory is sent) outlives the worker's sweeps, which
+/// free what lapsed or lost its client: parts 300 ms apart, across several sweeps, commit.
+/// (Over libfabric, requests carry a per-slot credential as their session; every sweep
+/// once took it for a session that had ended, and a GPU's 64 MiB puts failed with
+/// "no value is staged in parts".)
+pub fn values_in_parts_outlast_sweeps(transport: &str) {
+    common::init(transport);
+    let server = ServerProc::start(&["--memory", "64MiB"]);
+    let mut c = server.client();
+    let key = b"in-parts";
+    let shard = remote_dram::proto::shard_of(key, 2); // ServerProc's two workers
+    let value = pattern(5, 3000);
+    let mut stage = 0;
+    for start in (0..=3000).step_by(1000) {
+        let (session, id) = c.raw_session();
+        let mut h = RequestHeader::new(Op::Put, id, session);
+        h.flags = flags::STAGE | flags::HAS_RANGE;
+        h.key_len = key.len() as u32;
+        (h.range_start, h.range_end, h.if_not_equal) = (start as i64, 3000, stage);
+        let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
+        h.encode((&mut buf[..]).try_into().unwrap());
+        buf.extend_from_slice(key);
+        let part = &value[start..(start + 1000).min(3000)];
+        let (status, msg) = c.raw_request(shard, &buf, part, Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::Ok, "the part at {start}: {msg}");
+        if start == 0 {
+            stage = id;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(c.get(key).unwrap().expect("committed").data, value);
 }
 
 pub fn auth_token_required(transport: &str) {
@@ -823,6 +856,10 @@ macro_rules! transport_suite {
         #[test]
         fn auth_token_required() {
             suite::auth_token_required($tls)
+        }
+        #[test]
+        fn values_in_parts_outlast_sweeps() {
+            suite::values_in_parts_outlast_sweeps($tls)
         }
     };
 }

@@ -38,6 +38,9 @@ impl FabricShardWorker {
         }
         let credential = u64::from_le_bytes(random) | 1;
         self.peers[slot as usize] = Some(Peer { addrs, credential, client_id, joining: None });
+        // Requests carry the credential as their session: values staged in parts live
+        // under it, as long as the client's bootstrap session does.
+        self.service.open_session(credential, client_id);
         *self.service.clients.get_or_insert(0) += 1;
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
@@ -65,6 +68,7 @@ impl FabricShardWorker {
             for (ep, a) in self.rails.eps.iter().zip(peer.addrs) {
                 let _ = ep.remove_peer(a);
             }
+            self.service.close_session(peer.credential);
             self.free_slots.push(slot);
             self.service.clients = self.service.clients.map(|n| n - 1);
         }
