@@ -14,7 +14,7 @@ trap cleanup EXIT
 
 echo "== building against $(pkg-config --modversion remote_dram) from $PREFIX"
 flags=$(pkg-config --cflags --libs remote_dram)
-for t in test_api writer reader threads embedded_server reconnect; do
+for t in test_api writer reader threads embedded_server reconnect cluster_member; do
   cc -std=c11 -Wall -Wextra -Werror -g -I"$here" "$here/$t.c" -o "$work/$t" $flags -lpthread
 done
 c++ -std=c++17 -Wall -Wextra -Werror -g "$here/test_cpp.cpp" -o "$work/test_cpp" $flags
@@ -28,7 +28,7 @@ VALGRIND=(valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=de
 # in the background and sets $addr.
 start() {
   local log=$work/$1.log; shift
-  "$@" >"$log" 2>&1 3>&- &
+  "$@" >"$log" 2>&1 3>&- 4>&- &
   pids+=($!)
   for _ in $(seq 300); do grep -q "^listening on " "$log" && break; sleep 0.1; done
   addr=$(sed -n 's/^listening on //p' "$log" | head -1)
@@ -101,4 +101,32 @@ run "$work/writer" "$cluster"
 run "$work/reader" "$cluster"
 run "$work/remote_dram_example" --mode=writer --server_addr="$cluster"
 run "$work/remote_dram_example" --mode=reader --server_addr="$cluster"
+echo "-- an embedded server in a C process joins the cluster, serves, and drains"
+placed() {  # placed N: the placement holds N members and no keys move
+  rdram cluster status "$cluster" | python3 -c 'import json, sys; p = json.load(sys.stdin)["placement"]; sys.exit(0 if len(p["members"]) == int(sys.argv[1]) and p["next"] is None else 1)' "$1"
+}
+wait_placed() { for _ in $(seq 300); do placed "$1" && return 0; sleep 0.1; done; rdram cluster status "$cluster"; echo "$1 members were not placed"; exit 1; }
+keys_of() { rdram stats --server "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["keys"])'; }
+wait_placed 2
+mkfifo "$work/member-ctl"
+exec 4<>"$work/member-ctl"  # the member drains on "drain", and stops when this closes
+start member3 bash -c "exec '$work/cluster_member' '$cluster' < '$work/member-ctl'"
+member3=$addr
+member3_pid=${pids[-1]}
+wait_placed 3
+for i in $(seq 30); do rdram put --server "$cluster" "c/member/$i" "value $i" >/dev/null; done
+held=$(keys_of "$member3")
+[ "$held" -gt 0 ] || { echo "the C member holds none of 30 keys"; exit 1; }
+echo drain >&4
+for _ in $(seq 300); do grep -q '^drained$' "$work/member3.log" && break; sleep 0.1; done
+grep -q '^drained$' "$work/member3.log" || { cat "$work/member3.log"; echo "the C member did not drain"; exit 1; }
+placed 2 || { rdram cluster status "$cluster"; echo "the drained member is still placed"; exit 1; }
+exec 4>&-
+status=0; wait "$member3_pid" || status=$?
+cat "$work/member3.log"
+[ "$status" = 0 ] || { echo "the C member exited with status $status"; exit 1; }
+for i in $(seq 30); do
+  [ "$(rdram get --server "$cluster" "c/member/$i")" = "value $i" ] || { echo "c/member/$i lost in the drain"; exit 1; }
+done
+echo "the C member held $held of 30 keys; all 30 read back after it drained and stopped"
 echo "== all C/C++ tests passed"

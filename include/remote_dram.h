@@ -263,6 +263,25 @@ typedef struct rdram_server_config {
    * libfabric endpoints per worker, one per NIC domain (0: 1).
    */
   uint32_t fabric_domains;
+  /**
+   * A cluster to join, "etcd://HOST:PORT[,HOST:PORT...]/NAME" (NULL: none). A member
+   * needs a listen address its clients can reach, and the cluster's secret.
+   */
+  const char *cluster;
+  /**
+   * File holding the secret the cluster's servers share (NULL: the file that the
+   * environment variable RDRAM_CLUSTER_SECRET_FILE names).
+   */
+  const char *cluster_secret_file;
+  /**
+   * How long the member's registration outlives its last word with etcd, in ms (0: 5 s;
+   * at least 1000).
+   */
+  uint32_t cluster_lease_ms;
+  /**
+   * Bytes per second the member hands keys over at most while they move (0: 1 GiB/s).
+   */
+  uint64_t rebalance_rate;
 } rdram_server_config;
 
 #ifdef __cplusplus
@@ -507,14 +526,24 @@ rdram_status rdram_server_start(const struct rdram_server_config *config,
                                 struct rdram_server **out);
 
 /**
+ * Hands every key of a cluster member over to the other servers, and returns once the
+ * cluster's placement no longer has this server (it keeps serving until
+ * `rdram_server_stop`): RDRAM_OK; RDRAM_UNAVAILABLE when no other server can take the
+ * keys; RDRAM_TIMEOUT after `timeout_ms` (the handover goes on until the stop).
+ * RDRAM_INVALID_ARGUMENT for a server that is not a cluster member, or not running.
+ */
+rdram_status rdram_server_drain(struct rdram_server *server, uint32_t timeout_ms);
+
+/**
  * The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
  * `rdram_server_stop`. NULL if `server` is NULL or not a running server.
  */
 const char *rdram_server_address(const struct rdram_server *server);
 
 /**
- * Stops the server's workers, frees its memory and the handle. NULL, or a handle stopped
- * already, is a no-op.
+ * Stops the server's workers, frees its memory and the handle; a cluster member leaves
+ * the cluster first (its keys go with it unless `rdram_server_drain` handed them over).
+ * NULL, or a handle stopped already, is a no-op.
  */
 void rdram_server_stop(struct rdram_server *server);
 

@@ -12,7 +12,7 @@ use super::mover::{Mover, MoverConfig};
 use super::{ClusterUrl, Member, Registration, ServerRole};
 use crate::auth::ClusterSecret;
 use crate::error::{Error, Result, Status};
-use crate::server::ServerInfo;
+use crate::server::{Server, ServerConfig, ServerInfo};
 
 /// How a server joins a cluster.
 #[derive(Clone)]
@@ -22,7 +22,8 @@ pub struct MemberConfig {
     pub lease_ttl: Duration,
     /// The secret the cluster's servers share (clients never see it).
     pub secret: ClusterSecret,
-    /// The cluster's token, which its servers present to each other as clients.
+    /// The cluster's token, which its servers present to each other as clients
+    /// ([`ClusterMember::start_server`] takes the server's).
     pub auth_token: Option<String>,
     /// Bytes per second the mover hands over at most (0: no bound).
     pub rebalance_rate: u64,
@@ -31,7 +32,8 @@ pub struct MemberConfig {
 /// A server's membership of a cluster (see the module's doc).
 pub struct ClusterMember {
     registration: Arc<Registration>,
-    mover: Mover,
+    /// Taken by [`ClusterMember::leave`].
+    mover: std::sync::Mutex<Option<Mover>>,
     me: String,
 }
 
@@ -47,6 +49,23 @@ pub enum Drained {
 }
 
 impl ClusterMember {
+    /// Starts a server that is a member of the cluster: the server, with its cluster role
+    /// and the cluster's secret, then its membership. A server that cannot join is
+    /// stopped again. How `rdram serve`, `rdram_server_start` and Python's `Server` join.
+    pub fn start_server(cfg: ServerConfig, mut member: MemberConfig) -> Result<(Server, ClusterMember)> {
+        let role = Arc::new(ServerRole::default());
+        member.auth_token = cfg.auth_token.clone();
+        let cfg = ServerConfig { cluster_role: Some(role.clone()), cluster_secret: Some(member.secret.clone()), ..cfg };
+        let server = Server::start(cfg)?;
+        match ClusterMember::join(server.info(), role, member) {
+            Ok(m) => Ok((server, m)),
+            Err(e) => {
+                server.stop();
+                Err(e)
+            }
+        }
+    }
+
     /// Registers the server `info` describes (started with `role` as its
     /// [`crate::server::ServerConfig::cluster_role`]) in the cluster, and starts its mover.
     pub fn join(info: &ServerInfo, role: Arc<ServerRole>, cfg: MemberConfig) -> Result<ClusterMember> {
@@ -74,7 +93,7 @@ impl ClusterMember {
             rate: cfg.rebalance_rate,
         };
         let mover = Mover::start(role, registration.clone(), mover_cfg);
-        Ok(ClusterMember { registration, mover, me })
+        Ok(ClusterMember { registration, mover: std::sync::Mutex::new(Some(mover)), me })
     }
 
     /// Whether `rdram cluster drain` asked this server to drain.
@@ -110,10 +129,30 @@ impl ClusterMember {
         }
     }
 
+    /// [`ClusterMember::drain`] for at most `timeout`: how long the handover took;
+    /// `Unavailable` when no other server can take the keys; `Timeout` once `timeout`
+    /// passed (the handover goes on until the leave).
+    pub fn drain_within(&self, timeout: Duration) -> Result<Duration> {
+        let until = Instant::now() + timeout;
+        match self.drain(|| Instant::now() >= until)? {
+            Drained::HandedOver(took) => Ok(took),
+            Drained::NoOneToTakeThem => {
+                Err(Error::new(Status::Unavailable, "no other server of the cluster can take this server's keys"))
+            }
+            Drained::GivenUp => Err(Error::new(
+                Status::Timeout,
+                format!("the keys were not handed over within {} ms", timeout.as_millis()),
+            )),
+        }
+    }
+
     /// Stops the mover and leaves the member set (clients stop routing here); the server
     /// itself is stopped after.
-    pub fn leave(self) {
-        self.mover.stop();
+    /// Leaving twice is leaving once.
+    pub fn leave(&self) {
+        if let Some(mover) = self.mover.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            mover.stop();
+        }
         self.registration.leave();
     }
 }

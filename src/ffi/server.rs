@@ -5,11 +5,15 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::client::{flag, poll_mode};
 use super::{c_str, guard, null_arg, rdram_status};
-use crate::error::{Error, Status};
+use crate::auth::ClusterSecret;
+use crate::cluster::member::{ClusterMember, MemberConfig};
+use crate::cluster::{ClusterUrl, DEFAULT_LEASE_TTL};
+use crate::error::{Error, Result, Status};
 use crate::store::{HugePages, Mode};
 use crate::{Server, ServerConfig, TransportChoice};
 
@@ -23,6 +27,8 @@ pub struct rdram_server {
 
 struct Hosted {
     inner: Server,
+    /// Its membership of a cluster, when it joined one (shared with a drain in progress).
+    member: Option<Arc<ClusterMember>>,
     address: CString,
 }
 
@@ -61,6 +67,17 @@ pub struct rdram_server_config {
     pub fabric_provider: *const c_char,
     /// libfabric endpoints per worker, one per NIC domain (0: 1).
     pub fabric_domains: u32,
+    /// A cluster to join, "etcd://HOST:PORT[,HOST:PORT...]/NAME" (NULL: none). A member
+    /// needs a listen address its clients can reach, and the cluster's secret.
+    pub cluster: *const c_char,
+    /// File holding the secret the cluster's servers share (NULL: the file that the
+    /// environment variable RDRAM_CLUSTER_SECRET_FILE names).
+    pub cluster_secret_file: *const c_char,
+    /// How long the member's registration outlives its last word with etcd, in ms (0: 5 s;
+    /// at least 1000).
+    pub cluster_lease_ms: u32,
+    /// Bytes per second the member hands keys over at most while they move (0: 1 GiB/s).
+    pub rebalance_rate: u64,
 }
 
 /// Starts a server in this process. `config` may be NULL (defaults). On success `*out`
@@ -113,15 +130,86 @@ pub unsafe extern "C" fn rdram_server_start(
                 };
                 cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
             }
-            let inner = Server::start(cfg)?;
+            let cluster = match config.as_ref() {
+                Some(c) if !c.cluster.is_null() => Some(member_config(c)?),
+                _ => None,
+            };
+            let (inner, member) = match cluster {
+                Some(member) => {
+                    let (server, member) = ClusterMember::start_server(cfg, member)?;
+                    (server, Some(Arc::new(member)))
+                }
+                None => (Server::start(cfg)?, None),
+            };
             let address = CString::new(inner.local_addr().to_string())
                 .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
             let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-            servers().get_or_insert_with(HashMap::new).insert(id, Hosted { inner, address });
+            servers().get_or_insert_with(HashMap::new).insert(id, Hosted { inner, member, address });
             out.write(id as *mut rdram_server);
             Ok(rdram_status::RDRAM_OK)
         })
     }
+}
+
+/// How the server in `c` joins the cluster it names (`c.cluster` is not NULL).
+///
+/// # Safety
+/// As `rdram_server_start`'s `config`.
+unsafe fn member_config(c: &rdram_server_config) -> Result<MemberConfig> {
+    // SAFETY: the strings are NUL-terminated or NULL, as `rdram_server_start` requires.
+    let (url, secret_file) = unsafe {
+        let secret_file = if c.cluster_secret_file.is_null() {
+            None
+        } else {
+            Some(c_str(c.cluster_secret_file, "config.cluster_secret_file")?.to_string())
+        };
+        (c_str(c.cluster, "config.cluster")?, secret_file)
+    };
+    let url = ClusterUrl::parse(url)?
+        .ok_or_else(|| Error::new(Status::Invalid, "config.cluster takes etcd://HOST:PORT[,HOST:PORT...]/NAME"))?;
+    let secret_file = secret_file.or_else(|| std::env::var("RDRAM_CLUSTER_SECRET_FILE").ok()).ok_or_else(|| {
+        Error::new(
+            Status::Invalid,
+            "a cluster member needs the cluster's secret: config.cluster_secret_file or RDRAM_CLUSTER_SECRET_FILE",
+        )
+    })?;
+    let lease_ttl = match c.cluster_lease_ms {
+        0 => DEFAULT_LEASE_TTL,
+        ms if ms < 1000 => {
+            return Err(Error::new(Status::Invalid, format!("config.cluster_lease_ms is at least 1000, not {ms}")))
+        }
+        ms => Duration::from_millis(ms.into()),
+    };
+    Ok(MemberConfig {
+        url,
+        lease_ttl,
+        secret: ClusterSecret::from_file(&secret_file)?,
+        auth_token: None,
+        rebalance_rate: if c.rebalance_rate == 0 { 1 << 30 } else { c.rebalance_rate },
+    })
+}
+
+/// Hands every key of a cluster member over to the other servers, and returns once the
+/// cluster's placement no longer has this server (it keeps serving until
+/// `rdram_server_stop`): RDRAM_OK; RDRAM_UNAVAILABLE when no other server can take the
+/// keys; RDRAM_TIMEOUT after `timeout_ms` (the handover goes on until the stop).
+/// RDRAM_INVALID_ARGUMENT for a server that is not a cluster member, or not running.
+#[no_mangle]
+pub extern "C" fn rdram_server_drain(server: *mut rdram_server, timeout_ms: u32) -> rdram_status {
+    guard(|| {
+        if server.is_null() {
+            return Err(null_arg("server"));
+        }
+        let member = servers()
+            .as_ref()
+            .and_then(|m| m.get(&(server as usize)))
+            .ok_or_else(|| Error::new(Status::Invalid, "not a running server"))?
+            .member
+            .clone()
+            .ok_or_else(|| Error::new(Status::Invalid, "this server is not a cluster member (config.cluster)"))?;
+        member.drain_within(Duration::from_millis(timeout_ms.into()))?;
+        Ok(rdram_status::RDRAM_OK)
+    })
 }
 
 /// The address clients connect to ("127.0.0.1:port"). Owned by the server, valid until
@@ -132,13 +220,20 @@ pub extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_
     servers().as_ref().and_then(|m| m.get(&(server as usize))).map_or(std::ptr::null(), |s| s.address.as_ptr())
 }
 
-/// Stops the server's workers, frees its memory and the handle. NULL, or a handle stopped
-/// already, is a no-op.
+/// Stops the server's workers, frees its memory and the handle; a cluster member leaves
+/// the cluster first (its keys go with it unless `rdram_server_drain` handed them over).
+/// NULL, or a handle stopped already, is a no-op.
 #[no_mangle]
 pub extern "C" fn rdram_server_stop(server: *mut rdram_server) {
     // Taken out of the table first: a second stop, here or on another thread, finds nothing.
     let hosted = servers().as_mut().and_then(|m| m.remove(&(server as usize)));
     if let Some(h) = hosted {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.inner.stop()));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // Out of the member set first, so that clients stop routing here, then stop.
+            if let Some(member) = &h.member {
+                member.leave();
+            }
+            h.inner.stop()
+        }));
     }
 }

@@ -5,7 +5,6 @@ mod top;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -566,32 +565,23 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
         ucx_tcp: args.ucx_tcp,
         reply_budget: args.reply_budget,
         cluster_role: None,
-        cluster_secret: cluster_secret.clone(),
+        cluster_secret: None,
     };
     raise_fd_limit();
     let auth = if cfg.auth_token.is_some() { "token required" } else { "none (open server)" };
-    let token = cfg.auth_token.clone();
-    let role = Arc::new(remote_dram::cluster::ServerRole::default());
-    let cfg = ServerConfig { cluster_role: cluster.as_ref().map(|_| role.clone()), ..cfg };
-    let server = Server::start(cfg)?;
-    let membership = match &cluster {
+    let (server, membership) = match &cluster {
         Some(url) => {
-            let cfg = remote_dram::cluster::member::MemberConfig {
+            let member = remote_dram::cluster::member::MemberConfig {
                 url: url.clone(),
                 lease_ttl,
                 secret: cluster_secret.clone().expect("checked above: a cluster member has its secret"),
-                auth_token: token,
+                auth_token: None,
                 rebalance_rate: args.rebalance_rate,
             };
-            match remote_dram::cluster::member::ClusterMember::join(server.info(), role.clone(), cfg) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    server.stop();
-                    return Err(e);
-                }
-            }
+            let (server, member) = remote_dram::cluster::member::ClusterMember::start_server(cfg, member)?;
+            (server, Some(member))
         }
-        None => None,
+        None => (Server::start(cfg)?, None),
     };
     println!("{}", server.info().banner());
     println!("auth: {auth}");
