@@ -281,10 +281,12 @@ fn without_etcd_or_the_cluster_servers_and_clients_say_why() {
     assert!(e.message.contains("does not exist"), "{}", e.message);
 }
 
-/// With etcd gone, servers and clients go on with the last view; once it is back, a new
-/// server joins and clients follow.
+/// With etcd gone for longer than two thirds of the lease TTL, servers serve no key (they
+/// cannot tell an outage from being cut off while the cluster moves on), and keep what
+/// they hold; once etcd is back they register again, serve it, a new server joins and
+/// clients follow.
 #[test]
-fn the_cluster_serves_on_while_etcd_is_down_and_recovers() {
+fn the_cluster_waits_out_an_etcd_outage_and_recovers() {
     common::init(common::SHM);
     let etcd = Etcd::start();
     let url = etcd.url("outage");
@@ -292,13 +294,19 @@ fn the_cluster_serves_on_while_etcd_is_down_and_recovers() {
     let a = member(&url);
     let mut c = client(&url);
     c.put(b"before", b"outage").unwrap();
+    let mut impatient =
+        Client::connect(&url, ClientOptions { timeout: Duration::from_millis(500), ..Default::default() }).unwrap();
     let (dir, client_port, peer_port) = etcd.kill();
     std::thread::sleep(Duration::from_millis(TTL_MS + 500));
-    assert_eq!(c.get(b"before").unwrap().unwrap().data, b"outage", "served with etcd down");
-    c.put(b"during", b"outage").unwrap();
+    assert!(impatient.put(b"during", b"outage").is_err(), "a write was taken with etcd down past the lease");
+    assert!(impatient.get(b"before").is_err(), "a read was served with etcd down past the lease");
     let etcd = Etcd::start_in(dir, client_port, peer_port);
     let back = wait_until(Duration::from_secs(15), || members(&url).contains(&a.addr));
     assert!(back, "the server registers again once etcd is back: {:?}", members(&url));
+    let serving = wait_until(Duration::from_secs(15), || impatient.get(b"before").is_ok());
+    assert!(serving, "the server serves again once etcd is back");
+    assert_eq!(c.get(b"before").unwrap().unwrap().data, b"outage", "kept through the outage");
+    c.put(b"during", b"outage").unwrap();
     let b = member(&url);
     let follows = wait_until(Duration::from_secs(10), || {
         let _ = c.get(b"before");
@@ -801,6 +809,53 @@ fn one_server_fails_under_load(pause: bool) {
     assert!(settled, "keys without exactly two copies: {wrong:?}; most copies of one key: {:?}", count.values().max());
     if pause {
         b.stop();
+    }
+}
+
+/// A server cut off from etcd (here etcd stopped with SIGSTOP) while its clients still
+/// reach it stops taking writes before its lease can have lapsed at etcd, where the
+/// cluster would give its keys to others: two thirds of the TTL after etcd last confirmed
+/// the lease it serves no key. No write started a TTL after etcd stopped is acknowledged;
+/// once etcd is back, writes go through again and every key written before reads back.
+#[test]
+fn a_server_cut_off_from_etcd_takes_no_writes_past_its_lease() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("cut-off");
+    create(&url, 1);
+    let _servers = [member(&url), member(&url)];
+    wait_until_placed(&url, 2);
+    let options = ClientOptions { timeout: Duration::from_millis(300), ..Default::default() };
+    let mut c = Client::connect(&url, options).unwrap();
+    for i in 0..20 {
+        c.put(format!("k{i}").as_bytes(), b"before").unwrap();
+    }
+    let etcd_pid = etcd.child.id().to_string();
+    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &etcd_pid]).status().unwrap().success());
+    kill("-STOP");
+    let stopped = Instant::now();
+    let ttl = Duration::from_millis(TTL_MS);
+    let (mut taken, mut refused) = (Vec::new(), 0);
+    for n in 0.. {
+        let started = stopped.elapsed();
+        if started > ttl + Duration::from_secs(1) {
+            break;
+        }
+        match c.put(format!("k{}", n % 20).as_bytes(), b"during") {
+            Ok(_) => taken.push(started),
+            Err(_) => refused += 1,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill("-CONT");
+    let late: Vec<_> = taken.iter().filter(|&&t| t >= ttl).collect();
+    assert!(late.is_empty(), "writes started {late:?} after etcd stopped were taken (lease TTL {ttl:?})");
+    assert!(refused > 0, "no write was refused");
+    let back = wait_until(Duration::from_secs(30), || c.put(b"after", b"etcd is back").is_ok());
+    assert!(back, "writes do not go through once etcd is back");
+    for i in 0..20 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap().expect("every key written before reads back");
+        assert!(v.data == b"before" || v.data == b"during", "k{i}: {:?}", v.data);
     }
 }
 

@@ -108,6 +108,11 @@ pub struct ServerRole {
     /// confirmed its lease and it read the placement again.
     tick_ms: AtomicU64,
     pause_limit_ms: AtomicU64,
+    /// When etcd last confirmed this server's lease (ms on [`clock`]); a confirmation
+    /// older than `lease_limit_ms` (a server cut off from etcd, but maybe not from its
+    /// clients) fences it too, before the lease can have lapsed at etcd.
+    confirmed_ms: AtomicU64,
+    lease_limit_ms: AtomicU64,
     fenced: AtomicBool,
     /// The members etcd last said are live (their lease holds).
     live: Mutex<Vec<String>>,
@@ -157,10 +162,29 @@ impl ServerRole {
         self.current().map_or(0, |c| c.1.placement.epoch)
     }
 
-    /// Starts fencing: a pause longer than `limit` fences the server (see `tick_ms`).
-    pub fn fence_pauses_longer_than(&self, limit: std::time::Duration) {
+    /// Starts fencing: a pause longer than `pause_limit` (see `tick_ms`), or a lease etcd
+    /// has not confirmed for `lease_limit` (see `confirmed_ms`), fences the server.
+    pub fn start_fencing(&self, pause_limit: std::time::Duration, lease_limit: std::time::Duration) {
         self.tick_ms.store(clock(), Ordering::Release);
-        self.pause_limit_ms.store(limit.as_millis().max(1) as u64, Ordering::Release);
+        self.confirmed_ms.store(clock(), Ordering::Release);
+        self.lease_limit_ms.store(lease_limit.as_millis().max(1) as u64, Ordering::Release);
+        self.pause_limit_ms.store(pause_limit.as_millis().max(1) as u64, Ordering::Release);
+    }
+
+    /// etcd confirmed this server's lease (a keep-alive answered, or a new lease).
+    pub fn lease_confirmed(&self) {
+        self.confirmed_ms.store(clock(), Ordering::Release);
+    }
+
+    /// Fences the server when etcd has not confirmed its lease for too long; true when
+    /// this call fenced it.
+    pub fn fence_unconfirmed_lease(&self) -> bool {
+        !self.lease_current() && !self.fenced.swap(true, Ordering::AcqRel)
+    }
+
+    fn lease_current(&self) -> bool {
+        let limit = self.lease_limit_ms.load(Ordering::Acquire);
+        limit == 0 || clock().saturating_sub(self.confirmed_ms.load(Ordering::Acquire)) <= limit
     }
 
     /// Ticks the server's clock; true when the gap since the last tick fenced it.
@@ -173,15 +197,15 @@ impl ServerRole {
         paused
     }
 
-    /// Whether the server may serve keys: not fenced, and not paused since the last tick
-    /// (a worker may run before the ticking thread after a pause).
+    /// Whether the server may serve keys: not fenced, not paused since the last tick (a
+    /// worker may run before the ticking thread after a pause), its lease confirmed lately.
     pub fn serving(&self) -> bool {
         let limit = self.pause_limit_ms.load(Ordering::Relaxed);
         if limit == 0 {
             return true;
         }
         let last = self.tick_ms.load(Ordering::Acquire);
-        !self.fenced.load(Ordering::Acquire) && clock().saturating_sub(last) <= limit
+        !self.fenced.load(Ordering::Acquire) && clock().saturating_sub(last) <= limit && self.lease_current()
     }
 
     pub fn fenced(&self) -> bool {

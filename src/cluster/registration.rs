@@ -57,8 +57,12 @@ impl Registration {
         })?;
         info!("joined cluster {url} as {} (lease TTL {ttl_secs} s)", member.address);
         // Keep-alives go every third of the TTL: a pause of half the TTL cannot outlast
-        // the lease; one longer fences the server until etcd confirms it.
-        role.fence_pauses_longer_than(Duration::from_secs(ttl_secs as u64) / 2);
+        // the lease; one longer fences the server until etcd confirms it. So does a lease
+        // etcd last confirmed two thirds of the TTL ago (two keep-alives unanswered): the
+        // lease lapses at etcd no sooner than a TTL after that confirmation, so the server
+        // stops serving keys before the cluster can have moved them elsewhere.
+        let ttl = Duration::from_secs(ttl_secs as u64);
+        role.start_fencing(ttl / 2, ttl * 2 / 3);
         let ticking = Arc::new(AtomicBool::new(true));
         let clock = {
             let (role, ticking, url) = (role.clone(), ticking.clone(), url.clone());
@@ -66,6 +70,9 @@ impl Registration {
                 while ticking.load(Ordering::Relaxed) {
                     if role.tick() {
                         warn!("cluster {url}: this server was paused for longer than half its lease; serving no keys until etcd confirms the lease");
+                    }
+                    if role.fence_unconfirmed_lease() {
+                        warn!("cluster {url}: etcd has not confirmed this server's lease for two thirds of its TTL; serving no keys until it does");
                     }
                     std::thread::sleep(TICK);
                 }
@@ -317,8 +324,36 @@ impl KeepAlive {
             tokio::time::sleep(RETRY_PAUSE).await;
             if let Ok(client) = connect(&self.url).await {
                 self.client = client;
+                // A lease that lapsed while etcd was out of reach takes no keep-alive
+                // stream: etcd answers it "not found", not with a TTL of 0.
+                if self.lease_gone().await {
+                    warn!("cluster {}: this server's lease expired; registering again", self.url);
+                    if let Err(e) = self.register_again().await {
+                        warn!("cluster {}: {}", self.url, e.message);
+                    }
+                }
             }
         }
+    }
+
+    /// Whether etcd says this server's lease no longer exists.
+    async fn lease_gone(&mut self) -> bool {
+        let id = self.lease.load(Ordering::SeqCst);
+        match tokio::time::timeout(ETCD_CALL_TIMEOUT, self.client.lease_time_to_live(id, None)).await {
+            Ok(Ok(r)) => r.ttl() <= 0,
+            Ok(Err(etcd_client::Error::GRpcStatus(s))) => s.code() == tonic::Code::NotFound,
+            _ => false,
+        }
+    }
+
+    /// Registers this server again under a new lease (its old one lapsed).
+    async fn register_again(&mut self) -> Result<()> {
+        let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let new = register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs).await?;
+        self.lease.store(new, Ordering::SeqCst);
+        self.role.lease_confirmed();
+        self.lift_fence().await;
+        Ok(())
     }
 
     /// Sends keep-alives every `every` until one fails; re-registers when the lease is
@@ -335,6 +370,7 @@ impl KeepAlive {
             }
             match tokio::time::timeout(ETCD_CALL_TIMEOUT, replies.message()).await {
                 Ok(Ok(Some(reply))) if reply.ttl() > 0 => {
+                    self.role.lease_confirmed();
                     if !self.reachable.swap(true, Ordering::SeqCst) {
                         info!("cluster {}: etcd reachable again", self.url);
                     }
@@ -353,15 +389,8 @@ impl KeepAlive {
                 Ok(Ok(Some(_))) => {
                     // The lease expired while etcd was out of reach: join again.
                     warn!("cluster {}: this server's lease expired; registering again", self.url);
-                    let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    return match register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs)
-                        .await
-                    {
-                        Ok(new) => {
-                            self.lease.store(new, Ordering::SeqCst);
-                            self.lift_fence().await;
-                            Error::new(Status::Ok, "registered again under a new lease")
-                        }
+                    return match self.register_again().await {
+                        Ok(()) => Error::new(Status::Ok, "registered again under a new lease"),
                         Err(e) => e,
                     };
                 }

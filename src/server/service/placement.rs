@@ -63,7 +63,7 @@ impl Service {
             return Ok(());
         }
         if !p.role.serving() {
-            return Err(Error::new(Status::ViewChanged, "this server was paused for longer than its lease allows; it serves again once etcd confirmed its lease and it read the placement again"));
+            return Err(Error::new(Status::ViewChanged, "this server was paused, or cut off from etcd, for longer than its lease allows; it serves again once etcd confirmed its lease and it read the placement again"));
         }
         let version = p.role.version();
         if version != p.seen {
