@@ -5,6 +5,10 @@
  *   device_check ADDR bench PREFIX SIZE...  one JSON line per size: GB/s of puts from and gets
  *                                           into device memory, the same from host memory, and
  *                                           the GPU's own copies (pinned host <-> device)
+ *   device_check ADDR ctx PREFIX SIZE...    put and get each size with device memory of a
+ *                                           context of this program's own (not the device's
+ *                                           primary one) current, and close the client (its
+ *                                           pinned buffers freed) with that context current
  *
  * put and get run as separate processes, so a value crosses from one process's GPU memory
  * to another's through the server. The CUDA driver is loaded at run time (no CUDA headers
@@ -35,6 +39,8 @@ static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
 static CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
 static CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
 static CUresult (*cuMemFreeHost)(void *);
+static CUresult (*cuCtxCreate)(void **, unsigned, int);
+static CUresult (*cuCtxDestroy)(void *);
 
 static void die(const char *what, long code) {
     fprintf(stderr, "device_check: %s failed (%ld): %s\n", what, code, rdram_last_error_message());
@@ -52,6 +58,7 @@ static void load_cuda(void) {
     SYM(cuMemAlloc, "cuMemAlloc_v2"); SYM(cuMemFree, "cuMemFree_v2");
     SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2"); SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2"); SYM(cuMemsetD8, "cuMemsetD8_v2");
     SYM(cuMemHostAlloc, "cuMemHostAlloc"); SYM(cuMemFreeHost, "cuMemFreeHost");
+    SYM(cuCtxCreate, "cuCtxCreate_v2"); SYM(cuCtxDestroy, "cuCtxDestroy_v2");
     int dev; void *ctx;
     CU(cuInit(0)); CU(cuDeviceGet(&dev, 0)); CU(cuDevicePrimaryCtxRetain(&ctx, dev)); CU(cuCtxSetCurrent(ctx));
 }
@@ -172,10 +179,24 @@ int main(int argc, char **argv) {
     load_cuda();
     rdram_client *c;
     if (rdram_client_connect(argv[1], NULL, &c) != RDRAM_OK) die("rdram_client_connect", 0);
+    int ok = 1;
+    if (!strcmp(argv[2], "ctx")) {
+        /* Device memory of a non-primary context; the library's stream and pinned buffers
+         * live on the primary one, and are freed at the close with this one current. */
+        int dev;
+        void *own;
+        CU(cuDeviceGet(&dev, 0));
+        CU(cuCtxCreate(&own, 0, dev));
+        for (int i = 4; i < argc; i++) ok &= put_values(c, argv[3], strtoull(argv[i], NULL, 0));
+        for (int i = 4; i < argc; i++) ok &= get_values(c, argv[3], strtoull(argv[i], NULL, 0));
+        rdram_client_close(c);
+        CU(cuCtxDestroy(own));
+        printf("client closed with a non-primary context current: ok\n");
+        return ok ? 0 : 1;
+    }
     int (*step)(rdram_client *, const char *, size_t) =
         !strcmp(argv[2], "put") ? put_values : !strcmp(argv[2], "get") ? get_values : !strcmp(argv[2], "bench") ? bench : NULL;
     if (!step) { fprintf(stderr, "unknown mode %s\n", argv[2]); return 2; }
-    int ok = 1;
     for (int i = 4; i < argc; i++) ok &= step(c, argv[3], strtoull(argv[i], NULL, 0));
     rdram_client_close(c);
     return ok ? 0 : 1;

@@ -18,6 +18,7 @@ import remote_dram as rd
 from remote_dram.torch import load_state_dict, save_state_dict
 
 SIZES = [0, 1, 4095, 1 << 20, (4 << 20) + 3, 64 << 20, 1 << 30]
+JAX_LEN = (48 << 20) + 5
 
 
 def expected(seed: int, n: int) -> torch.Tensor:
@@ -53,6 +54,17 @@ def put(c: rd.Client, prefix: str) -> None:
         print("CuPy: not installed, skipped")
     save_state_dict(c, f"{prefix}/model", model(7).state_dict())
     check("save a CUDA state_dict", True)
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        # Computed asynchronously on JAX's own stream, and put at once: offered through
+        # DLPack, which must make the bytes ready before the client reads them.
+        x = (jnp.arange(JAX_LEN, dtype=jnp.uint32) * 7 % 251).astype(jnp.uint8)
+        c.put(f"{prefix}/jax", x)
+        check(f"put a JAX array from {x.devices()} through DLPack", True)
+    except ImportError:
+        print("JAX: not installed, skipped")
 
 
 def get(c: rd.Client, prefix: str) -> None:
@@ -75,6 +87,14 @@ def get(c: rd.Client, prefix: str) -> None:
         check("get into a CuPy array", c.get_into(f"{prefix}/cupy", arr) == arr.size and bytes(arr.get()) == expected(100, 3 << 20).numpy().tobytes())
     except ImportError:
         print("CuPy: not installed, skipped")
+    try:
+        import jax  # noqa: F401
+
+        out = torch.zeros(JAX_LEN, dtype=torch.uint8, device="cuda")
+        want = (torch.arange(JAX_LEN, dtype=torch.int64) * 7 % 251).to(torch.uint8)
+        check("get a JAX array's bytes into a CUDA tensor", c.get_into(f"{prefix}/jax", out) == JAX_LEN and torch.equal(out.cpu(), want))
+    except ImportError:
+        print("JAX: not installed, skipped")
     want_state = model(7).state_dict()
     like = {k: torch.zeros_like(v) for k, v in want_state.items()}
     loaded = load_state_dict(c, f"{prefix}/model", like=like)
