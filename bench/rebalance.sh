@@ -76,8 +76,8 @@ settle() { until read -r e m < <(placement) && [ "$m" = 0 ] && [ "$e" -gt "$1" ]
 settle "$before"
 wait $reader
 echo "reader during the move: $(cat "$work/moving.txt")"
-# When a server proposed the move and the next epoch (UTC seconds of the day).
-logged() { grep -h "$1" "$work"/server-*.log | head -1 | sed -E 's/^[0-9-]+T([0-9]+):([0-9]+):([0-9.]+)Z.*/\1 \2 \3/' | awk '{print $1*3600 + $2*60 + $3}'; }
+# When the first server logged the move and the next epoch (UTC seconds of the day).
+logged() { grep -h "$1" "$work"/server-*.log | sed -E 's/^[0-9-]+T([0-9]+):([0-9]+):([0-9.]+)Z.*/\1 \2 \3/' | awk '{printf "%.6f\n", $1*3600 + $2*60 + $3}' | sort -n | head -1; }
 started=$(logged "view $before: keys move")
 settled=$(logged "view $((before + 1)) placed on")
 moved=$("$BIN/rdram" stats --server "$url" | python3 -c '

@@ -45,7 +45,8 @@ const BATCH_KEYS: usize = 512;
 /// not at one round trip per key.
 const DEPTH: usize = 32;
 
-/// How often the mover looks for a placement to move keys for, and reports progress.
+/// How long the mover waits for the placement to change before it looks again (it wakes
+/// at a change), and how often it reports progress.
 const POLL: Duration = Duration::from_millis(50);
 const REPORT_EVERY: Duration = Duration::from_millis(500);
 
@@ -114,8 +115,9 @@ impl Work {
         let mut sealed: Option<u64> = None;
         let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
+            let seen = self.role.version();
             let Some(current) = self.role.current() else {
-                std::thread::sleep(POLL);
+                self.role.wait_past(seen, POLL);
                 continue;
             };
             let routing = &current.1;
@@ -144,7 +146,8 @@ impl Work {
             }
             if due.is_none() || handed_over.is_some() {
                 self.role.moves.active.store(false, Ordering::Relaxed);
-                std::thread::sleep(POLL);
+                // Woken by the next placement (the seal, or the move's end).
+                self.role.wait_past(seen, POLL);
                 continue;
             }
             let (epoch, next) = due.unwrap();

@@ -99,6 +99,8 @@ impl Routing {
 pub struct ServerRole {
     version: AtomicU64,
     current: Mutex<Option<Arc<(String, Routing)>>>,
+    /// Signalled (under `current`'s lock) when the placement changes.
+    changed: std::sync::Condvar,
     /// What this server's mover handed over (for stats, metrics and `rdram top`).
     pub moves: MoveProgress,
     /// Fencing: a thread of the server's own ticks this clock (ms since [`clock`]'s
@@ -141,6 +143,13 @@ impl ServerRole {
         // Inside the lock: whoever reads this placement reads its version too, so a
         // request it sends next is checked against this placement (the mover's seal).
         self.version.fetch_add(1, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    /// Waits until the placement's version is past `seen`, or `timeout` passed.
+    pub fn wait_past(&self, seen: u64, timeout: std::time::Duration) {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.changed.wait_timeout_while(current, timeout, |_| self.version() == seen);
     }
 
     pub fn version(&self) -> u64 {
