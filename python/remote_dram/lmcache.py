@@ -61,7 +61,7 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorCont
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from . import Client
-from .errors import Error, IoError, Timeout, TransportError, Unavailable
+from .errors import AuthFailed, Error, IoError, Timeout, TransportError, Unavailable
 
 logger = init_logger(__name__)
 
@@ -121,6 +121,11 @@ class _Link:
     the connection and starts one thread that tries again every ``retry_interval``;
     until it succeeds, every call raises ``Unavailable`` at once. Going down and coming
     back are logged once each, and so is the first refusal of each kind.
+
+    A wrong or missing token is no outage: at the start it raises ``AuthFailed`` (the
+    connector, and so LMCache's remote tier, does not start); later, each reconnection
+    the servers refuse for it is logged as an error, and calls raise ``AuthFailed``,
+    both saying how to fix it.
     """
 
     def __init__(self, name: str, address: str, token: Optional[str], timeout: float, connect_timeout: float, retry_interval: float):
@@ -136,8 +141,11 @@ class _Link:
         self._closed = threading.Event()
         self._retry_thread: Optional[threading.Thread] = None
         self._refusals_logged: set[type] = set()
+        self._auth_failure: Optional[AuthFailed] = None
         try:
             self._client = self._connect()
+        except AuthFailed as e:
+            raise _auth_failed(address, token, e) from None
         except Error as e:
             self._went_down(e)
 
@@ -152,7 +160,9 @@ class _Link:
 
     def call(self, f: Callable[[Client], T]) -> T:
         with self._lock:
-            client = self._client
+            client, refused = self._client, self._auth_failure
+        if client is None and refused is not None:
+            raise refused
         if client is None:
             raise Unavailable(f"remote_dram at {self._address} is unreachable; retrying in the background")
         try:
@@ -187,6 +197,12 @@ class _Link:
         while not self._closed.wait(self._retry_interval):
             try:
                 client = self._connect()
+            except AuthFailed as e:
+                refused = _auth_failed(self._address, self._token, e)
+                logger.error("remote_dram %s: %s", self._name, refused)
+                with self._lock:
+                    self._auth_failure = refused
+                continue
             except Error:
                 continue
             with self._lock:
@@ -194,6 +210,7 @@ class _Link:
                     client.close()
                     return
                 self._client = client
+                self._auth_failure = None
                 down_for = time.monotonic() - (self._down_since or time.monotonic())
                 self._down_since = None
                 self._retry_thread = None
@@ -518,6 +535,16 @@ def _address(url: str) -> str:
     if not address:
         raise ValueError(f"remote_dram: {url!r} names no server")
     return address
+
+
+def _auth_failed(address: str, token: Optional[str], e: AuthFailed) -> AuthFailed:
+    """``e`` with what to do about it."""
+    given = "the token it was given is not theirs" if token else "it was given no token"
+    return AuthFailed(
+        f"remote_dram at {address} refused this LMCache tier: {given} ({e}). Put the servers' "
+        "token (what `rdram serve` reads from --auth-token-file or RDRAM_AUTH_TOKEN) in a file "
+        "and name it in extra_config as remote_dram.auth_token_file, or set RDRAM_AUTH_TOKEN"
+    )
 
 
 def _token(extra: dict) -> Optional[str]:

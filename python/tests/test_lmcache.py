@@ -132,9 +132,10 @@ def test_two_lmcache_instances_share_chunks_through_one_server(server, tmp_path)
         assert list(c.list("lmcache/")) == []
 
 
-def serve_at(address: str) -> subprocess.Popen:
+def serve_at(address: str, token: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, **({"RDRAM_AUTH_TOKEN": token} if token else {})}
     return subprocess.Popen([RDRAM, "serve", "--listen", address, "--workers", "1", "--memory", "512MiB", "--hugepages", "off"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 def wait_for_line(p: subprocess.Popen, prefix: str, lines: list[str]) -> None:
@@ -226,3 +227,53 @@ def test_lmcache_over_a_cluster_keeps_chunks_when_a_replica_dies(etcd, tmp_path)
         assert_checks_passed(loaded, at_least=10)
     finally:
         assert members[1].stop() == 0, "".join(members[1].log)
+
+
+def test_a_wrong_token_fails_loudly_at_start_and_later():
+    """A missing or wrong token is no outage: the tier's connection refuses to start with
+    AuthFailed, saying how to fix it; one that worked and then meets a server with another
+    token raises AuthFailed (not Unavailable) once its reconnections are refused."""
+    import remote_dram
+    from remote_dram.lmcache import _Link
+
+    address = f"127.0.0.1:{free_port()}"
+    srv = serve_at(address, token="the servers' token")
+    try:
+        wait_until_serving(address, "the servers' token")
+        for token in (None, "not the servers' token"):
+            with pytest.raises(remote_dram.AuthFailed, match="remote_dram.auth_token_file"):
+                _Link("store", address, token, 5.0, 1.0, 0.2)
+        link = _Link("store", address, "the servers' token", 5.0, 1.0, 0.2)
+        assert link.call(lambda c: c.put("k", b"v"))
+        srv.terminate()
+        assert srv.wait(timeout=30) == 0
+        srv = serve_at(address, token="a new token")
+        wait_until_serving(address, "a new token")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                link.call(lambda c: c.get("k"))
+            except remote_dram.AuthFailed as e:
+                assert "remote_dram.auth_token_file" in str(e), e
+                break
+            except remote_dram.Error:
+                pass
+            assert time.monotonic() < deadline, "the refused reconnections never surfaced as AuthFailed"
+            time.sleep(0.1)
+        link.close()
+    finally:
+        srv.terminate()
+        assert srv.wait(timeout=30) == 0
+
+
+def wait_until_serving(address: str, token: str) -> None:
+    import remote_dram
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            remote_dram.Client(address, auth_token=token).close()
+            return
+        except remote_dram.Unavailable:
+            assert time.monotonic() < deadline, f"no server at {address}"
+            time.sleep(0.1)
