@@ -272,6 +272,20 @@ TEST(Spec, ServerModeOnLibfabric) {
   EXPECT_FALSE(client_side.ok()) << "transport settings belong to server mode";
 }
 
+// One table from statuses to codes, the gateway's too (src/error.rs, Status::grpc_code).
+TEST(Errors, CodesComeFromTheLibrarysOneTable) {
+  EXPECT_EQ(StatusFromC(RDRAM_AUTH_FAILED).code, StatusCode::kUnauthenticated);
+  EXPECT_EQ(StatusFromC(RDRAM_WRONG_SHARD).code, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StatusFromC(RDRAM_BUFFER_TOO_SMALL).code, StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatusFromC(RDRAM_NULL_ARGUMENT).code, StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatusFromC(RDRAM_UNAVAILABLE).code, StatusCode::kUnavailable);
+  EXPECT_EQ(StatusFromC(RDRAM_NO_SPACE).code, StatusCode::kResourceExhausted);
+  EXPECT_EQ(StatusFromC(RDRAM_PANIC).code, StatusCode::kInternal);
+  EXPECT_EQ(StatusFromC(RDRAM_MISSING).code, StatusCode::kOk);
+  EXPECT_EQ(StatusFromC(RDRAM_CONDITION_FAILED).code, StatusCode::kOk);
+  EXPECT_EQ(rdram_status_grpc_code(99), 13);  // not a status: INTERNAL
+}
+
 TEST(Errors, ResourceExhaustedWhenFull) {
   auto r = KvStore::Open({{"driver", "remote_dram"}, {"listen_addr", "127.0.0.1:0"}, {"memory", "1MiB"}, {"workers", 1}});
   ASSERT_TRUE(r.ok()) << r.status().message;

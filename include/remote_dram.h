@@ -295,6 +295,14 @@ extern "C" {
 const char *rdram_strerror(int32_t code);
 
 /**
+ * The gRPC status code (0 OK, 3 INVALID_ARGUMENT, ... 16 UNAUTHENTICATED, as absl and
+ * TensorStore number them) for a status: the table the gateway uses too. 0 for statuses
+ * that are outcomes rather than errors (OK, MISSING, UNCHANGED, CONDITION_FAILED); 13
+ * (INTERNAL) for a code that is not a status.
+ */
+int32_t rdram_status_grpc_code(int32_t code);
+
+/**
  * Details of the last failure on the calling thread ("" if none yet). Never NULL; the
  * string is owned by the library and valid until the next failing call on this thread.
  */

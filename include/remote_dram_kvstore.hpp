@@ -76,22 +76,12 @@ class Result {
   std::optional<T> value_;
 };
 
-// Maps a C status to the code TensorStore would use.
+// Maps a C status to the code TensorStore would use: the library's one table
+// (rdram_status_grpc_code), which the gateway uses too. Outcomes that are not errors
+// (OK, MISSING, UNCHANGED, CONDITION_FAILED) map to OK.
 inline Status StatusFromC(rdram_status s, const std::string& context = "") {
-  StatusCode code;
-  switch (s) {
-    case RDRAM_OK: case RDRAM_MISSING: case RDRAM_UNCHANGED: case RDRAM_CONDITION_FAILED: return {};
-    case RDRAM_INVALID_ARGUMENT: case RDRAM_KEY_TOO_LARGE: case RDRAM_NULL_ARGUMENT:
-    case RDRAM_BUFFER_TOO_SMALL: code = StatusCode::kInvalidArgument; break;
-    case RDRAM_VALUE_TOO_LARGE: code = StatusCode::kInvalidArgument; break;
-    case RDRAM_NO_SPACE: code = StatusCode::kResourceExhausted; break;
-    case RDRAM_OUT_OF_RANGE: code = StatusCode::kOutOfRange; break;
-    case RDRAM_AUTH_FAILED: code = StatusCode::kUnauthenticated; break;
-    case RDRAM_VERSION_MISMATCH: code = StatusCode::kFailedPrecondition; break;
-    case RDRAM_UNAVAILABLE: case RDRAM_TRANSPORT: case RDRAM_IO: code = StatusCode::kUnavailable; break;
-    case RDRAM_TIMEOUT: code = StatusCode::kDeadlineExceeded; break;
-    default: code = StatusCode::kInternal; break;
-  }
+  const StatusCode code = static_cast<StatusCode>(rdram_status_grpc_code(s));
+  if (code == StatusCode::kOk) return {};
   std::string msg = rdram_strerror(s);
   const char* detail = rdram_last_error_message();
   if (detail && *detail) msg += std::string(": ") + detail;

@@ -91,6 +91,52 @@ impl Status {
     pub fn is_internal_to_clusters(self) -> bool {
         matches!(self, Status::Moved | Status::ViewChanged | Status::KeyMoving | Status::Replicating)
     }
+
+    /// The gRPC status code (as TensorStore and absl number them) for this status: the one
+    /// table the gateway and the C++ driver (through `rdram_status_grpc_code`) both use.
+    /// TensorStore retries DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE and INTERNAL
+    /// with backoff, so those are kept for conditions that can pass; permanent problems
+    /// get codes it does not retry. Outcomes that are not errors map to OK.
+    pub fn grpc_code(self) -> i32 {
+        use grpc_code::*;
+        match self {
+            Status::Ok | Status::Missing | Status::Unchanged | Status::ConditionFailed => OK,
+            Status::Invalid
+            | Status::KeyTooLarge
+            | Status::ValueTooLarge
+            | Status::BufferTooSmall
+            | Status::NullArgument => INVALID_ARGUMENT,
+            Status::OutOfRange => OUT_OF_RANGE,
+            Status::NoSpace => RESOURCE_EXHAUSTED,
+            Status::AuthFailed => UNAUTHENTICATED,
+            Status::VersionMismatch => FAILED_PRECONDITION,
+            Status::Unavailable
+            | Status::Transport
+            | Status::Io
+            | Status::ViewChanged
+            | Status::KeyMoving
+            | Status::Replicating
+            | Status::Moved => UNAVAILABLE,
+            // A key routed to a shard that does not own it will not route differently on a
+            // retry (the layouts disagree): a permanent error, not one to retry for minutes.
+            Status::WrongShard => FAILED_PRECONDITION,
+            Status::Timeout => DEADLINE_EXCEEDED,
+            Status::Internal | Status::Panic => INTERNAL,
+        }
+    }
+}
+
+/// gRPC's canonical status codes, the ones [`Status::grpc_code`] gives.
+pub mod grpc_code {
+    pub const OK: i32 = 0;
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const OUT_OF_RANGE: i32 = 11;
+    pub const INTERNAL: i32 = 13;
+    pub const UNAVAILABLE: i32 = 14;
+    pub const UNAUTHENTICATED: i32 = 16;
 }
 
 /// An error: a status plus a message with the details.

@@ -155,6 +155,18 @@ pub extern "C" fn rdram_strerror(code: i32) -> *const c_char {
     }
 }
 
+/// The gRPC status code (0 OK, 3 INVALID_ARGUMENT, ... 16 UNAUTHENTICATED, as absl and
+/// TensorStore number them) for a status: the table the gateway uses too. 0 for statuses
+/// that are outcomes rather than errors (OK, MISSING, UNCHANGED, CONDITION_FAILED); 13
+/// (INTERNAL) for a code that is not a status.
+#[no_mangle]
+pub extern "C" fn rdram_status_grpc_code(code: i32) -> i32 {
+    match i8::try_from(code).map(Status::from_code) {
+        Ok(status) if status as i32 == code => status.grpc_code(),
+        _ => crate::error::grpc_code::INTERNAL,
+    }
+}
+
 /// Details of the last failure on the calling thread ("" if none yet). Never NULL; the
 /// string is owned by the library and valid until the next failing call on this thread.
 #[no_mangle]

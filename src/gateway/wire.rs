@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::Code;
 
 use super::pb;
-use crate::error::{Error, Status};
+use crate::error::Error;
 
 /// A `StorageGeneration` as TensorStore encodes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,37 +74,13 @@ pub fn generation_and_timestamp(g: Generation, staleness_bound: Option<&pb::Time
     pb::GenerationAndTimestamp { generation: g.encode().into(), timestamp: Some(reply_timestamp(staleness_bound)) }
 }
 
-/// Engine errors as gRPC statuses. TensorStore retries DEADLINE_EXCEEDED,
-/// RESOURCE_EXHAUSTED, UNAVAILABLE and INTERNAL with backoff, so those are kept for
-/// conditions that can pass; permanent problems get codes it does not retry.
+/// Engine errors as gRPC statuses, by [`Status::grpc_code`] (the C++ driver's table too).
+/// Outcomes the gateway answers itself (not errors) never come here; one that did would
+/// read as INTERNAL.
 pub fn status_of(e: &Error) -> tonic::Status {
-    let code = match e.status {
-        Status::Invalid | Status::KeyTooLarge | Status::ValueTooLarge => Code::InvalidArgument,
-        Status::OutOfRange => Code::OutOfRange,
-        Status::NoSpace => Code::ResourceExhausted,
-        Status::AuthFailed => Code::PermissionDenied,
-        Status::VersionMismatch => Code::FailedPrecondition,
-        Status::Unavailable
-        | Status::Transport
-        | Status::Io
-        | Status::ViewChanged
-        | Status::KeyMoving
-        | Status::Replicating
-        | Status::Moved => Code::Unavailable,
-        // A key routed to a shard that does not own it will not route differently on a
-        // retry (the layouts disagree): a permanent error, not one to retry for minutes.
-        Status::WrongShard => Code::FailedPrecondition,
-        Status::Timeout => Code::DeadlineExceeded,
-        // Outcomes the gateway answers itself (not errors), and what only the C ABI or a
-        // bug produces. Listed one by one: a new status must be placed here on purpose.
-        Status::Ok
-        | Status::Missing
-        | Status::Unchanged
-        | Status::ConditionFailed
-        | Status::BufferTooSmall
-        | Status::Internal
-        | Status::Panic
-        | Status::NullArgument => Code::Internal,
+    let code = match Code::from_i32(e.status.grpc_code()) {
+        Code::Ok => Code::Internal,
+        code => code,
     };
     tonic::Status::new(code, format!("remote_dram: {e}"))
 }
@@ -146,11 +122,18 @@ mod tests {
 
     #[test]
     fn permanent_failures_use_codes_tensorstore_does_not_retry() {
+        use crate::error::Status;
         let code = |s| status_of(&Error::new(s, "x")).code();
         assert_eq!(code(Status::OutOfRange), Code::OutOfRange);
         assert_eq!(code(Status::KeyTooLarge), Code::InvalidArgument);
-        assert_eq!(code(Status::AuthFailed), Code::PermissionDenied);
+        assert_eq!(code(Status::AuthFailed), Code::Unauthenticated);
         assert_eq!(code(Status::Unavailable), Code::Unavailable);
         assert_eq!(code(Status::WrongShard), Code::FailedPrecondition);
+        // Every status has a code of gRPC's own; an outcome that is no error reads as INTERNAL.
+        for &s in Status::ALL {
+            assert_ne!(code(s), Code::Unknown, "{s:?}");
+            assert_ne!(code(s), Code::Ok, "{s:?}");
+        }
+        assert_eq!(code(Status::Missing), Code::Internal);
     }
 }
