@@ -430,3 +430,20 @@ def test_import_skips_ucx_grace_wait_only_while_single_threaded_and_leaves_no_tr
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "unset"
+
+
+def test_every_error_status_has_its_exception_class():
+    """Each error status (the negative ones) raises a class of its own, which says so; a
+    code that is no status raises InternalError. (tests/header.rs checks the numbers
+    against the Rust and C tables.)"""
+    from remote_dram.errors import _BY_STATUS, _from_status
+
+    for status in rd.Status:
+        if status < 0:
+            cls = _BY_STATUS.get(status)
+            assert cls is not None and cls.status == status, status
+            raised = _from_status(int(status), "x")
+            assert type(raised) is cls and raised.status == status
+    assert len(set(_BY_STATUS.values())) == len(_BY_STATUS)
+    assert isinstance(_from_status(-99, "x"), rd.InternalError)
+    assert type(_from_status(int(rd.Status.MISSING), "x")) is rd.Error
