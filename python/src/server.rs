@@ -115,11 +115,14 @@ impl PyServer {
     /// (the seconds it took) once the cluster's placement no longer has this server; it
     /// keeps serving until ``stop()``. Raises ``Unavailable`` when no other server can
     /// take the keys, ``Timeout`` after ``timeout`` seconds (the handover goes on until
-    /// the stop), ``InvalidArgument`` for a server that is not a cluster member.
+    /// the stop), ``InvalidArgument`` for a server that is not a cluster member, or stopped.
     #[pyo3(signature = (timeout=30.0))]
     fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<f64> {
         let member =
             self.member.clone().ok_or_else(|| invalid(py, "this server is not a cluster member (cluster=)"))?;
+        if self.server.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return Err(invalid(py, "the server is stopped"));
+        }
         if !(timeout.is_finite() && timeout >= 0.0) {
             return Err(invalid(py, format!("timeout must be a number of seconds, not {timeout}")));
         }

@@ -66,6 +66,8 @@ def test_an_embedded_server_joins_serves_and_drains(etcd):
             assert held > 0, "the embedded member holds none of 30 keys"
             assert embedded.drain(timeout=30) >= 0
             assert placed(url) == [other.address]
+        with pytest.raises(remote_dram.InvalidArgument):
+            embedded.drain()  # stopped
         with remote_dram.Server(memory="16MiB", **EMBEDDED_ARGS) as alone, pytest.raises(remote_dram.InvalidArgument):
             alone.drain()
         with remote_dram.Client(url) as c:

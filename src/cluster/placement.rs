@@ -188,12 +188,13 @@ impl ServerRole {
     /// Fences the server when etcd has not confirmed its lease for too long; true when
     /// this call fenced it.
     pub fn fence_unconfirmed_lease(&self) -> bool {
-        !self.lease_current() && !self.fenced.swap(true, Ordering::AcqRel)
+        !self.lease_current(clock()) && !self.fenced.swap(true, Ordering::AcqRel)
     }
 
-    fn lease_current(&self) -> bool {
+    /// Whether etcd confirmed the lease recently enough, at `now` on [`clock`].
+    fn lease_current(&self, now: u64) -> bool {
         let limit = self.lease_limit_ms.load(Ordering::Acquire);
-        limit == 0 || clock().saturating_sub(self.confirmed_ms.load(Ordering::Acquire)) <= limit
+        limit == 0 || now.saturating_sub(self.confirmed_ms.load(Ordering::Acquire)) <= limit
     }
 
     /// Ticks the server's clock; true when the gap since the last tick fenced it.
@@ -213,8 +214,8 @@ impl ServerRole {
         if limit == 0 {
             return true;
         }
-        let last = self.tick_ms.load(Ordering::Acquire);
-        !self.fenced.load(Ordering::Acquire) && clock().saturating_sub(last) <= limit && self.lease_current()
+        let (now, last) = (clock(), self.tick_ms.load(Ordering::Acquire));
+        !self.fenced.load(Ordering::Acquire) && now.saturating_sub(last) <= limit && self.lease_current(now)
     }
 
     pub fn fenced(&self) -> bool {

@@ -42,7 +42,9 @@
 pub mod bootstrap;
 pub mod fabric;
 mod range;
+mod routing;
 pub use range::ByteRange;
+pub use routing::{node_seed, rendezvous, rendezvous_ranked, shard_of};
 
 use crate::error::Status;
 
@@ -563,42 +565,6 @@ pub fn decode_list_entries(mut buf: &[u8]) -> Result<Vec<(Vec<u8>, u64)>, String
         buf = &buf[12 + len..];
     }
     Ok(entries)
-}
-
-/// The shard that owns `key` on a server with `shards` shards. A one-shard server's key
-/// needs no hash: the client routing it and the server checking it skip one each.
-pub fn shard_of(key: &[u8], shards: usize) -> usize {
-    if shards <= 1 {
-        return 0;
-    }
-    (xxhash_rust::xxh3::xxh3_64(key) % shards as u64) as usize
-}
-
-/// The hash seed of a server's name (its bootstrap address) for [`rendezvous`].
-pub fn node_seed(node: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(node.as_bytes())
-}
-
-/// Rendezvous hashing: which of the servers whose [`node_seed`]s are given owns `key`
-/// (its index). Clients and servers must agree on it, so it lives with the wire format.
-pub fn rendezvous(key: &[u8], seeds: &[u64]) -> usize {
-    if seeds.len() <= 1 {
-        return 0;
-    }
-    (0..seeds.len()).max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[i])).unwrap()
-}
-
-/// The `n` servers (at most) that rank highest for `key` under rendezvous hashing, best
-/// first: a key's replica set, its primary first. Removing a server leaves the others'
-/// order as it was, so a key's surviving replicas stay its replicas, in order.
-pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
-    if n <= 1 {
-        return if seeds.is_empty() { Vec::new() } else { vec![rendezvous(key, seeds)] };
-    }
-    let mut scored: Vec<(u64, usize)> =
-        seeds.iter().enumerate().map(|(i, &s)| (xxhash_rust::xxh3::xxh3_64_with_seed(key, s), i)).collect();
-    scored.sort_unstable_by(|a, b| b.cmp(a));
-    scored.into_iter().take(n).map(|(_, i)| i).collect()
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod admission;
+mod parts;
 mod placement;
 mod replication;
 
@@ -21,6 +23,7 @@ use crate::server::reply_backlog::ReplyBudget;
 use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
+use parts::{is_part, whole_values_are_not_staged};
 use placement::PlacementCheck;
 use replication::Replication;
 use tracing::{info, warn};
@@ -279,40 +282,6 @@ impl Service {
         std::mem::take(&mut self.departed)
     }
 
-    /// Decodes a request whose header and inline key arrived as `header` (UCX: the AM
-    /// header), carrying the session of a connected client; returns it with that client.
-    /// On failure, the request id to answer (when readable) and why.
-    pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), Refusal> {
-        let (h, op) = decoded(header).map_err(|e| self.refused(None, e))?;
-        let client = self.client_of(h.session);
-        let req = checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?;
-        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
-        Ok((req, client.unwrap_or(0)))
-    }
-
-    /// Like [`Service::admit`] for a transport that sends one message (header, inline key
-    /// and payload back to back) and checks the credential it must carry itself (libfabric:
-    /// the one the client's slot got at its hello). Returns the request and its payload.
-    pub fn admit_message<'a>(
-        &self,
-        msg: &'a [u8],
-        session: u64,
-    ) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
-        let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
-        let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
-        let req =
-            checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?;
-        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
-        Ok((req, payload))
-    }
-
-    /// Counts a request refused before it was served.
-    #[cold]
-    fn refused(&self, op: Option<Op>, (id, e): Refusal) -> Refusal {
-        self.metrics.record(op, e.status, 0, 0, self.metrics.clock());
-        (id, e)
-    }
-
     /// Publishes the shard's state for metric scrapes and logs what an operator should
     /// hear about (called on the worker's sweeps).
     pub fn publish_metrics(&mut self, transfers_in_flight: usize) {
@@ -526,124 +495,6 @@ impl Service {
         self.replicate(h, key, generation, Some((extent, layout)), reply)
     }
 
-    /// Admits a part of a value staged in parts ([`flags::STAGE`] with a range): the
-    /// first (at offset 0) reserves the whole value's extent and stages it under the
-    /// request's id, later ones name that id in `if_not_equal`. The extent, the layout and
-    /// the id; the part's transfer owns the extent until [`Service::end_part`].
-    fn begin_part(&mut self, h: &RequestHeader, key: &[u8], len: u64) -> Result<(Extent, Layout, u64)> {
-        if h.flags & flags::KEY_IN_PAYLOAD != 0
-            || h.range_start < 0
-            || h.range_end < h.range_start
-            || h.range_end as u64 > proto::MAX_VALUE_LEN
-        {
-            return Err(Error::new(
-                Status::Invalid,
-                format!(
-                    "a part [{}, {}) of a value staged in parts (its key inline, 0 <= start <= length <= {})",
-                    h.range_start,
-                    h.range_end,
-                    proto::MAX_VALUE_LEN
-                ),
-            ));
-        }
-        self.check_shard(key)?;
-        self.check_placement(h, key, true)?;
-        let (offset, total) = (h.range_start as u64, h.range_end as u64);
-        if offset > 0 {
-            let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
-            if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len()
-            {
-                self.staging.part_ended(h.session, h.if_not_equal, 0, true).ok();
-                return Err(Error::new(
-                    Status::Invalid,
-                    format!("the value staged under request id {} is another key's", h.if_not_equal),
-                ));
-            }
-            return Ok((extent, layout, h.if_not_equal));
-        }
-        if len > total || total == 0 {
-            return Err(Error::new(Status::Invalid, format!("a first part of {len} bytes of a {total}-byte value")));
-        }
-        let layout = Layout::aligned_to(key.len(), total, u64::from(h.aux_len));
-        self.staging.admit(h.session, layout.extent_len())?;
-        let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
-        self.shard.extent_mut(extent)[..key.len()].copy_from_slice(key);
-        self.staging.begin_assembly(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
-            self.shard.release(extent);
-            e
-        })?;
-        Ok((extent, layout, h.request_id))
-    }
-
-    /// A part's transfer ended: the bytes of the value received so far, or the value is
-    /// over (the part failed or was cut, or the value was discarded meanwhile) and freed.
-    fn end_part(&mut self, p: PendingPut, stage_id: u64, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
-        let (h, id) = (p.header, p.header.request_id);
-        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived && p.cut.is_none()) {
-            Ok(received) => ok_reply(id, 0, received),
-            Err(over) => {
-                match (p.cut, over) {
-                    // A cut transfer freed the extent but what it still writes into.
-                    (Some(held), _) => held.into_iter().for_each(|part| self.shard.release(part)),
-                    (None, Some(staged)) => self.shard.release(staged.extent),
-                    (None, None) => {}
-                }
-                let why = if arrived {
-                    "the value staged in parts lapsed or was discarded while a part arrived"
-                } else {
-                    "a part's transfer failed; the value staged in parts is discarded"
-                };
-                error_reply(id, &Error::new(Status::Transport, why), out)
-            }
-        }
-    }
-
-    /// A part that arrived with its request (or the empty part at the value's end, which
-    /// commits the value as an ordinary put, with its condition and TTL).
-    fn eager_part(&mut self, h: &RequestHeader, key: &[u8], part: &[u8]) -> Result<ReplyHeader> {
-        if value_is_whole(h, part.len()) {
-            return self.commit_parts(h, key);
-        }
-        let (extent, layout, stage_id) = self.begin_part(h, key, part.len() as u64)?;
-        let at = layout.value_at as usize + h.range_start as usize;
-        self.shard.extent_mut(extent)[at..][..part.len()].copy_from_slice(part);
-        match self.staging.part_ended(h.session, stage_id, part.len() as u64, true) {
-            Ok(received) => Ok(ok_reply(h.request_id, 0, received)),
-            Err(over) => {
-                if let Some(staged) = over {
-                    self.shard.release(staged.extent);
-                }
-                Err(Error::new(Status::Missing, "the value staged in parts lapsed"))
-            }
-        }
-    }
-
-    /// Publishes a value whose parts all arrived, as a put under a new generation if its
-    /// condition holds.
-    fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
-        self.check_placement(h, key, true)?;
-        let id = h.if_not_equal;
-        let staged = self.staging.take(h.session, id).ok_or_else(|| {
-            Error::new(
-                Status::Missing,
-                format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"),
-            )
-        })?;
-        let whole = staged
-            .assembly
-            .is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
-        if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
-            self.shard.release(staged.extent);
-            return Err(Error::new(
-                Status::Invalid,
-                format!("the value staged under request id {id} is not whole, or is another key's"),
-            ));
-        }
-        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
-        let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
-        self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply)
-    }
-
     /// Publishes a put's key and value, written into `extent`: under a new generation if
     /// its condition holds, or for an import, under the generation it brings.
     fn commit(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
@@ -806,64 +657,11 @@ pub fn error_reply(request_id: u64, err: &Error, out: &mut Vec<u8>) -> ReplyHead
     ReplyHeader::new(request_id, err.status)
 }
 
-/// A part of a value staged in parts ([`flags::STAGE`] with a range, not an import).
-fn is_part(h: &RequestHeader) -> bool {
-    h.flags & (flags::STAGE | flags::HAS_RANGE | flags::IMPORT) == flags::STAGE | flags::HAS_RANGE
-}
-
-/// Refuses a put flagged [`flags::STAGE`] that is not a part of a value staged in parts
-/// (parts are taken before this is asked).
-fn whole_values_are_not_staged(h: &RequestHeader) -> Result<()> {
-    if h.flags & flags::STAGE == 0 {
-        return Ok(());
-    }
-    Err(Error::new(
-        Status::Invalid,
-        "a staged put is a part of a value staged in parts: it carries a range (HAS_RANGE) and no IMPORT",
-    ))
-}
-
-/// The empty part at a value's end, which commits it.
-fn value_is_whole(h: &RequestHeader, part_len: usize) -> bool {
-    part_len == 0 && h.range_start == h.range_end && h.range_start > 0
-}
-
 fn ok_reply(request_id: u64, generation: u64, value_size: u64) -> ReplyHeader {
     let mut h = ReplyHeader::new(request_id, Status::Ok);
     h.generation = generation;
     h.value_size = value_size;
     h
-}
-
-/// The request header at the start of `header`, decoded once and validated.
-fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), Refusal> {
-    RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))
-}
-
-/// The rest of admission, for a decoded header: the session was live (`authorized`), and
-/// the inline key is as long as the header says.
-fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, Refusal> {
-    let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
-    if !authorized {
-        return fail(
-            Status::AuthFailed,
-            "request without a valid session: connect through the bootstrap handshake with the right token".into(),
-        );
-    }
-    let inline = &header[h.encoded_len()..];
-    let expected = inline_key_len(&h, op);
-    if inline.len() != expected {
-        return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
-    }
-    Ok(Request { header: h, op, inline })
-}
-
-/// How many key bytes travel right after the fixed header.
-fn inline_key_len(h: &RequestHeader, op: Op) -> usize {
-    match op {
-        Op::Put | Op::Get | Op::Delete if h.flags & flags::KEY_IN_PAYLOAD == 0 => h.key_len as usize,
-        _ => 0,
-    }
 }
 
 fn condition(h: &RequestHeader) -> Condition {
@@ -883,75 +681,4 @@ fn ttl(h: &RequestHeader) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cluster::{Placement, Routing};
-    use crate::store::{HugePages, Mode};
-
-    /// A shard of member `me` in a cluster with R = 2 whose keys move from `members` to
-    /// `next`, and a key whose primary changes from "a" to "b".
-    fn member_shard(me: &str, members: &[&str], next: &[&str]) -> (Service, Arc<ServerRole>, Vec<u8>) {
-        let (_, rx) = crossbeam_channel::unbounded();
-        let shard = Shard::new(1 << 20, HugePages::Off, Mode::Cache).expect("a 1 MiB shard");
-        let mut service = Service::new(0, 1, rx, shard, Arc::new(ReplyBudget::new(u64::MAX)));
-        let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let placement = Placement {
-            epoch: 2,
-            members: names(members),
-            next: Some(names(next)),
-            replicas: 2,
-            version: 5,
-            ..Default::default()
-        };
-        let routing = Routing::new(placement.clone());
-        let key = (0..)
-            .map(|i| format!("key-{i}").into_bytes())
-            .find(|k| routing.owner(k) == Some("a") && routing.next_owner(k) == Some("b"))
-            .unwrap();
-        let role = Arc::new(ServerRole::default());
-        role.set(me, placement);
-        service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None).unwrap();
-        (service, role, key)
-    }
-
-    fn asked_write() -> RequestHeader {
-        let mut h = RequestHeader::new(Op::Put, 1, 0);
-        h.flags = flags::VIEW | flags::ASKING;
-        h.view = 5;
-        h
-    }
-
-    #[test]
-    fn a_next_primary_takes_an_asked_write_only_once_the_primary_is_gone() {
-        let (mut b, role, key) = member_shard("b", &["a", "b"], &["b", "c"]);
-        role.set_live(vec!["a".into(), "b".into(), "c".into()]);
-        let refused = b.check_placement(&asked_write(), &key, true).unwrap_err();
-        assert_eq!(refused.status, Status::ViewChanged, "{}", refused.message);
-        assert!(refused.message.contains("is live"), "{}", refused.message);
-        assert!(b.check_placement(&asked_write(), &key, false).is_ok(), "reads are asked of any replica");
-        role.set_live(vec!["b".into(), "c".into()]);
-        assert!(b.check_placement(&asked_write(), &key, true).is_ok(), "a's lease lapsed");
-    }
-
-    #[test]
-    fn a_sealed_move_holds_writes_to_keys_whose_primary_changes() {
-        let (mut a, role, key) = member_shard("a", &["a", "b"], &["b", "c"]);
-        let mut write = RequestHeader::new(Op::Put, 1, 0);
-        write.flags = flags::VIEW;
-        write.view = 5;
-        assert!(a.check_placement(&write, &key, true).is_ok(), "taken while the move is not sealed");
-        let mut sealed = role.current().unwrap().1.placement.clone();
-        (sealed.sealed, sealed.version, sealed.generation_floor) = (true, 6, 1 << 62);
-        role.set("a", sealed.clone());
-        write.view = 6;
-        let held = a.check_placement(&write, &key, true).unwrap_err();
-        assert_eq!(held.status, Status::KeyMoving, "{}", held.message);
-        assert!(a.check_placement(&write, &key, false).is_ok(), "reads go on");
-        // The next epoch: generations given out here from then on are above its floor.
-        let next = Placement { epoch: 3, members: sealed.next.clone().unwrap(), next: None, version: 7, ..sealed };
-        role.set("a", next);
-        write.view = 7;
-        let _ = a.check_placement(&write, b"k", true);
-        assert!(a.shard.last_generation() >= 1 << 62, "the floor raised this shard's generations");
-    }
-}
+mod tests;

@@ -1,5 +1,6 @@
 //! The `rdram` command: run a server, or talk to one.
 
+mod process;
 mod top;
 
 use std::io::{Read, Write};
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use process::{block_stop_signals, raise_fd_limit, wait_for_signal};
 use remote_dram::cli::parse_size;
 use remote_dram::client::{GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::store::{HugePages, Mode};
@@ -477,37 +479,9 @@ fn read_token_file(path: &std::path::Path) -> Result<String, Error> {
     Ok(token)
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread started after, and returns
-/// the set to `sigwait` on. Libraries that install their own handlers (Debian's
-/// libfabric pulls in PSM's libinfinipath, whose handlers call `exit(1)`) never see them.
-fn block_stop_signals() -> libc::sigset_t {
-    // SAFETY: plain libc calls on a local, initialised sigset.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 fn cluster_url(url: &str) -> Result<remote_dram::cluster::ClusterUrl, Error> {
     remote_dram::cluster::ClusterUrl::parse(url)?
         .ok_or_else(|| Error::new(Status::Invalid, format!("{url:?} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")))
-}
-
-/// Lifts this process's soft limit on open files to its hard limit: a server holds a
-/// descriptor or more per client, and refuses new clients (it does not fail) near the limit.
-fn raise_fd_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write the struct given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }
 
 /// Reads a value, stopping one byte past the largest value a server takes (so an endless
@@ -614,15 +588,6 @@ fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
     server.stop();
     eprintln!("rdram: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// Waits up to `timeout` for one of the blocked stop signals; its number, if one came.
-fn wait_for_signal(set: &libc::sigset_t, timeout: Duration) -> Option<libc::c_int> {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: waits on a signal set blocked in every thread; no siginfo is asked for.
-    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-    (sig > 0).then_some(sig)
 }
 
 /// A graceful leave (see [`ClusterMember::drain`]); a second signal stops waiting.

@@ -1,0 +1,147 @@
+//! Values staged in parts ([`flags::STAGE`] with a range), as device memory is sent: the
+//! first part reserves the whole value's extent, later ones arrive in order under its id,
+//! and an empty part at the end commits it as an ordinary put (see [`super::Staging`]).
+
+use super::*;
+
+impl Service {
+    /// Admits a part of a value staged in parts ([`flags::STAGE`] with a range): the
+    /// first (at offset 0) reserves the whole value's extent and stages it under the
+    /// request's id, later ones name that id in `if_not_equal`. The extent, the layout and
+    /// the id; the part's transfer owns the extent until [`Service::end_part`].
+    pub(super) fn begin_part(&mut self, h: &RequestHeader, key: &[u8], len: u64) -> Result<(Extent, Layout, u64)> {
+        if h.flags & flags::KEY_IN_PAYLOAD != 0
+            || h.range_start < 0
+            || h.range_end < h.range_start
+            || h.range_end as u64 > proto::MAX_VALUE_LEN
+        {
+            return Err(Error::new(
+                Status::Invalid,
+                format!(
+                    "a part [{}, {}) of a value staged in parts (its key inline, 0 <= start <= length <= {})",
+                    h.range_start,
+                    h.range_end,
+                    proto::MAX_VALUE_LEN
+                ),
+            ));
+        }
+        self.check_shard(key)?;
+        self.check_placement(h, key, true)?;
+        let (offset, total) = (h.range_start as u64, h.range_end as u64);
+        if offset > 0 {
+            let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
+            if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len()
+            {
+                self.staging.part_ended(h.session, h.if_not_equal, 0, true).ok();
+                return Err(Error::new(
+                    Status::Invalid,
+                    format!("the value staged under request id {} is another key's", h.if_not_equal),
+                ));
+            }
+            return Ok((extent, layout, h.if_not_equal));
+        }
+        if len > total || total == 0 {
+            return Err(Error::new(Status::Invalid, format!("a first part of {len} bytes of a {total}-byte value")));
+        }
+        let layout = Layout::aligned_to(key.len(), total, u64::from(h.aux_len));
+        self.staging.admit(h.session, layout.extent_len())?;
+        let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
+        self.shard.extent_mut(extent)[..key.len()].copy_from_slice(key);
+        self.staging.begin_assembly(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
+            self.shard.release(extent);
+            e
+        })?;
+        Ok((extent, layout, h.request_id))
+    }
+
+    /// A part's transfer ended: the bytes of the value received so far, or the value is
+    /// over (the part failed or was cut, or the value was discarded meanwhile) and freed.
+    pub(super) fn end_part(&mut self, p: PendingPut, stage_id: u64, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
+        let (h, id) = (p.header, p.header.request_id);
+        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived && p.cut.is_none()) {
+            Ok(received) => ok_reply(id, 0, received),
+            Err(over) => {
+                match (p.cut, over) {
+                    // A cut transfer freed the extent but what it still writes into.
+                    (Some(held), _) => held.into_iter().for_each(|part| self.shard.release(part)),
+                    (None, Some(staged)) => self.shard.release(staged.extent),
+                    (None, None) => {}
+                }
+                let why = if arrived {
+                    "the value staged in parts lapsed or was discarded while a part arrived"
+                } else {
+                    "a part's transfer failed; the value staged in parts is discarded"
+                };
+                error_reply(id, &Error::new(Status::Transport, why), out)
+            }
+        }
+    }
+
+    /// A part that arrived with its request (or the empty part at the value's end, which
+    /// commits the value as an ordinary put, with its condition and TTL).
+    pub(super) fn eager_part(&mut self, h: &RequestHeader, key: &[u8], part: &[u8]) -> Result<ReplyHeader> {
+        if value_is_whole(h, part.len()) {
+            return self.commit_parts(h, key);
+        }
+        let (extent, layout, stage_id) = self.begin_part(h, key, part.len() as u64)?;
+        let at = layout.value_at as usize + h.range_start as usize;
+        self.shard.extent_mut(extent)[at..][..part.len()].copy_from_slice(part);
+        match self.staging.part_ended(h.session, stage_id, part.len() as u64, true) {
+            Ok(received) => Ok(ok_reply(h.request_id, 0, received)),
+            Err(over) => {
+                if let Some(staged) = over {
+                    self.shard.release(staged.extent);
+                }
+                Err(Error::new(Status::Missing, "the value staged in parts lapsed"))
+            }
+        }
+    }
+
+    /// Publishes a value whose parts all arrived, as a put under a new generation if its
+    /// condition holds.
+    fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
+        self.check_placement(h, key, true)?;
+        let id = h.if_not_equal;
+        let staged = self.staging.take(h.session, id).ok_or_else(|| {
+            Error::new(
+                Status::Missing,
+                format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"),
+            )
+        })?;
+        let whole = staged
+            .assembly
+            .is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
+        if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
+            self.shard.release(staged.extent);
+            return Err(Error::new(
+                Status::Invalid,
+                format!("the value staged under request id {id} is not whole, or is another key's"),
+            ));
+        }
+        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
+        let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
+        self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply)
+    }
+}
+
+/// A part of a value staged in parts ([`flags::STAGE`] with a range, not an import).
+pub(super) fn is_part(h: &RequestHeader) -> bool {
+    h.flags & (flags::STAGE | flags::HAS_RANGE | flags::IMPORT) == flags::STAGE | flags::HAS_RANGE
+}
+
+/// Refuses a put flagged [`flags::STAGE`] that is not a part of a value staged in parts
+/// (parts are taken before this is asked).
+pub(super) fn whole_values_are_not_staged(h: &RequestHeader) -> Result<()> {
+    if h.flags & flags::STAGE == 0 {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::Invalid,
+        "a staged put is a part of a value staged in parts: it carries a range (HAS_RANGE) and no IMPORT",
+    ))
+}
+
+/// The empty part at a value's end, which commits it.
+fn value_is_whole(h: &RequestHeader, part_len: usize) -> bool {
+    part_len == 0 && h.range_start == h.range_end && h.range_start > 0
+}

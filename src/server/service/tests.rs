@@ -1,0 +1,70 @@
+use super::*;
+use crate::cluster::{Placement, Routing};
+use crate::store::{HugePages, Mode};
+
+/// A shard of member `me` in a cluster with R = 2 whose keys move from `members` to
+/// `next`, and a key whose primary changes from "a" to "b".
+fn member_shard(me: &str, members: &[&str], next: &[&str]) -> (Service, Arc<ServerRole>, Vec<u8>) {
+    let (_, rx) = crossbeam_channel::unbounded();
+    let shard = Shard::new(1 << 20, HugePages::Off, Mode::Cache).expect("a 1 MiB shard");
+    let mut service = Service::new(0, 1, rx, shard, Arc::new(ReplyBudget::new(u64::MAX)));
+    let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let placement = Placement {
+        epoch: 2,
+        members: names(members),
+        next: Some(names(next)),
+        replicas: 2,
+        version: 5,
+        ..Default::default()
+    };
+    let routing = Routing::new(placement.clone());
+    let key = (0..)
+        .map(|i| format!("key-{i}").into_bytes())
+        .find(|k| routing.owner(k) == Some("a") && routing.next_owner(k) == Some("b"))
+        .unwrap();
+    let role = Arc::new(ServerRole::default());
+    role.set(me, placement);
+    service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None).unwrap();
+    (service, role, key)
+}
+
+fn asked_write() -> RequestHeader {
+    let mut h = RequestHeader::new(Op::Put, 1, 0);
+    h.flags = flags::VIEW | flags::ASKING;
+    h.view = 5;
+    h
+}
+
+#[test]
+fn a_next_primary_takes_an_asked_write_only_once_the_primary_is_gone() {
+    let (mut b, role, key) = member_shard("b", &["a", "b"], &["b", "c"]);
+    role.set_live(vec!["a".into(), "b".into(), "c".into()]);
+    let refused = b.check_placement(&asked_write(), &key, true).unwrap_err();
+    assert_eq!(refused.status, Status::ViewChanged, "{}", refused.message);
+    assert!(refused.message.contains("is live"), "{}", refused.message);
+    assert!(b.check_placement(&asked_write(), &key, false).is_ok(), "reads are asked of any replica");
+    role.set_live(vec!["b".into(), "c".into()]);
+    assert!(b.check_placement(&asked_write(), &key, true).is_ok(), "a's lease lapsed");
+}
+
+#[test]
+fn a_sealed_move_holds_writes_to_keys_whose_primary_changes() {
+    let (mut a, role, key) = member_shard("a", &["a", "b"], &["b", "c"]);
+    let mut write = RequestHeader::new(Op::Put, 1, 0);
+    write.flags = flags::VIEW;
+    write.view = 5;
+    assert!(a.check_placement(&write, &key, true).is_ok(), "taken while the move is not sealed");
+    let mut sealed = role.current().unwrap().1.placement.clone();
+    (sealed.sealed, sealed.version, sealed.generation_floor) = (true, 6, 1 << 62);
+    role.set("a", sealed.clone());
+    write.view = 6;
+    let held = a.check_placement(&write, &key, true).unwrap_err();
+    assert_eq!(held.status, Status::KeyMoving, "{}", held.message);
+    assert!(a.check_placement(&write, &key, false).is_ok(), "reads go on");
+    // The next epoch: generations given out here from then on are above its floor.
+    let next = Placement { epoch: 3, members: sealed.next.clone().unwrap(), next: None, version: 7, ..sealed };
+    role.set("a", next);
+    write.view = 7;
+    let _ = a.check_placement(&write, b"k", true);
+    assert!(a.shard.last_generation() >= 1 << 62, "the floor raised this shard's generations");
+}
