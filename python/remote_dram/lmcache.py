@@ -14,13 +14,15 @@ The plugin entry is what makes LMCache load this module; the tier itself is the 
 ``remote_url`` names. Without ``remote_url``, give the address as
 ``extra_config["remote_dram.url"]`` and the plugin entry is the tier.
 
-Each chunk is two keys under ``lmcache/<model>/<world size>/<worker>/<chunk hash>@<dtype>…``:
-``…/kv`` holds the chunk's bytes, moved straight out of and into LMCache's memory
-objects, and ``…/meta`` its shapes, dtypes and format (LMCache's ``RemoteMetadata``), so
-partial chunks come back with their own shape. ``extra_config["save_chunk_meta"] = False``
-stores the bytes alone (one key a chunk; a partial chunk's token count is then read from
-its length). :func:`key_prefix` names every chunk of a model or worker for
-``Client.list`` and ``Client.delete_range``.
+Each chunk is one key, ``lmcache/<model>/<world size>/<worker>/<chunk hash>@<dtype>…``,
+whose value is LMCache's ``RemoteMetadata`` of the chunk (its shapes, dtypes and format;
+28 bytes for one KV group) followed by its bytes, so the two are stored, evicted and
+deleted together: a lookup never finds half a chunk. A load is one round trip: the header
+and the bytes, the latter straight into a memory object of LMCache's, are two byte ranges
+of the key read together. ``extra_config["save_chunk_meta"] = False`` stores the bytes
+alone (a partial chunk's token count is then read from its length), which spares a store
+the copy that puts the header before the bytes. :func:`key_prefix` names every chunk of a
+model or worker for ``Client.list`` and ``Client.delete_range``.
 
 A server that cannot be reached makes every call a miss at once (LMCache recomputes):
 the connector says so once in the log, reconnects from a thread of its own every
@@ -40,6 +42,14 @@ Settings, all in ``extra_config``:
     Seconds a connection attempt may take (default 1).
 ``remote_dram.retry_interval``
     Seconds between reconnection attempts while the servers are unreachable (default 1).
+``remote_dram.ttl``
+    Seconds a stored chunk lives (default: until evicted or deleted).
+``remote_dram.poll``
+    ``adaptive`` (default) or ``busy``: how the connection waits for replies (busy polling
+    takes a core per connection; for dedicated cores).
+``remote_dram.ucx_tls``
+    UCX transports for this process (``UCX_TLS``, e.g. ``tcp`` or ``shm,self``), unless
+    the environment already sets it. Servers on libfabric are reached over libfabric.
 """
 
 from __future__ import annotations
@@ -61,15 +71,16 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorCont
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from . import Client
-from .errors import AuthFailed, Error, IoError, Timeout, TransportError, Unavailable
+from .errors import AuthFailed, BufferTooSmall, Error, IoError, OutOfRange, Timeout, TransportError, Unavailable
 
 logger = init_logger(__name__)
 
 SCHEME = "remote_dram://"
 PLUGIN_TYPE = "remote_dram"
 KEY_ROOT = "lmcache/"
-KV_SUFFIX = "/kv"
-META_SUFFIX = "/meta"
+# Stores copy header and bytes into staging buffers of up to this many bytes per batch
+# (or one chunk, if larger), then send them together.
+STORE_STAGING_BYTES = 256 << 20
 # Errors that say the servers cannot be reached, as opposed to a refused request.
 LINK_ERRORS = (Unavailable, TransportError, Timeout, IoError)
 
@@ -128,13 +139,23 @@ class _Link:
     both saying how to fix it.
     """
 
-    def __init__(self, name: str, address: str, token: Optional[str], timeout: float, connect_timeout: float, retry_interval: float):
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        token: Optional[str],
+        timeout: float,
+        connect_timeout: float,
+        retry_interval: float,
+        poll: str = "adaptive",
+    ):
         self._name = name
         self._address = address
         self._token = token
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._retry_interval = retry_interval
+        self._poll = poll
         self._lock = threading.Lock()
         self._client: Optional[Client] = None
         self._down_since: Optional[float] = None
@@ -156,7 +177,9 @@ class _Link:
             return self._down_since is not None
 
     def _connect(self) -> Client:
-        return Client(self._address, auth_token=self._token, timeout=self._timeout, connect_timeout=self._connect_timeout)
+        return Client(
+            self._address, auth_token=self._token, timeout=self._timeout, connect_timeout=self._connect_timeout, poll=self._poll
+        )
 
     def call(self, f: Callable[[Client], T]) -> T:
         with self._lock:
@@ -236,44 +259,54 @@ class RemoteDramConnector(RemoteConnector):
     """LMCache's ``RemoteConnector`` over remote_dram (see the module's documentation)."""
 
     def __init__(self, address: str, context: ConnectorContext, extra: dict):
-        super().__init__(context.config, context.metadata)
-        self.loop = context.loop
-        self.local_cpu_backend = context.local_cpu_backend
         self.address = address
+        backend = context.local_cpu_backend
+        # As LMCache's own connectors: config and metadata from the CPU backend when the
+        # context does not carry them.
+        config = context.config if context.config is not None else getattr(backend, "config", None)
+        metadata = context.metadata if context.metadata is not None else getattr(backend, "metadata", None)
+        super().__init__(config, metadata)
+        self.loop = context.loop
+        self.local_cpu_backend = backend
+        self._header_len = self.remote_metadata_bytes if self.save_chunk_meta else 0
         token = _token(extra)
         timeout = float(extra.get("remote_dram.timeout", 5.0))
         connect_timeout = float(extra.get("remote_dram.connect_timeout", 1.0))
         retry = float(extra.get("remote_dram.retry_interval", 1.0))
+        poll = str(extra.get("remote_dram.poll", "adaptive"))
+        ttl = extra.get("remote_dram.ttl")
+        self._ttl = float(ttl) if ttl is not None else None
+        _use_ucx_tls(extra.get("remote_dram.ucx_tls"))
         # Stores and loads each have a connection and a thread, so a load never waits
         # behind a store (one client runs one call at a time).
-        self._store = _Link("store", address, token, timeout, connect_timeout, retry)
-        self._load = _Link("load", address, token, timeout, connect_timeout, retry)
+        self._store = _Link("store", address, token, timeout, connect_timeout, retry, poll)
+        self._load = _Link("load", address, token, timeout, connect_timeout, retry, poll)
         self._store_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-store")
         self._load_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-load")
+        self._staging = bytearray()
         logger.info("remote_dram: LMCache tier at %s (chunk metadata %s)", address, "stored" if self.save_chunk_meta else "not stored")
 
     def __repr__(self) -> str:
-        return f"<RemoteDramConnector {self.address}>"
+        return f"<RemoteDramConnector {getattr(self, 'address', '(not started)')}>"
 
     # -- existence
 
-    def _present(self, keys: Sequence[CacheEngineKey]) -> List[bool]:
-        """Which chunks are stored, in one pipelined request per chunk: the metadata
-        (or the first byte of the chunk) lands in a small scratch buffer."""
+    def _whole(self, size: Optional[int]) -> bool:
+        """Whether a value of ``size`` bytes can be a whole chunk of this connector's."""
+        if size is None or size <= self._header_len:
+            return False
         if self.save_chunk_meta:
-            names = [chunk_key(k) + META_SUFFIX for k in keys]
-            outs = [bytearray(self.remote_metadata_bytes) for _ in keys]
-        else:
-            names = [chunk_key(k) + KV_SUFFIX for k in keys]
-            outs = [bytearray(1) for _ in keys]
+            return True  # the header says the rest, read with the chunk
+        return size <= self.full_chunk_size_bytes and size % self.single_token_size == 0
+
+    def _present(self, keys: Sequence[CacheEngineKey]) -> List[bool]:
+        """Which chunks are stored: their sizes, in one pipelined request per chunk that
+        moves none of their bytes."""
         try:
-            if self.save_chunk_meta:
-                found = self._load.call(lambda c: c.get_many_into(names, outs))
-            else:
-                found = [self._load.call(lambda c, n=n, o=o: c.get_into(n, o, byte_range=(0, 1))) for n, o in zip(names, outs)]
+            sizes = self._load.call(lambda c: c.sizes([chunk_key(k) for k in keys]))
         except Error:
             return [False] * len(keys)
-        return [n is not None for n in found]
+        return [self._whole(size) for size in sizes]
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
         return self._present([key])[0]
@@ -317,52 +350,125 @@ class RemoteDramConnector(RemoteConnector):
         return prefix
 
     def _load_chunks(self, keys: Sequence[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        """Reads chunks straight into memory objects of LMCache's CPU allocator; ``None``
-        where a chunk is missing, incomplete or cannot be allocated."""
+        """Reads chunks straight into memory objects of LMCache's CPU allocator, each in
+        one round trip (header and bytes together, the bytes into an object of a full
+        chunk's shape); ``None`` where a chunk is missing, not whole, or cannot be allocated."""
         chunks = [chunk_key(k) for k in keys]
-        objs: List[Optional[MemoryObj]] = [None] * len(keys)
-        lengths: List[Optional[int]] = [None] * len(keys)
-        try:
+        objs: List[Optional[MemoryObj]] = [self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt) for _ in keys]
+        wanted = [i for i, obj in enumerate(objs) if obj is not None]
+        heads = [bytearray(self._header_len) for _ in wanted]
+        names: List[str] = []
+        outs: list = []
+        ranges: list = []
+        for j, i in enumerate(wanted):
             if self.save_chunk_meta:
-                metas = [bytearray(self.remote_metadata_bytes) for _ in keys]
-                found = self._load.call(lambda c: c.get_many_into([k + META_SUFFIX for k in chunks], metas))
-                for i, n in enumerate(found):
-                    meta = self._metadata(metas[i]) if n == self.remote_metadata_bytes else None
-                    if meta is not None:
-                        objs[i] = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
-                        lengths[i] = meta.length
-            else:
-                for i in range(len(keys)):
-                    objs[i] = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
-            wanted = [i for i, obj in enumerate(objs) if obj is not None]
-            if wanted:
-                outs = [objs[i].byte_array for i in wanted]
-                read = self._load.call(lambda c: c.get_many_into([chunks[i] + KV_SUFFIX for i in wanted], outs))
-                for i, n in zip(wanted, read):
-                    objs[i] = self._loaded(objs[i], n, lengths[i])
+                names.append(chunks[i])
+                outs.append(heads[j])
+                ranges.append((0, self._header_len))
+            names.append(chunks[i])
+            outs.append(objs[i].byte_array)
+            ranges.append((self._header_len, None))
+        try:
+            read = self._load.call(lambda c: c.get_many_into(names, outs, byte_ranges=ranges)) if names else []
+        except (BufferTooSmall, OutOfRange):
+            # A chunk longer than a full one (only LMCache's tests store such), or a value
+            # shorter than a header: each chunk on its own, in two steps.
+            _release_all(objs)
+            return [self._load_sized(chunk) for chunk in chunks]
         except Error:
             _release_all(objs)
             return [None] * len(keys)
+        per_chunk = 2 if self.save_chunk_meta else 1
+        for j, i in enumerate(wanted):
+            body = read[j * per_chunk + per_chunk - 1]
+            if not self.save_chunk_meta:
+                objs[i] = self._loaded(chunks[i], objs[i], body)
+                continue
+            head = read[j * per_chunk]
+            meta = self._metadata(heads[j]) if head == self._header_len else None
+            if meta is None:
+                objs[i] = self._not_a_chunk(chunks[i], objs[i], head)
+            elif body is None or body != meta.length:
+                # Missing (evicted between the two reads), or bytes its header does not describe.
+                objs[i] = self._not_a_chunk(chunks[i], objs[i], body)
+            else:
+                objs[i] = self._as_described(chunks[i], objs[i], meta)
         return objs
+
+    def _as_described(self, chunk: str, obj: MemoryObj, meta: RemoteMetadata) -> Optional[MemoryObj]:
+        """The chunk read into ``obj`` (a full chunk's) in an object of the shapes, dtypes
+        and format its header gives: ``obj`` itself for a full chunk, else a new object
+        the bytes are copied into (a partial chunk, the last of a request's)."""
+        if list(meta.shapes) == list(obj.get_shapes()) and list(meta.dtypes) == list(obj.get_dtypes()) and meta.fmt == obj.get_memory_format():
+            return obj
+        exact = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+        if exact is not None:
+            if len(exact.byte_array) == meta.length:
+                memoryview(exact.byte_array).cast("B")[:] = memoryview(obj.byte_array).cast("B")[: meta.length]
+            else:
+                exact.ref_count_down()
+                exact = self._not_a_chunk(chunk, None, meta.length)
+        obj.ref_count_down()
+        return exact
+
+    def _load_sized(self, chunk: str) -> Optional[MemoryObj]:
+        """One chunk in two round trips: its header, then its bytes into an object
+        allocated as the header says."""
+        if not self.save_chunk_meta:
+            return None  # longer than a full chunk: not one of this connector's
+        head = bytearray(self._header_len)
+        try:
+            try:
+                n = self._load.call(lambda c: c.get_into(chunk, head, byte_range=(0, self._header_len)))
+            except OutOfRange:
+                return self._not_a_chunk(chunk, None, 0)  # shorter than a header
+            meta = self._metadata(head) if n == self._header_len else None
+            if meta is None:
+                return self._not_a_chunk(chunk, None, n)
+            obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+            if obj is None:
+                return None
+            try:
+                body = self._load.call(lambda c: c.get_into(chunk, obj.byte_array, byte_range=(self._header_len, None)))
+            except Error:
+                obj.ref_count_down()
+                raise
+        except Error:
+            return None
+        return obj if body == meta.length else self._not_a_chunk(chunk, obj, body)
+
+    def _loaded(self, chunk: str, obj: MemoryObj, read: Optional[int]) -> Optional[MemoryObj]:
+        """``obj`` after ``read`` bytes of a chunk stored without metadata landed in it,
+        reshaped if the chunk is partial; ``None`` (and released) if it was missing or is
+        not whole."""
+        if read is None:
+            obj.ref_count_down()
+            return None
+        try:
+            return self.reshape_partial_chunk(obj, read)
+        except ValueError:
+            return self._not_a_chunk(chunk, obj, read)
+
+    def _not_a_chunk(self, chunk: str, obj: Optional[MemoryObj], read: Optional[int]) -> None:
+        """A miss: ``obj`` released and, if the key held something (``read`` is not
+        ``None``) that is not a whole chunk, that value deleted, as LMCache's contract asks
+        of orphaned metadata. Anyone with the token may have written the key."""
+        if obj is not None:
+            obj.ref_count_down()
+        if read is not None:
+            logger.warning("remote_dram: %s holds no whole chunk (%d bytes read); deleting it", chunk, read)
+            try:
+                self._store.call(lambda c: c.delete(chunk))
+            except Error:
+                pass
+        return None
 
     @staticmethod
     def _metadata(raw: bytearray) -> Optional[RemoteMetadata]:
-        """A chunk's metadata, or None (a miss) when the bytes are not LMCache's: anyone
-        with the token may have written the key."""
+        """A chunk's header, or None when the bytes are not LMCache's."""
         try:
             return RemoteMetadata.deserialize(raw)
         except (ValueError, KeyError, struct.error):
-            return None
-
-    def _loaded(self, obj: MemoryObj, read: Optional[int], length: Optional[int]) -> Optional[MemoryObj]:
-        """``obj`` after ``read`` bytes landed in it (``None`` and released if that is not
-        a whole chunk)."""
-        try:
-            if read is None or read == 0 or (length is not None and read != length):
-                raise ValueError(f"read {read} bytes of a chunk of {length}")
-            return obj if length is not None else self.reshape_partial_chunk(obj, read)
-        except ValueError:
-            obj.ref_count_down()
             return None
 
     # -- stores
@@ -374,64 +480,73 @@ class RemoteDramConnector(RemoteConnector):
         await self.batched_put([key], [memory_obj])
 
     async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
-        """Stores chunks straight from their memory objects; a chunk that cannot be stored
-        is left out (LMCache recomputes it), never an error per chunk in the log."""
+        """Stores chunks from their memory objects; a chunk that cannot be stored is left
+        out (LMCache recomputes it), never an error per chunk in the log."""
         if keys:
             await self._run(self._store_thread, lambda: self._store_chunks(keys, memory_objs))
 
     def _store_chunks(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]) -> None:
-        """The chunks' bytes, then (once every one is stored) their metadata: a chunk
-        whose metadata can be read is whole."""
-        chunks = [chunk_key(k) for k in keys]
-        data = [obj.byte_array for obj in memory_objs]
+        """Each chunk as one value: its header and bytes copied together into a staging
+        buffer (or, without chunk metadata, its bytes straight from the memory object),
+        up to ``STORE_STAGING_BYTES`` per pipelined batch."""
+        items = [(chunk_key(k), obj) for k, obj in zip(keys, memory_objs)]
         try:
-            self._store.call(lambda c: c.put_many([(k + KV_SUFFIX, d) for k, d in zip(chunks, data)]))
-            if self.save_chunk_meta:
-                metas = [
-                    (k + META_SUFFIX, RemoteMetadata(len(d), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize())
-                    for k, d, obj in zip(chunks, data, memory_objs)
-                ]
-                self._store.call(lambda c: c.put_many(metas))
-        except Error:
-            # Logged once by the link; LMCache recomputes these chunks. Bytes stored
-            # without their metadata would never be read: they go, with the batch.
-            if self.save_chunk_meta:
-                self._remove(chunks)
-
-    def _remove(self, chunks: Sequence[str]) -> None:
-        """Deletes chunks, best effort (until the servers cannot be reached)."""
-        for chunk in chunks:
-            try:
-                self._delete_chunk(chunk)
-            except Error:
+            if not self.save_chunk_meta:
+                self._put_many([(k, obj.byte_array) for k, obj in items])
                 return
+            start = 0
+            while start < len(items):
+                end, total = start, 0
+                while end < len(items) and (end == start or total + self._value_len(items[end][1]) <= STORE_STAGING_BYTES):
+                    total += self._value_len(items[end][1])
+                    end += 1
+                self._put_many(self._staged(items[start:end], total))
+                start = end
+        except Error:
+            pass  # logged once by the link; LMCache recomputes these chunks
 
-    def _delete_chunk(self, chunk: str) -> bool:
-        """Deletes a chunk, its metadata first (from then on it reads as missing); whether
-        it was stored."""
-        existed = True
-        if self.save_chunk_meta:
-            existed = self._store.call(lambda c: c.delete(chunk + META_SUFFIX))
-        return self._store.call(lambda c: c.delete(chunk + KV_SUFFIX)) and existed
+    def _value_len(self, obj: MemoryObj) -> int:
+        return self._header_len + len(obj.byte_array)
+
+    def _staged(self, items: Sequence[tuple], total: int) -> list:
+        """``(key, header || bytes)`` per chunk, in the store thread's staging buffer."""
+        if len(self._staging) < total:
+            self._staging = bytearray(total)
+        view = memoryview(self._staging)
+        values, offset = [], 0
+        for key, obj in items:
+            data = memoryview(obj.byte_array).cast("B")
+            header = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize()
+            value = view[offset : offset + self._header_len + len(data)]
+            value[: self._header_len] = header
+            value[self._header_len :] = data
+            values.append((key, value))
+            offset += len(value)
+        return values
+
+    def _put_many(self, items: list) -> None:
+        if self._ttl is None:
+            self._store.call(lambda c: c.put_many(items))
+        else:
+            for key, value in items:
+                self._store.call(lambda c, k=key, v=value: c.put(k, v, ttl=self._ttl))
 
     # -- the rest of LMCache's interface
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
         try:
-            return self._delete_chunk(chunk_key(key))
+            return self._store.call(lambda c: c.delete(chunk_key(key)))
         except Error:
             return False
 
     async def list(self) -> List[str]:
         """LMCache's key strings of every stored chunk."""
-        suffix = META_SUFFIX if self.save_chunk_meta else KV_SUFFIX
         entries = await self._run(self._load_thread, lambda: self._load.call(lambda c: list(c.list(KEY_ROOT))))
         keys = []
-        for name, _size in entries:
-            name = name.decode()
-            if name.endswith(suffix):
+        for name, size in entries:
+            if self._whole(size):
                 try:
-                    keys.append(engine_key_string(name[: -len(suffix)]))
+                    keys.append(engine_key_string(name.decode()))
                 except ValueError:
                     continue  # not a chunk of this connector's
         return keys
@@ -553,6 +668,16 @@ def _token(extra: dict) -> Optional[str]:
         with open(os.path.expanduser(str(path))) as f:
             return f.readline().strip()
     return os.environ.get("RDRAM_AUTH_TOKEN") or None
+
+
+def _use_ucx_tls(tls: Optional[str]) -> None:
+    """UCX's transports for this process, unless its environment chose them."""
+    if not tls:
+        return
+    if os.environ.get("UCX_TLS", tls) != tls:
+        logger.warning("remote_dram: UCX_TLS=%s in the environment; remote_dram.ucx_tls=%s is not used", os.environ["UCX_TLS"], tls)
+        return
+    os.environ["UCX_TLS"] = tls
 
 
 def _release_all(objs) -> None:

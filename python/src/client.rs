@@ -389,11 +389,16 @@ impl PyClient {
 
     /// Reads many values straight into ``outs`` (one writable buffer per key), pipelined.
     /// Returns the length written per key, ``None`` where the key is missing.
+    /// ``byte_ranges`` (one ``(start, stop)`` or ``None`` per key, as ``get``'s
+    /// ``byte_range``) reads parts of them: two ranges of one key read a header and a body
+    /// into buffers of their own in one round trip.
+    #[pyo3(signature = (keys, outs, *, byte_ranges=None))]
     fn get_many_into(
         &self,
         py: Python<'_>,
         keys: Vec<Key>,
         outs: Vec<Bound<'_, PyAny>>,
+        byte_ranges: Option<Vec<Option<PyByteRange>>>,
     ) -> PyResult<Vec<Option<usize>>> {
         if keys.len() != outs.len() {
             return Err(invalid(
@@ -401,6 +406,7 @@ impl PyClient {
                 format!("{} keys but {} buffers: give one buffer per key", keys.len(), outs.len()),
             ));
         }
+        let opts = per_key_options(py, keys.len(), byte_ranges)?;
         let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
         let outs = outs.iter().map(Buffer::writable).collect::<PyResult<Vec<_>>>()?;
         let raw: Vec<RawBytes> = outs.iter().map(Buffer::raw).collect();
@@ -409,13 +415,13 @@ impl PyClient {
         }
         let results = if outs.iter().any(Buffer::on_device) {
             // Device memory is staged one value at a time.
-            let opts = GetOptions::default();
             self.call(py, |c| {
                 // SAFETY: every buffer stays exported until after the call returns, and no
                 // two overlap (checked above).
-                let get =
-                    |(k, b): (&Vec<u8>, &RawBytes)| unsafe { c.get_into_ptr(k, &opts, b.addr() as *mut u8, b.len()) };
-                Ok(keys.iter().zip(&raw).map(get).collect::<Vec<_>>())
+                let get = |((k, b), o): ((&Vec<u8>, &RawBytes), &GetOptions)| unsafe {
+                    c.get_into_ptr(k, o, b.addr() as *mut u8, b.len())
+                };
+                Ok(keys.iter().zip(&raw).zip(&opts).map(get).collect::<Vec<_>>())
             })?
         } else {
             self.call(py, |c| {
@@ -423,7 +429,7 @@ impl PyClient {
                 // SAFETY: every buffer stays exported until after the call returns, and no two
                 // overlap (checked above), so the mutable slices do not alias.
                 let mut bufs: Vec<&mut [u8]> = raw.iter().map(|b| unsafe { b.as_mut_slice() }).collect();
-                Ok(c.get_many_into(&refs, &mut bufs, BATCH_DEPTH))
+                Ok(c.get_many_into_with(&refs, &opts, &mut bufs, BATCH_DEPTH))
             })?
         };
         results
@@ -433,6 +439,28 @@ impl PyClient {
                 Ok(r) => into_result(py, r, raw[i].len()).inspect_err(|e| {
                     let _ = e.value(py).setattr("index", i);
                 }),
+                Err(e) => Err(in_batch(py, e, i)),
+            })
+            .collect()
+    }
+
+    /// The size in bytes of each key's value, ``None`` where the key is missing, pipelined;
+    /// no value's bytes move.
+    fn sizes(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Option<u64>>> {
+        let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.0).collect();
+        let none = GetOptions { range: Some(ByteRange { start: 0, end: 0 }), ..GetOptions::default() };
+        let results = self.call(py, |c| {
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let mut bufs: Vec<&mut [u8]> = (0..keys.len()).map(|_| &mut [][..]).collect();
+            Ok(c.get_many_into_with(&refs, &vec![none; keys.len()], &mut bufs, BATCH_DEPTH))
+        })?;
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Ok(GetInto::Value { size, .. }) => Ok(Some(size)),
+                Ok(GetInto::Missing) => Ok(None),
+                Ok(other) => Err(to_py(py, Error::new(Status::Internal, format!("a size read answered {other:?}")))),
                 Err(e) => Err(in_batch(py, e, i)),
             })
             .collect()
@@ -557,6 +585,18 @@ fn overlapping(bufs: &[RawBytes]) -> bool {
         bufs.iter().filter(|b| b.len() > 0).map(|b| (b.addr(), b.addr() + b.len())).collect();
     spans.sort_unstable();
     spans.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// A byte range as Python gives it: `(start, stop)`, `stop` None for the end.
+type PyByteRange = (i64, Option<i64>);
+
+/// Options per key of a batch: its byte range, if any.
+fn per_key_options(py: Python<'_>, n: usize, ranges: Option<Vec<Option<PyByteRange>>>) -> PyResult<Vec<GetOptions>> {
+    let Some(ranges) = ranges else { return Ok(vec![GetOptions::default(); n]) };
+    if ranges.len() != n {
+        return Err(invalid(py, format!("{n} keys but {} byte ranges: give one (or None) per key", ranges.len())));
+    }
+    ranges.into_iter().map(|r| Ok(GetOptions { range: range(py, r)?, ..GetOptions::default() })).collect()
 }
 
 /// `(start, stop)` as the wire's byte range: a negative start counts from the end, `stop`

@@ -16,6 +16,8 @@ chunk of 100 tokens. Roles:
   round-trip again;
 - ``restart``: chunks round-trip; after the line "killed" on stdin (the test SIGKILLed the
   server), as ``outage``.
+- ``overfill``: stores more full chunks than the server (``--mode cache``) holds, through
+  the tier's connector; every chunk a lookup finds reads back whole.
 
 Prints one line per check; exits 0 only if every check held.
 """
@@ -170,10 +172,43 @@ def down_then_up(sm: StorageManager, items, check: Checks) -> None:
     load_and_compare(sm, items, check)
 
 
+def overfill(sm: StorageManager, dtype: torch.dtype, check: Checks, count: int = 24) -> None:
+    """``count`` chunks stored in batches of 4, evicting older ones; then every chunk that
+    ``exists`` says is there reads back byte for byte, and some were evicted."""
+    remote = remote_dram_backend(sm)
+    connector = remote.connection.getWrappedConnector()
+    run = lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, remote.loop).result()  # noqa: E731
+    items = [
+        (CacheEngineKey(model_name=MODEL, world_size=1, worker_id=0, chunk_hash=5000 + i, dtype=dtype),
+         torch.full((2, LAYERS, CHUNK, HEADS * HEAD_DIM), float(i), dtype=dtype))
+        for i in range(count)
+    ]
+    for start in range(0, count, 4):
+        batch = items[start : start + 4]
+        objs = []
+        for _, data in batch:
+            obj = sm.allocate(data.shape, data.dtype, fmt=MemoryFormat.KV_2LTD)
+            obj.tensor.copy_(data)
+            objs.append(obj)
+        run(connector.batched_put([k for k, _ in batch], objs))
+        for obj in objs:
+            obj.ref_count_down()
+    found = 0
+    for key, data in items:
+        if not run(connector.exists(key)):
+            continue
+        found += 1
+        obj = run(connector.get(key))
+        check(obj is not None and torch.equal(obj.tensor, data), f"chunk {key.chunk_hash}, found, reads back whole")
+        if obj is not None:
+            obj.ref_count_down()
+    check(0 < found < count, f"{found} of {count} chunks found: the server evicted some and kept some")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
-    ap.add_argument("role", choices=["store-reload", "store", "load", "outage", "restart"])
+    ap.add_argument("role", choices=["store-reload", "store", "load", "outage", "restart", "overfill"])
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -197,6 +232,8 @@ def main() -> int:
             miss(sm, dtype, check)
         elif args.role == "outage":
             down_then_up(sm, items, check)
+        elif args.role == "overfill":
+            overfill(sm, dtype, check)
         else:
             store(sm, items)
             for key, _ in items:

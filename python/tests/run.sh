@@ -5,7 +5,8 @@
 # Usage: python/tests/run.sh [path/to/rdram]
 # RDRAM_TEST_TORCH=0 leaves PyPI's torch out, RDRAM_TEST_LMCACHE=0 LMCache (their tests
 # then skip, saying why; LMCache not installing otherwise fails the run). LMCache's tests
-# run once, over shared memory.
+# (ours, then LMCache's own tests/v1/test_connector.py through lmcache_suite.py) run once,
+# over shared memory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -43,3 +44,7 @@ for transport in tcp shm "fabric:tcp;ofi_rxm"; do
 done
 echo "== pytest test_lmcache.py over shm"
 RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider test_lmcache.py
+if "$VENV/bin/python" -c "import lmcache" 2>/dev/null; then
+  echo "== LMCache 0.5.6's own connector tests over shm (lmcache_suite.py)"
+  RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" lmcache_suite.py -p no:warnings
+fi

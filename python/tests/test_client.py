@@ -175,6 +175,27 @@ def test_batches(client, prefix):
         client.get_many_into([prefix + "1", prefix + "2"], [shared, memoryview(shared)[50:]])
 
 
+def test_byte_ranges_and_sizes_in_batches(client, prefix):
+    """A header and a body of one key read in one batch, each into its own buffer; sizes
+    without the bytes."""
+    value = pattern(300_000)
+    client.put(prefix + "v", value)
+    head, body, tail = bytearray(28), np.zeros(len(value), np.uint8), bytearray(16)
+    keys = [prefix + "v", prefix + "v", prefix + "v", prefix + "missing"]
+    lengths = client.get_many_into(keys, [head, body, tail, bytearray(1)], byte_ranges=[(0, 28), (28, None), (-16, None), None])
+    assert lengths == [28, len(value) - 28, 16, None]
+    assert bytes(head) == value[:28].tobytes() and bytes(tail) == value[-16:].tobytes()
+    assert np.array_equal(body[: len(value) - 28], value[28:])
+    with pytest.raises(rd.OutOfRange) as e:
+        client.get_many_into([prefix + "v", prefix + "v"], [bytearray(1), bytearray(8)], byte_ranges=[(0, 1), (len(value), len(value) + 8)])
+    assert e.value.index == 1
+    with pytest.raises(rd.InvalidArgument, match="byte ranges"):
+        client.get_many_into([prefix + "v"], [bytearray(1)], byte_ranges=[])
+    client.put(prefix + "empty", b"")
+    assert client.sizes([prefix + "v", prefix + "missing", prefix + "empty"]) == [len(value), None, 0]
+    assert client.sizes([]) == []
+
+
 def test_stats(client, prefix):
     client.put(prefix + "s", b"x" * 100)
     stats = client.stats()

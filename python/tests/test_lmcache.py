@@ -86,7 +86,7 @@ def test_lmcache_basic_check_passes(server, tmp_path, kv_dtype, obj_size, save_c
     assert len(validations) == 5, out  # exists (missing), put, exists (stored), get not None, get content
     assert all(a == b == "8" for a, b in validations), out
     assert "Test Failed" not in out and "unreachable" not in out, out
-    assert key_count(server.address) == (16 if save_chunk_meta else 8)
+    assert key_count(server.address) == 8  # one key a chunk
 
 
 @pytest.mark.parametrize("dtype,plugin_only,save_chunk_meta", [("bfloat16", False, True), ("float16", True, True), ("bfloat16", False, False)])
@@ -94,8 +94,8 @@ def test_lmcache_storage_manager_reads_dropped_chunks_back_from_remote_dram(serv
     """LMCache's StorageManager from YAML: chunks of 256 tokens x 32 layers x 8 heads x
     128 dims (and a partial one of 100 tokens) stored, dropped from the local CPU tier,
     found in and read back from remote_dram byte for byte; a chunk never stored misses.
-    The example's plugin entry stores nothing of its own: two keys a chunk (one without
-    metadata), under the model's prefix."""
+    The example's plugin entry stores nothing of its own: one key a chunk, LMCache's
+    28-byte metadata before the bytes (or the bytes alone), under the model's prefix."""
     cfg = config(tmp_path, server.address, plugin_only=plugin_only, save_chunk_meta=save_chunk_meta)
     p = instance(cfg, "store-reload", "--dtype", dtype)
     assert_checks_passed(p, at_least=10)
@@ -105,11 +105,27 @@ def test_lmcache_storage_manager_reads_dropped_chunks_back_from_remote_dram(serv
     with remote_dram.Client(server.address) as c:
         names = [k.decode() for k, _ in c.list(key_prefix("org/model-7b", 1, 0))]
         sizes = {k.decode(): size for k, size in c.list("lmcache/")}
-    per_chunk = 2 if save_chunk_meta else 1
-    assert len(names) == 4 * per_chunk, names
+    assert len(names) == 4, names
     assert len(sizes) == len(names), sizes
-    kv = sorted(size for name, size in sizes.items() if name.endswith("/kv"))
-    assert kv == [2 * 32 * 100 * 1024 * 2] + [2 * 32 * 256 * 1024 * 2] * 3
+    header = 28 if save_chunk_meta else 0
+    assert sorted(sizes.values()) == [header + 2 * 32 * 100 * 1024 * 2] + [header + 2 * 32 * 256 * 1024 * 2] * 3
+
+
+def test_a_lookup_on_a_full_cache_server_never_finds_half_a_chunk(tmp_path):
+    """A server in cache mode, filled past its memory: what LMCache's lookup finds, its
+    load reads whole (a chunk's metadata and bytes are one key, evicted together), and no
+    key holds anything but a whole chunk."""
+    s = ServerProc("--mode", "cache", memory="256MiB")
+    try:
+        p = instance(config(tmp_path, s.address), "overfill")
+        assert_checks_passed(p, at_least=2)
+        import remote_dram
+
+        with remote_dram.Client(s.address) as c:
+            sizes = [size for _, size in c.list("lmcache/")]
+        assert sizes and all(size == 28 + 2 * 32 * 256 * 1024 * 2 for size in sizes), sizes
+    finally:
+        assert s.stop() == 0, "".join(s.log)
 
 
 def test_two_lmcache_instances_share_chunks_through_one_server(server, tmp_path):
@@ -128,7 +144,7 @@ def test_two_lmcache_instances_share_chunks_through_one_server(server, tmp_path)
         other = key_prefix("org/model")
         assert c.delete_range(other, prefix_end(other)) == 0
         mine = key_prefix("org/model-7b")
-        assert c.delete_range(mine, prefix_end(mine)) == 8
+        assert c.delete_range(mine, prefix_end(mine)) == 4
         assert list(c.list("lmcache/")) == []
 
 

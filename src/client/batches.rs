@@ -15,7 +15,7 @@ impl Client {
                     format!("{} bytes > limit {MAX_VALUE_LEN}", value.len()),
                 ));
             }
-            Ok((Op::Put, key, value, Receive::Owned))
+            Ok((RequestHeader::new(Op::Put, 0, 0), key, value, Receive::Owned))
         })
         .into_iter()
         .map(|r| {
@@ -30,7 +30,7 @@ impl Client {
 
     /// Reads many values with up to `depth` requests in flight. `None`: missing.
     pub fn get_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<Option<Value>>> {
-        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Owned)))
+        self.pipelined(keys.len(), depth, |i| Ok((RequestHeader::new(Op::Get, 0, 0), keys[i], &[], Receive::Owned)))
             .into_iter()
             .map(|r| {
                 let reply = r?;
@@ -47,14 +47,15 @@ impl Client {
             .collect()
     }
 
-    /// Submits `n` requests (what `item` says of each), keeping at most `depth` in flight,
+    /// Submits `n` requests (what `item` says of each: header, key, payload and where the
+    /// reply goes; the key's length is filled in), keeping at most `depth` in flight,
     /// and collects the replies. In a cluster, a request that a view change or a lost
     /// server turned back is sent again on its own (see [`Client::call_key_into`]).
     pub(super) fn pipelined<'a>(
         &mut self,
         n: usize,
         depth: usize,
-        item: impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+        item: impl Fn(usize) -> Result<(RequestHeader, &'a [u8], &'a [u8], Receive)>,
     ) -> Vec<Result<Reply>> {
         let mut results = self.pipelined_once(n, depth, &item);
         if self.cluster.is_some() {
@@ -63,10 +64,9 @@ impl Client {
                     Ok(r) => r.header.status().is_internal_to_clusters(),
                     Err(e) => e.status == Status::Unavailable,
                 };
-                let Ok((op, key, payload, receive)) = item(i) else { continue };
+                let Ok((h, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
-                    *result = check_key(key)
-                        .and_then(|()| self.call_key_into(key, RequestHeader::new(op, 0, 0), payload, receive));
+                    *result = check_key(key).and_then(|()| self.call_key_into(key, h, payload, receive));
                 }
             }
         }
@@ -77,7 +77,7 @@ impl Client {
         &mut self,
         n: usize,
         depth: usize,
-        item: &impl Fn(usize) -> Result<(Op, &'a [u8], &'a [u8], Receive)>,
+        item: &impl Fn(usize) -> Result<(RequestHeader, &'a [u8], &'a [u8], Receive)>,
     ) -> Vec<Result<Reply>> {
         // Connected (anew, if a server was lost or the view changed) once for the whole
         // batch: a new connection while requests are in flight on the old one would lose them.
@@ -85,8 +85,8 @@ impl Client {
             return (0..n).map(|_| Err(e.clone())).collect();
         }
         let submit = |c: &mut Self, i: usize| {
-            let (op, key, payload, receive) = item(i)?;
-            c.submit_batched(op, key, payload, receive)
+            let (h, key, payload, receive) = item(i)?;
+            c.submit_batched(h, key, payload, receive)
         };
         let depth = depth.max(1);
         let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
@@ -109,9 +109,22 @@ impl Client {
 
     /// Reads many values into the given buffers, with up to `depth` requests in flight.
     pub fn get_many_into(&mut self, keys: &[&[u8]], bufs: &mut [&mut [u8]], depth: usize) -> Vec<Result<GetInto>> {
+        self.get_many_into_with(keys, &vec![GetOptions::default(); keys.len()], bufs, depth)
+    }
+
+    /// [`Client::get_many_into`] with options per key (conditions, byte ranges): a zero-length
+    /// range into an empty buffer answers a value's size and generation without its bytes.
+    pub fn get_many_into_with(
+        &mut self,
+        keys: &[&[u8]],
+        opts: &[GetOptions],
+        bufs: &mut [&mut [u8]],
+        depth: usize,
+    ) -> Vec<Result<GetInto>> {
         assert_eq!(keys.len(), bufs.len(), "one buffer per key");
+        assert_eq!(keys.len(), opts.len(), "one set of options per key");
         let sinks: Vec<Sink> = bufs.iter_mut().map(|b| Sink::new(b)).collect();
-        self.pipelined(keys.len(), depth, |i| Ok((Op::Get, keys[i], &[], Receive::Into(sinks[i]))))
+        self.pipelined(keys.len(), depth, |i| Ok((get_header(&opts[i]), keys[i], &[], Receive::Into(sinks[i]))))
             .into_iter()
             .map(|r| get_into_result(r?))
             .collect()
@@ -119,7 +132,13 @@ impl Client {
 
     /// Starts one request of a batch: keys travel inline, so batches take keys up to
     /// `INLINE_KEY_MAX`.
-    pub(super) fn submit_batched(&mut self, op: Op, key: &[u8], payload: &[u8], receive: Receive) -> Result<u64> {
+    pub(super) fn submit_batched(
+        &mut self,
+        mut h: RequestHeader,
+        key: &[u8],
+        payload: &[u8],
+        receive: Receive,
+    ) -> Result<u64> {
         check_key(key)?;
         if key.len() > INLINE_KEY_MAX {
             return Err(Error::new(
@@ -127,7 +146,6 @@ impl Client {
                 format!("batched operations take keys up to {INLINE_KEY_MAX} bytes"),
             ));
         }
-        let mut h = RequestHeader::new(op, 0, 0);
         h.key_len = key.len() as u32;
         let (server, shard) = self.conn.route(key);
         self.conn.submit_into(server, shard, h, key, payload, receive)
