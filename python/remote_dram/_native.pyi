@@ -42,6 +42,9 @@ class Client:
     def put(
         self, key: Key, value: Value, *, if_equal: Optional[int] = None, if_absent: bool = False, ttl: Optional[float] = None
     ) -> Optional[int]: ...
+    def put_parts(
+        self, key: Key, parts: Sequence[_Buffer], *, if_equal: Optional[int] = None, if_absent: bool = False, ttl: Optional[float] = None
+    ) -> Optional[int]: ...
     def get(self, key: Key, *, byte_range: Optional[ByteRange] = None) -> Optional[bytes]: ...
     def get_entry(
         self, key: Key, *, if_not_equal: Optional[int] = None, byte_range: Optional[ByteRange] = None

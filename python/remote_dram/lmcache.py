@@ -17,12 +17,13 @@ The plugin entry is what makes LMCache load this module; the tier itself is the 
 Each chunk is one key, ``lmcache/<model>/<world size>/<worker>/<chunk hash>@<dtype>…``,
 whose value is LMCache's ``RemoteMetadata`` of the chunk (its shapes, dtypes and format;
 28 bytes for one KV group) followed by its bytes, so the two are stored, evicted and
-deleted together: a lookup never finds half a chunk. A load is one round trip: the header
-and the bytes, the latter straight into a memory object of LMCache's, are two byte ranges
-of the key read together. ``extra_config["save_chunk_meta"] = False`` stores the bytes
-alone (a partial chunk's token count is then read from its length), which spares a store
-the copy that puts the header before the bytes. :func:`key_prefix` names every chunk of a
-model or worker for ``Client.list`` and ``Client.delete_range``.
+deleted together: a lookup never finds half a chunk. A store sends the header and the
+bytes, the latter straight out of LMCache's memory object, as parts the server joins
+(``Client.put_parts``). A load is one round trip: the header and the bytes, the latter
+straight into a memory object of LMCache's, are two byte ranges of the key read together.
+``extra_config["save_chunk_meta"] = False`` stores the bytes alone (a partial chunk's
+token count is then read from its length), in pipelined batches. :func:`key_prefix`
+names every chunk of a model or worker for ``Client.list`` and ``Client.delete_range``.
 
 A server that cannot be reached makes every call a miss at once (LMCache recomputes):
 the connector says so once in the log, reconnects from a thread of its own every
@@ -78,9 +79,6 @@ logger = init_logger(__name__)
 SCHEME = "remote_dram://"
 PLUGIN_TYPE = "remote_dram"
 KEY_ROOT = "lmcache/"
-# Stores copy header and bytes into staging buffers of up to this many bytes per batch
-# (or one chunk, if larger), then send them together.
-STORE_STAGING_BYTES = 256 << 20
 # Errors that say the servers cannot be reached, as opposed to a refused request.
 LINK_ERRORS = (Unavailable, TransportError, Timeout, IoError)
 
@@ -283,7 +281,6 @@ class RemoteDramConnector(RemoteConnector):
         self._load = _Link("load", address, token, timeout, connect_timeout, retry, poll)
         self._store_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-store")
         self._load_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote_dram-load")
-        self._staging = bytearray()
         logger.info("remote_dram: LMCache tier at %s (chunk metadata %s)", address, "stored" if self.save_chunk_meta else "not stored")
 
     def __repr__(self) -> str:
@@ -486,50 +483,24 @@ class RemoteDramConnector(RemoteConnector):
             await self._run(self._store_thread, lambda: self._store_chunks(keys, memory_objs))
 
     def _store_chunks(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]) -> None:
-        """Each chunk as one value: its header and bytes copied together into a staging
-        buffer (or, without chunk metadata, its bytes straight from the memory object),
-        up to ``STORE_STAGING_BYTES`` per pipelined batch."""
-        items = [(chunk_key(k), obj) for k, obj in zip(keys, memory_objs)]
+        """Each chunk as one value, its header before its bytes, the bytes sent straight
+        from the memory object (``put_parts``: the server joins them); without chunk
+        metadata, the bytes alone in one pipelined batch."""
         try:
             if not self.save_chunk_meta:
-                self._put_many([(k, obj.byte_array) for k, obj in items])
+                items = [(chunk_key(k), obj.byte_array) for k, obj in zip(keys, memory_objs)]
+                if self._ttl is None:
+                    self._store.call(lambda c: c.put_many(items))
+                else:
+                    for key, data in items:
+                        self._store.call(lambda c, k=key, d=data: c.put(k, d, ttl=self._ttl))
                 return
-            start = 0
-            while start < len(items):
-                end, total = start, 0
-                while end < len(items) and (end == start or total + self._value_len(items[end][1]) <= STORE_STAGING_BYTES):
-                    total += self._value_len(items[end][1])
-                    end += 1
-                self._put_many(self._staged(items[start:end], total))
-                start = end
+            for key, obj in zip(keys, memory_objs):
+                data = obj.byte_array
+                header = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize()
+                self._store.call(lambda c, k=chunk_key(key), h=header, d=data: c.put_parts(k, [h, d], ttl=self._ttl))
         except Error:
             pass  # logged once by the link; LMCache recomputes these chunks
-
-    def _value_len(self, obj: MemoryObj) -> int:
-        return self._header_len + len(obj.byte_array)
-
-    def _staged(self, items: Sequence[tuple], total: int) -> list:
-        """``(key, header || bytes)`` per chunk, in the store thread's staging buffer."""
-        if len(self._staging) < total:
-            self._staging = bytearray(total)
-        view = memoryview(self._staging)
-        values, offset = [], 0
-        for key, obj in items:
-            data = memoryview(obj.byte_array).cast("B")
-            header = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize()
-            value = view[offset : offset + self._header_len + len(data)]
-            value[: self._header_len] = header
-            value[self._header_len :] = data
-            values.append((key, value))
-            offset += len(value)
-        return values
-
-    def _put_many(self, items: list) -> None:
-        if self._ttl is None:
-            self._store.call(lambda c: c.put_many(items))
-        else:
-            for key, value in items:
-                self._store.call(lambda c, k=key, v=value: c.put(k, v, ttl=self._ttl))
 
     # -- the rest of LMCache's interface
 

@@ -179,22 +179,43 @@ impl PyClient {
         if_absent: bool,
         ttl: Option<f64>,
     ) -> PyResult<Option<u64>> {
-        let condition = match (if_equal, if_absent) {
-            (Some(_), true) => return Err(invalid(py, "give if_equal or if_absent, not both")),
-            (Some(g), false) => WriteCondition::IfEqual(g),
-            (None, true) => WriteCondition::IfAbsent,
-            (None, false) => WriteCondition::None,
-        };
-        let ttl = ttl.map(|t| seconds(py, t, "ttl")).transpose()?;
+        let opts = put_options(py, if_equal, if_absent, ttl)?;
         let value = Buffer::readable(value)?;
         let bytes = value.raw();
-        let opts = PutOptions { condition, ttl };
         // SAFETY: `value` stays exported until after the call returns; host or device
         // memory, as the client asks the driver.
-        match self.call(py, |c| unsafe { c.put_from(&key.0, bytes.addr() as *const u8, bytes.len(), &opts) })? {
-            WriteResult::Written { generation } => Ok(Some(generation)),
-            WriteResult::ConditionFailed => Ok(None),
+        let written =
+            self.call(py, |c| unsafe { c.put_from(&key.0, bytes.addr() as *const u8, bytes.len(), &opts) })?;
+        Ok(generation_of(written))
+    }
+
+    /// Stores the concatenation of ``parts`` (buffers in host memory: a header and a body,
+    /// say) under ``key``, as ``put`` would, without joining them in memory: large values
+    /// are staged on the server a part at a time, then committed whole; readers see the
+    /// value whole or not at all. Conditions, TTL and result as ``put``'s.
+    #[pyo3(signature = (key, parts, *, if_equal=None, if_absent=false, ttl=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: Key,
+        parts: Vec<Bound<'_, PyAny>>,
+        if_equal: Option<u64>,
+        if_absent: bool,
+        ttl: Option<f64>,
+    ) -> PyResult<Option<u64>> {
+        let opts = put_options(py, if_equal, if_absent, ttl)?;
+        let parts = parts.iter().map(Buffer::readable).collect::<PyResult<Vec<_>>>()?;
+        if parts.iter().any(Buffer::on_device) {
+            return Err(invalid(py, "put_parts takes host memory only: put a device buffer with put"));
         }
+        let raw: Vec<RawBytes> = parts.iter().map(Buffer::raw).collect();
+        let written = self.call(py, |c| {
+            // SAFETY: every part stays exported (and so unchanged in place) until after the
+            // call returns, and is host memory (checked above).
+            let slices: Vec<&[u8]> = raw.iter().map(|b| unsafe { b.as_slice() }).collect();
+            c.put_parts(&key.0, &slices, &opts)
+        })?;
+        Ok(generation_of(written))
     }
 
     /// The value of ``key`` as ``bytes``, or ``None`` when it does not exist.
@@ -585,6 +606,25 @@ fn overlapping(bufs: &[RawBytes]) -> bool {
         bufs.iter().filter(|b| b.len() > 0).map(|b| (b.addr(), b.addr() + b.len())).collect();
     spans.sort_unstable();
     spans.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// A put's options from its keyword arguments.
+fn put_options(py: Python<'_>, if_equal: Option<u64>, if_absent: bool, ttl: Option<f64>) -> PyResult<PutOptions> {
+    let condition = match (if_equal, if_absent) {
+        (Some(_), true) => return Err(invalid(py, "give if_equal or if_absent, not both")),
+        (Some(g), false) => WriteCondition::IfEqual(g),
+        (None, true) => WriteCondition::IfAbsent,
+        (None, false) => WriteCondition::None,
+    };
+    Ok(PutOptions { condition, ttl: ttl.map(|t| seconds(py, t, "ttl")).transpose()? })
+}
+
+/// A put's result as Python gets it: the new generation, or None when the condition failed.
+fn generation_of(written: WriteResult) -> Option<u64> {
+    match written {
+        WriteResult::Written { generation } => Some(generation),
+        WriteResult::ConditionFailed => None,
+    }
 }
 
 /// A byte range as Python gives it: `(start, stop)`, `stop` None for the end.

@@ -175,6 +175,20 @@ def test_batches(client, prefix):
         client.get_many_into([prefix + "1", prefix + "2"], [shared, memoryview(shared)[50:]])
 
 
+def test_put_parts_stores_the_parts_joined(client, prefix):
+    """A header and a body stored as one value without joining them: small values joined
+    here, large ones staged on the server in parts; conditions and TTL as put's."""
+    header, body = b"H" * 28, pattern(3 << 20)
+    g = client.put_parts(prefix + "big", [header, b"", body])
+    assert client.get(prefix + "big") == header + body.tobytes()
+    assert client.put_parts(prefix + "big", [header, body], if_absent=True) is None
+    assert client.put_parts(prefix + "big", [body, header], if_equal=g) > g
+    assert client.get(prefix + "big") == body.tobytes() + header
+    assert client.put_parts(prefix + "small", [b"ab", memoryview(b"cd"), bytearray(b"ef")], ttl=60) > 0
+    assert client.get(prefix + "small") == b"abcdef"
+    assert client.put_parts(prefix + "none", []) > 0 and client.get(prefix + "none") == b""
+
+
 def test_byte_ranges_and_sizes_in_batches(client, prefix):
     """A header and a body of one key read in one batch, each into its own buffer; sizes
     without the bytes."""

@@ -18,15 +18,12 @@
 //! touches the caller's device memory afterwards.
 
 use super::device_staging::{DeviceStaging, CHUNK};
-use super::link::{Receive, Reply, Sink};
-use super::{
-    apply_write_condition, check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions,
-    WriteResult,
-};
+use super::link::{Receive, Sink};
+use super::{check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, MemoryKind};
 use crate::proto::ByteRange;
-use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
+use crate::proto::{INLINE_KEY_MAX, MAX_VALUE_LEN};
 
 /// Reads of a value that keeps changing under a chunked get.
 const READ_ATTEMPTS: usize = 3;
@@ -103,14 +100,9 @@ impl Client {
         if len > CHUNK && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
             let mut stage_id = None;
             result = self.put_in_parts(&mut staging, key, addr, len, ordinal, opts, &mut stage_id);
-            // Discarded where the server answered (a refused part, a failed copy here);
-            // a server that did not answer frees the parts when they lapse or the
-            // session ends, and is not waited for a second time.
-            let answered = result
-                .as_ref()
-                .is_err_and(|e| !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport));
-            if let (true, Some(id)) = (answered, stage_id) {
-                self.discard_parts(key, id);
+            // Discarded where the server answered (a refused part, a failed copy here).
+            if let Err(e) = &result {
+                self.discard_parts_if_answered(key, e, stage_id);
             }
         }
         // The server had no staging room, or the value lapsed or the connection was
@@ -158,39 +150,11 @@ impl Client {
                 // synchronized before that buffer is sent or the call returns.
                 unsafe { staging.stream(ordinal)?.to_host(next, addr + (k + 1) * CHUNK, part_len(k + 1))? };
             }
-            let mut h = RequestHeader::new(Op::Put, 0, 0);
-            h.flags |= flags::STAGE | flags::HAS_RANGE;
-            (h.range_start, h.range_end, h.if_not_equal) = ((k * CHUNK) as i64, len as i64, stage_id.unwrap_or(0));
-            let reply = self.call_key(key, h, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
-            if reply.header.status() != Status::Ok {
-                return Err(part_refused(&reply));
-            }
-            stage_id.get_or_insert(reply.header.request_id);
+            self.stage_part(key, k * CHUNK, len, stage_id, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
             // The next part is in its buffer.
             staging.stream(ordinal)?.synchronize()?;
         }
-        let mut h = RequestHeader::new(Op::Put, 0, 0);
-        h.flags |= flags::STAGE | flags::HAS_RANGE;
-        (h.range_start, h.range_end, h.if_not_equal) = (len as i64, len as i64, stage_id.take().unwrap_or(0));
-        apply_write_condition(&mut h, opts.condition);
-        if let Some(ttl) = opts.ttl {
-            h.flags |= flags::HAS_TTL;
-            h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
-        }
-        let reply = self.call_key(key, h, &[])?;
-        match reply.header.status() {
-            Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
-            Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
-            _ => Err(part_refused(&reply)),
-        }
-    }
-
-    /// Frees what a put in parts left on the server (it would lapse anyway).
-    fn discard_parts(&mut self, key: &[u8], stage_id: u64) {
-        let mut h = RequestHeader::new(Op::Delete, 0, 0);
-        h.flags |= flags::STAGE;
-        h.if_not_equal = stage_id;
-        let _ = self.call_key(key, h, &[]);
+        self.commit_parts(key, len, stage_id.take(), opts)
     }
 
     fn get_into_device(
@@ -293,15 +257,6 @@ impl Client {
 }
 
 /// The kind of memory of a caller's range (its first byte's).
-/// Why a server refused a part of a value staged in parts, or its commit: `Missing` (the
-/// value lapsed or was discarded) stays itself, so that the caller sends the value whole.
-fn part_refused(reply: &Reply) -> Error {
-    match reply.header.status() {
-        Status::Missing => Error::new(Status::Missing, String::from_utf8_lossy(&reply.payload)),
-        s => error_of(s, reply),
-    }
-}
-
 fn device_kind(addr: usize, len: usize) -> MemoryKind {
     if len == 0 {
         return MemoryKind::Host;

@@ -15,6 +15,7 @@ mod device_staging;
 mod fabric_link;
 mod link;
 mod options;
+mod parts;
 mod replicas;
 mod requests;
 mod routing;

@@ -158,11 +158,20 @@ pub struct ServerInfo {
 }
 
 impl ServerInfo {
+    /// "workers unpinned", or the core each worker is pinned to ("-" for one that is not).
+    fn pinning(&self) -> String {
+        if self.cores.iter().all(Option::is_none) {
+            return "workers unpinned".into();
+        }
+        let cores: Vec<String> = self.cores.iter().map(|c| c.map_or_else(|| "-".into(), |c| c.to_string())).collect();
+        format!("workers on cores {}", cores.join(","))
+    }
+
     pub fn banner(&self) -> String {
         let mut backing_list: Vec<_> = self.backing.iter().map(|b| b.describe()).collect();
         backing_list.dedup();
         format!(
-            "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, cores {:?}\n{}listening on {}",
+            "remote_dram server: protocol v{}, transport {}, {} shards x {} MiB ({}), mode {:?}, poll {:?}, {}\n{}listening on {}",
             self.protocol_version,
             self.transport,
             self.shards,
@@ -170,7 +179,7 @@ impl ServerInfo {
             backing_list.join(", "),
             self.mode,
             self.poll,
-            self.cores,
+            self.pinning(),
             self.metrics.as_ref().map_or_else(String::new, |m| format!("metrics on http://{m}/metrics\n")),
             self.address
         )

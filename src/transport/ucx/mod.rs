@@ -422,10 +422,12 @@ impl Worker {
         }
     }
 
-    /// Connects to a peer worker by address. Peer-failure error handling is asked for first,
-    /// so that a vanished peer fails outstanding operations instead of hanging them; UCX's
-    /// shared-memory transports cannot detect peer failure, so when only those are
-    /// enabled the endpoint is created without it and the caller's timeouts bound waits.
+    /// Connects to a peer worker by address. With an error callback, peer-failure error
+    /// handling is asked for first, so that a vanished peer fails outstanding operations
+    /// instead of hanging them; UCX's shared-memory transports cannot detect peer failure,
+    /// so when only those are enabled (or they are all UCX finds for this peer: it logs an
+    /// error) the endpoint is created without it and the caller's timeouts bound waits.
+    /// Without a callback (a worker's probe of itself) it is never asked for.
     /// Returns the endpoint and whether peer failures are detected.
     ///
     /// # Safety
@@ -448,7 +450,8 @@ impl Worker {
                 ..Default::default()
             };
             let mut ep: ucp_ep_h = ptr::null_mut();
-            if !shared_memory_only(self.tls.as_deref(), self.shm_detects_failure)
+            if err_cb.is_some()
+                && !shared_memory_only(self.tls.as_deref(), self.shm_detects_failure)
                 && ucp_ep_create(self.worker, &params, &mut ep) == UCS_OK
             {
                 return Ok((ep, true));
