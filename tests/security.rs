@@ -365,6 +365,7 @@ fn client_that_never_receives(transport: &[&str]) {
         c.put(&long_key(i), b"v").unwrap();
     }
     let rss = || common::rss_kib(server.child.id()).expect("the server runs");
+    common::wait_resident(server.child.id(), 256 << 20);
     let before = rss();
     let mut hog = server.client();
     for _ in 0..3000 {
@@ -394,6 +395,7 @@ fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
     let mut c = server.client();
     c.put(b"small", b"12345678").unwrap();
     let rss = || common::rss_kib(server.child.id()).expect("the server runs");
+    common::wait_resident(server.child.id(), 256 << 20);
     let before = rss();
     let mut hog = server.client();
     let mut sent = 0;

@@ -297,6 +297,7 @@ fn killed_clients_one_transport() {
     common::init(&t);
     let server = ServerProc::start(&["--workers", "2", "--memory", "256MiB"]);
     let pid = server.child.id();
+    common::wait_resident(pid, 256 << 20);
     let mut kids = Children { procs: Vec::new(), acked: Default::default(), acks: Default::default(), kills: 0 };
     let kill_after_first_put = |kids: &mut Children| {
         let before = kids.acks.load(std::sync::atomic::Ordering::Relaxed);

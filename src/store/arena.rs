@@ -1,5 +1,16 @@
-//! A shard's DRAM: one anonymous mapping, backed by the best pages we can get, pre-faulted
-//! so that no request pays a page fault.
+//! A shard's DRAM: one anonymous mapping, backed by the best pages we can get, faulted in
+//! ahead of use so that requests rarely pay a page fault.
+//!
+//! Faulting in gigabytes takes seconds, so it does not hold the server's start: where the
+//! kernel can fault pages in without touching their bytes (`MADV_POPULATE_WRITE`, Linux
+//! 5.14), a thread of the shard's (on its worker's cores, so the pages land on its NUMA
+//! node, and at idle priority) does it in the background while the shard serves; values
+//! written meanwhile are untouched by it. Elsewhere every page is touched before the shard starts. hugetlb pages
+//! are mapped populated.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use memmap2::{MmapMut, MmapOptions};
 use serde::Serialize;
@@ -8,6 +19,10 @@ use crate::error::{Error, Result, Status};
 
 pub const HUGE_PAGE: usize = 2 << 20;
 const SMALL_PAGE: usize = 4096;
+/// How much the background thread faults in per system call. The call holds the process's
+/// memory-map lock (for reading) throughout, which every mmap of other threads waits for:
+/// a few huge pages at a time keeps those waits short.
+const POPULATE_STEP: usize = 4 << 20;
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -45,6 +60,8 @@ impl Backing {
 pub struct Arena {
     map: MmapMut,
     backing: Backing,
+    /// The thread faulting the mapping in, stopped and joined before the mapping goes.
+    populating: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 impl Arena {
@@ -57,7 +74,7 @@ impl Arena {
             // MAP_HUGETLB fails at mmap time when not enough pages are reserved; MAP_POPULATE
             // faults them all in now.
             match MmapOptions::new().len(rounded).huge(Some(21)).populate().map_anon() {
-                Ok(map) => return Ok(Arena { map, backing: Backing::Hugetlb2M }),
+                Ok(map) => return Ok(Arena { map, backing: Backing::Hugetlb2M, populating: None }),
                 Err(e) if hugepages == HugePages::On => {
                     return Err(Error::new(
                         Status::NoSpace,
@@ -72,9 +89,56 @@ impl Arena {
         if hugepages == HugePages::Auto && map.advise(memmap2::Advice::HugePage).is_ok() && thp_enabled() {
             backing = Backing::TransparentHuge;
         }
-        let mut arena = Arena { map, backing };
-        arena.prefault();
+        let mut arena = Arena { map, backing, populating: None };
+        let first = POPULATE_STEP.min(arena.len());
+        if arena.map.advise_range(memmap2::Advice::PopulateWrite, 0, first).is_ok() {
+            arena.populate_in_background(first);
+        } else {
+            arena.prefault();
+        }
         Ok(arena)
+    }
+
+    /// Faults in the mapping from `from` on, `POPULATE_STEP` at a time, on a thread of its own.
+    fn populate_in_background(&mut self, from: usize) {
+        let (base, len) = (self.map.as_mut_ptr() as usize, self.map.len());
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let populate = move || {
+            // Only on CPU time nothing else wants: the server's start and its requests go first.
+            let idle = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sets this thread's own policy from a valid sched_param.
+            let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+            let mut at = from;
+            while at < len && !stopped.load(Ordering::Relaxed) {
+                let step = POPULATE_STEP.min(len - at);
+                // SAFETY: [base + at, base + at + step) lies in the arena's mapping, which stays
+                // mapped until Arena::drop has joined this thread; MADV_POPULATE_WRITE faults
+                // pages in without reading or writing their bytes.
+                if unsafe { libc::madvise((base + at) as *mut libc::c_void, step, libc::MADV_POPULATE_WRITE) } != 0 {
+                    tracing::warn!(
+                        "faulting the shard's memory in stopped at {} of {} MiB: {}; the rest faults in on use",
+                        at >> 20,
+                        len >> 20,
+                        std::io::Error::last_os_error()
+                    );
+                    return;
+                }
+                at += step;
+            }
+        };
+        match std::thread::Builder::new().name("rdram-fault-in".into()).spawn(populate) {
+            Ok(thread) => self.populating = Some((stop, thread)),
+            Err(_) => self.prefault(),
+        }
+    }
+
+    /// Waits until the whole mapping is faulted in.
+    #[cfg(test)]
+    fn wait_faulted_in(&mut self) {
+        if let Some((_, thread)) = self.populating.take() {
+            let _ = thread.join();
+        }
     }
 
     /// Touches every page once so the kernel backs it now rather than on a request's path.
@@ -113,6 +177,16 @@ impl Arena {
     }
 }
 
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // The mapping goes with `map`, after this: no thread may still be faulting it in.
+        if let Some((stop, thread)) = self.populating.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = thread.join();
+        }
+    }
+}
+
 fn thp_enabled() -> bool {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
         .map(|s| s.contains("[always]") || s.contains("[madvise]"))
@@ -129,5 +203,20 @@ mod tests {
         assert_eq!(a.backing(), Backing::Pages4K);
         a.slice_mut(100, 3).copy_from_slice(b"abc");
         assert_eq!(a.slice(100, 3), b"abc");
+    }
+
+    #[test]
+    fn an_arena_faulted_in_meanwhile_keeps_what_was_written() {
+        let len = 40 * POPULATE_STEP + SMALL_PAGE;
+        let mut a = Arena::new(len, HugePages::Off).unwrap();
+        let at = (len - SMALL_PAGE) as u64;
+        a.slice_mut(at, 5).copy_from_slice(b"early");
+        a.slice_mut(POPULATE_STEP as u64 + 7, 4).copy_from_slice(b"mid!");
+        a.wait_faulted_in();
+        assert_eq!(a.slice(at, 5), b"early");
+        assert_eq!(a.slice(POPULATE_STEP as u64 + 7, 4), b"mid!");
+        assert!(a.slice(0, 4096).iter().all(|&b| b == 0));
+        // Dropped while faulting in: stopped and joined first.
+        drop(Arena::new(len, HugePages::Off).unwrap());
     }
 }

@@ -278,6 +278,14 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Waits until process `pid` holds at least `bytes` resident: a server faults its memory in
+/// in the background after it starts listening, and a test that measures how its resident
+/// size moves starts from there.
+pub fn wait_resident(pid: u32, bytes: u64) {
+    let faulted = wait_until(Duration::from_secs(60), || rss_kib(pid).is_some_and(|kib| kib << 10 >= bytes));
+    assert!(faulted, "the server's memory was not faulted in after 60 s: {:?} KiB resident", rss_kib(pid));
+}
+
 /// Sends `client` a LIST of every key (up to ~1 MiB of reply) to `shard` without waiting:
 /// for tests that play a client that asks and never takes its replies.
 pub fn list_without_reading(client: &mut Client, shard: usize) {

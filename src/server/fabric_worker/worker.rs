@@ -148,7 +148,7 @@ struct Client {
     id: u64,
 }
 
-/// The buffers requests are received into, every page faulted in now (as the arena is):
+/// The buffers requests are received into, every page faulted in now (the arena is too, in the background):
 /// the provider fills them in turn, so pages left to fault on first use would keep adding
 /// to the resident set long after start.
 fn recv_slab() -> Vec<u8> {
