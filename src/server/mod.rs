@@ -515,6 +515,8 @@ impl Server {
                 return Err(e);
             }
         };
+        // Listening: the shards' memory faults in from now on, beside the requests.
+        crate::store::arena::fault_in_from_now_on();
         let welcome = bootstrap::Shared {
             node: local_addr.to_string(),
             transport: match &transport {

@@ -4,12 +4,13 @@
 //! Faulting in gigabytes takes seconds, so it does not hold the server's start: where the
 //! kernel can fault pages in without touching their bytes (`MADV_POPULATE_WRITE`, Linux
 //! 5.14), a thread of the shard's (on its worker's cores, so the pages land on its NUMA
-//! node, and at idle priority) does it in the background while the shard serves; values
-//! written meanwhile are untouched by it. Elsewhere every page is touched before the shard starts. hugetlb pages
+//! node) does it in the background once the server listens ([`fault_in_from_now_on`]:
+//! start-up's own work, mmaps included, does not wait behind it), while the shard serves;
+//! values written meanwhile are untouched by it. Elsewhere every page is touched before the shard starts. hugetlb pages
 //! are mapped populated.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use memmap2::{MmapMut, MmapOptions};
@@ -105,10 +106,11 @@ impl Arena {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let populate = move || {
-            // Only on CPU time nothing else wants: the server's start and its requests go first.
-            let idle = libc::sched_param { sched_priority: 0 };
-            // SAFETY: sets this thread's own policy from a valid sched_param.
-            let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+            // Not at idle priority: each call holds the memory-map lock, and a holder starved
+            // by busy threads would stall every other thread's mmap.
+            if !wait_for_fault_in(&stopped) {
+                return;
+            }
             let mut at = from;
             while at < len && !stopped.load(Ordering::Relaxed) {
                 let step = POPULATE_STEP.min(len - at);
@@ -182,9 +184,34 @@ impl Drop for Arena {
         // The mapping goes with `map`, after this: no thread may still be faulting it in.
         if let Some((stop, thread)) = self.populating.take() {
             stop.store(true, Ordering::Relaxed);
+            FAULT_IN.1.notify_all();
             let _ = thread.join();
         }
     }
+}
+
+/// Whether arenas may fault themselves in yet: closed until a server of this process
+/// listens, then open for good.
+static FAULT_IN: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+/// Lets every arena of this process fault itself in in the background, from now on: a
+/// server calls it once it listens.
+pub fn fault_in_from_now_on() {
+    *FAULT_IN.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    FAULT_IN.1.notify_all();
+}
+
+/// Waits until arenas may fault themselves in; false if `stop` came first.
+fn wait_for_fault_in(stop: &AtomicBool) -> bool {
+    let mut open = FAULT_IN.0.lock().unwrap_or_else(|p| p.into_inner());
+    while !*open {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        open =
+            FAULT_IN.1.wait_timeout(open, std::time::Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    !stop.load(Ordering::Relaxed)
 }
 
 fn thp_enabled() -> bool {
@@ -212,11 +239,18 @@ mod tests {
         let at = (len - SMALL_PAGE) as u64;
         a.slice_mut(at, 5).copy_from_slice(b"early");
         a.slice_mut(POPULATE_STEP as u64 + 7, 4).copy_from_slice(b"mid!");
+        fault_in_from_now_on();
         a.wait_faulted_in();
         assert_eq!(a.slice(at, 5), b"early");
         assert_eq!(a.slice(POPULATE_STEP as u64 + 7, 4), b"mid!");
         assert!(a.slice(0, 4096).iter().all(|&b| b == 0));
         // Dropped while faulting in: stopped and joined first.
         drop(Arena::new(len, HugePages::Off).unwrap());
+    }
+
+    #[test]
+    fn an_arena_waiting_to_fault_in_can_go() {
+        // Whether or not another test opened the gate, the waiting thread ends with it.
+        drop(Arena::new(8 * POPULATE_STEP, HugePages::Off).unwrap());
     }
 }
