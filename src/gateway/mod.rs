@@ -186,6 +186,9 @@ pub fn run(
 
 /// How often the gateway looks whether memory its clients made it hold was let go.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// For how many looks after holdings last went down it trims: a connection's buffers may
+/// be freed a while after the permits that counted them (its tasks end on their own time).
+const TRIMS_AFTER_A_DROP: u32 = 3;
 
 /// Hands heap memory back to the system once what clients made the gateway hold (its
 /// `--max-buffered` budget, and connections with their HTTP/2 windows) went down: glibc
@@ -193,10 +196,15 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// half-finished or untaken made the gateway hold would stay resident after they went.
 async fn give_back_freed_memory(buffered: Arc<tokio::sync::Semaphore>, places: Arc<tokio::sync::Semaphore>) {
     let mut before = (buffered.available_permits(), places.available_permits());
+    let mut trims_left = 0;
     loop {
         tokio::time::sleep(TRIM_EVERY).await;
         let now = (buffered.available_permits(), places.available_permits());
         if now.0 > before.0 || now.1 > before.1 {
+            trims_left = TRIMS_AFTER_A_DROP;
+        }
+        if trims_left > 0 {
+            trims_left -= 1;
             // SAFETY: malloc_trim has no preconditions; it only returns free memory.
             unsafe { libc::malloc_trim(0) };
         }
