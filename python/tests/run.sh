@@ -40,10 +40,10 @@ export CARGO_TARGET_DIR=$root/target
 cd "$here"
 for transport in tcp shm "fabric:tcp;ofi_rxm"; do
   echo "== pytest over $transport"
-  RDRAM_TEST_TRANSPORT=$transport "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_lmcache.py
+  RDRAM_TEST_TRANSPORT=$transport "$VENV/bin/python" -m pytest -q -rs --durations=5 -p no:cacheprovider --ignore=test_lmcache.py
 done
 echo "== pytest test_lmcache.py over shm"
-RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider test_lmcache.py
+RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" -m pytest -q -rs --durations=5 -p no:cacheprovider test_lmcache.py
 if "$VENV/bin/python" -c "import lmcache" 2>/dev/null; then
   echo "== LMCache 0.5.6's own connector tests over shm (lmcache_suite.py)"
   RDRAM_TEST_TRANSPORT=shm "$VENV/bin/python" lmcache_suite.py -p no:warnings
