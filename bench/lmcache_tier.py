@@ -5,9 +5,12 @@ Starts `rdram serve` (UCX shared memory, and UCX tcp), `redis-server` and LMCach
 `lm` server on loopback ports, then, for each tier, one process with LMCache's own
 RemoteBackend (the layer its StorageManager calls) that stores CHUNKS chunks of KV cache
 (TOKENS tokens x LAYERS layers x 8 heads x 128 dims, bfloat16) one chunk a call (p50 and
-p99 per chunk), then in one batch, and loads them back the same ways, ROUNDS times; prints
-medians. Tiers: remote_dram over shm (with and without chunk metadata) and tcp, LMCache's
-Redis connectors (redis://, redis-py; resp://, its native client) and its lm:// server.
+p99 per chunk), then in one batch, and loads them back the same ways; ROUNDS rounds, each
+running every tier in turn in a process of its own (so noise lands on all of them alike);
+prints medians of the batches and percentiles of the one-chunk calls. Tiers: remote_dram
+over UCX shm (with and without chunk metadata), UCX tcp and libfabric tcp;ofi_rxm,
+LMCache's Redis connectors (redis://, redis-py; resp://, its native client) and its lm://
+server.
 
     target/venv-python/bin/python bench/lmcache_tier.py [--chunks 16] [--tokens 256] [--layers 32] [--rounds 5]
 
@@ -136,18 +139,24 @@ def one_tier(args) -> dict:
     closer = threading.Thread(target=backend.close, daemon=True)
     closer.start()
     closer.join(5)
-    total = args.chunks * chunk_bytes
+    return {"single_store": single_store, "single_load": single_load, "store": store, "load": load}
+
+
+def summary(runs: list[dict], chunks: int, chunk_bytes: int) -> dict:
+    """Medians over rounds of the batches' times, percentiles of every one-chunk call."""
+    joined = {k: [x for r in runs for x in r[k]] for k in runs[0]}
+    total = chunks * chunk_bytes
 
     def p(xs, q):
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
+    store, load = statistics.median(joined["store"]), statistics.median(joined["load"])
     return {
-        "tier": args.label, "chunk_mib": chunk_bytes / 2**20, "chunks": args.chunks,
-        "store_gbps": total / statistics.median(store) / 1e9, "load_gbps": total / statistics.median(load) / 1e9,
-        "store_cps": args.chunks / statistics.median(store), "load_cps": args.chunks / statistics.median(load),
-        "one_store_p50": p(single_store, 0.5), "one_store_p99": p(single_store, 0.99),
-        "one_load_p50": p(single_load, 0.5), "one_load_p99": p(single_load, 0.99),
+        "store_gbps": total / store / 1e9, "load_gbps": total / load / 1e9,
+        "store_cps": chunks / store, "load_cps": chunks / load,
+        "one_store_p50": p(joined["single_store"], 0.5), "one_store_p99": p(joined["single_store"], 0.99),
+        "one_load_p50": p(joined["single_load"], 0.5), "one_load_p99": p(joined["single_load"], 0.99),
     }
 
 
@@ -172,12 +181,14 @@ def main() -> int:
     memory = f"{max(1, (2 * args.chunks * chunk_bytes) >> 30) + 1}GiB"
     shm = {"UCX_TLS": "posix,sysv,cma,self", "UCX_NET_DEVICES": "lo"}
     tcp = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "RDRAM_UCX_TCP": "1"}
-    ports = {name: free_port() for name in ("shm", "tcp", "redis", "lm")}
+    ports = {name: free_port() for name in ("shm", "tcp", "fabric", "redis", "lm")}
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     rdram = [args.rdram, "serve", "--memory", memory, *args.serve_args.split()]
     servers = [
         subprocess.Popen(rdram + ["--listen", f"127.0.0.1:{ports['shm']}"], env={**os.environ, **shm}, **quiet),
         subprocess.Popen(rdram + ["--listen", f"127.0.0.1:{ports['tcp']}", "--ucx-tcp"], env={**os.environ, **tcp}, **quiet),
+        subprocess.Popen(rdram + ["--listen", f"127.0.0.1:{ports['fabric']}", "--transport", "fabric", "--provider", "tcp;ofi_rxm"],
+                         **quiet),
         subprocess.Popen(["redis-server", "--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                           "--proto-max-bulk-len", "1gb"], **quiet),
         subprocess.Popen([sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(ports["lm"]), "cpu"], **quiet),
@@ -189,6 +200,7 @@ def main() -> int:
             ("remote_dram, UCX shm", f"remote_dram://127.0.0.1:{ports['shm']}", True, shm),
             ("remote_dram, UCX shm, no metadata", f"remote_dram://127.0.0.1:{ports['shm']}", False, shm),
             ("remote_dram, UCX tcp", f"remote_dram://127.0.0.1:{ports['tcp']}", True, tcp),
+            ("remote_dram, libfabric tcp;ofi_rxm", f"remote_dram://127.0.0.1:{ports['fabric']}", True, {}),
             ("Redis, redis:// (redis-py)", f"redis://127.0.0.1:{ports['redis']}", True, {}),
             ("Redis, resp:// (LMCache's native client)", f"resp://127.0.0.1:{ports['redis']}", False, {}),
             ("LMCache's lm:// server", f"lm://127.0.0.1:{ports['lm']}", True, {}),
@@ -198,20 +210,33 @@ def main() -> int:
         print(f"{'':44} {'batch of ' + str(args.chunks) + ' chunks':^43} {'one chunk a call, ms':^31}")
         print(f"{'tier':44} {'store GB/s':>10} {'load GB/s':>10} {'store/s':>10} {'load/s':>10} "
               f"{'store p50':>10} {'p99':>6} {'load p50':>9} {'p99':>6}")
-        for label, url, meta, env in tiers:
-            cmd = [sys.executable, __file__, "--one", "--url", url, "--label", label, "--chunks", str(args.chunks),
-                   "--tokens", str(args.tokens), "--layers", str(args.layers), "--rounds", str(args.rounds)]
-            if meta:
-                cmd.append("--save-chunk-meta")
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env, "LMCACHE_LOG_LEVEL": "WARNING"})
-            except subprocess.TimeoutExpired:
-                print(f"{label:44} took more than 600 s")
+        # Round by round, every tier in turn (a process of its own each time), so that
+        # the machine's noise lands on all of them alike.
+        runs: dict[str, list[dict]] = {label: [] for label, *_ in tiers}
+        failed: dict[str, str] = {}
+        for _ in range(args.rounds):
+            for label, url, meta, env in tiers:
+                if label in failed:
+                    continue
+                cmd = [sys.executable, __file__, "--one", "--url", url, "--label", label, "--chunks", str(args.chunks),
+                       "--tokens", str(args.tokens), "--layers", str(args.layers), "--rounds", "1"]
+                if meta:
+                    cmd.append("--save-chunk-meta")
+                try:
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                       env={**os.environ, **env, "LMCACHE_LOG_LEVEL": "WARNING"})
+                except subprocess.TimeoutExpired:
+                    failed[label] = "took more than 600 s"
+                    continue
+                if p.returncode != 0:
+                    failed[label] = f"failed:\n{p.stderr[-2000:]}"
+                    continue
+                runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
+        for label, *_ in tiers:
+            if label in failed:
+                print(f"{label:44} {failed[label]}")
                 continue
-            if p.returncode != 0:
-                print(f"{label:44} failed:\n{p.stderr[-2000:]}")
-                continue
-            r = json.loads(p.stdout.strip().splitlines()[-1])
+            r = summary(runs[label], args.chunks, chunk_bytes)
             print(f"{label:44} {r['store_gbps']:10.2f} {r['load_gbps']:10.2f} {r['store_cps']:10.0f} {r['load_cps']:10.0f} "
                   f"{r['one_store_p50']:10.2f} {r['one_store_p99']:6.2f} {r['one_load_p50']:9.2f} {r['one_load_p99']:6.2f}")
     finally:
