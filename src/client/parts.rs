@@ -24,12 +24,15 @@ impl Client {
         if total as u64 > MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{total} bytes > limit {MAX_VALUE_LEN}")));
         }
-        let nonempty = parts.iter().filter(|p| !p.is_empty()).count();
-        if nonempty > 1 && total > GATHER_COPY_MAX && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
+        let nonempty: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+        if nonempty.len() <= 1 {
+            return self.put_with(key, nonempty.first().copied().unwrap_or_default(), opts);
+        }
+        if total > GATHER_COPY_MAX && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
             let mut stage_id = None;
             let mut result = Ok(());
             let mut offset = 0;
-            for part in parts.iter().filter(|p| !p.is_empty()) {
+            for part in &nonempty {
                 result = self.stage_part(key, offset, total, &mut stage_id, part);
                 if result.is_err() {
                     break;

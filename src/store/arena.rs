@@ -93,7 +93,9 @@ impl Arena {
         let mut arena = Arena { map, backing, populating: None };
         let first = POPULATE_STEP.min(arena.len());
         if arena.map.advise_range(memmap2::Advice::PopulateWrite, 0, first).is_ok() {
-            arena.populate_in_background(first);
+            if first < arena.len() {
+                arena.populate_in_background(first);
+            }
         } else {
             arena.prefault();
         }

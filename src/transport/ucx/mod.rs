@@ -3,6 +3,7 @@
 //! used by exactly one thread, except [`Waker`], which only calls `ucp_worker_signal`.
 
 pub mod sys;
+mod transports;
 
 use std::ffi::{c_void, CStr};
 use std::os::fd::RawFd;
@@ -10,6 +11,10 @@ use std::ptr;
 
 use crate::error::{Error, Result, Status};
 use sys::*;
+pub use transports::{
+    env_allows_only_shared_memory, env_enables_tcp, offers_shared_memory, shared_memory_scope, Tcp, LOCAL_SHARED_MEMORY,
+};
+use transports::{shared_memory_only, HARDENING};
 
 pub fn status_string(status: ucs_status_t) -> String {
     // SAFETY: ucs_status_string returns a pointer to a static NUL-terminated string.
@@ -32,114 +37,6 @@ pub fn ptr_status(p: ucs_status_ptr_t) -> Option<ucs_status_t> {
     } else {
         None
     }
-}
-
-/// True when the transport list (`UCX_TLS`, or what the worker was made with) enables only
-/// shared-memory transports and those cannot detect peer failure (asking for it would
-/// fail, noisily, on every endpoint): UCX 1.13, or error handling turned off with
-/// `UCX_MM_ERROR_HANDLING=n`.
-fn shared_memory_only(tls: Option<&str>, shm_detects_failure: bool) -> bool {
-    if shm_detects_failure {
-        return false;
-    }
-    const SHM: [&str; 8] = ["posix", "sysv", "cma", "self", "sm", "shm", "knem", "xpmem"];
-    match tls {
-        Some(tls) if !tls.trim().is_empty() && !tls.starts_with('^') => tls.split(',').all(|t| SHM.contains(&t.trim())),
-        _ => false,
-    }
-}
-
-/// Whether the user's `UCX_TLS` names shared-memory transports only (this process can then
-/// reach no server outside its [`super::local_scope`]).
-pub fn env_allows_only_shared_memory() -> bool {
-    shared_memory_only(std::env::var("UCX_TLS").ok().as_deref(), false)
-}
-
-/// UCX settings (names without `UCX_`) of a worker that only talks to servers on this
-/// host, through shared memory (see [`Worker::with_settings`]): what a one-shot command
-/// can skip. A context that looks for no tcp interfaces starts about 25 ms sooner on these
-/// VMs, and one shared-memory transport instead of two (posix, whose queue the server
-/// maps once) saves another 2.5 ms and a third of the page faults (1,544 -> 1,014 per `rdram
-/// get`); cma moves large values.
-pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
-
-/// UCX settings every worker of this crate has (unless the environment says otherwise).
-///
-/// UCX carries out a peer's puts and gets on this process's memory without a key that
-/// means anything: its tcp transport writes a put wherever the peer says, and UCP emulates
-/// RMA over active messages (copying to and from any address named) for contexts with
-/// `UCP_FEATURE_RMA`. remote_dram moves every byte with active messages, so its contexts
-/// ask for no RMA (see [`Worker::with_settings`]), and tcp interfaces do not advertise
-/// puts: a peer's stock UCX then has no way to name our memory (tests/ucx_rma.rs). UCX's
-/// rendezvous over tcp does not use them by default either, so nothing is slower. What
-/// remains is UCX's tcp receiver itself, which honours a hand-made put message from any
-/// peer that reaches its port whatever it advertised (see README, Security).
-const HARDENING: &[(&str, &str)] = &[("TCP_PUT_ENABLE", "n")];
-
-/// Whether a worker runs UCX's tcp transport. UCX's tcp receiver carries out a put message
-/// from any peer that reaches its port, before any remote_dram check (a hand-made one
-/// writes wherever it says, or crashes the process), and UCX never closes a silent
-/// connection to it. So no worker runs it unless asked to, for a trusted network.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Tcp {
-    /// No tcp transport (`UCX_TLS=^tcp` unless the environment names transports).
-    #[default]
-    Off,
-    /// tcp, its listeners on `device` only (the interface of the address the server
-    /// listens on, or the client reached it from); None: every interface.
-    On { device: Option<String> },
-}
-
-impl Tcp {
-    /// tcp on the interface that holds `ip` (every interface for an unspecified address,
-    /// or one that no interface holds).
-    pub fn on_interface_of(ip: std::net::IpAddr) -> Tcp {
-        Tcp::On { device: if ip.is_unspecified() { None } else { super::interface_of(ip) } }
-    }
-
-    fn settings(&self) -> Vec<(&'static str, String)> {
-        match self {
-            Tcp::Off => vec![("TLS", "^tcp".into())],
-            Tcp::On { device: Some(d) } => vec![("NET_DEVICES", d.clone())],
-            Tcp::On { device: None } => Vec::new(),
-        }
-    }
-}
-
-/// Whether the user's `UCX_TLS` (set) lets UCX use its tcp transport.
-pub fn env_enables_tcp() -> bool {
-    std::env::var("UCX_TLS").is_ok_and(|tls| tls_may_use_tcp(&tls))
-}
-
-fn tls_may_use_tcp(tls: &str) -> bool {
-    let names = |list: &str| list.split(',').map(str::trim).any(|t| t == "tcp" || t == "all");
-    match tls.trim() {
-        "" => true,
-        tls => match tls.strip_prefix('^') {
-            Some(excluded) => !excluded.split(',').any(|t| t.trim() == "tcp"),
-            None => names(tls),
-        },
-    }
-}
-
-/// Where this process's UCX shared memory reaches, when its transports (`UCX_TLS`)
-/// include posix shared memory (what [`LOCAL_SHARED_MEMORY`] keeps): the boot, the IPC
-/// and PID namespaces (what UCX's sysv and posix transports need in common) and the user
-/// (cma reads the peer's memory, which needs the same one). Two processes with the same
-/// scope reach each other over [`LOCAL_SHARED_MEMORY`]'s transports.
-pub fn shared_memory_scope() -> Option<String> {
-    if offers_shared_memory() {
-        super::local_scope()
-    } else {
-        None
-    }
-}
-
-/// Whether `UCX_TLS` lets UCX use posix shared memory (unset, an exclusion list, or a list
-/// naming it).
-pub fn offers_shared_memory() -> bool {
-    let tls = std::env::var("UCX_TLS").unwrap_or_default();
-    tls.trim().is_empty() || tls.starts_with('^') || tls.split(',').any(|t| ["posix", "sm", "shm"].contains(&t.trim()))
 }
 
 /// UCX's configuration from the environment, and whether shared-memory transports detect a
@@ -709,19 +606,6 @@ pub unsafe fn request_free(req: *mut c_void) {
     unsafe {
         if !req.is_null() {
             ucp_request_free(req);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn which_transport_lists_let_ucx_use_tcp() {
-        for tls in ["", "all", "tcp", "posix,tcp", " tcp , cma", "^posix", "^sysv,cma"] {
-            assert!(super::tls_may_use_tcp(tls), "{tls:?}");
-        }
-        for tls in ["posix,sysv,cma,self", "posix,cma,self", "^tcp", "^posix,tcp", "rc,ud"] {
-            assert!(!super::tls_may_use_tcp(tls), "{tls:?}");
         }
     }
 }
