@@ -189,13 +189,18 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// For how many looks after holdings last went down it trims: a connection's buffers may
 /// be freed a while after the permits that counted them (its tasks end on their own time).
 const TRIMS_AFTER_A_DROP: u32 = 3;
+/// Growth of the free bytes glibc's heaps hold, between two looks, that makes it trim.
+const FREED_ENOUGH_TO_TRIM: usize = 1 << 20;
 
-/// Hands heap memory back to the system once what clients made the gateway hold (its
-/// `--max-buffered` budget, and connections with their HTTP/2 windows) went down: glibc
-/// may keep freed memory in its heaps for reuse, and then what clients that left streams
-/// half-finished or untaken made the gateway hold would stay resident after they went.
+/// Hands heap memory back to the system once what clients made the gateway hold went
+/// down: glibc may keep freed memory in its heaps for reuse, and then what clients that
+/// left streams half-finished or untaken made the gateway hold would stay resident after
+/// they went. It trims after its `--max-buffered` budget or its connections went down, and
+/// whenever the heaps hold more free bytes than at the last look (a departed connection's
+/// buffers are freed when its tasks end, which can be seconds after its permits).
 async fn give_back_freed_memory(buffered: Arc<tokio::sync::Semaphore>, places: Arc<tokio::sync::Semaphore>) {
     let mut before = (buffered.available_permits(), places.available_permits());
+    let mut free_before = heap_free_bytes();
     let mut trims_left = 0;
     loop {
         tokio::time::sleep(TRIM_EVERY).await;
@@ -203,11 +208,21 @@ async fn give_back_freed_memory(buffered: Arc<tokio::sync::Semaphore>, places: A
         if now.0 > before.0 || now.1 > before.1 {
             trims_left = TRIMS_AFTER_A_DROP;
         }
-        if trims_left > 0 {
-            trims_left -= 1;
+        let free_now = heap_free_bytes();
+        if trims_left > 0 || free_now > free_before + FREED_ENOUGH_TO_TRIM {
+            trims_left = trims_left.saturating_sub(1);
             // SAFETY: malloc_trim has no preconditions; it only returns free memory.
             unsafe { libc::malloc_trim(0) };
         }
+        // After a trim too: trimming gives back the pages of free chunks, which stay free
+        // chunks, so only bytes freed after this look make the next one trim.
+        free_before = heap_free_bytes();
         before = now;
     }
+}
+
+/// Bytes in free chunks of glibc's heaps (mallinfo2's `fordblks`).
+fn heap_free_bytes() -> usize {
+    // SAFETY: mallinfo2 has no preconditions; it reads the allocator's counters.
+    unsafe { libc::mallinfo2() }.fordblks
 }
