@@ -3,7 +3,7 @@
 #               sharing data through a server's DRAM over UCX on loopback
 #   make test   installs what is missing, builds, and runs every test
 CARGO ?= cargo
-DEBIAN_PACKAGES := libclang-dev clang pkg-config g++ valgrind nlohmann-json3-dev libgtest-dev protobuf-compiler python3-venv libfabric-dev libfabric-bin prometheus tmux etcd-server openssl
+DEBIAN_PACKAGES := libclang-dev clang pkg-config g++ valgrind nlohmann-json3-dev libgtest-dev protobuf-compiler python3-venv libfabric-dev libfabric-bin prometheus tmux etcd-server openssl iproute2
 PREFIX ?= /usr/local
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MAJOR := $(firstword $(subst ., ,$(VERSION)))

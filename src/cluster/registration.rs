@@ -319,7 +319,11 @@ impl KeepAlive {
         loop {
             let outcome = self.keep_alive_until_failure(every).await;
             if outcome.status != Status::Ok && self.reachable.swap(false, Ordering::SeqCst) {
-                warn!("cluster {}: etcd unreachable ({}); serving on, and trying again", self.url, outcome.message);
+                warn!(
+                    "cluster {}: etcd unreachable ({}); trying again (keys are served while the lease is confirmed within two thirds of its TTL)",
+                    self.url,
+                    outcome.message
+                );
             }
             tokio::time::sleep(RETRY_PAUSE).await;
             if let Ok(client) = connect(&self.url).await {
