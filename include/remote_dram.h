@@ -88,6 +88,10 @@ enum rdram_status
    * A required pointer argument was NULL.
    */
   RDRAM_NULL_ARGUMENT = -16,
+  /**
+   * A server's bound on values staged in parts (or keys in handovers) was reached.
+   */
+  RDRAM_NO_ROOM = -20,
 };
 #ifndef __cplusplus
 typedef int32_t rdram_status;
@@ -309,7 +313,7 @@ int32_t rdram_status_grpc_code(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 10)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 11)". Static; never NULL.
  */
 const char *rdram_version(void);
 

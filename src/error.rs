@@ -83,6 +83,9 @@ statuses! {
     /// Cluster: the key's last write is being copied to its replicas, and no client reads
     /// it before every replica holds it; the client asks again shortly.
     Replicating = -19, "replicating", "the key's last write is being copied to its replicas";
+    /// The shard holds as many values staged in parts, or keys in handovers, as it takes
+    /// at once: a bound, not an outage; the sender sends the value whole, or waits.
+    NoRoom = -20, "no_room", "the shard holds as many staged values or handovers as it takes";
 }
 
 impl Status {
@@ -107,7 +110,7 @@ impl Status {
             | Status::BufferTooSmall
             | Status::NullArgument => INVALID_ARGUMENT,
             Status::OutOfRange => OUT_OF_RANGE,
-            Status::NoSpace => RESOURCE_EXHAUSTED,
+            Status::NoSpace | Status::NoRoom => RESOURCE_EXHAUSTED,
             Status::AuthFailed => UNAUTHENTICATED,
             Status::VersionMismatch => FAILED_PRECONDITION,
             Status::Unavailable

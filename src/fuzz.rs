@@ -164,9 +164,9 @@ pub fn shard_request(data: &[u8]) {
         let mut out = Vec::new();
         let admitted = service
             .admit_message(&msg, SESSION)
-            .map(|(req, payload)| (req.header, req.op, req.inline.to_vec(), payload.to_vec()));
-        if let Ok((header, op, inline, payload)) = admitted {
-            let req = crate::server::service::Request { header, op, inline: &inline };
+            .map(|(req, payload)| (req.header, req.kind, req.inline.to_vec(), payload.to_vec()));
+        if let Ok((header, kind, inline, payload)) = admitted {
+            let req = crate::server::service::Request { header, kind, inline: &inline };
             let _ = service.serve(&req, &payload, &mut out);
         }
     });

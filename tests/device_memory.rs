@@ -277,14 +277,17 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
         (status, msg, id)
     };
     let part = pattern(12, 1000);
+    // More than the session may stage: a bound, not an outage.
+    let (status, msg, _) = send(&mut c, 0, 6 << 20, 0, &part);
+    assert_eq!(status, Status::NoRoom, "{msg}");
     let (status, msg, stage) = send(&mut c, 0, 3000, 0, &part);
     assert_eq!(status, Status::Ok, "{msg}");
     assert_eq!(send(&mut c, 2000, 3000, stage, &part).0, Status::Invalid, "out of order");
     assert_eq!(send(&mut c, 1000, 3000, stage + 99, &part).0, Status::Missing, "no such value");
     let mut other = server.client();
     assert_eq!(send(&mut other, 1000, 3000, stage, &part).0, Status::Missing, "another session's value");
-    // An import names no value staged in parts (its bytes may not all have arrived); and a
-    // server in no cluster takes no import at all.
+    // An import names no value staged in parts (its bytes may not all have arrived): no
+    // such request exists.
     let (session, id) = c.raw_session();
     let mut h = RequestHeader::new(Op::Put, id, session);
     h.flags = flags::STAGE | flags::IMPORT;
@@ -294,7 +297,7 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     buf.extend_from_slice(key);
     assert_eq!(
         c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0,
-        Status::AuthFailed,
+        Status::Invalid,
         "an import of a value staged in parts"
     );
     // Refused at the door, it left the value staged: discarded, as a client does.

@@ -228,8 +228,8 @@ fn write_seed_corpus() {
         write("request_header", name, bytes);
         write("shard_request", name, bytes);
         // Over UCX the header (with an inline key) is the active message's, the rest its payload.
-        if let Ok((h, op)) = RequestHeader::decode(bytes) {
-            let inline = matches!(op, Op::Put | Op::Get | Op::Delete) && h.flags & flags::KEY_IN_PAYLOAD == 0;
+        if let Ok((h, kind)) = RequestHeader::decode(bytes) {
+            let inline = matches!(kind.op(), Op::Put | Op::Get | Op::Delete) && h.flags & flags::KEY_IN_PAYLOAD == 0;
             let at = (h.encoded_len() + if inline { h.key_len as usize } else { 0 }).min(bytes.len());
             write("ucx_request", name, &[&(at as u16).to_le_bytes()[..], bytes].concat());
         }

@@ -68,6 +68,7 @@ from .errors import (  # noqa: E402
     InvalidArgument,
     IoError,
     KeyTooLarge,
+    NoRoom,
     NoSpace,
     OutOfRange,
     Status,
@@ -83,6 +84,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Entry", "Server", "PROTOCOL_VERSION", "Status", "Error", "AuthFailed", "BufferTooSmall",
-    "InternalError", "InvalidArgument", "IoError", "KeyTooLarge", "NoSpace", "OutOfRange", "Timeout",
+    "InternalError", "InvalidArgument", "IoError", "KeyTooLarge", "NoRoom", "NoSpace", "OutOfRange", "Timeout",
     "TransportError", "Unavailable", "ValueTooLarge", "VersionMismatch", "WrongShard",
 ]

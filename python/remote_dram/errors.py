@@ -32,6 +32,7 @@ class Status(enum.IntEnum):
     INTERNAL = -12
     WRONG_SHARD = -13
     BUFFER_TOO_SMALL = -14
+    NO_ROOM = -20
 
 
 class Error(Exception):
@@ -138,11 +139,18 @@ class BufferTooSmall(Error, ValueError):
         self.needed = needed
 
 
+class NoRoom(Error):
+    """A server holds as many values staged in parts as it takes at once: a bound, not an
+    outage (the client sends such values whole then)."""
+
+    status = Status.NO_ROOM
+
+
 _BY_STATUS = {
     cls.status: cls
     for cls in (
         InvalidArgument, KeyTooLarge, ValueTooLarge, OutOfRange, NoSpace, AuthFailed, VersionMismatch,
-        Unavailable, Timeout, TransportError, IoError, InternalError, WrongShard, BufferTooSmall,
+        Unavailable, Timeout, TransportError, IoError, InternalError, WrongShard, BufferTooSmall, NoRoom,
     )
 }
 

@@ -107,8 +107,9 @@ impl Client {
         }
         // The server had no staging room, or the value lapsed or the connection was
         // replaced while its parts arrived (a part names the session's value): sent whole.
-        if result.as_ref().is_err_and(|e| matches!(e.status, Status::Unavailable | Status::Missing | Status::Transport))
-        {
+        if result.as_ref().is_err_and(|e| {
+            matches!(e.status, Status::NoRoom | Status::Unavailable | Status::Missing | Status::Transport)
+        }) {
             result = match staging.copy_to_host(addr, len, ordinal) {
                 Ok(value) => self.put_with(key, value, opts),
                 Err(e) => Err(e),

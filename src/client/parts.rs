@@ -41,9 +41,14 @@ impl Client {
             }
             let result = result.and_then(|()| self.commit_parts(key, total, stage_id.take(), opts));
             match result {
-                // No staging room, or the value lapsed or the connection was replaced while
-                // its parts arrived: sent whole below.
-                Err(e) if matches!(e.status, Status::Unavailable | Status::Missing | Status::Transport) => {
+                // No staging room, or the value lapsed, or the connection was lost or replaced
+                // while its parts arrived: sent whole below.
+                Err(e)
+                    if matches!(
+                        e.status,
+                        Status::NoRoom | Status::Unavailable | Status::Missing | Status::Transport
+                    ) =>
+                {
                     self.discard_parts_if_answered(key, &e, stage_id);
                 }
                 Err(e) => {

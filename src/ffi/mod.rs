@@ -47,6 +47,8 @@ pub enum rdram_status {
     RDRAM_PANIC = -15,
     /// A required pointer argument was NULL.
     RDRAM_NULL_ARGUMENT = -16,
+    /// A server's bound on values staged in parts (or keys in handovers) was reached.
+    RDRAM_NO_ROOM = -20,
 }
 
 impl From<Status> for rdram_status {
@@ -73,6 +75,7 @@ impl From<Status> for rdram_status {
             Status::BufferTooSmall => RDRAM_BUFFER_TOO_SMALL,
             Status::Panic => RDRAM_PANIC,
             Status::NullArgument => RDRAM_NULL_ARGUMENT,
+            Status::NoRoom => RDRAM_NO_ROOM,
             // The client settles these itself; one that outlives its retries is the
             // cluster being unavailable for the moment.
             Status::Moved | Status::ViewChanged | Status::KeyMoving | Status::Replicating => RDRAM_UNAVAILABLE,
@@ -174,10 +177,10 @@ pub extern "C" fn rdram_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The library version, e.g. "0.1.0 (protocol 10)". Static; never NULL.
+/// The library version, e.g. "0.1.0 (protocol 11)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn rdram_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), " (protocol 10)\0").as_ptr() as *const c_char
+    concat!(env!("CARGO_PKG_VERSION"), " (protocol 11)\0").as_ptr() as *const c_char
 }
 
 #[cfg(test)]

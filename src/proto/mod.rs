@@ -41,8 +41,10 @@
 
 pub mod bootstrap;
 pub mod fabric;
+mod kind;
 mod range;
 mod routing;
+pub use kind::Kind;
 pub use range::ByteRange;
 pub use routing::{node_seed, rendezvous, rendezvous_ranked, shard_of};
 
@@ -52,8 +54,10 @@ use crate::error::Status;
 /// ([`ReplyHeader::encode_compact`]). 6: cluster views, redirects and handovers
 /// ([`flags::VIEW`], [`flags::ASKING`], [`flags::IMPORT`], [`flags::MIGRATE`]).
 /// 9: bootstrap proofs instead of the token. 10: a key's primary copies writes to its
-/// replicas itself, and answers reads of a key being copied with `Replicating`.
-pub const PROTOCOL_VERSION: u8 = 10;
+/// replicas itself, and answers reads of a key being copied with `Replicating`. 11: an op
+/// and flags that name no request ([`Kind`]) are refused; a shard at its bound of staged
+/// values or handovers answers `NoRoom`, not `Unavailable`.
+pub const PROTOCOL_VERSION: u8 = 11;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
@@ -317,7 +321,7 @@ impl RequestHeader {
     /// Parses and validates a request header, in full or in its short form (see
     /// [`RequestHeader::encoded_len`]). On error, returns the request id when it could be
     /// read (so the sender still gets an answer) and a message.
-    pub fn decode(buf: &[u8]) -> Result<(RequestHeader, Op), DecodeError> {
+    pub fn decode(buf: &[u8]) -> Result<(RequestHeader, Kind), DecodeError> {
         let short = buf.len() >= SHORT_REQUEST_HEADER_LEN
             && u32::from_le_bytes(buf[4..8].try_into().unwrap()) & flags::SHORT_FORM != 0;
         let need = if short { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
@@ -373,19 +377,14 @@ impl RequestHeader {
             }
             h.view = u64_at(buf, need);
         }
-        let handover = h.flags & (flags::IMPORT | flags::MIGRATE);
-        let handover_fits = match op {
-            Op::Put | Op::Get => handover == flags::IMPORT || (op == Op::Get && handover == flags::MIGRATE),
-            Op::Delete => handover == flags::IMPORT || (handover == flags::MIGRATE && h.flags & flags::IF_EQUAL != 0),
-            _ => false,
+        let kind = match Kind::of(op, h.flags) {
+            Ok(kind) => kind,
+            Err(why) => return fail(Status::Invalid, why),
         };
-        if handover != 0 && !handover_fits {
-            return fail(Status::Invalid, format!("{op:?} cannot carry handover flags {handover:#x}"));
-        }
-        if h.flags & flags::IMPORT != 0 && h.flags & (flags::IF_ABSENT | flags::IF_NOT_EQUAL | flags::IF_EQUAL) != 0 {
+        if kind.is_import() && h.flags & (flags::IF_ABSENT | flags::IF_NOT_EQUAL | flags::IF_EQUAL) != 0 {
             return fail(Status::Invalid, "an import carries its generation, not a condition".into());
         }
-        if h.flags & flags::IMPORT != 0 && h.if_equal == 0 && op != Op::Get {
+        if kind.is_import() && h.if_equal == 0 {
             return fail(Status::Invalid, "an import needs the generation the value keeps".into());
         }
         let key_len = h.key_len as usize;
@@ -424,7 +423,7 @@ impl RequestHeader {
         {
             return fail(Status::Invalid, "generation 0 is never a valid condition".into());
         }
-        Ok((h, op))
+        Ok((h, kind))
     }
 }
 
@@ -581,7 +580,7 @@ mod tests {
         let mut buf = [0u8; REQUEST_HEADER_LEN];
         h.encode(&mut buf);
         let (d, op) = RequestHeader::decode(&buf).unwrap();
-        assert_eq!((d, op), (h, Op::Put));
+        assert_eq!((d, op), (h, Kind::Put));
 
         let mut bad = buf;
         bad[2] = PROTOCOL_VERSION + 1;
@@ -617,7 +616,7 @@ mod tests {
         let mut buf = [0u8; REQUEST_HEADER_LEN];
         assert_eq!(put.encode_short(&mut buf), SHORT_REQUEST_HEADER_LEN);
         let (d, op) = RequestHeader::decode(&buf[..SHORT_REQUEST_HEADER_LEN]).unwrap();
-        assert_eq!((d, op), (RequestHeader { flags: flags::SHORT_FORM, ..put }, Op::Put));
+        assert_eq!((d, op), (RequestHeader { flags: flags::SHORT_FORM, ..put }, Kind::Put));
         assert_eq!(d.encoded_len(), SHORT_REQUEST_HEADER_LEN);
         // The bytes after it are the key's, not header fields.
         buf[SHORT_REQUEST_HEADER_LEN..].fill(0xff);

@@ -18,12 +18,11 @@ use crate::cluster::replication::{Replicator, ReplicatorConfig};
 use crate::error::{Error, Result, Status};
 use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
-use crate::proto::{self, flags, Op, ReplyHeader, RequestHeader};
+use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::reply_backlog::ReplyBudget;
 use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
-use parts::{is_part, whole_values_are_not_staged};
 use placement::PlacementCheck;
 use replication::Replication;
 use tracing::{info, warn};
@@ -35,9 +34,16 @@ pub type Refusal = (Option<u64>, Error);
 /// A decoded, authenticated request.
 pub struct Request<'a> {
     pub header: RequestHeader,
-    pub op: Op,
+    /// What it asks, decoded from the header's op and flags.
+    pub kind: Kind,
     /// The key when it travels in the header (empty otherwise).
     pub inline: &'a [u8],
+}
+
+impl Request<'_> {
+    pub fn op(&self) -> Op {
+        self.kind.op()
+    }
 }
 
 /// The reply to send: a header, plus either the bytes the service wrote to the caller's
@@ -69,6 +75,7 @@ pub fn transfer_deadline(stall_timeout: std::time::Duration, len: u64) -> std::t
 /// (no reader or writer can reach it) until [`Service::finish_put`].
 pub struct PendingPut {
     pub header: RequestHeader,
+    pub kind: Kind,
     pub extent: Extent,
     pub layout: Layout,
     /// Where, from the extent's start, the arriving bytes go, and how many arrive.
@@ -300,12 +307,12 @@ impl Service {
         }
         let (status, received, sent) = match &answer {
             Answer::Owned(h) if h.status() != Status::Ok => (h.status(), 0, 0),
-            Answer::Owned(h) if req.op == Op::Put => (h.status(), h.value_size, 0),
+            Answer::Owned(h) if req.op() == Op::Put => (h.status(), h.value_size, 0),
             Answer::Owned(h) => (h.status(), 0, out.len() as u64),
             Answer::Arena { header, len, .. } => (header.status(), 0, *len),
             Answer::Deferred(_) => unreachable!("taken above"),
         };
-        self.metrics.record(Some(req.op), status, received, sent, arrived);
+        self.metrics.record(Some(req.op()), status, received, sent, arrived);
         answer
     }
 
@@ -315,15 +322,18 @@ impl Service {
             let e = Error::new(Status::Invalid, "this transport does not read values from client memory");
             return Answer::Owned(error_reply(h.request_id, &e, out));
         }
-        let result = match req.op {
-            Op::Put => self.eager_put(h, req.inline, payload),
-            Op::Get => return self.get(h, req.inline, payload, out),
-            Op::Delete => self.delete(h, req.inline, payload),
-            Op::DeleteRange | Op::List => self.range_op(h, req.op, payload, out),
-            Op::Stats => self.stats(h, out),
+        let kind = req.kind;
+        let result = match kind {
+            Kind::Put | Kind::StagePart | Kind::Import => self.eager_put(h, kind, req.inline, payload),
+            Kind::Get | Kind::CopyRead | Kind::HandoverHold => return self.get(h, kind, req.inline, payload, out),
+            Kind::Delete | Kind::StageDiscard | Kind::ImportDelete | Kind::HandoverEnd => {
+                self.delete(h, kind, req.inline, payload)
+            }
+            Kind::DeleteRange | Kind::List => self.range_op(h, kind.op(), payload, out),
+            Kind::Stats => self.stats(h, out),
             // The transport found nothing of that request in flight: it finished (and was
             // answered) or failed already, so the client's memory is out of reach.
-            Op::Abort => Ok(ReplyHeader::new(h.request_id, Status::Ok)),
+            Kind::Abort => Ok(ReplyHeader::new(h.request_id, Status::Ok)),
         };
         Answer::Owned(result.unwrap_or_else(|e| error_reply(h.request_id, &e, out)))
     }
@@ -333,13 +343,13 @@ impl Service {
     pub fn begin_put(&mut self, req: &Request, arriving: u64) -> Result<PendingPut> {
         let arrived = self.metrics.clock();
         self.reserve_put(req, arriving, arrived)
-            .inspect_err(|e| self.metrics.record(Some(req.op), e.status, 0, 0, arrived))
+            .inspect_err(|e| self.metrics.record(Some(req.op()), e.status, 0, 0, arrived))
     }
 
     fn reserve_put(&mut self, req: &Request, arriving: u64, arrived: Option<Instant>) -> Result<PendingPut> {
         let h = req.header;
-        if req.op != Op::Put {
-            return Err(Error::new(Status::Invalid, format!("{:?} with a {arriving}-byte payload", req.op)));
+        if req.op() != Op::Put {
+            return Err(Error::new(Status::Invalid, format!("{:?} with a {arriving}-byte payload", req.kind)));
         }
         let key_len = h.key_len as u64;
         let in_payload = h.flags & flags::KEY_IN_PAYLOAD != 0;
@@ -353,11 +363,12 @@ impl Service {
                 format!("{value_len} bytes > limit {}", proto::MAX_VALUE_LEN),
             ));
         }
-        if is_part(&h) {
+        if req.kind == Kind::StagePart {
             let (extent, layout, id) = self.begin_part(&h, req.inline, arriving)?;
             let dest_offset = u64::from(layout.value_at) + h.range_start as u64;
             return Ok(PendingPut {
                 header: h,
+                kind: req.kind,
                 extent,
                 layout,
                 dest_offset,
@@ -367,11 +378,10 @@ impl Service {
                 part: Some(id),
             });
         }
-        whole_values_are_not_staged(&h)?;
         if !in_payload {
             self.check_shard(req.inline)?;
-            self.check_placement(&h, req.inline, true)?;
-            if h.flags & flags::IMPORT == 0 {
+            self.check_placement(&h, req.kind, req.inline)?;
+            if req.kind != Kind::Import {
                 self.shard.precheck_put(req.inline, &condition(&h))?;
             }
         }
@@ -386,7 +396,17 @@ impl Service {
             self.shard.extent_mut(extent)[..req.inline.len()].copy_from_slice(req.inline);
             (layout, extent, u64::from(layout.value_at))
         };
-        Ok(PendingPut { header: h, extent, layout, dest_offset, arriving, cut: None, arrived, part: None })
+        Ok(PendingPut {
+            header: h,
+            kind: req.kind,
+            extent,
+            layout,
+            dest_offset,
+            arriving,
+            cut: None,
+            arrived,
+            part: None,
+        })
     }
 
     /// Where a pending put's bytes go.
@@ -435,18 +455,18 @@ impl Service {
         // may have been handed over while it arrived, and named in the write's copies.
         let key = self.placement.is_some().then(|| self.shard.arena().slice(p.extent.offset, key_len).to_vec());
         if let Some(key) = key.as_deref().filter(|_| checked.is_ok()) {
-            checked = self.check_placement(&p.header, key, true);
+            checked = self.check_placement(&p.header, p.kind, key);
         }
         if let Err(e) = checked {
             self.shard.release(p.extent);
             return error_reply(id, &e, out);
         }
-        match self.commit(p.extent, p.layout, &p.header) {
+        match self.commit(p.extent, p.layout, &p.header, p.kind) {
             Ok(generation) => {
                 let reply = ok_reply(id, generation, p.layout.value_len);
                 match &key {
                     Some(key) => self
-                        .replicate(&p.header, key, generation, Some((p.extent, p.layout)), reply)
+                        .replicate(&p.header, p.kind, key, generation, Some((p.extent, p.layout)), reply)
                         .unwrap_or_else(|e| error_reply(id, &e, out)),
                     None => reply,
                 }
@@ -475,30 +495,29 @@ impl Service {
         Ok(key)
     }
 
-    fn eager_put(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+    fn eager_put(&mut self, h: &RequestHeader, kind: Kind, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
-        if is_part(h) {
+        if kind == Kind::StagePart {
             return self.eager_part(h, key, value);
         }
-        whole_values_are_not_staged(h)?;
-        self.check_placement(h, key, true)?;
-        if h.flags & flags::IMPORT == 0 {
+        self.check_placement(h, kind, key)?;
+        if kind != Kind::Import {
             self.shard.precheck_put(key, &condition(h))?;
         }
         // Copied here from the receive buffer: aligned to where the value sits in it.
         let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.write_put(extent, layout, key, value);
-        let generation = self.commit(extent, layout, h)?;
+        let generation = self.commit(extent, layout, h, kind)?;
         let reply = ok_reply(h.request_id, generation, value.len() as u64);
-        self.replicate(h, key, generation, Some((extent, layout)), reply)
+        self.replicate(h, kind, key, generation, Some((extent, layout)), reply)
     }
 
     /// Publishes a put's key and value, written into `extent`: under a new generation if
     /// its condition holds, or for an import, under the generation it brings.
-    fn commit(&mut self, extent: Extent, layout: Layout, h: &RequestHeader) -> Result<u64> {
-        if h.flags & flags::IMPORT != 0 {
+    fn commit(&mut self, extent: Extent, layout: Layout, h: &RequestHeader, kind: Kind) -> Result<u64> {
+        if kind == Kind::Import {
             let key = self.shard.arena().slice(extent.offset, u64::from(layout.key_len));
             let grant = Grant::Put { generation: h.if_equal, len: layout.value_len, ttl_ms: ttl(h) };
             if let Err(e) = self.check_ticket(h, key, grant) {
@@ -511,11 +530,11 @@ impl Service {
         }
     }
 
-    fn get(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
+    fn get(&mut self, h: &RequestHeader, kind: Kind, inline: &[u8], payload: &[u8], out: &mut Vec<u8>) -> Answer {
         let range = (h.flags & flags::HAS_RANGE != 0).then_some(ByteRange { start: h.range_start, end: h.range_end });
         let checked = self.key_of(h, inline, payload).and_then(|key| {
-            self.check_placement(h, key, false)?;
-            self.check_replicated(h, key)?;
+            self.check_placement(h, kind, key)?;
+            self.check_replicated(kind, key)?;
             Ok(key)
         });
         let key = match checked {
@@ -524,9 +543,9 @@ impl Service {
         };
         let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
-        if h.flags & (flags::MIGRATE | flags::IMPORT) != 0 {
+        if matches!(kind, Kind::CopyRead | Kind::HandoverHold) {
             if let Ok(GetOutcome::Value { value_size, .. }) = outcome {
-                if h.flags & flags::MIGRATE != 0 {
+                if kind == Kind::HandoverHold {
                     let held =
                         self.check_ticket(h, key, Grant::Hold).and_then(|()| self.hold_for_handover(key, value_size));
                     if let Err(e) = held {
@@ -552,9 +571,9 @@ impl Service {
         Answer::Owned(reply)
     }
 
-    fn delete(&mut self, h: &RequestHeader, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
+    fn delete(&mut self, h: &RequestHeader, kind: Kind, inline: &[u8], payload: &[u8]) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
-        if h.flags & flags::STAGE != 0 {
+        if kind == Kind::StageDiscard {
             // Discards what the client's session staged (the key's primary refused the write):
             // only the session's own value, so no placement to check.
             let staged = self.staging.take(h.session, h.if_not_equal);
@@ -564,12 +583,12 @@ impl Service {
             }
             return Ok(ok_reply(h.request_id, 0, found as u64));
         }
-        self.check_placement(h, key, true)?;
-        if h.flags & flags::MIGRATE != 0 {
+        self.check_placement(h, kind, key)?;
+        if kind == Kind::HandoverEnd {
             self.check_ticket(h, key, Grant::EndHold { generation: h.if_equal })?;
             self.end_handover(key);
         }
-        if h.flags & flags::IMPORT != 0 {
+        if kind == Kind::ImportDelete {
             self.check_ticket(h, key, Grant::Delete { generation: h.if_equal })?;
             // The generation the key keeps goes back when it is newer than the delete.
             let (generation, existed) = match self.shard.delete_unless_newer(key, h.if_equal)? {
@@ -583,7 +602,7 @@ impl Service {
         let existed = self.shard.delete(key, &condition(h))?;
         let reply = ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64);
         if existed {
-            self.replicate(h, key, generation, None, reply)
+            self.replicate(h, kind, key, generation, None, reply)
         } else {
             Ok(reply)
         }

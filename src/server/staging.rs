@@ -56,14 +56,14 @@ impl Staging {
     pub fn admit(&self, session: u64, len: u64) -> Result<()> {
         if self.held.len() >= MAX_STAGED || self.bytes + len > self.max_bytes {
             return Err(Error::new(
-                Status::Unavailable,
+                Status::NoRoom,
                 format!("this shard holds {} staged values ({} bytes, limit {MAX_STAGED} and {} bytes); send the value as a copy", self.held.len(), self.bytes, self.max_bytes),
             ));
         }
         let (values, bytes) = self.by_session.get(&session).copied().unwrap_or_default();
         if values >= MAX_STAGED_PER_SESSION || bytes + len > self.max_bytes / 2 {
             return Err(Error::new(
-                Status::Unavailable,
+                Status::NoRoom,
                 format!("the client's session holds {values} staged values ({bytes} bytes) on this shard, limit {MAX_STAGED_PER_SESSION} and {} bytes; publish or discard them", self.max_bytes / 2),
             ));
         }
@@ -231,7 +231,7 @@ mod tests {
         assert!(s.hold(2, 1, extent(400, 400), layout).is_ok());
         assert!(s.admit(3, 300).is_err(), "the shard's bytes are bounded");
         let (back, e) = s.hold(3, 2, extent(800, 300), layout).unwrap_err();
-        assert_eq!((back.offset, e.status), (800, Status::Unavailable));
+        assert_eq!((back.offset, e.status), (800, Status::NoRoom));
         assert!(s.hold(1, 1, extent(800, 10), layout).is_err(), "one value per id");
         assert_eq!(s.take(1, 1).map(|v| v.extent.offset), Some(0));
         assert!(s.take(1, 1).is_none());

@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result, Status};
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
-use crate::proto::{flags, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
+use crate::proto::{flags, Kind, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN};
 use crate::server::reply_backlog::ReplyBacklog;
 use crate::server::service::{self, Answer, PendingPut, Request, Service};
 use crate::server::tunables::{
@@ -131,7 +131,7 @@ enum WorkerOp {
     ReadPayload {
         to: Client,
         header: RequestHeader,
-        op: Op,
+        kind: Kind,
         inline: Vec<u8>,
         buf: Vec<u8>,
         temp_mr: Option<Vec<MemoryRegion>>,
@@ -413,7 +413,7 @@ impl FabricShardWorker {
                 self.reply(to, answer, None);
                 self.confirm_abort(to, plan.abort);
             }
-            WorkerOp::ReadPayload { to, header, op, inline, buf, temp_mr, plan } => {
+            WorkerOp::ReadPayload { to, header, kind, inline, buf, temp_mr, plan } => {
                 self.reads.remove(&(to.id, header.request_id));
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
@@ -421,7 +421,7 @@ impl FabricShardWorker {
                 self.scratch.clear();
                 let answer = match f.result {
                     Ok(()) if plan.abort.is_none() => self.service.serve(
-                        &Request { header: clear_remote(header), op, inline: &inline },
+                        &Request { header: clear_remote(header), kind, inline: &inline },
                         &buf,
                         &mut self.scratch,
                     ),
@@ -435,7 +435,7 @@ impl FabricShardWorker {
                         Answer::Owned(service::error_reply(header.request_id, &e, &mut self.scratch))
                     }
                 };
-                self.reply(to, answer, capacity_of(op, header.ttl_or_limit));
+                self.reply(to, answer, capacity_of(kind.op(), header.ttl_or_limit));
                 self.confirm_abort(to, plan.abort);
             }
         }
@@ -517,7 +517,7 @@ impl FabricShardWorker {
                 self.scratch = out;
                 return debug!("shard {}: unanswerable request: {e}", self.service.index);
             }
-            Ok((req, _)) if req.op == Op::Abort => {
+            Ok((req, _)) if req.kind == Kind::Abort => {
                 let (id, target) = (req.header.request_id, req.header.ttl_or_limit);
                 self.scratch = out;
                 return self.abort(to, id, target);
@@ -531,15 +531,15 @@ impl FabricShardWorker {
                 });
                 match remote {
                     Ok(rv) => {
-                        let (header, op, inline) = (req.header, req.op, req.inline.to_vec());
+                        let (header, kind, inline) = (req.header, req.kind, req.inline.to_vec());
                         self.scratch = out;
-                        return self.read_remote(to, header, op, inline, rv);
+                        return self.read_remote(to, header, kind, inline, rv);
                     }
                     Err(e) => (Answer::Owned(service::error_reply(req.header.request_id, &e, &mut out)), None),
                 }
             }
             Ok((req, payload)) => {
-                let capacity = capacity_of(req.op, req.header.ttl_or_limit);
+                let capacity = capacity_of(req.op(), req.header.ttl_or_limit);
                 out.clear();
                 (self.service.serve(&req, payload, &mut out), capacity)
             }

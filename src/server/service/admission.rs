@@ -10,10 +10,10 @@ impl Service {
     /// header), carrying the session of a connected client; returns it with that client.
     /// On failure, the request id to answer (when readable) and why.
     pub fn admit<'a>(&mut self, header: &'a [u8]) -> std::result::Result<(Request<'a>, u64), Refusal> {
-        let (h, op) = decoded(header).map_err(|e| self.refused(None, e))?;
+        let (h, kind) = decoded(header).map_err(|e| self.refused(None, e))?;
         let client = self.client_of(h.session);
-        let req = checked(header, h, op, client.is_some()).map_err(|e| self.refused(Some(op), e))?;
-        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
+        let req = checked(header, h, kind, client.is_some()).map_err(|e| self.refused(Some(kind.op()), e))?;
+        self.members_only(kind).map_err(|e| self.refused(Some(kind.op()), (Some(h.request_id), e)))?;
         Ok((req, client.unwrap_or(0)))
     }
 
@@ -25,11 +25,11 @@ impl Service {
         msg: &'a [u8],
         session: u64,
     ) -> std::result::Result<(Request<'a>, &'a [u8]), Refusal> {
-        let (h, op) = decoded(msg).map_err(|e| self.refused(None, e))?;
-        let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, op)).min(msg.len()));
-        let req =
-            checked(header, h, op, session != 0 && h.session == session).map_err(|e| self.refused(Some(op), e))?;
-        self.members_only(&req.header).map_err(|e| self.refused(Some(op), (Some(h.request_id), e)))?;
+        let (h, kind) = decoded(msg).map_err(|e| self.refused(None, e))?;
+        let (header, payload) = msg.split_at((h.encoded_len() + inline_key_len(&h, kind.op())).min(msg.len()));
+        let req = checked(header, h, kind, session != 0 && h.session == session)
+            .map_err(|e| self.refused(Some(kind.op()), e))?;
+        self.members_only(kind).map_err(|e| self.refused(Some(kind.op()), (Some(h.request_id), e)))?;
         Ok((req, payload))
     }
 
@@ -42,13 +42,13 @@ impl Service {
 }
 
 /// The request header at the start of `header`, decoded once and validated.
-fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Op), Refusal> {
+fn decoded(header: &[u8]) -> std::result::Result<(RequestHeader, Kind), Refusal> {
     RequestHeader::decode(header).map_err(|e| (e.request_id, Error::new(e.status, e.message)))
 }
 
 /// The rest of admission, for a decoded header: the session was live (`authorized`), and
 /// the inline key is as long as the header says.
-fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::result::Result<Request<'_>, Refusal> {
+fn checked(header: &[u8], h: RequestHeader, kind: Kind, authorized: bool) -> std::result::Result<Request<'_>, Refusal> {
     let fail = |status, msg: String| Err((Some(h.request_id), Error::new(status, msg)));
     if !authorized {
         return fail(
@@ -57,11 +57,11 @@ fn checked(header: &[u8], h: RequestHeader, op: Op, authorized: bool) -> std::re
         );
     }
     let inline = &header[h.encoded_len()..];
-    let expected = inline_key_len(&h, op);
+    let expected = inline_key_len(&h, kind.op());
     if inline.len() != expected {
         return fail(Status::Invalid, format!("header carries {} key bytes, expected {expected}", inline.len()));
     }
-    Ok(Request { header: h, op, inline })
+    Ok(Request { header: h, kind, inline })
 }
 
 /// How many key bytes travel right after the fixed header.

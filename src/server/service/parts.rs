@@ -26,7 +26,7 @@ impl Service {
             ));
         }
         self.check_shard(key)?;
-        self.check_placement(h, key, true)?;
+        self.check_placement(h, Kind::StagePart, key)?;
         let (offset, total) = (h.range_start as u64, h.range_end as u64);
         if offset > 0 {
             let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
@@ -100,7 +100,7 @@ impl Service {
     /// Publishes a value whose parts all arrived, as a put under a new generation if its
     /// condition holds.
     fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
-        self.check_placement(h, key, true)?;
+        self.check_placement(h, Kind::StagePart, key)?;
         let id = h.if_not_equal;
         let staged = self.staging.take(h.session, id).ok_or_else(|| {
             Error::new(
@@ -120,25 +120,8 @@ impl Service {
         }
         let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
         let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
-        self.replicate(h, key, generation, Some((staged.extent, staged.layout)), reply)
+        self.replicate(h, Kind::StagePart, key, generation, Some((staged.extent, staged.layout)), reply)
     }
-}
-
-/// A part of a value staged in parts ([`flags::STAGE`] with a range, not an import).
-pub(super) fn is_part(h: &RequestHeader) -> bool {
-    h.flags & (flags::STAGE | flags::HAS_RANGE | flags::IMPORT) == flags::STAGE | flags::HAS_RANGE
-}
-
-/// Refuses a put flagged [`flags::STAGE`] that is not a part of a value staged in parts
-/// (parts are taken before this is asked).
-pub(super) fn whole_values_are_not_staged(h: &RequestHeader) -> Result<()> {
-    if h.flags & flags::STAGE == 0 {
-        return Ok(());
-    }
-    Err(Error::new(
-        Status::Invalid,
-        "a staged put is a part of a value staged in parts: it carries a range (HAS_RANGE) and no IMPORT",
-    ))
 }
 
 /// The empty part at a value's end, which commits it.

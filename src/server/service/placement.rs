@@ -9,7 +9,7 @@ use super::{transfer_deadline, Service};
 use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
-use crate::proto::{flags, RequestHeader};
+use crate::proto::{flags, Kind, Op, RequestHeader};
 use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS};
 
 /// A cluster member's shard's side of placement: the routing last read from the
@@ -24,11 +24,10 @@ pub(super) struct PlacementCheck {
 }
 
 impl Service {
-    /// Refuses a frame that only a cluster's members send ([`flags::IMPORT`],
-    /// [`flags::MIGRATE`]) when this server is in no cluster: there, no one may install a
-    /// generation it did not give.
-    pub(super) fn members_only(&self, h: &RequestHeader) -> Result<()> {
-        if h.flags & (flags::IMPORT | flags::MIGRATE) != 0 && self.placement.is_none() {
+    /// Refuses a frame that only a cluster's members send ([`Kind::members_only`]) when
+    /// this server is in no cluster: there, no one may install a generation it did not give.
+    pub(super) fn members_only(&self, kind: Kind) -> Result<()> {
+        if kind.members_only() && self.placement.is_none() {
             return Err(Error::new(
                 Status::AuthFailed,
                 "replication and handover frames are taken only between members of a cluster; this server is in none",
@@ -53,12 +52,14 @@ impl Service {
     /// Refuses a key operation routed with a view ([`flags::VIEW`]) that this server
     /// cannot take as routed: the view's placement version is not this server's ("view
     /// changed"); a key sent here asking ([`flags::ASKING`]) or to be replicated
-    /// ([`flags::IMPORT`]) that this server does not hold under the placement; or keys are
+    /// ([`Kind::Import`], [`Kind::ImportDelete`], [`Kind::CopyRead`]) that this server
+    /// does not hold under the placement; or keys are
     /// moving and this one, moving elsewhere, is no longer here ("moved", with the server
     /// it moved to) or is being handed over (a write waits: "key moving"). Requests
     /// without a view (clients given addresses, servers copying keys) are not fenced.
-    pub(super) fn check_placement(&mut self, h: &RequestHeader, key: &[u8], write: bool) -> Result<()> {
+    pub(super) fn check_placement(&mut self, h: &RequestHeader, kind: Kind, key: &[u8]) -> Result<()> {
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
+        let write = kind.op() != Op::Get;
         if h.flags & flags::VIEW == 0 {
             return Ok(());
         }
@@ -97,7 +98,8 @@ impl Service {
                 format!("request routed with placement version {}, this server holds version {held}", h.view),
             ));
         }
-        if h.flags & flags::IMPORT != 0 || (h.flags & flags::ASKING != 0 && !write) {
+        let replica_copy = matches!(kind, Kind::Import | Kind::ImportDelete | Kind::CopyRead);
+        if replica_copy || (h.flags & flags::ASKING != 0 && !write) {
             return if routing.holds(me, key) {
                 Ok(())
             } else {
@@ -186,7 +188,7 @@ impl Service {
             p.handovers.retain(|_, until| *until > now);
             if p.handovers.len() >= MAX_HANDOVERS {
                 return Err(Error::new(
-                    Status::Unavailable,
+                    Status::NoRoom,
                     format!("{MAX_HANDOVERS} keys of this shard are in handovers already"),
                 ));
             }

@@ -5,10 +5,10 @@
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 
-use super::{error_reply, is_part, ttl, Service};
+use super::{error_reply, ttl, Service};
 use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
 use crate::error::{Error, Result, Status};
-use crate::proto::{flags, Op, ReplyHeader, RequestHeader};
+use crate::proto::{flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::tunables::COPY_SPIN;
 use crate::store::alloc::Extent;
 use crate::store::Layout;
@@ -44,13 +44,13 @@ impl Service {
     pub(super) fn replicate(
         &mut self,
         h: &RequestHeader,
+        kind: Kind,
         key: &[u8],
         generation: u64,
         value: Option<(Extent, Layout)>,
         reply: ReplyHeader,
     ) -> Result<ReplyHeader> {
-        let client_write = h.flags & (flags::VIEW | flags::IMPORT | flags::MIGRATE) == flags::VIEW
-            && (h.flags & flags::STAGE == 0 || is_part(h));
+        let client_write = h.flags & flags::VIEW != 0 && kind.is_client_write();
         let copied = self
             .placement
             .as_ref()
@@ -142,9 +142,9 @@ impl Service {
     }
 
     /// Refuses a client's read of a key whose last write is not on every replica yet.
-    pub(super) fn check_replicated(&self, h: &RequestHeader, key: &[u8]) -> Result<()> {
+    pub(super) fn check_replicated(&self, kind: Kind, key: &[u8]) -> Result<()> {
         let Some(r) = &self.replication else { return Ok(()) };
-        if r.keys.is_empty() || h.flags & (flags::IMPORT | flags::MIGRATE) != 0 || !r.keys.contains_key(key) {
+        if r.keys.is_empty() || kind != Kind::Get || !r.keys.contains_key(key) {
             return Ok(());
         }
         Err(Error::new(

@@ -39,12 +39,12 @@ fn asked_write() -> RequestHeader {
 fn a_next_primary_takes_an_asked_write_only_once_the_primary_is_gone() {
     let (mut b, role, key) = member_shard("b", &["a", "b"], &["b", "c"]);
     role.set_live(vec!["a".into(), "b".into(), "c".into()]);
-    let refused = b.check_placement(&asked_write(), &key, true).unwrap_err();
+    let refused = b.check_placement(&asked_write(), Kind::Put, &key).unwrap_err();
     assert_eq!(refused.status, Status::ViewChanged, "{}", refused.message);
     assert!(refused.message.contains("is live"), "{}", refused.message);
-    assert!(b.check_placement(&asked_write(), &key, false).is_ok(), "reads are asked of any replica");
+    assert!(b.check_placement(&asked_write(), Kind::Get, &key).is_ok(), "reads are asked of any replica");
     role.set_live(vec!["b".into(), "c".into()]);
-    assert!(b.check_placement(&asked_write(), &key, true).is_ok(), "a's lease lapsed");
+    assert!(b.check_placement(&asked_write(), Kind::Put, &key).is_ok(), "a's lease lapsed");
 }
 
 #[test]
@@ -53,18 +53,18 @@ fn a_sealed_move_holds_writes_to_keys_whose_primary_changes() {
     let mut write = RequestHeader::new(Op::Put, 1, 0);
     write.flags = flags::VIEW;
     write.view = 5;
-    assert!(a.check_placement(&write, &key, true).is_ok(), "taken while the move is not sealed");
+    assert!(a.check_placement(&write, Kind::Put, &key).is_ok(), "taken while the move is not sealed");
     let mut sealed = role.current().unwrap().1.placement.clone();
     (sealed.sealed, sealed.version, sealed.generation_floor) = (true, 6, 1 << 62);
     role.set("a", sealed.clone());
     write.view = 6;
-    let held = a.check_placement(&write, &key, true).unwrap_err();
+    let held = a.check_placement(&write, Kind::Put, &key).unwrap_err();
     assert_eq!(held.status, Status::KeyMoving, "{}", held.message);
-    assert!(a.check_placement(&write, &key, false).is_ok(), "reads go on");
+    assert!(a.check_placement(&write, Kind::Get, &key).is_ok(), "reads go on");
     // The next epoch: generations given out here from then on are above its floor.
     let next = Placement { epoch: 3, members: sealed.next.clone().unwrap(), next: None, version: 7, ..sealed };
     role.set("a", next);
     write.view = 7;
-    let _ = a.check_placement(&write, b"k", true);
+    let _ = a.check_placement(&write, Kind::Put, b"k");
     assert!(a.shard.last_generation() >= 1 << 62, "the floor raised this shard's generations");
 }

@@ -454,7 +454,7 @@ impl ShardWorker {
                 return sys::UCS_OK;
             }
         };
-        if req.op == proto::Op::Abort {
+        if req.kind == proto::Kind::Abort {
             let target = (req.header.session, req.header.ttl_or_limit);
             match self.puts.get(&target) {
                 // SAFETY: the box stays valid until its receive's callback removes it from `puts`.

@@ -34,12 +34,12 @@ impl ReadPlan {
 
 impl FabricShardWorker {
     /// A request whose payload stays in the client's memory: read it, striped over the rails.
-    pub(super) fn read_remote(&mut self, to: Client, h: RequestHeader, op: Op, inline: Vec<u8>, rv: RemoteValue) {
+    pub(super) fn read_remote(&mut self, to: Client, h: RequestHeader, kind: Kind, inline: Vec<u8>, rv: RemoteValue) {
         let id = h.request_id;
         let len = rv.len as usize;
         let peer = self.peers[to.slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
-        let op_value = if op == Op::Put {
-            let req = Request { header: h, op, inline: &inline };
+        let op_value = if kind.op() == Op::Put {
+            let req = Request { header: h, kind, inline: &inline };
             match self.service.begin_put(&req, rv.len) {
                 Ok(put) => {
                     let dest = self.service.put_destination(&put);
@@ -62,7 +62,7 @@ impl FabricShardWorker {
             if len > 2 * crate::proto::MAX_KEY_LEN {
                 let header = service::error_reply(
                     id,
-                    &Error::new(Status::Invalid, format!("{op:?} with a {len}-byte payload")),
+                    &Error::new(Status::Invalid, format!("{kind:?} with a {len}-byte payload")),
                     &mut self.scratch,
                 );
                 return self.reply(to, Answer::Owned(header), None);
@@ -73,7 +73,7 @@ impl FabricShardWorker {
                 .as_ref()
                 .map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
             let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout);
-            WorkerOp::ReadPayload { to, header: h, op, inline, buf, temp_mr, plan }
+            WorkerOp::ReadPayload { to, header: h, kind, inline, buf, temp_mr, plan }
         };
         let chunks = match &op_value {
             WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => plan.chunks,

@@ -1,0 +1,140 @@
+//! What a request asks, decoded once from its op and flags ([`RequestHeader::decode`]):
+//! the server matches on this instead of testing flags wherever it serves a request, and
+//! a combination that names no request is refused at the door.
+//!
+//! [`RequestHeader::decode`]: super::RequestHeader::decode
+
+use super::{flags, Op};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A client's write of a whole value (conditions, TTL).
+    Put,
+    /// A part of a value staged in parts ([`flags::STAGE`] with [`flags::HAS_RANGE`]); the
+    /// empty part at its end commits it as a [`Kind::Put`].
+    StagePart,
+    /// Discards a value the sender's session staged in parts ([`flags::STAGE`] delete).
+    StageDiscard,
+    Get,
+    Delete,
+    DeleteRange,
+    List,
+    Stats,
+    Abort,
+    /// Members only, with a ticket: a replica's copy of a write its primary took, or a
+    /// mover's copy of a key, installed under the generation it brings
+    /// ([`flags::IMPORT`] put).
+    Import,
+    /// Members only, with a ticket: a delete copied to a replica, of the generation its
+    /// primary deleted ([`flags::IMPORT`] delete).
+    ImportDelete,
+    /// Members only: a read for a copy, answering the key's TTL left too
+    /// ([`flags::IMPORT`] get).
+    CopyRead,
+    /// Members only, with a ticket: a read that holds the key for its handover to another
+    /// server ([`flags::MIGRATE`] get).
+    HandoverHold,
+    /// Members only, with a ticket: the end of a handover, deleting the key if it still
+    /// holds the generation handed over ([`flags::MIGRATE`] delete with `IF_EQUAL`).
+    HandoverEnd,
+}
+
+impl Kind {
+    /// The request an op with these flags is; Err says why the combination is none.
+    pub fn of(op: Op, request_flags: u32) -> Result<Kind, String> {
+        let member = request_flags & (flags::IMPORT | flags::MIGRATE);
+        let staged = request_flags & flags::STAGE != 0;
+        let ranged = request_flags & flags::HAS_RANGE != 0;
+        let kind = match (op, member, staged) {
+            (Op::Put, 0, false) => Kind::Put,
+            (Op::Put, 0, true) if ranged => Kind::StagePart,
+            (Op::Put, 0, true) => {
+                return Err("a staged put is a part of a value staged in parts: it carries a range (HAS_RANGE)".into())
+            }
+            (Op::Delete, 0, true) => Kind::StageDiscard,
+            (Op::Get, 0, false) => Kind::Get,
+            (Op::Delete, 0, false) => Kind::Delete,
+            (Op::DeleteRange, 0, false) => Kind::DeleteRange,
+            (Op::List, 0, false) => Kind::List,
+            (Op::Stats, 0, false) => Kind::Stats,
+            (Op::Abort, 0, false) => Kind::Abort,
+            (Op::Put, flags::IMPORT, false) => Kind::Import,
+            (Op::Delete, flags::IMPORT, false) => Kind::ImportDelete,
+            (Op::Get, flags::IMPORT, false) => Kind::CopyRead,
+            (Op::Get, flags::MIGRATE, false) => Kind::HandoverHold,
+            (Op::Delete, flags::MIGRATE, false) if request_flags & flags::IF_EQUAL != 0 => Kind::HandoverEnd,
+            (Op::Delete, flags::MIGRATE, false) => {
+                return Err("a handover's end names the generation handed over (IF_EQUAL)".into())
+            }
+            (_, _, true) if member != 0 => return Err("what members send each other is never staged".into()),
+            _ => return Err(format!("{op:?} cannot carry flags {:#x}", member | (request_flags & flags::STAGE))),
+        };
+        Ok(kind)
+    }
+
+    pub fn op(self) -> Op {
+        match self {
+            Kind::Put | Kind::StagePart | Kind::Import => Op::Put,
+            Kind::Get | Kind::CopyRead | Kind::HandoverHold => Op::Get,
+            Kind::Delete | Kind::StageDiscard | Kind::ImportDelete | Kind::HandoverEnd => Op::Delete,
+            Kind::DeleteRange => Op::DeleteRange,
+            Kind::List => Op::List,
+            Kind::Stats => Op::Stats,
+            Kind::Abort => Op::Abort,
+        }
+    }
+
+    /// Sent between a cluster's members only: refused from anyone else.
+    pub fn members_only(self) -> bool {
+        matches!(self, Kind::Import | Kind::ImportDelete | Kind::CopyRead | Kind::HandoverHold | Kind::HandoverEnd)
+    }
+
+    /// A copy between members of a write its primary decided: it carries the generation
+    /// the primary gave it, never a condition.
+    pub fn is_import(self) -> bool {
+        matches!(self, Kind::Import | Kind::ImportDelete)
+    }
+
+    /// A write a client asks of the key's primary (a whole value, or a staged value's
+    /// part, whose last one commits it).
+    pub fn is_client_write(self) -> bool {
+        matches!(self, Kind::Put | Kind::StagePart | Kind::Delete)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OPS: [Op; 7] = [Op::Put, Op::Get, Op::Delete, Op::DeleteRange, Op::List, Op::Stats, Op::Abort];
+
+    /// Every op and flag combination is one kind or refused, and a kind's op is the op it
+    /// came from.
+    #[test]
+    fn every_combination_is_one_kind_or_refused() {
+        let relevant = [flags::IMPORT, flags::MIGRATE, flags::STAGE, flags::HAS_RANGE, flags::IF_EQUAL];
+        let mut seen = std::collections::HashSet::new();
+        for op in OPS {
+            for mask in 0..1u32 << relevant.len() {
+                let f = relevant.iter().enumerate().filter(|(i, _)| mask & 1 << i != 0).fold(0, |f, (_, b)| f | b);
+                if let Ok(kind) = Kind::of(op, f) {
+                    assert_eq!(kind.op(), op, "{op:?} {f:#x}");
+                    seen.insert(format!("{kind:?}"));
+                }
+            }
+        }
+        assert_eq!(seen.len(), 14, "every kind comes from some combination: {seen:?}");
+    }
+
+    #[test]
+    fn frames_that_are_no_request_are_refused() {
+        assert!(Kind::of(Op::Put, flags::STAGE | flags::IMPORT | flags::HAS_RANGE).is_err());
+        assert!(Kind::of(Op::Put, flags::STAGE).is_err(), "a whole value staged");
+        assert!(Kind::of(Op::Delete, flags::MIGRATE).is_err(), "a handover's end without its generation");
+        assert!(Kind::of(Op::Put, flags::MIGRATE).is_err());
+        assert!(Kind::of(Op::List, flags::IMPORT).is_err());
+        assert!(Kind::of(Op::Get, flags::IMPORT | flags::MIGRATE).is_err());
+        assert_eq!(Kind::of(Op::Put, flags::IMPORT), Ok(Kind::Import));
+        assert!(Kind::Import.members_only() && !Kind::StagePart.members_only());
+    }
+}
