@@ -56,14 +56,17 @@ impl Service {
     /// does not hold under the placement; or keys are
     /// moving and this one, moving elsewhere, is no longer here ("moved", with the server
     /// it moved to) or is being handed over (a write waits: "key moving"). Requests
-    /// without a view (clients given addresses, servers copying keys) are not fenced.
+    /// without a view (clients given addresses, servers reading keys to copy) are not
+    /// fenced; a member's copy ([`Kind::is_import`]) comes without one and is taken only
+    /// for a key this server holds, or is to hold, under the placement it holds now.
     pub(super) fn check_placement(&mut self, h: &RequestHeader, kind: Kind, key: &[u8]) -> Result<()> {
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
         let write = kind.op() != Op::Get;
-        if h.flags & flags::VIEW == 0 {
+        let routed = h.flags & flags::VIEW != 0;
+        if !routed && !kind.is_import() {
             return Ok(());
         }
-        if !p.role.serving() {
+        if routed && !p.role.serving() {
             return Err(Error::new(Status::ViewChanged, "this server was paused, or cut off from etcd, for longer than its lease allows; it serves again once etcd confirmed its lease and it read the placement again"));
         }
         let version = p.role.version();
@@ -92,6 +95,18 @@ impl Service {
         };
         let (me, routing) = (current.0.as_str(), &current.1);
         let held = routing.placement.version;
+        if !routed {
+            // A copy sent under a placement that has since moved on, to a replica the key
+            // left, would otherwise land after that replica freed the copies it no longer
+            // needs, and stay there for good. The sender tries again under the new one.
+            return match routing.holds(me, key) {
+                true => Ok(()),
+                false => Err(Error::new(
+                    Status::ViewChanged,
+                    format!("a copy of a key this server does not hold in placement version {held}"),
+                )),
+            };
+        }
         if h.view != held {
             return Err(Error::new(
                 Status::ViewChanged,
