@@ -1,6 +1,7 @@
 //! The cluster's etcd client side: connecting (credentials, TLS), reading a cluster's
 //! state at one revision, and proposing a placement in a transaction.
 
+use super::store::Kv;
 use super::*;
 
 pub(super) fn etcd_error(url: &ClusterUrl, what: &str, e: impl std::fmt::Display) -> Error {
@@ -122,20 +123,17 @@ pub(super) async fn read_settings(client: &mut etcd_client::Client, url: &Cluste
 }
 
 /// Reads everything under the cluster's prefix at one revision (a handful of keys).
-pub(super) async fn read_state(client: &mut etcd_client::Client, url: &ClusterUrl) -> Result<ClusterState> {
-    let got = client
-        .get(url.prefix(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| etcd_error(url, "cannot read the cluster", e))?;
-    let mut state = ClusterState { revision: got.header().map_or(0, |h| h.revision()), ..Default::default() };
+pub(super) async fn read_state(kv: &mut impl Kv, url: &ClusterUrl) -> Result<ClusterState> {
     let prefix = url.prefix();
-    for kv in got.kvs() {
-        let Some(name) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix.as_str())) else { continue };
-        let value = kv.value();
+    let (revision, entries) = kv.range(&prefix).await.map_err(|e| etcd_error(url, "cannot read the cluster", e))?;
+    let mut state = ClusterState { revision, ..Default::default() };
+    for kv in entries {
+        let Some(name) = kv.key.strip_prefix(prefix.as_str()) else { continue };
+        let value = kv.value.as_slice();
         if name == "config" {
             state.settings = serde_json::from_slice(value).ok();
         } else if name == "placement" {
-            state.placement_revision = kv.mod_revision();
+            state.placement_revision = kv.mod_revision;
             match serde_json::from_slice::<Placement>(value).map_err(|e| e.to_string()).and_then(valid_placement) {
                 Ok(p) => state.placement = Some(p),
                 Err(why) => state.placement_unreadable = Some(why),
@@ -144,7 +142,7 @@ pub(super) async fn read_state(client: &mut etcd_client::Client, url: &ClusterUr
             if let Ok(m) = serde_json::from_slice::<Member>(value) {
                 // A record is its own key's: one filed under another name is ignored.
                 if m.address == address {
-                    state.members.push(Member { lease: kv.lease(), ..m });
+                    state.members.push(Member { lease: kv.lease, ..m });
                 }
             }
         } else if let Some(address) = name.strip_prefix("moves/") {
@@ -161,20 +159,17 @@ pub(super) async fn read_state(client: &mut etcd_client::Client, url: &ClusterUr
 
 /// Writes `proposed` as the placement if the placement is still the one `state` read.
 pub(super) async fn propose(
-    client: &mut etcd_client::Client,
+    kv: &mut impl Kv,
     url: &ClusterUrl,
     state: &ClusterState,
     proposed: &Placement,
 ) -> Result<bool> {
-    let key = url.placement_key();
     let value = serde_json::to_vec(proposed).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-    let unchanged = match state.placement_revision {
-        0 => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-        revision => Compare::mod_revision(key.clone(), CompareOp::Equal, revision),
-    };
-    let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(key, value, None)]);
-    let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the placement", e))?;
-    if done.succeeded() {
+    let done = kv
+        .put_if_unchanged(&url.placement_key(), state.placement_revision, value)
+        .await
+        .map_err(|e| etcd_error(url, "cannot write the placement", e))?;
+    if done {
         match &proposed.next {
             Some(next) => {
                 info!("cluster {url}: view {}: keys move from {:?} to {:?}", proposed.epoch, proposed.members, next)
@@ -182,5 +177,5 @@ pub(super) async fn propose(
             None => info!("cluster {url}: view {} placed on {:?}", proposed.epoch, proposed.members),
         }
     }
-    Ok(done.succeeded())
+    Ok(done)
 }

@@ -2,6 +2,7 @@
 //! each change, and which members are live.
 
 use super::etcd::{connect, etcd_error, propose, read_state};
+use super::store::Kv;
 use super::*;
 
 /// Ignored member records remembered (so that each is warned about once), at most.
@@ -42,7 +43,7 @@ impl Members {
     }
 
     /// Replaces `state.members` with the live servers' records.
-    async fn settle(&mut self, client: &mut etcd_client::Client, state: &mut ClusterState) {
+    pub(super) async fn settle(&mut self, kv: &mut impl Kv, state: &mut ClusterState) {
         let mut live: BTreeMap<String, Member> = BTreeMap::new();
         for m in std::mem::take(&mut state.members) {
             let why = match &self.secret {
@@ -67,8 +68,7 @@ impl Members {
             if live.contains_key(address) {
                 continue;
             }
-            let lives = client.lease_time_to_live(m.lease, None).await.is_ok_and(|r| r.ttl() > 0);
-            if lives {
+            if kv.lease_lives(m.lease).await {
                 live.insert(address.clone(), m.clone());
                 state.stood_in.push(address.clone());
             }
@@ -94,28 +94,8 @@ impl Follower {
         }
     }
 
-    /// Reads the state and hands it on, proposing what is due, until it reads a state
-    /// that asks for nothing more; returns the revision read.
-    async fn settle(&mut self) -> Result<i64> {
-        loop {
-            let mut state = read_state(&mut self.client, &self.url).await?;
-            self.members.settle(&mut self.client, &mut state).await;
-            match (self.on_state)(&state) {
-                Some(proposed) => {
-                    if state.placement.is_none() && state.placement_revision != 0 {
-                        // Writing back over a placement someone made unreadable: not in a
-                        // tight loop if they keep at it.
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                    }
-                    propose(&mut self.client, &self.url, &state, &proposed).await?;
-                }
-                None => return Ok(state.revision),
-            }
-        }
-    }
-
     async fn follow(&mut self) -> Error {
-        let revision = match self.settle().await {
+        let revision = match settle(&mut self.client, &self.url, &mut self.members, &mut self.on_state).await {
             Ok(r) => r,
             Err(e) => return e,
         };
@@ -129,13 +109,39 @@ impl Follower {
                 Ok(Some(reply)) if reply.canceled() => return etcd_error(&self.url, "watch", "canceled"),
                 Ok(Some(reply)) if reply.events().is_empty() => {}
                 Ok(Some(_)) => {
-                    if let Err(e) = self.settle().await {
+                    if let Err(e) = settle(&mut self.client, &self.url, &mut self.members, &mut self.on_state).await {
                         return e;
                     }
                 }
                 Ok(None) => return etcd_error(&self.url, "watch", "stream ended"),
                 Err(e) => return etcd_error(&self.url, "watch", e),
             }
+        }
+    }
+}
+
+/// Reads the state and hands it on, proposing what is due, until it reads a state that
+/// asks for nothing more; returns the revision read. Of followers proposing at once, one
+/// proposal holds and the others read it on their next turn.
+pub(super) async fn settle(
+    kv: &mut impl Kv,
+    url: &ClusterUrl,
+    members: &mut Members,
+    on_state: &mut OnState,
+) -> Result<i64> {
+    loop {
+        let mut state = read_state(kv, url).await?;
+        members.settle(kv, &mut state).await;
+        match on_state(&state) {
+            Some(proposed) => {
+                if state.placement.is_none() && state.placement_revision != 0 {
+                    // Writing back over a placement someone made unreadable: not in a tight
+                    // loop if they keep at it.
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                propose(kv, url, &state, &proposed).await?;
+            }
+            None => return Ok(state.revision),
         }
     }
 }

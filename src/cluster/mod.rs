@@ -22,7 +22,9 @@
 //! transactions are the whole protocol; nothing here votes or elects.
 //!
 //! Here: the URL, the records, the cluster's state and the next placement (pure), and the
-//! admin commands. `etcd.rs`: connecting, reading the state, proposing. `follower.rs`:
+//! admin commands. `store.rs`: what the state machine asks of etcd, as a trait (etcd, and
+//! the in-memory etcd of `transitions.rs`'s unit tests). `etcd.rs`: connecting, reading
+//! the state, proposing. `follower.rs`:
 //! following the state and which members are live. `registration.rs`: a server's
 //! membership. `watch.rs`: what clients route on. `mover.rs`: moving keys.
 
@@ -33,6 +35,9 @@ pub mod mover;
 pub mod placement;
 mod registration;
 pub mod replication;
+mod store;
+#[cfg(test)]
+mod transitions;
 mod watch;
 use etcd::{connect, etcd_error, read_settings, read_state, runtime};
 pub use etcd::{CA_FILE_ENV, CERT_FILE_ENV, CREDENTIALS_FILE_ENV, KEY_FILE_ENV};
@@ -45,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -328,12 +333,10 @@ pub fn create(url: &ClusterUrl, settings: &Settings) -> Result<()> {
     let value = serde_json::to_vec(settings).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
     runtime()?.block_on(async {
         let mut client = connect(url).await?;
-        let key = url.config_key();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value, None)]);
-        let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write the cluster's settings", e))?;
-        if done.succeeded() {
+        let created = store::Kv::put_if_unchanged(&mut client, &url.config_key(), 0, value)
+            .await
+            .map_err(|e| etcd_error(url, "cannot write the cluster's settings", e))?;
+        if created {
             return Ok(());
         }
         let existing = read_settings(&mut client, url)
