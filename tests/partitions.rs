@@ -2,7 +2,8 @@
 //! the clients each on a host of the test's own (a network namespace), with a link (a veth
 //! pair) between every two of them, cut with `ip link set … down` and put back. The
 //! servers run libfabric `tcp;ofi_rxm`: a network transport, since shared memory ignores
-//! network namespaces. While a link is cut, a writer puts ever larger numbers to a set of
+//! network namespaces. (Not UCX tcp: the clients run on a thread moved into the client
+//! host's namespace, where UCX, which lists devices from /sys, sees the outer host's.) While a link is cut, a writer puts ever larger numbers to a set of
 //! keys and a reader checks that no read goes back: below a write acknowledged before the
 //! read started, or below what it read of the key before. Afterwards every key reads its
 //! last acknowledged write or a later one.
@@ -53,10 +54,11 @@ impl Net {
         let mut net = Net { prefix, hosts: Vec::new() };
         for host in hosts {
             let ns = net.ns(host);
+            // The one step that tells whether this machine lets the test make namespaces.
             ip(&["netns", "add", &ns])?;
             net.hosts.push(host);
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", &ns, "addr", "add", &format!("{}/32", net.addr(host)), "dev", "lo"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"]).unwrap();
+            ip(&["-n", &ns, "addr", "add", &format!("{}/32", net.addr(host)), "dev", "lo"]).unwrap();
         }
         for (i, a) in hosts.iter().enumerate() {
             for b in &hosts[i + 1..] {
@@ -74,7 +76,8 @@ impl Net {
                     &to_a,
                     "netns",
                     &net.ns(b),
-                ])?;
+                ])
+                .unwrap();
                 net.heal(a, b);
             }
         }
