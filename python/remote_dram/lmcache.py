@@ -484,8 +484,8 @@ class RemoteDramConnector(RemoteConnector):
 
     def _store_chunks(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]) -> None:
         """Each chunk as one value, its header before its bytes, the bytes sent straight
-        from the memory object (``put_parts``: the server joins them); without chunk
-        metadata, the bytes alone in one pipelined batch."""
+        from the memory object (``put_parts_many``: the server joins them, the chunks of a
+        batch side by side); without chunk metadata, the bytes alone in one pipelined batch."""
         try:
             if not self.save_chunk_meta:
                 items = [(chunk_key(k), obj.byte_array) for k, obj in zip(keys, memory_objs)]
@@ -495,10 +495,12 @@ class RemoteDramConnector(RemoteConnector):
                     for key, data in items:
                         self._store.call(lambda c, k=key, d=data: c.put(k, d, ttl=self._ttl))
                 return
+            chunks = []
             for key, obj in zip(keys, memory_objs):
                 data = obj.byte_array
                 header = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format()).serialize()
-                self._store.call(lambda c, k=chunk_key(key), h=header, d=data: c.put_parts(k, [h, d], ttl=self._ttl))
+                chunks.append((chunk_key(key), [header, data]))
+            self._store.call(lambda c: c.put_parts_many(chunks, ttl=self._ttl))
         except Error:
             pass  # logged once by the link; LMCache recomputes these chunks
 

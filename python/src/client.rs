@@ -28,6 +28,10 @@ fn written(w: remote_dram::Result<WriteResult>) -> remote_dram::Result<u64> {
 
 /// Requests a batch keeps in flight (the C ABI's `rdram_mput`/`rdram_mget` use the same).
 const BATCH_DEPTH: usize = 64;
+/// Values a `put_parts_many` stages at once: each holds room on its server until it is
+/// committed, and a server gives a client's session at most 16 staged values and half its
+/// staging room (beyond them a value is put whole, after a copy).
+const PARTS_BATCH_DEPTH: usize = 8;
 
 /// A connection to one or more remote_dram servers.
 ///
@@ -216,6 +220,42 @@ impl PyClient {
             c.put_parts(&key.0, &slices, &opts)
         })?;
         Ok(generation_of(written))
+    }
+
+    /// ``put_parts`` of many values, pipelined (8 values at a time): ``items`` is
+    /// an iterable of ``(key, parts)``. Each value's parts go one after another, the values
+    /// side by side. Returns the new generations in order; ``ttl`` as ``put``'s. If an item
+    /// fails, its exception is raised after the whole batch has been sent, with ``.index``
+    /// naming the item.
+    #[pyo3(signature = (items, *, ttl=None))]
+    fn put_parts_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>, ttl: Option<f64>) -> PyResult<Vec<u64>> {
+        let opts = put_options(py, None, false, ttl)?;
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for item in items.try_iter()? {
+            let (key, parts): (Key, Vec<Bound<'_, PyAny>>) = item?.extract()?;
+            let parts = parts.iter().map(Buffer::readable).collect::<PyResult<Vec<_>>>()?;
+            if parts.iter().any(Buffer::on_device) {
+                return Err(invalid(py, "put_parts_many takes host memory only: put a device buffer with put"));
+            }
+            keys.push(key.0);
+            values.push(parts);
+        }
+        let raw: Vec<Vec<RawBytes>> = values.iter().map(|parts| parts.iter().map(Buffer::raw).collect()).collect();
+        let results = self.call(py, |c| {
+            // SAFETY: every part stays exported (and so unchanged in place) until after the
+            // call returns, and is host memory (checked above).
+            let slices: Vec<Vec<&[u8]>> =
+                raw.iter().map(|parts| parts.iter().map(|b| unsafe { b.as_slice() }).collect()).collect();
+            let items: Vec<(&[u8], &[&[u8]])> =
+                keys.iter().zip(&slices).map(|(k, parts)| (k.as_slice(), parts.as_slice())).collect();
+            Ok(c.put_parts_many(&items, &opts, PARTS_BATCH_DEPTH))
+        })?;
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.map(|w| generation_of(w).unwrap_or(0)).map_err(|e| in_batch(py, e, i)))
+            .collect()
     }
 
     /// The value of ``key`` as ``bytes``, or ``None`` when it does not exist.

@@ -189,6 +189,23 @@ def test_put_parts_stores_the_parts_joined(client, prefix):
     assert client.put_parts(prefix + "none", []) > 0 and client.get(prefix + "none") == b""
 
 
+def test_put_parts_many_stores_each_value_joined(client, prefix):
+    """Many values of a header and a body, the large ones staged on the server side by
+    side and the small ones joined here, in one call: each reads back whole, and nothing
+    stays staged on the servers."""
+    bodies = [pattern((i + 1) * 100_000) for i in range(20)]
+    items = [(f"{prefix}many/{i}", [b"H%02d" % i, body]) for i, body in enumerate(bodies)]
+    generations = client.put_parts_many(items, ttl=60)
+    assert len(generations) == 20 and all(g > 0 for g in generations)
+    for i, body in enumerate(bodies):
+        assert client.get(f"{prefix}many/{i}") == b"H%02d" % i + body.tobytes(), i
+    staged = [shard["staged_values"] for server in client.stats()["servers"] for shard in server["shards"]]
+    assert sum(staged) == 0
+    with pytest.raises(rd.InvalidArgument) as e:
+        client.put_parts_many([(prefix + "fine", [b"a", bodies[5]]), ("k" * 70_000, [b"b", bodies[5]])])
+    assert e.value.index == 1 and client.get(prefix + "fine") == b"a" + bodies[5].tobytes()
+
+
 def test_byte_ranges_and_sizes_in_batches(client, prefix):
     """A header and a body of one key read in one batch, each into its own buffer; sizes
     without the bytes."""

@@ -3,7 +3,9 @@
 //! time through pinned buffers; [`Client::put_parts`] sends a value that lies in several
 //! of the caller's buffers (a header and a body) without copying them together.
 
-use super::link::Reply;
+use std::collections::VecDeque;
+
+use super::link::{Receive, Reply};
 use super::{apply_write_condition, check_key, error_of, Client, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
@@ -28,7 +30,7 @@ impl Client {
         if nonempty.len() <= 1 {
             return self.put_with(key, nonempty.first().copied().unwrap_or_default(), opts);
         }
-        if total > GATHER_COPY_MAX && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
+        if self.stages_in_parts(key, parts) {
             let mut stage_id = None;
             let mut result = Ok(());
             let mut offset = 0;
@@ -41,16 +43,7 @@ impl Client {
             }
             let result = result.and_then(|()| self.commit_parts(key, total, stage_id.take(), opts));
             match result {
-                // No staging room, or the value lapsed, or the connection was lost or replaced
-                // while its parts arrived: sent whole below.
-                Err(e)
-                    if matches!(
-                        e.status,
-                        Status::NoRoom | Status::Unavailable | Status::Missing | Status::Transport
-                    ) =>
-                {
-                    self.discard_parts_if_answered(key, &e, stage_id);
-                }
+                Err(e) if sent_whole_instead(&e) => self.discard_parts_if_answered(key, &e, stage_id),
                 Err(e) => {
                     self.discard_parts_if_answered(key, &e, stage_id);
                     return Err(e);
@@ -59,6 +52,114 @@ impl Client {
             }
         }
         self.put_with(key, &parts.concat(), opts)
+    }
+
+    /// [`Client::put_parts`] of many values, with up to `depth` requests in flight: each
+    /// value's parts and its commit go one after another, the values side by side. A value
+    /// that [`Client::put_parts`] would join (or whose parts the server could not stage)
+    /// is put whole, after the others.
+    pub fn put_parts_many(
+        &mut self,
+        items: &[(&[u8], &[&[u8]])],
+        opts: &PutOptions,
+        depth: usize,
+    ) -> Vec<Result<WriteResult>> {
+        let mut results: Vec<Option<Result<WriteResult>>> = (0..items.len()).map(|_| None).collect();
+        let staged: Vec<usize> = (0..items.len()).filter(|&i| self.stages_in_parts(items[i].0, items[i].1)).collect();
+        match self.live() {
+            Ok(_) => self.stage_many(items, &staged, opts, depth, &mut results),
+            Err(e) => staged.iter().for_each(|&i| results[i] = Some(Err(e.clone()))),
+        }
+        for (i, result) in results.iter_mut().enumerate() {
+            let (key, parts) = items[i];
+            match result {
+                None => *result = Some(self.put_parts(key, parts, opts)),
+                Some(Err(e)) if sent_whole_instead(e) => *result = Some(self.put_with(key, &parts.concat(), opts)),
+                Some(_) => {}
+            }
+        }
+        results.into_iter().map(|r| r.expect("every value has an outcome")).collect()
+    }
+
+    /// Whether [`Client::put_parts`] stages these parts on the server: two or more that
+    /// are not empty, more than [`GATHER_COPY_MAX`] bytes together, a key that travels
+    /// inline, and a server given by address (a cluster's primary copies whole values).
+    fn stages_in_parts(&self, key: &[u8], parts: &[&[u8]]) -> bool {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        check_key(key).is_ok()
+            && parts.iter().filter(|p| !p.is_empty()).count() > 1
+            && total > GATHER_COPY_MAX
+            && total as u64 <= MAX_VALUE_LEN
+            && self.cluster.is_none()
+            && key.len() <= INLINE_KEY_MAX
+    }
+
+    /// The values `staged` (indices into `items`) in parts, `depth` values at a time, one
+    /// request of each in flight; their outcomes into `results`.
+    fn stage_many(
+        &mut self,
+        items: &[(&[u8], &[&[u8]])],
+        staged: &[usize],
+        opts: &PutOptions,
+        depth: usize,
+        results: &mut [Option<Result<WriteResult>>],
+    ) {
+        let mut chains: Vec<PartChain> = staged.iter().map(|&i| PartChain::new(i, items[i].1)).collect();
+        let mut in_flight: VecDeque<(usize, u64)> = VecDeque::new();
+        let mut refused = Vec::new();
+        let mut next_chain = 0;
+        loop {
+            while in_flight.len() < depth.max(1) && next_chain < chains.len() {
+                let c = next_chain;
+                next_chain += 1;
+                match self.submit_step(items[chains[c].item].0, &chains[c], opts) {
+                    Ok(id) => in_flight.push_back((c, id)),
+                    Err(e) => results[chains[c].item] = Some(Err(e)),
+                }
+            }
+            let Some((c, id)) = in_flight.pop_front() else { break };
+            let chain = &mut chains[c];
+            let key = items[chain.item].0;
+            let committing = chain.next == chain.parts.len();
+            let outcome = self.conn.wait(id).and_then(|reply| match reply.header.status() {
+                Status::Ok if committing => Ok(Some(WriteResult::Written { generation: reply.header.generation })),
+                Status::ConditionFailed if committing => Ok(Some(WriteResult::ConditionFailed)),
+                Status::Ok => {
+                    chain.stage_id.get_or_insert(reply.header.request_id);
+                    chain.offset += chain.parts[chain.next].len();
+                    chain.next += 1;
+                    Ok(None)
+                }
+                _ => Err(part_refused(&reply)),
+            });
+            let outcome = match outcome {
+                Ok(None) => self.submit_step(key, &chains[c], opts).map(|id| in_flight.push_back((c, id))),
+                Ok(Some(written)) => {
+                    results[chains[c].item] = Some(Ok(written));
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                refused.push((chains[c].item, chains[c].stage_id, e.clone()));
+                results[chains[c].item] = Some(Err(e));
+            }
+        }
+        // Once nothing is in flight: what the server staged for values it refused goes.
+        for (item, stage_id, e) in refused {
+            self.discard_parts_if_answered(items[item].0, &e, stage_id);
+        }
+    }
+
+    /// Sends a value's next part, or once every part is there its commit.
+    fn submit_step(&mut self, key: &[u8], chain: &PartChain, opts: &PutOptions) -> Result<u64> {
+        match chain.parts.get(chain.next) {
+            Some(part) => {
+                let h = part_header(chain.offset, chain.total, chain.stage_id);
+                self.submit_batched(h, key, part, Receive::Owned)
+            }
+            None => self.submit_batched(commit_header(chain.total, chain.stage_id, opts), key, &[], Receive::Owned),
+        }
     }
 
     /// Sends `bytes` as the part at `offset` of a value of `total` bytes staged under
@@ -71,10 +172,7 @@ impl Client {
         stage_id: &mut Option<u64>,
         bytes: &[u8],
     ) -> Result<()> {
-        let mut h = RequestHeader::new(Op::Put, 0, 0);
-        h.flags |= flags::STAGE | flags::HAS_RANGE;
-        (h.range_start, h.range_end, h.if_not_equal) = (offset as i64, total as i64, stage_id.unwrap_or(0));
-        let reply = self.call_key(key, h, bytes)?;
+        let reply = self.call_key(key, part_header(offset, total, *stage_id), bytes)?;
         if reply.header.status() != Status::Ok {
             return Err(part_refused(&reply));
         }
@@ -91,15 +189,7 @@ impl Client {
         stage_id: Option<u64>,
         opts: &PutOptions,
     ) -> Result<WriteResult> {
-        let mut h = RequestHeader::new(Op::Put, 0, 0);
-        h.flags |= flags::STAGE | flags::HAS_RANGE;
-        (h.range_start, h.range_end, h.if_not_equal) = (total as i64, total as i64, stage_id.unwrap_or(0));
-        apply_write_condition(&mut h, opts.condition);
-        if let Some(ttl) = opts.ttl {
-            h.flags |= flags::HAS_TTL;
-            h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
-        }
-        let reply = self.call_key(key, h, &[])?;
+        let reply = self.call_key(key, commit_header(total, stage_id, opts), &[])?;
         match reply.header.status() {
             Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
             Status::ConditionFailed => Ok(WriteResult::ConditionFailed),
@@ -128,4 +218,48 @@ fn part_refused(reply: &Reply) -> Error {
         Status::Missing => Error::new(Status::Missing, String::from_utf8_lossy(&reply.payload)),
         s => error_of(s, reply),
     }
+}
+
+/// A value of [`Client::put_parts_many`] on its way: its parts (none empty), the next one
+/// to send (`parts.len()`: the commit), where it goes, and the id the value is staged under.
+struct PartChain<'a> {
+    item: usize,
+    parts: Vec<&'a [u8]>,
+    total: usize,
+    next: usize,
+    offset: usize,
+    stage_id: Option<u64>,
+}
+
+impl<'a> PartChain<'a> {
+    fn new(item: usize, parts: &[&'a [u8]]) -> PartChain<'a> {
+        let parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+        PartChain { item, total: parts.iter().map(|p| p.len()).sum(), parts, next: 0, offset: 0, stage_id: None }
+    }
+}
+
+/// The part at `offset` of a value of `total` bytes staged under `stage_id` (none: the
+/// first part, which stages it under its own request id).
+fn part_header(offset: usize, total: usize, stage_id: Option<u64>) -> RequestHeader {
+    let mut h = RequestHeader::new(Op::Put, 0, 0);
+    h.flags |= flags::STAGE | flags::HAS_RANGE;
+    (h.range_start, h.range_end, h.if_not_equal) = (offset as i64, total as i64, stage_id.unwrap_or(0));
+    h
+}
+
+/// The empty part at a value's end, which commits it with `opts`' condition and TTL.
+fn commit_header(total: usize, stage_id: Option<u64>, opts: &PutOptions) -> RequestHeader {
+    let mut h = part_header(total, total, stage_id);
+    apply_write_condition(&mut h, opts.condition);
+    if let Some(ttl) = opts.ttl {
+        h.flags |= flags::HAS_TTL;
+        h.ttl_or_limit = (ttl.as_millis() as u64).max(1);
+    }
+    h
+}
+
+/// A failure after which the value is put whole instead: no staging room, or the value
+/// lapsed, or the connection was lost or replaced while its parts arrived.
+fn sent_whole_instead(e: &Error) -> bool {
+    matches!(e.status, Status::NoRoom | Status::Unavailable | Status::Missing | Status::Transport)
 }
