@@ -107,11 +107,20 @@ impl Client {
         let mut chains: Vec<PartChain> = staged.iter().map(|&i| PartChain::new(i, items[i].1)).collect();
         let mut in_flight: VecDeque<(usize, u64)> = VecDeque::new();
         let mut refused = Vec::new();
-        let mut next_chain = 0;
+        let (mut next_chain, mut limit) = (0, depth.max(1));
+        // Values the server had no staging room for while others of this batch held it:
+        // sent again once one of those is done.
+        let mut waiting: VecDeque<usize> = VecDeque::new();
         loop {
-            while in_flight.len() < depth.max(1) && next_chain < chains.len() {
-                let c = next_chain;
-                next_chain += 1;
+            while in_flight.len() < limit {
+                let c = match waiting.pop_front() {
+                    Some(c) => c,
+                    None if next_chain < chains.len() => {
+                        next_chain += 1;
+                        next_chain - 1
+                    }
+                    None => break,
+                };
                 match self.submit_step(items[chains[c].item].0, &chains[c], opts) {
                     Ok(id) => in_flight.push_back((c, id)),
                     Err(e) => results[chains[c].item] = Some(Err(e)),
@@ -133,6 +142,14 @@ impl Client {
                 _ => Err(part_refused(&reply)),
             });
             let outcome = match outcome {
+                // Refused at its first part, so nothing of it is staged: the server holds as
+                // many of this session's staged values as it takes, those still in flight.
+                // It waits for one of them, and no more than they stay in flight from now on.
+                Err(e) if e.status == Status::NoRoom && chains[c].next == 0 && !in_flight.is_empty() => {
+                    limit = in_flight.len();
+                    waiting.push_back(c);
+                    continue;
+                }
                 Ok(None) => self.submit_step(key, &chains[c], opts).map(|id| in_flight.push_back((c, id))),
                 Ok(Some(written)) => {
                     results[chains[c].item] = Some(Ok(written));
