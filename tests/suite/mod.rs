@@ -544,6 +544,43 @@ pub fn values_in_parts_outlast_sweeps(transport: &str) {
     assert_eq!(c.get(key).unwrap().expect("committed").data, value);
 }
 
+/// Values of a header and a body staged side by side (`put_parts_many`) on a server whose
+/// staging room holds three of them per shard at once: those it has no room for wait for
+/// the others (the server refuses them `NoRoom`, counted in its metrics) instead of being
+/// copied and put whole; every value reads back, and nothing stays staged.
+pub fn values_in_parts_side_by_side(transport: &str) {
+    common::init(transport);
+    // 32 MiB shards stage 8 MiB, 4 MiB for one session.
+    let server = ServerProc::start(&["--memory", "64MiB", "--metrics", "127.0.0.1:0"]);
+    let mut c = server.client();
+    let headers: Vec<Vec<u8>> = (0..12).map(|i| format!("header {i:02}").into_bytes()).collect();
+    let bodies: Vec<Vec<u8>> = (0..12u64).map(|i| pattern(40 + i, 1_200_000)).collect();
+    let keys: Vec<String> = (0..12).map(|i| format!("side-by-side/{i}")).collect();
+    let parts: Vec<[&[u8]; 2]> = headers.iter().zip(&bodies).map(|(h, b)| [&h[..], &b[..]]).collect();
+    let items: Vec<(&[u8], &[&[u8]])> = keys.iter().zip(&parts).map(|(k, p)| (k.as_bytes(), &p[..])).collect();
+    for (i, r) in c.put_parts_many(&items, &Default::default(), 16).into_iter().enumerate() {
+        assert!(matches!(r, Ok(WriteResult::Written { .. })), "value {i}: {r:?}");
+    }
+    for i in 0..12 {
+        let got = c.get(keys[i].as_bytes()).unwrap().expect("stored").data;
+        assert_eq!(got, [&headers[i][..], &bodies[i][..]].concat(), "value {i}");
+    }
+    let stats = c.stats().unwrap();
+    let shards = stats["servers"][0]["shards"].as_array().unwrap();
+    assert_eq!(shards.iter().map(|s| s["staged_values"].as_u64().unwrap()).sum::<u64>(), 0);
+    let text = server.scrape();
+    let puts = |status: &str| -> u64 {
+        let status = format!("status=\"{status}\"");
+        text.lines()
+            .filter(|l| l.starts_with("rdram_requests_total") && l.contains("op=\"put\"") && l.contains(&status))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert!(puts("no_room") > 0, "the server never ran out of staging room: the test proves nothing");
+    // Each value staged: its header, its body and the commit; none sent whole.
+    assert_eq!(puts("ok"), 3 * 12, "values put whole instead of waiting for room");
+}
+
 pub fn auth_token_required(transport: &str) {
     common::init(transport);
     let dir = std::env::temp_dir().join(format!("rdram-auth-{}", std::process::id()));
@@ -860,6 +897,10 @@ macro_rules! transport_suite {
         #[test]
         fn values_in_parts_outlast_sweeps() {
             suite::values_in_parts_outlast_sweeps($tls)
+        }
+        #[test]
+        fn values_in_parts_side_by_side() {
+            suite::values_in_parts_side_by_side($tls)
         }
     };
 }
