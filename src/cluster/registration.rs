@@ -113,14 +113,17 @@ impl Registration {
                 }
                 return Some(back);
             }
+            // The state and who is live first: a new placement wakes the mover at once, and
+            // it takes its live members from them (one that read the last state's would
+            // count a dead member live, leave its keys to it, and leave them one copy short).
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
+            role.set_live(s.members.iter().map(|m| m.address.clone()).collect());
             if let Some(p) = &s.placement {
                 let changed = role.current().is_none_or(|c| c.1.placement != *p);
                 if changed {
                     role.set(&me, p.clone());
                 }
             }
-            role.set_live(s.members.iter().map(|m| m.address.clone()).collect());
-            *seen.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
             next_placement(s)
         };
         let follower = Follower {
