@@ -435,18 +435,36 @@ fn acked_within(h: &History, key: &str, from: Duration, to: Duration) -> usize {
     h.acked_at.get(key).map_or(0, |at| at.iter().filter(|t| (from..to).contains(t)).count())
 }
 
+/// A cluster on the test's hosts under load for a second: keys whose primary is host "a"'s
+/// member (`its`) and as many others, a writer and a reader on each group. None where the
+/// test is skipped.
+struct Loaded {
+    cluster: Cluster,
+    its: Vec<String>,
+    others: Vec<String>,
+    keys: Vec<String>,
+    load: Load,
+}
+
+fn loaded(test: &str, member_env: &[(&str, &str)]) -> Option<Loaded> {
+    let cluster = Cluster::start(net_or_skip(test)?, member_env);
+    let (its, others) = keys_split(&cluster, "a", 6);
+    let keys = its.iter().chain(&others).cloned().collect();
+    let load = Load::start(&cluster, &[&its, &others]);
+    std::thread::sleep(Duration::from_secs(1));
+    Some(Loaded { cluster, its, others, keys, load })
+}
+
 /// A primary cut off from etcd, not from its clients or the other members: it stops taking
 /// writes before its lease can have lapsed at etcd (after that the others take its keys),
 /// so no write it took is lost; its keys are written again through the others once the
 /// placement has moved on, before the link comes back; and when it does, it joins again.
 #[test]
 fn a_primary_cut_off_from_etcd_loses_no_write() {
-    let Some(net) = net_or_skip("a_primary_cut_off_from_etcd_loses_no_write") else { return };
-    let cluster = Cluster::start(net, &[]);
-    let (its, others) = keys_split(&cluster, "a", 6);
-    let keys: Vec<String> = its.iter().chain(&others).cloned().collect();
-    let load = Load::start(&cluster, &[&its, &others]);
-    std::thread::sleep(Duration::from_secs(1));
+    let Some(Loaded { cluster, its, keys, load, .. }) = loaded("a_primary_cut_off_from_etcd_loses_no_write", &[])
+    else {
+        return;
+    };
     let cut = load.elapsed();
     cluster.net.cut("a", ETCD);
     // Its lease lapses a TTL after its last renewal; the others then propose a placement
@@ -475,12 +493,11 @@ fn a_primary_cut_off_from_etcd_loses_no_write() {
 /// keys' other replicas; and nothing acknowledged is lost or read back in time.
 #[test]
 fn a_primary_cut_off_from_its_clients_loses_no_write() {
-    let Some(net) = net_or_skip("a_primary_cut_off_from_its_clients_loses_no_write") else { return };
-    let cluster = Cluster::start(net, &[]);
-    let (its, others) = keys_split(&cluster, "a", 6);
-    let keys: Vec<String> = its.iter().chain(&others).cloned().collect();
-    let load = Load::start(&cluster, &[&its, &others]);
-    std::thread::sleep(Duration::from_secs(1));
+    let Some(Loaded { cluster, its, others, keys, load }) =
+        loaded("a_primary_cut_off_from_its_clients_loses_no_write", &[])
+    else {
+        return;
+    };
     let cut = load.elapsed();
     cluster.net.cut("a", CLIENT);
     std::thread::sleep(TTL + Duration::from_secs(1));
@@ -514,13 +531,12 @@ fn a_primary_cut_off_from_its_clients_loses_no_write() {
 /// SIGKILLed and the survivors hold everything acknowledged or read.
 #[test]
 fn a_replica_cut_off_from_its_primary_mid_copy_loses_no_write() {
-    let Some(net) = net_or_skip("a_replica_cut_off_from_its_primary_mid_copy_loses_no_write") else { return };
     let hold = [(remote_dram::cluster::replication::TEST_COPY_DELAY_ENV, "200")];
-    let mut cluster = Cluster::start(net, &hold);
-    let (its, others) = keys_split(&cluster, "a", 6);
-    let keys: Vec<String> = its.iter().chain(&others).cloned().collect();
-    let load = Load::start(&cluster, &[&its, &others]);
-    std::thread::sleep(Duration::from_secs(1));
+    let Some(Loaded { mut cluster, keys, load, .. }) =
+        loaded("a_replica_cut_off_from_its_primary_mid_copy_loses_no_write", &hold)
+    else {
+        return;
+    };
     cluster.net.cut("a", "b");
     std::thread::sleep(Duration::from_secs(3));
     cluster.net.heal("a", "b");

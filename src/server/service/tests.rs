@@ -47,6 +47,22 @@ fn a_next_primary_takes_an_asked_write_only_once_the_primary_is_gone() {
     assert!(b.check_placement(&asked_write(), Kind::Put, &key).is_ok(), "a's lease lapsed");
 }
 
+/// A member's copy comes without a view: taken for a key this server holds, or is to hold,
+/// under the placement it holds now; refused for any other, whoever sent it.
+#[test]
+fn a_copy_is_taken_only_for_a_key_held_here() {
+    let (mut c, role, key) = member_shard("c", &["a", "b"], &["b", "c"]);
+    assert!(role.current().unwrap().1.holds("c", &key), "the key moves to c");
+    let import = RequestHeader::new(Op::Put, 1, 0);
+    assert!(c.check_placement(&import, Kind::Import, &key).is_ok());
+    let (mut d, _, key) = member_shard("d", &["a", "b"], &["b", "c"]);
+    for kind in [Kind::Import, Kind::ImportDelete] {
+        let refused = d.check_placement(&import, kind, &key).unwrap_err();
+        assert_eq!(refused.status, Status::ViewChanged, "{kind:?}: {}", refused.message);
+    }
+    assert!(d.check_placement(&import, Kind::CopyRead, &key).is_ok(), "reads for a copy are not fenced");
+}
+
 #[test]
 fn a_sealed_move_holds_writes_to_keys_whose_primary_changes() {
     let (mut a, role, key) = member_shard("a", &["a", "b"], &["b", "c"]);
