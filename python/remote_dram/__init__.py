@@ -26,27 +26,63 @@ def _load_ucx() -> None:
     libucx.load_library()
 
 
-def _threads() -> int:
-    """Threads in this process (native ones too), or 0 when it cannot be told."""
+# Linux x86-64 system call numbers and futex operations, for _others_parked().
+_SYS_FUTEX = 202
+_FUTEX_WAIT, _FUTEX_WAIT_BITSET, _FUTEX_CMD_MASK = 0, 9, 0x7F
+# How long an import waits for the process's other threads to park (a BLAS pool spins
+# for about 30 ms after it starts before it sleeps).
+_PARK_WAIT_S = 0.06
+
+
+def _others_parked() -> bool:
+    """Whether every other thread of this process sleeps in a futex wait without a timeout.
+
+    Such a thread is inside none of the memory functions UCX rewrites as it loads, and it
+    wakes only when another thread wakes it. False when it cannot be told."""
     import os
 
+    me = str(os.getpid())
     try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 0
+        for tid in os.listdir("/proc/self/task"):
+            if tid == me:
+                continue
+            # "nr arg1 ... arg6 sp pc" while blocked in a call; "running" otherwise.
+            fields = open(f"/proc/self/task/{tid}/syscall").read().split()
+            if len(fields) < 5 or int(fields[0]) != _SYS_FUTEX:
+                return False
+            op, timeout = int(fields[2], 16) & _FUTEX_CMD_MASK, int(fields[4], 16)
+            if op not in (_FUTEX_WAIT, _FUTEX_WAIT_BITSET) or timeout != 0:
+                return False
+    except (OSError, ValueError):  # a thread that ended meanwhile, or no /proc
+        return False
+    return True
+
+
+def _may_skip_grace() -> bool:
+    """Whether UCX's wait for threads inside the functions it patches can be skipped: every
+    other thread parked (see _others_parked), waiting up to _PARK_WAIT_S for that."""
+    import time
+
+    deadline = time.monotonic() + _PARK_WAIT_S
+    while not _others_parked():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def _load_native() -> None:
-    # UCX patches eight memory functions (mmap, munmap, ...) when it loads and waits 50 ms
-    # after each, in case another thread is inside one: 0.4 s of every import. With a
-    # single thread in the process nothing can be inside them, so the wait is skipped then
-    # (a value the user set wins; with more threads, UCX's default stands). The variable
-    # is only read while UCX loads, and is taken back out of the environment after, so
-    # child processes do not inherit it.
+    # UCX rewrites eight memory functions (mmap, munmap, ...) when it loads and, after each,
+    # waits 50 ms in case another thread is inside one: 0.4 s of every import. When every
+    # other thread is parked (none, or all asleep until someone wakes them, as a numpy's
+    # BLAS pool is once idle) nothing can be inside them, so the wait is skipped then (a
+    # value the user set wins; otherwise UCX's default stands). The variable is only read
+    # while UCX loads, and is taken back out of the environment after, so child processes
+    # do not inherit it.
     import os
 
     name = "UCX_MEM_BISTRO_GRACE_DURATION"
-    skip_wait = name not in os.environ and _threads() == 1
+    skip_wait = name not in os.environ and _may_skip_grace()
     if skip_wait:
         os.environ[name] = "0"
     try:

@@ -459,9 +459,10 @@ def test_the_python_example_runs_against_a_server(server):
     assert "removed 32 blocks" in r.stdout
 
 
-def test_import_skips_ucx_grace_wait_only_while_single_threaded_and_leaves_no_trace():
-    # The package sets UCX_MEM_BISTRO_GRACE_DURATION=0 only while UCX loads, and only in a
-    # process with one thread; child processes never see it, and a user's value wins.
+def test_import_skips_ucx_grace_wait_only_while_other_threads_are_parked_and_leaves_no_trace():
+    # The package sets UCX_MEM_BISTRO_GRACE_DURATION=0 only while UCX loads, and only while
+    # every other thread sleeps until woken; child processes never see it, and a user's
+    # value wins.
     code = (
         "import os, threading, time\n"
         "if os.environ.get('SPAWN_THREAD'):\n"
@@ -482,6 +483,22 @@ def test_import_skips_ucx_grace_wait_only_while_single_threaded_and_leaves_no_tr
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "unset"
+
+    # Which threads count as parked: one waiting on an event with no timeout does; one in a
+    # timed sleep, or on an event with a timeout, may wake by itself and does not.
+    code = (
+        "import sys, threading, time, remote_dram\n"
+        "target = {'wait': threading.Event().wait, 'sleep': time.sleep, 'timed-wait': threading.Event().wait}\n"
+        "args = {'wait': (), 'sleep': (60,), 'timed-wait': (60,)}\n"
+        "alone = remote_dram._others_parked()\n"
+        "threading.Thread(target=target[sys.argv[1]], args=args[sys.argv[1]], daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "print(alone, remote_dram._others_parked())\n"
+    )
+    for case, parked in (("wait", "True"), ("sleep", "False"), ("timed-wait", "False")):
+        r = run_python(code, case)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["True", parked], case
 
 
 def test_every_error_status_has_its_exception_class():
