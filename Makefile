@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench device-bundle bench-python redis soak fuzz lint
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-peers device-bundle bench-python redis soak fuzz lint
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -35,9 +35,15 @@ test-rust: build
 	$(CARGO) build --profile test-release
 	$(CARGO) test --profile test-release -- --test-threads=2
 
-# remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare).
+# remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare);
+# then remote_dram next to Mooncake Store (bench/peers).
 bench: deps redis
 	bench/compare
+	bench/peers/run
+
+# remote_dram next to Mooncake Store over shared memory and TCP (bench/peers/peers.py).
+bench-peers: build
+	bench/peers/run
 
 # ucp_am_lat's round trip in the shapes of remote_dram's requests and replies, with
 # receivers that read them (bench/am_shapes/am_shapes.c); bench/compare builds it.

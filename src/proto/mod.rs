@@ -56,8 +56,10 @@ use crate::error::Status;
 /// 9: bootstrap proofs instead of the token. 10: a key's primary copies writes to its
 /// replicas itself, and answers reads of a key being copied with `Replicating`. 11: an op
 /// and flags that name no request ([`Kind`]) are refused; a shard at its bound of staged
-/// values or handovers answers `NoRoom`, not `Unavailable`.
-pub const PROTOCOL_VERSION: u8 = 11;
+/// values or handovers answers `NoRoom`, not `Unavailable`. 12: UCX tcp moves segments of
+/// 1 MiB (a peer receiving into smaller ones has its heap overrun by UCX; see
+/// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it.
+pub const PROTOCOL_VERSION: u8 = 12;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"

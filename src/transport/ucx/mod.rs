@@ -14,7 +14,7 @@ use sys::*;
 pub use transports::{
     env_allows_only_shared_memory, env_enables_tcp, offers_shared_memory, shared_memory_scope, Tcp, LOCAL_SHARED_MEMORY,
 };
-use transports::{shared_memory_only, HARDENING};
+use transports::{shared_memory_only, HARDENING, POOL_SEGMENT, SPEED};
 
 pub fn status_string(status: ucs_status_t) -> String {
     // SAFETY: ucs_status_string returns a pointer to a static NUL-terminated string.
@@ -186,7 +186,7 @@ impl Worker {
         let (config, shm_detects_failure) = read_config()?;
         let mut tls = std::env::var("UCX_TLS").ok();
         let tcp_settings = tcp.settings();
-        let ours = HARDENING.iter().copied().chain(tcp_settings.iter().map(|(n, v)| (*n, v.as_str())));
+        let ours = HARDENING.iter().chain(SPEED).copied().chain(tcp_settings.iter().map(|(n, v)| (*n, v.as_str())));
         let all: Vec<(&str, &str)> = ours.chain(settings.iter().copied()).collect();
         for (i, &(name, value)) in all.iter().enumerate() {
             // The environment wins, and a later setting of ours replaces an earlier one.
@@ -201,6 +201,11 @@ impl Worker {
             if name == "TLS" {
                 tls = Some(value.to_owned());
             }
+        }
+        if let Err(e) = modify_config(config, "SEG_SIZE", &POOL_SEGMENT.to_string()) {
+            // SAFETY: config came from ucp_config_read and is released once.
+            unsafe { ucp_config_release(config) };
+            return Err(e);
         }
         // SAFETY: params is fully initialised for the fields named in field_mask; ucp_init
         // is an inline wrapper around ucp_init_version with the header's API version;
@@ -249,15 +254,17 @@ impl Worker {
         Ok(bytes)
     }
 
-    /// The longest active-message user header this worker can send. UCX (1.22, release
-    /// builds) does not check it: a longer header leaves the sender's and the receiver's
-    /// memory corrupted.
+    /// The longest active-message user header this worker can send: what UCX reports,
+    /// bounded by the pool segment a zero-copy send packs the header into (less room for
+    /// UCX's footer; see `transports::POOL_SEGMENT`). UCX (1.22, release builds) checks
+    /// neither: a longer header leaves the sender's and the receiver's memory corrupted.
     pub fn max_am_header(&self) -> Result<usize> {
+        const FOOTER_ROOM: usize = 64;
         let mut attr =
             ucp_worker_attr_t { field_mask: UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER as u64, ..Default::default() };
         // SAFETY: worker valid; attr is an in/out parameter.
         check(unsafe { ucp_worker_query(self.worker, &mut attr) }, "ucp_worker_query")?;
-        Ok(attr.max_am_header)
+        Ok(attr.max_am_header.min(POOL_SEGMENT - FOOTER_ROOM))
     }
 
     /// What progresses this worker without borrowing it: for owners whose callbacks

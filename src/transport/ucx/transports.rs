@@ -44,6 +44,26 @@ pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 /// peer that reaches its port whatever it advertised (see README, Security).
 pub(super) const HARDENING: &[(&str, &str)] = &[("TCP_PUT_ENABLE", "n")];
 
+/// UCX settings every worker has for speed (unless the environment says otherwise). UCX's
+/// tcp transport moves a large value in segments of its TX/RX segment size, each a message
+/// of its own with a header and a pass through the progress loop: at UCX's default 8 KiB,
+/// a 32 MiB value moved at 0.75 GB/s over loopback on the 2-vCPU VM; at 1 MiB, 1.95 GB/s
+/// (bench/README.md, "UCX tcp segment size"). A connection holds one segment each way
+/// only while it moves one. UCX's tcp receiver takes a message of up to its RX segment
+/// size, and (release builds) overruns its buffer on a longer one, so every peer must
+/// receive into segments at least as large as any peer sends: one value for both, the same
+/// in every process of one protocol version (a user's `UCX_TCP_*_SEG_SIZE` must match
+/// across hosts too).
+pub(super) const SPEED: &[(&str, &str)] = &[("TCP_TX_SEG_SIZE", "1m"), ("TCP_RX_SEG_SIZE", "1m")];
+
+/// The size of the worker's registered pool segments, which is set whatever the
+/// environment says: UCX (1.22) packs an active message's user header into one of them
+/// for zero-copy sends, but bounds the header by its transports' largest copied fragment
+/// alone (`ucp_worker_query`'s `max_am_header`), which tcp's segment size raises far past
+/// the pool's. A header longer than the segment then overruns it and corrupts the heap
+/// (`free(): invalid next size`). [`super::Worker::max_am_header`] bounds headers by it.
+pub(super) const POOL_SEGMENT: usize = 8 << 10;
+
 /// Whether a worker runs UCX's tcp transport. UCX's tcp receiver carries out a put message
 /// from any peer that reaches its port, before any remote_dram check (a hand-made one
 /// writes wherever it says, or crashes the process), and UCX never closes a silent
