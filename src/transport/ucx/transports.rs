@@ -46,14 +46,13 @@ pub(super) const HARDENING: &[(&str, &str)] = &[("TCP_PUT_ENABLE", "n")];
 
 /// UCX settings every worker has for speed (unless the environment says otherwise). UCX's
 /// tcp transport moves a large value in segments of its TX/RX segment size, each a message
-/// of its own with a header and a pass through the progress loop: at UCX's default 8 KiB,
-/// a 32 MiB value moved at 0.75 GB/s over loopback on the 2-vCPU VM; at 1 MiB, 1.95 GB/s
-/// (bench/README.md, "UCX tcp segment size"). A connection holds one segment each way
-/// only while it moves one. UCX's tcp receiver takes a message of up to its RX segment
-/// size, and (release builds) overruns its buffer on a longer one, so every peer must
-/// receive into segments at least as large as any peer sends: one value for both, the same
-/// in every process of one protocol version (a user's `UCX_TCP_*_SEG_SIZE` must match
-/// across hosts too).
+/// of its own: at UCX's default 8 KiB a 32 MiB value is 4,096 of them, and moved at under
+/// half the rate of 1 MiB segments (bench/README.md, "Mooncake Store, side by side"). A
+/// connection holds one segment each way only while it moves one. UCX's tcp receiver takes
+/// a message of up to its RX segment size and (release builds) overruns its buffer on a
+/// longer one, so every peer must receive into segments at least as large as any peer
+/// sends: one value for both, the same in every process of one protocol version (a user's
+/// `UCX_TCP_*_SEG_SIZE` must match across hosts too).
 pub(super) const SPEED: &[(&str, &str)] = &[("TCP_TX_SEG_SIZE", "1m"), ("TCP_RX_SEG_SIZE", "1m")];
 
 /// The size of the worker's registered pool segments, which is set whatever the
