@@ -233,6 +233,14 @@ int main(int argc, char **argv) {
   CHECK(strstr(rdram_last_error_message(), "items 0 and 1 have overlapping buffers") != NULL);
   CHECK(outs[0][0] == 0xAB && outs[0][31] == 0xAB);
   gets[1].buf = outs[1];
+  /* So is a buffer over a key: values land while later keys are read. */
+  const uint8_t *key2 = gets[2].key;
+  memcpy(outs[0] + 8, key2, gets[2].key_len);
+  gets[2].key = outs[0] + 8;
+  CHECK_STATUS(rdram_mget(c, gets, 3), RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "items 0 and 2 have overlapping a buffer and a key") != NULL);
+  CHECK(memcmp(outs[0] + 8, key2, gets[2].key_len) == 0);
+  gets[2].key = key2;
   CHECK_STATUS(rdram_mget(c, gets, 3), RDRAM_OK);
 
   /* Registered memory for zero-copy transfers. */

@@ -115,6 +115,34 @@ typedef struct rdram_client rdram_client;
 typedef struct rdram_server rdram_server;
 
 /**
+ * One item of `rdram_mput`. The caller fills key and value; the library fills
+ * `status` and, on success, `generation`.
+ */
+typedef struct rdram_put_item {
+  const uint8_t *key;
+  size_t key_len;
+  const uint8_t *value;
+  size_t value_len;
+  uint64_t generation;
+  rdram_status status;
+} rdram_put_item;
+
+/**
+ * One item of `rdram_mget`. The caller fills key and buffer; the library fills
+ * `status`, `value_len` (bytes written, or the size needed on RDRAM_BUFFER_TOO_SMALL)
+ * and `generation`.
+ */
+typedef struct rdram_get_item {
+  const uint8_t *key;
+  size_t key_len;
+  uint8_t *buf;
+  size_t buf_len;
+  size_t value_len;
+  uint64_t generation;
+  rdram_status status;
+} rdram_get_item;
+
+/**
  * Client options. Zero-initialise (`= {0}`) for defaults, then set what you need.
  */
 typedef struct rdram_client_options {
@@ -188,34 +216,6 @@ typedef int32_t (*rdram_list_callback)(void *userdata,
                                        const uint8_t *key,
                                        size_t key_len,
                                        uint64_t value_size);
-
-/**
- * One item of `rdram_mput`. The caller fills key and value; the library fills
- * `status` and, on success, `generation`.
- */
-typedef struct rdram_put_item {
-  const uint8_t *key;
-  size_t key_len;
-  const uint8_t *value;
-  size_t value_len;
-  uint64_t generation;
-  rdram_status status;
-} rdram_put_item;
-
-/**
- * One item of `rdram_mget`. The caller fills key and buffer; the library fills
- * `status`, `value_len` (bytes written, or the size needed on RDRAM_BUFFER_TOO_SMALL)
- * and `generation`.
- */
-typedef struct rdram_get_item {
-  const uint8_t *key;
-  size_t key_len;
-  uint8_t *buf;
-  size_t buf_len;
-  size_t value_len;
-  uint64_t generation;
-  rdram_status status;
-} rdram_get_item;
 
 /**
  * Embedded server configuration. Zero-initialise for defaults (127.0.0.1 on a free port,
@@ -316,6 +316,27 @@ const char *rdram_last_error_message(void);
  * The library version, e.g. "0.1.0 (protocol 11)". Static; never NULL.
  */
 const char *rdram_version(void);
+
+/**
+ * Stores `n` values with many requests in flight behind one wait. Each item's `status`
+ * and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
+ * status of the first item that failed (see each item's status).
+ * Keys in batches are limited to 1 KiB.
+ * Items in CUDA device memory are staged through host memory one at a time.
+ */
+rdram_status rdram_mput(struct rdram_client *client, struct rdram_put_item *items, size_t n);
+
+/**
+ * Reads `n` values into the items' buffers with many requests in flight behind one wait.
+ * Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
+ * RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
+ * got an answer (whatever it was), else the first other error (see each item's status).
+ * Items in CUDA device memory are staged into it one at a time. A buffer that overlaps
+ * another item's buffer, or any item's key (its own too), is refused
+ * (RDRAM_INVALID_ARGUMENT for every item; nothing is read): values land while later
+ * items' keys are still being read.
+ */
+rdram_status rdram_mget(struct rdram_client *client, struct rdram_get_item *items, size_t n);
 
 /**
  * Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`), or to the live
@@ -494,25 +515,6 @@ rdram_status rdram_stats(struct rdram_client *client, char **json_out);
  * Frees a string returned by the library (`rdram_stats`). NULL is allowed.
  */
 void rdram_string_free(char *s);
-
-/**
- * Stores `n` values with many requests in flight behind one wait. Each item's `status`
- * and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
- * status of the first item that failed (see each item's status).
- * Keys in batches are limited to 1 KiB.
- * Items in CUDA device memory are staged through host memory one at a time.
- */
-rdram_status rdram_mput(struct rdram_client *client, struct rdram_put_item *items, size_t n);
-
-/**
- * Reads `n` values into the items' buffers with many requests in flight behind one wait.
- * Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
- * RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
- * got an answer (whatever it was), else the first other error (see each item's status).
- * Items in CUDA device memory are staged into it one at a time. Buffers that overlap
- * are refused (RDRAM_INVALID_ARGUMENT for every item; nothing is read).
- */
-rdram_status rdram_mget(struct rdram_client *client, struct rdram_get_item *items, size_t n);
 
 /**
  * Registers caller memory [addr, addr+len) with the transport, so that puts from it and

@@ -150,8 +150,8 @@ fn with_service(f: impl FnOnce(&mut Service)) {
 
 /// Most inputs get the right session so that they reach the store.
 fn with_session(msg: &mut [u8]) {
-    if msg.len() >= 24 && msg[0] & 1 == 0 {
-        msg[16..24].copy_from_slice(&SESSION.to_le_bytes());
+    if msg.first().is_some_and(|b| b & 1 == 0) {
+        crate::proto::RequestHeader::set_session_in(msg, SESSION);
     }
 }
 

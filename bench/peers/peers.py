@@ -12,7 +12,9 @@ lands on all of them alike. Clients use each system's zero-copy calls:
                over TCP from numpy arrays, over shared memory through its "dummy client"
                from buffers of its shared-memory pool (alloc_from_mem_pool)
 
-Measured per pair: PUT and GET latency (p50, p99; 8 B to 32 MiB, a fresh key per PUT)
+First, start-up: servers started afresh per trial (systems alternating), a client that
+puts as soon as it can, the time from spawn to its first put and the servers' resident
+size then and with 1 GiB more stored. Then, per pair: PUT and GET latency (p50, p99; 8 B to 32 MiB, a fresh key per PUT)
 and batched throughput (64 x 1 MiB and 16 x 4 MiB, one call per batch). Every value read
 is compared byte for byte with what was written; a mismatch fails the run.
 
@@ -51,12 +53,12 @@ TCP_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "RDRAM_UCX_TCP": "1"}
 
 
 class RemoteDram:
-    def __init__(self, address: str, transport: str):
+    def __init__(self, address: str, transport: str, buffer: int = BUFFER):
         import remote_dram
 
         self.client = remote_dram.Client(address)
-        self.src = np.random.default_rng(1).integers(0, 256, BUFFER, dtype=np.uint8)
-        self.dst = np.zeros(BUFFER, dtype=np.uint8)
+        self.src = np.random.default_rng(1).integers(0, 256, buffer, dtype=np.uint8)
+        self.dst = np.zeros(buffer, dtype=np.uint8)
 
     def put(self, key, offset, size):
         self.client.put(key, self.src[offset : offset + size])
@@ -77,7 +79,7 @@ class RemoteDram:
 
 
 class Mooncake:
-    def __init__(self, address: str, transport: str):
+    def __init__(self, address: str, transport: str, buffer: int = BUFFER):
         from mooncake.store import MooncakeDistributedStore
 
         master, real_client = address.split(",")
@@ -85,20 +87,20 @@ class Mooncake:
         if transport == "shm":
             # The dummy client reaches the storage process over shared memory; buffers must
             # come from its pool and be registered whole.
-            check(self.store.setup_dummy(3 * BUFFER, 16 * MiB, real_client), "setup_dummy")
+            check(self.store.setup_dummy(3 * buffer, 16 * MiB, real_client), "setup_dummy")
             arrays = []
             for _ in range(2):
-                addr = self.store.alloc_from_mem_pool(BUFFER)
-                check(self.store.register_buffer(addr, BUFFER), "register_buffer")
-                arrays.append(np.ctypeslib.as_array((ctypes.c_uint8 * BUFFER).from_address(addr)))
+                addr = self.store.alloc_from_mem_pool(buffer)
+                check(self.store.register_buffer(addr, buffer), "register_buffer")
+                arrays.append(np.ctypeslib.as_array((ctypes.c_uint8 * buffer).from_address(addr)))
             self.src, self.dst = arrays
-            self.src[:] = np.random.default_rng(1).integers(0, 256, BUFFER, dtype=np.uint8)
+            self.src[:] = np.random.default_rng(1).integers(0, 256, buffer, dtype=np.uint8)
         else:
             check(self.store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", master), "setup")
-            self.src = np.random.default_rng(1).integers(0, 256, BUFFER, dtype=np.uint8)
-            self.dst = np.zeros(BUFFER, dtype=np.uint8)
+            self.src = np.random.default_rng(1).integers(0, 256, buffer, dtype=np.uint8)
+            self.dst = np.zeros(buffer, dtype=np.uint8)
             for a in (self.src, self.dst):
-                check(self.store.register_buffer(a.ctypes.data, BUFFER), "register_buffer")
+                check(self.store.register_buffer(a.ctypes.data, buffer), "register_buffer")
         self.src_ptr, self.dst_ptr = self.src.ctypes.data, self.dst.ctypes.data
 
     def put(self, key, offset, size):
@@ -165,6 +167,35 @@ def one_run(system, transport: str) -> dict:
         out["batch"][name] = {op: statistics.median(v) for op, v in rates.items()}
     system.clean(prefix)
     return out
+
+
+def cold_start(system: str, address: str, started: float, pids: list) -> dict:
+    """From servers spawned at `started` (time.time()) to this client's first put, then
+    the servers' resident size then and once 1 GiB more is stored."""
+    make = {"remote_dram": RemoteDram, "mooncake": Mooncake}[system]
+    deadline = started + 120
+    while True:
+        try:
+            adapter = make(address, "tcp" if system == "mooncake" else "shm", 8 * MiB)
+            adapter.put("cold/first", 0, 8)
+            break
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.01)
+    first_put = time.time() - started
+    rss_first = resident_mib(pids)
+    for i in range(256):  # 1 GiB in 4 MiB values
+        adapter.put(f"cold/{i}", (i * 4096) % (4 * MiB), 4 * MiB)
+    return {"first_put_s": first_put, "rss_first_mib": rss_first, "rss_1gib_mib": resident_mib(pids)}
+
+
+def resident_mib(pids: list) -> float:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            total += int(f.read().split("VmRSS:")[1].split()[0])
+    return total / 1024
 
 
 def percentiles(ns: list) -> list:
@@ -239,47 +270,109 @@ def human(size: int) -> str:
     return f"{size // MiB} MiB" if size >= MiB else f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
 
 
+class Servers:
+    """The servers of one run: started here, stopped (SIGTERM, then SIGKILL) on close."""
+
+    EXTRA = {"shm": ([], SHM_ENV), "tcp": (["--ucx-tcp"], TCP_ENV), "fabric": (["--transport", "fabric", "--provider", "tcp;ofi_rxm"], {})}
+
+    def __init__(self, args, log, commands: list):
+        self.args, self.log, self.commands, self.procs = args, log, commands, []
+
+    def rdram(self, transport: str) -> str:
+        port = free_port()
+        flags, env = self.EXTRA[transport]
+        cmd = [self.args.rdram, "serve", *self.args.serve_args.split(), "--listen", f"127.0.0.1:{port}", *flags]
+        self.procs.append(start(self.commands, f"rdram serve ({transport})", cmd, port, env, self.log))
+        return f"127.0.0.1:{port}"
+
+    def mooncake(self) -> str:
+        """Mooncake's master and one storage process ("real client", TCP transfer engine)."""
+        bindir = os.path.dirname(self.args.mooncake_python)
+        master, real_client = free_port(), free_port()
+        self.procs.append(start(self.commands, "mooncake_master", [
+            os.path.join(bindir, "mooncake_master"), "--rpc_address", "127.0.0.1", "--rpc_port", str(master),
+            "--metrics_host", "127.0.0.1", "--metrics_port", str(free_port()), "--enable_metric_reporting=false",
+            "--http_metadata_server_host", "127.0.0.1", "--http_metadata_server_port", str(free_port())], master, log=self.log))
+        self.procs.append(start(self.commands, "mooncake_client", [
+            os.path.join(bindir, "mooncake_client"), "--host", "127.0.0.1", "--port", str(real_client),
+            "--global_segment_size", "4 GB", "--protocol", "tcp", "--metadata_server", "P2PHANDSHAKE",
+            "--master_server_address", f"127.0.0.1:{master}"], real_client, log=self.log))
+        return f"127.0.0.1:{master},127.0.0.1:{real_client}"
+
+    def close(self):
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
+
+
+def cold_starts(args, log, trials: int) -> dict:
+    """Servers started afresh for each trial (alternating systems), a client in the
+    system's venv putting as soon as it can."""
+    out: dict = {"remote_dram": [], "mooncake": []}
+    for trial in range(trials):
+        for system in (("remote_dram", "mooncake") if trial % 2 == 0 else ("mooncake", "remote_dram")):
+            servers = Servers(args, log, [])
+            started = time.time()
+            try:
+                address = servers.rdram("shm") if system == "remote_dram" else servers.mooncake()
+                python, env = (sys.executable, SHM_ENV) if system == "remote_dram" else (args.mooncake_python, {})
+                pids = ",".join(str(p.pid) for p in servers.procs)
+                p = subprocess.run([python, os.path.abspath(__file__), "--cold", system, address, repr(started), pids],
+                                   capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+                if p.returncode != 0:
+                    sys.exit(f"cold start of {system}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+                out[system].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            finally:
+                servers.close()
+    return out
+
+
+def cold_table(cold: dict) -> str:
+    med = lambda system, field: statistics.median(r[field] for r in cold[system])  # noqa: E731
+    lines = ["\n### Start-up and resident size (servers started afresh each trial)\n", "| | remote_dram | Mooncake |", "|---|---|---|"]
+    lines.append(f"| spawn to first put, s | {med('remote_dram', 'first_put_s'):.2f} | {med('mooncake', 'first_put_s'):.2f} |")
+    lines.append(f"| servers' RSS at first put, MiB | {med('remote_dram', 'rss_first_mib'):,.0f} | {med('mooncake', 'rss_first_mib'):,.0f} |")
+    lines.append(f"| servers' RSS with 1 GiB more stored, MiB | {med('remote_dram', 'rss_1gib_mib'):,.0f} | {med('mooncake', 'rss_1gib_mib'):,.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cold-trials", type=int, default=3, help="start-up trials per system")
     ap.add_argument("--rdram", default=os.path.join(ROOT, "target/release/rdram"))
     ap.add_argument("--serve-args", default="--workers 2 --memory 4GiB", help="more `rdram serve` arguments")
     ap.add_argument("--mooncake-python", default=os.path.join(ROOT, "target/venv-mooncake/bin/python"))
     ap.add_argument("--transports", default="shm,tcp,fabric")
     ap.add_argument("--one", nargs=3, metavar=("SYSTEM", "TRANSPORT", "ADDRESS"), help=argparse.SUPPRESS)
+    ap.add_argument("--cold", nargs=4, metavar=("SYSTEM", "ADDRESS", "STARTED", "PIDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         system, transport, address = args.one
         adapter = {"remote_dram": RemoteDram, "mooncake": Mooncake}[system](address, transport)
         print(json.dumps(one_run(adapter, transport)), flush=True)
         os._exit(0)  # past Mooncake's client threads
+    if args.cold:
+        system, address, started, pids = args.cold
+        print(json.dumps(cold_start(system, address, float(started), pids.split(","))), flush=True)
+        os._exit(0)
 
     transports = args.transports.split(",")
     commands: list = []
-    servers: list = []
-    bindir = os.path.dirname(args.mooncake_python)
     log = open(os.path.join(ROOT, "target", "peers-servers.log"), "w")
+    cold = cold_starts(args, log, args.cold_trials)
+    servers = Servers(args, log, commands)
     try:
-        ports = {t: free_port() for t in transports}
-        rdram = [args.rdram, "serve", *args.serve_args.split()]
-        extra = {"shm": ([], SHM_ENV), "tcp": (["--ucx-tcp"], TCP_ENV), "fabric": (["--transport", "fabric", "--provider", "tcp;ofi_rxm"], {})}
-        for t in transports:
-            flags, env = extra[t]
-            servers.append(start(commands, f"rdram serve ({t})", rdram + ["--listen", f"127.0.0.1:{ports[t]}", *flags], ports[t], env, log))
-        master, real_client = free_port(), free_port()
-        servers.append(start(commands, "mooncake_master", [os.path.join(bindir, "mooncake_master"), "--rpc_address", "127.0.0.1",
-                                                          "--rpc_port", str(master), "--metrics_host", "127.0.0.1",
-                                                          "--metrics_port", str(free_port()), "--enable_metric_reporting=false",
-                                                          "--http_metadata_server_host", "127.0.0.1",
-                                                          "--http_metadata_server_port", str(free_port())], master, log=log))
-        servers.append(start(commands, "mooncake_client", [os.path.join(bindir, "mooncake_client"), "--host", "127.0.0.1",
-                                                          "--port", str(real_client), "--global_segment_size", "4 GB",
-                                                          "--protocol", "tcp", "--metadata_server", "P2PHANDSHAKE",
-                                                          "--master_server_address", f"127.0.0.1:{master}"], real_client, log=log))
-        mooncake_address = f"127.0.0.1:{master},127.0.0.1:{real_client}"
-        settle(servers)
+        addresses = {t: servers.rdram(t) for t in transports}
+        mooncake_address = servers.mooncake()
+        settle(servers.procs)
         labels = {"shm": "UCX shm", "tcp": "UCX tcp", "fabric": "libfabric tcp;ofi_rxm"}
-        runs_of = [(f"remote_dram, {labels[t]}", sys.executable, "remote_dram", t, f"127.0.0.1:{ports[t]}", extra[t][1]) for t in transports]
+        runs_of = [(f"remote_dram, {labels[t]}", sys.executable, "remote_dram", t, addresses[t], Servers.EXTRA[t][1]) for t in transports]
         runs_of += [(f"Mooncake, {t}", args.mooncake_python, "mooncake", t, mooncake_address, {})
                     for t in ("shm", "tcp") if t in transports or (t == "tcp" and "fabric" in transports)]
         runs: dict = {label: [] for label, *_ in runs_of}
@@ -291,26 +384,21 @@ def main() -> int:
                     sys.exit(f"round {r + 1}, {label}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
                 runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
                 print(f"round {r + 1}: {label} done", flush=True)
-        pairs = [(t, f"remote_dram, {labels[t]}", "Mooncake, shm" if t == "shm" else "Mooncake, tcp") for t in transports]
-        report = (f"# remote_dram next to Mooncake Store, {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n"
-                  f"Medians of {args.rounds} alternating rounds; ratio > 1 means remote_dram is ahead.\n"
-                  f"Servers:\n\n```\n" + "\n".join(commands) + "\n```\n" + table(runs, pairs) + "\n")
-        print(report)
-        out = os.path.join(ROOT, "bench", "results", f"peers-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-        with open(out + ".md", "w") as f:
-            f.write(report)
-        with open(out + ".json", "w") as f:
-            json.dump({"commands": commands, "runs": runs}, f)
-        print(f"saved {out}.md and .json")
-        return 0
     finally:
-        for proc in servers:
-            proc.terminate()
-        for proc in servers:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        servers.close()
+    pairs = [(t, f"remote_dram, {labels[t]}", "Mooncake, shm" if t == "shm" else "Mooncake, tcp") for t in transports]
+    report = (f"# remote_dram next to Mooncake Store, {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n"
+              f"Medians of {args.rounds} alternating rounds; ratio > 1 means remote_dram is ahead.\n"
+              f"Servers:\n\n```\n" + "\n".join(commands) + "\n```\n" + table(runs, pairs) + "\n"
+              + (cold_table(cold) + "\n" if args.cold_trials else ""))
+    print(report)
+    out = os.path.join(ROOT, "bench", "results", f"peers-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    with open(out + ".md", "w") as f:
+        f.write(report)
+    with open(out + ".json", "w") as f:
+        json.dump({"commands": commands, "runs": runs, "cold": cold}, f)
+    print(f"saved {out}.md and .json")
+    return 0
 
 
 if __name__ == "__main__":

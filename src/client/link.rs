@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::proto::bootstrap::Welcome;
-use crate::proto::ReplyHeader;
+use crate::proto::{ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
 
 pub struct Reply {
     pub header: ReplyHeader,
@@ -76,7 +76,17 @@ impl Receive {
 
 /// Ids of a link's own abort requests: apart from the connection's request ids (counted
 /// from 1) and from libfabric's hello ids (from 1 << 60).
-pub(super) const ABORT_ID_BASE: u64 = 1 << 59;
+const ABORT_ID_BASE: u64 = 1 << 59;
+
+/// The abort of request `id`, whose encoded header is `request`: its id, and its header
+/// (the session is the request's).
+pub(super) fn abort_request(id: u64, request: &[u8]) -> (u64, [u8; REQUEST_HEADER_LEN]) {
+    let abort_id = ABORT_ID_BASE + id;
+    let session = RequestHeader::session_in(request).unwrap_or(0);
+    let mut header = [0u8; REQUEST_HEADER_LEN];
+    RequestHeader::abort(abort_id, id, session).encode(&mut header);
+    (abort_id, header)
+}
 /// How long a given-up call waits for the server to confirm that it no longer touches
 /// the caller's memory, before closing the connection to make sure of it.
 pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE};
 use super::options::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
@@ -116,7 +116,6 @@ pub struct UcxLink {
     /// Given-up requests whose send UCX has not completed yet: reused once it has.
     #[allow(clippy::vec_box)]
     zombies: Vec<Box<Pending>>,
-    next_abort: u64,
     poller: Poller,
     liveness: Liveness,
     /// The longest request header UCX can carry ([`Worker::max_am_header`]).
@@ -201,7 +200,6 @@ impl UcxLink {
             servers: Vec::new(),
             pool: Vec::new(),
             zombies: Vec::new(),
-            next_abort: ABORT_ID_BASE,
             poller: Poller::new(poll.poll, poll.spin),
             liveness,
             worker,
@@ -285,13 +283,7 @@ impl UcxLink {
         let Some(p) = self.state.pending.get(&id) else { return err };
         let server = p.server;
         if p.is_put && !p.sent && self.servers[server].dead.is_none() {
-            let mut header = [0u8; proto::REQUEST_HEADER_LEN];
-            let session = u64::from_le_bytes(p.msg[16..24].try_into().unwrap());
-            let abort_id = self.next_abort;
-            self.next_abort += 1;
-            let mut h = proto::RequestHeader::new(proto::Op::Abort, abort_id, session);
-            h.ttl_or_limit = id;
-            h.encode(&mut header);
+            let (abort_id, header) = abort_request(id, &p.msg);
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
             let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], Receive::Owned).is_ok()
                 && self.progress_until(server, ABORT_GRACE, |st| {

@@ -93,32 +93,6 @@ pub struct rdram_get_options {
     pub range_end: i64,
 }
 
-/// One item of `rdram_mput`. The caller fills key and value; the library fills
-/// `status` and, on success, `generation`.
-#[repr(C)]
-pub struct rdram_put_item {
-    pub key: *const u8,
-    pub key_len: usize,
-    pub value: *const u8,
-    pub value_len: usize,
-    pub generation: u64,
-    pub status: rdram_status,
-}
-
-/// One item of `rdram_mget`. The caller fills key and buffer; the library fills
-/// `status`, `value_len` (bytes written, or the size needed on RDRAM_BUFFER_TOO_SMALL)
-/// and `generation`.
-#[repr(C)]
-pub struct rdram_get_item {
-    pub key: *const u8,
-    pub key_len: usize,
-    pub buf: *mut u8,
-    pub buf_len: usize,
-    pub value_len: usize,
-    pub generation: u64,
-    pub status: rdram_status,
-}
-
 /// Called once per listed key, in key order. `key` is valid only during the call.
 /// Return 0 to continue, nonzero to stop listing.
 pub type rdram_list_callback =
@@ -139,7 +113,10 @@ fn clients_mut() -> std::sync::RwLockWriteGuard<'static, Option<HashMap<usize, A
 /// while one runs (from another thread, or from a list callback) is refused, not
 /// serialized, since it breaks the header's one-thread-at-a-time contract. A close during
 /// a call takes the handle away at once; the client is freed when that call returns.
-fn with_client<R>(handle: *mut rdram_client, f: impl FnOnce(&mut Client) -> Result<R, Error>) -> Result<R, Error> {
+pub(super) fn with_client<R>(
+    handle: *mut rdram_client,
+    f: impl FnOnce(&mut Client) -> Result<R, Error>,
+) -> Result<R, Error> {
     if handle.is_null() {
         return Err(null_arg("client"));
     }
@@ -589,130 +566,6 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
     }
 }
 
-/// Stores `n` values with many requests in flight behind one wait. Each item's `status`
-/// and `generation` are filled in. Returns RDRAM_OK if every item succeeded, else the
-/// status of the first item that failed (see each item's status).
-/// Keys in batches are limited to 1 KiB.
-/// Items in CUDA device memory are staged through host memory one at a time.
-#[no_mangle]
-pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
-    // SAFETY: `items` points to `n` items whose keys and values are readable for their lengths for the call, as
-    // the header requires; the client reads the values only before it returns.
-    unsafe {
-        guard(|| {
-            let items = items_mut(items, n)?;
-            // Every item gets a status on every path: an item with a bad argument its own
-            // error, and the rest are sent.
-            let sent = with_client(client, |c| {
-                let mut args = Vec::with_capacity(n);
-                let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
-                for it in items.iter() {
-                    if on_device(it.value, it.value_len) {
-                        // Staged through host memory on its own, by the client.
-                        let put = key_arg(it.key, it.key_len)
-                            .and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
-                        results.push(Some(put.and_then(|w| match w {
-                            WriteResult::Written { generation } => Ok(generation),
-                            WriteResult::ConditionFailed => {
-                                Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
-                            }
-                        })));
-                        continue;
-                    }
-                    match key_arg(it.key, it.key_len)
-                        .and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?)))
-                    {
-                        Ok(a) => {
-                            args.push(a);
-                            results.push(None);
-                        }
-                        Err(e) => results.push(Some(Err(e))),
-                    }
-                }
-                let results = merge_results(results, c.put_many(&args, BATCH_DEPTH));
-                Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
-            });
-            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
-        })
-    }
-}
-
-/// Reads `n` values into the items' buffers with many requests in flight behind one wait.
-/// Each item's `status`, `value_len` and `generation` are filled in (RDRAM_MISSING and
-/// RDRAM_BUFFER_TOO_SMALL per item as for `rdram_get`). Returns RDRAM_OK if every item
-/// got an answer (whatever it was), else the first other error (see each item's status).
-/// Items in CUDA device memory are staged into it one at a time. Buffers that overlap
-/// are refused (RDRAM_INVALID_ARGUMENT for every item; nothing is read).
-#[no_mangle]
-pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
-    // SAFETY: `items` points to `n` items whose keys are readable and whose buffers are writable for their
-    // lengths, not overlapping (checked), as the header requires; the client writes the buffers only before it
-    // returns.
-    unsafe {
-        guard(|| {
-            let items = items_mut(items, n)?;
-            if let Some((a, b)) = overlapping_buffers(items) {
-                let e = Error::new(Status::Invalid, format!("items {a} and {b} have overlapping buffers"));
-                return Ok(fail_all(items, &e, |it, s| it.status = s));
-            }
-            let sent = with_client(client, |c| {
-                let mut keys = Vec::with_capacity(n);
-                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
-                let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
-                for it in items.iter() {
-                    let key = key_arg(it.key, it.key_len);
-                    match key {
-                        Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
-                        // Staged into device memory on its own, by the client.
-                        Ok(k) if on_device(it.buf, it.buf_len) => {
-                            results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len)))
-                        }
-                        Ok(k) => {
-                            keys.push(k);
-                            bufs.push(if it.buf_len == 0 {
-                                &mut []
-                            } else {
-                                std::slice::from_raw_parts_mut(it.buf, it.buf_len)
-                            });
-                            results.push(None);
-                        }
-                        Err(e) => results.push(Some(Err(e))),
-                    }
-                }
-                let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
-                let mut first_error = RDRAM_OK;
-                for (it, r) in items.iter_mut().zip(results) {
-                    it.status = match r {
-                        Ok(GetInto::Value { len, generation, .. }) => {
-                            it.value_len = len;
-                            it.generation = generation;
-                            RDRAM_OK
-                        }
-                        Ok(GetInto::TooSmall { needed }) => {
-                            it.value_len = needed;
-                            RDRAM_BUFFER_TOO_SMALL
-                        }
-                        Ok(GetInto::Missing) => RDRAM_MISSING,
-                        Ok(GetInto::Unchanged { generation }) => {
-                            it.generation = generation;
-                            RDRAM_UNCHANGED
-                        }
-                        Err(e) => {
-                            super::set_last_error(&e.to_string());
-                            e.status.into()
-                        }
-                    };
-                    if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
-                        first_error = it.status;
-                    }
-                }
-                Ok(first_error)
-            });
-            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
-        })
-    }
-}
-
 /// Registers caller memory [addr, addr+len) with the transport, so that puts from it and
 /// gets into it move without per-call registration. The memory stays owned by the
 /// caller, who must keep it mapped until `rdram_deregister(client, addr)` or
@@ -751,24 +604,7 @@ pub extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void)
     })
 }
 
-/// The first two items (in item order) whose buffers overlap, if any: the values of one
-/// batch land at the same time, so no byte may be written twice.
-fn overlapping_buffers(items: &[rdram_get_item]) -> Option<(usize, usize)> {
-    let mut spans: Vec<(usize, usize, usize)> = items
-        .iter()
-        .enumerate()
-        .filter(|(_, it)| it.buf_len > 0 && !it.buf.is_null())
-        .map(|(i, it)| (it.buf as usize, it.buf_len, i))
-        .collect();
-    // Sorted by start, a span that overlaps any later one overlaps the next.
-    spans.sort_unstable();
-    spans.windows(2).find(|w| w[0].0.saturating_add(w[0].1) > w[1].0).map(|w| (w[0].2.min(w[1].2), w[0].2.max(w[1].2)))
-}
-
-/// Requests in flight per batch call.
-const BATCH_DEPTH: usize = 64;
-
-unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
+pub(super) unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
     // SAFETY: a non-NULL `key` points to `key_len` readable bytes (the exports' contract).
     unsafe {
         if key.is_null() {
@@ -802,65 +638,4 @@ unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, E
             },
         })
     }
-}
-
-unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
-    // SAFETY: a non-NULL `items` points to `n` items the caller lends for the call only (the exports'
-    // contract).
-    unsafe {
-        if n == 0 {
-            return Ok(&mut []);
-        }
-        if items.is_null() {
-            return Err(null_arg("items"));
-        }
-        Ok(std::slice::from_raw_parts_mut(items, n))
-    }
-}
-
-/// A batch's results in item order: the items refused before sending (`Some`) and, in
-/// the gaps, the answers to those sent, in the order they were sent.
-/// Whether a batch item's buffer is device memory (moved on its own, staged).
-fn on_device(ptr: *const u8, len: usize) -> bool {
-    len > 0 && crate::gpu::kind_of(ptr as usize) != crate::gpu::MemoryKind::Host
-}
-
-fn merge_results<R>(refused: Vec<Option<crate::Result<R>>>, sent: Vec<crate::Result<R>>) -> Vec<crate::Result<R>> {
-    let mut sent = sent.into_iter();
-    refused.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one answer per item sent"))).collect()
-}
-
-/// Gives every item the same error (the call itself could not run).
-fn fail_all<T>(items: &mut [T], e: &Error, status: impl Fn(&mut T, rdram_status)) -> rdram_status {
-    super::set_last_error(&e.to_string());
-    for it in items.iter_mut() {
-        status(it, e.status.into());
-    }
-    e.status.into()
-}
-
-fn fill<T>(
-    items: &mut [T],
-    results: Vec<crate::Result<u64>>,
-    ok: impl Fn(&mut T, u64),
-    status: impl Fn(&mut T, rdram_status),
-) -> rdram_status {
-    let mut first_error = RDRAM_OK;
-    for (it, r) in items.iter_mut().zip(results) {
-        let s = match r {
-            Ok(g) => {
-                ok(it, g);
-                RDRAM_OK
-            }
-            Err(e) => {
-                super::set_last_error(&e.to_string());
-                e.status.into()
-            }
-        };
-        status(it, s);
-        if (s as i32) < 0 && first_error == RDRAM_OK {
-            first_error = s;
-        }
-    }
-    first_error
 }

@@ -8,6 +8,7 @@
 
 #![allow(non_camel_case_types)] // C names
 
+mod batches;
 mod client;
 mod server;
 

@@ -61,6 +61,8 @@ use crate::error::Status;
 /// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it.
 pub const PROTOCOL_VERSION: u8 = 12;
 pub const MAGIC: u16 = 0x5244; // "RD"
+/// Where an encoded request keeps its session, in the full and the short form alike.
+const SESSION_AT: std::ops::Range<usize> = 16..24;
 /// Starts a reply header in a compact form.
 pub const COMPACT_REPLY_MAGIC: u16 = 0x5352; // "RS"
 
@@ -253,7 +255,7 @@ impl RequestHeader {
         out[3] = self.op;
         out[4..8].copy_from_slice(&(self.flags & !flags::SHORT_FORM).to_le_bytes());
         out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
-        out[16..24].copy_from_slice(&self.session.to_le_bytes());
+        out[SESSION_AT].copy_from_slice(&self.session.to_le_bytes());
         out[24..32].copy_from_slice(&self.if_equal.to_le_bytes());
         out[32..40].copy_from_slice(&self.if_not_equal.to_le_bytes());
         out[40..48].copy_from_slice(&self.range_start.to_le_bytes());
@@ -262,6 +264,25 @@ impl RequestHeader {
         out[64..68].copy_from_slice(&self.key_len.to_le_bytes());
         out[68..72].copy_from_slice(&self.aux_len.to_le_bytes());
         REQUEST_HEADER_LEN
+    }
+
+    /// The session of an encoded request (full or short form); None if `msg` is too short.
+    pub fn session_in(msg: &[u8]) -> Option<u64> {
+        Some(u64::from_le_bytes(msg.get(SESSION_AT)?.try_into().ok()?))
+    }
+
+    /// Writes `session` into an encoded request (full or short form) that holds one.
+    pub fn set_session_in(msg: &mut [u8], session: u64) {
+        if let Some(field) = msg.get_mut(SESSION_AT) {
+            field.copy_from_slice(&session.to_le_bytes());
+        }
+    }
+
+    /// The request that aborts request `of` of `session`, under id `id`.
+    pub fn abort(id: u64, of: u64, session: u64) -> RequestHeader {
+        let mut h = RequestHeader::new(Op::Abort, id, session);
+        h.ttl_or_limit = of;
+        h
     }
 
     /// Writes the header in its short form when that says everything (no condition, range

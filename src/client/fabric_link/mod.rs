@@ -12,11 +12,13 @@
 //! RDM endpoints do not report a peer that died, so while waiting the link watches each
 //! server's bootstrap connection ([`Liveness`]).
 
+mod completions;
+mod connect;
+
 use super::requests::Requests;
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::link::{shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE, ABORT_ID_BASE};
+use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE};
 use super::options::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
@@ -117,110 +119,6 @@ pub struct FabricLink {
 unsafe impl Send for FabricLink {}
 
 impl FabricLink {
-    /// `elsewhere`: a server that offers shared memory this client cannot map, which a
-    /// failure then names.
-    pub fn connect(
-        welcomes: &[Welcome],
-        liveness: Liveness,
-        local_ip: Option<IpAddr>,
-        opts: &ClientOptions,
-        elsewhere: Option<&str>,
-    ) -> Result<FabricLink> {
-        Self::connect_to(welcomes, liveness, local_ip, opts).map_err(|mut e| {
-            // libfabric's shm regions are their owner's alone: mapping another user's fails
-            // in fi_av_insert ("Invalid argument"), which says nothing of why.
-            if let Some(node) = elsewhere.filter(|_| welcomes[0].provider == "shm") {
-                e.message = format!("{} ({}: run this client as the server's user on its host, or serve with --provider \"tcp;ofi_rxm\")", e.message, shares_no_memory(node));
-            }
-            e
-        })
-    }
-
-    fn connect_to(
-        welcomes: &[Welcome],
-        liveness: Liveness,
-        local_ip: Option<IpAddr>,
-        opts: &ClientOptions,
-    ) -> Result<FabricLink> {
-        let provider = &welcomes[0].provider;
-        let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
-        let rails = Rails::open(provider, local_ip, first_shard.len())?;
-        let mut link = FabricLink {
-            servers: Vec::new(),
-            pending: Requests::default(),
-            pool: Vec::new(),
-            ops: InFlight::default(),
-            registered: Vec::new(),
-            completions: Vec::with_capacity(64),
-            poller: Poller::new(opts.poll, opts.spin),
-            liveness,
-            rails: std::mem::ManuallyDrop::new(rails),
-            poisoned: false,
-        };
-        link.connect_servers(welcomes, opts.connect_timeout)?;
-        Ok(link)
-    }
-
-    /// Adds each server's shards as peers, numbered after the servers connected, and
-    /// introduces us to them.
-    fn connect_servers(&mut self, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
-        let first = self.servers.len();
-        for w in welcomes {
-            let mut shards = Vec::new();
-            for addrs in &w.shards {
-                let addrs = crate::proto::fabric::decode_addresses(addrs)?;
-                if addrs.len() != self.rails.eps.len() {
-                    return Err(Error::new(
-                        Status::Transport,
-                        format!(
-                            "server {} has {} rails per shard, expected {}",
-                            w.node,
-                            addrs.len(),
-                            self.rails.eps.len()
-                        ),
-                    ));
-                }
-                let peers =
-                    self.rails.eps.iter().zip(&addrs).map(|(ep, a)| ep.insert_peer(a)).collect::<Result<Vec<_>>>()?;
-                shards.push(Shard { peers, slot: u32::MAX, credential: 0 });
-            }
-            self.servers.push(Server { node: w.node.clone(), shards, dead: None });
-        }
-        self.hello(first, welcomes, timeout)
-    }
-
-    /// Introduces us to every shard worker of the servers from `first` on (whose
-    /// welcomes these are) and learns our slot at each.
-    fn hello(&mut self, first: usize, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
-        let addresses = self.rails.addresses()?;
-        let mut waiting = Vec::new();
-        for (s, w) in welcomes.iter().enumerate().map(|(i, w)| (first + i, w)) {
-            for shard in 0..self.servers[s].shards.len() {
-                let id = HELLO_ID_BASE + waiting.len() as u64;
-                let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
-                let mut p = self.take_pending(s);
-                p.msg.extend_from_slice(&hello.encode());
-                self.post(id, p, shard, wire::HELLO)?;
-                waiting.push((id, s, shard));
-            }
-        }
-        for (id, s, shard) in waiting {
-            let reply = self.wait_for(id, timeout).map_err(|e| {
-                Error::new(
-                    Status::Unavailable,
-                    format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message),
-                )
-            })?;
-            if reply.header.status() != Status::Ok {
-                return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
-            }
-            let target = &mut self.servers[s].shards[shard];
-            target.slot = reply.header.generation as u32;
-            target.credential = reply.header.value_size;
-        }
-        Ok(())
-    }
-
     fn take_pending(&mut self, server: usize) -> Box<Pending> {
         let mut p = self.pool.pop().unwrap_or_else(|| {
             let msg = Vec::with_capacity(wire::REQUEST_MSG_MAX);
@@ -379,137 +277,6 @@ impl FabricLink {
             p.data_buf = Vec::new();
         }
         self.pool.push(p);
-    }
-
-    fn progress(&mut self) -> bool {
-        if self.poisoned {
-            return false;
-        }
-        let mut done = std::mem::take(&mut self.completions);
-        let any = self.rails.poll(&mut done) > 0;
-        for c in done.drain(..) {
-            if let Some(f) = self.ops.complete(c) {
-                self.finished(f);
-            }
-        }
-        self.completions = done;
-        any
-    }
-
-    fn finished(&mut self, f: Finished<LinkOp>) {
-        let id = f.value.request;
-        let Some(p) = self.pending.get_mut(&id) else { return };
-        let abandoned = p.abandoned;
-        match f.value.step {
-            Step::Send => {
-                p.sent = true;
-                if let Err(e) = f.result {
-                    let server = p.server;
-                    let why = format!("sending to {} failed: {e}", self.servers[server].node);
-                    self.fail_server(server, Status::Unavailable, why);
-                }
-            }
-            Step::ReplyHeader => {
-                p.header_op = None;
-                match f.result {
-                    Ok(()) => {
-                        if let Some(payload_len) = accept_reply(p, f.len) {
-                            // Taken out while receiving posts through `self`.
-                            let mut p = self.pending.remove(&id).unwrap();
-                            self.receive_payload(id, &mut p, payload_len);
-                            self.pending.insert(id, p);
-                        }
-                    }
-                    Err(e) if p.reply.is_none() => {
-                        p.reply = Some(Err(Error::new(Status::Transport, format!("receiving the reply failed: {e}"))))
-                    }
-                    Err(_) => {}
-                }
-            }
-            Step::ReplyData => {
-                p.data_op = None;
-                if let Some(Ok(r)) = &mut p.reply {
-                    match f.result {
-                        Ok(()) if f.len == r.len => {
-                            if p.sink.is_none() {
-                                // SAFETY: data_buf was allocated with room for r.len bytes
-                                // (receive_payload), and its stripes' receives, none of
-                                // which can overrun its own range, delivered r.len bytes
-                                // in all: every byte is written.
-                                unsafe { p.data_buf.set_len(r.len) };
-                                r.payload = std::mem::take(&mut p.data_buf);
-                            }
-                        }
-                        Ok(()) => {
-                            p.reply = Some(Err(Error::new(
-                                Status::Transport,
-                                format!("reply payload of {} bytes, {} announced", f.len, r.len),
-                            )))
-                        }
-                        Err(e) => {
-                            p.reply = Some(Err(Error::new(
-                                Status::Transport,
-                                format!("receiving the reply payload failed: {e}"),
-                            )))
-                        }
-                    }
-                }
-            }
-        }
-        if abandoned {
-            self.release_if_abandoned(id);
-        }
-    }
-
-    /// Releases request `id` once nobody waits for it and the provider holds none of its
-    /// buffers any more.
-    fn release_if_abandoned(&mut self, id: u64) {
-        if self.pending.get(&id).is_some_and(|p| p.abandoned && p.sent && p.header_op.is_none() && p.data_op.is_none())
-        {
-            let p = self.pending.remove(&id).unwrap();
-            self.release(p);
-        }
-    }
-
-    /// Receives a reply's payload sent as its own message, striped over the rails,
-    /// straight into the sink (or a Vec).
-    fn receive_payload(&mut self, id: u64, p: &mut Pending, payload_len: usize) {
-        let sink = p.sink.filter(|_| matches!(&p.reply, Some(Ok(r)) if r.header.status() == Status::Ok));
-        let dest = match sink {
-            Some(s) => s.ptr,
-            None => {
-                // Not zero-filled: the receive writes every byte before the length is set.
-                p.data_buf = Vec::with_capacity(payload_len);
-                p.data_buf.as_mut_ptr()
-            }
-        };
-        let descs: Vec<_> = if self.rails.needs_local_registration() {
-            match self.registration_for(dest, payload_len, RemoteAccess::None, &mut p.temp_mr) {
-                Ok(d) => d.into_iter().map(|d| d.0).collect(),
-                Err(e) => return p.reply = Some(Err(e)),
-            }
-        } else {
-            vec![std::ptr::null_mut(); self.rails.eps.len()]
-        };
-        let parts: Vec<_> = stripes(payload_len, self.rails.eps.len()).collect();
-        self.poller.expect_transfer(payload_len);
-        let op = self.ops.start(LinkOp { request: id, step: Step::ReplyData }, parts.len());
-        for (i, &(off, part_len)) in parts.iter().enumerate() {
-            let ctx = self.ops.ctx(op, i);
-            // SAFETY: dest is the caller's sink (valid until wait returns) or data_buf,
-            // which the Pending owns; neither is touched until the receive completes.
-            let posted = unsafe {
-                self.rails.eps[i].recv(dest.add(off), part_len, descs[i], wire::DATA | (id & wire::ID_MASK), 0, ctx)
-            };
-            if let Err(e) = posted {
-                p.reply = Some(Err(e.clone()));
-                if self.ops.not_posted(op, parts.len() - i, e).is_some() {
-                    return; // nothing of it in flight
-                }
-                break;
-            }
-        }
-        p.data_op = Some((op, parts.len()));
     }
 
     /// Gives up on a server: cancels our receives still posted for its requests, waits
@@ -682,12 +449,7 @@ impl FabricLink {
         // pinned extent (which it releases on the abort).
         let in_flight = (p.remote_payload && p.reply.is_none()) || p.data_op.is_some();
         if in_flight && self.servers[server].dead.is_none() {
-            let credential = u64::from_le_bytes(p.msg[16..24].try_into().unwrap());
-            let abort_id = ABORT_ID_BASE + id;
-            let mut h = RequestHeader::new(Op::Abort, abort_id, credential);
-            h.ttl_or_limit = id;
-            let mut header = [0u8; REQUEST_HEADER_LEN];
-            h.encode(&mut header);
+            let (abort_id, header) = abort_request(id, &p.msg);
             let mut a = self.take_pending(server);
             a.msg.extend_from_slice(&header);
             let confirmed = self.post(abort_id, a, shard, wire::REQUEST).is_ok() && {
@@ -719,42 +481,6 @@ impl FabricLink {
     }
 }
 
-/// Takes a reply header (and inline payload) that arrived in `p.reply_buf`. Returns the
-/// payload length when the payload follows as its own message.
-fn accept_reply(p: &mut Pending, len: usize) -> Option<usize> {
-    let h = match ReplyHeader::decode(&p.reply_buf[..len.min(p.reply_buf.len())]) {
-        Ok(h) => h,
-        Err(e) => {
-            p.reply = Some(Err(Error::new(Status::Transport, e)));
-            return None;
-        }
-    };
-    let payload_len = h.payload_len as usize;
-    let sink = p.sink.filter(|_| h.status() == Status::Ok);
-    if h.status() == Status::Ok && p.limit.is_some_and(|limit| payload_len > limit) {
-        // Longer than the request takes: report its length; the server withheld it.
-        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: true }));
-        return None;
-    }
-    // The worker sends the payload after the header in one message, or (longer than one
-    // message takes on this provider) as its own message: the length says which.
-    if len == REPLY_HEADER_LEN && payload_len > 0 {
-        p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: false }));
-        return Some(payload_len);
-    }
-    let bytes = &p.reply_buf[REPLY_HEADER_LEN.min(len)..len];
-    p.reply = Some(if bytes.len() != payload_len {
-        Err(Error::new(Status::Transport, "reply shorter than its payload length"))
-    } else if let Some(s) = sink {
-        // SAFETY: the sink holds at least payload_len bytes (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr, payload_len) };
-        Ok(Reply { header: h, payload: Vec::new(), len: payload_len, withheld: false })
-    } else {
-        Ok(Reply::owned(h, bytes.to_vec()))
-    });
-    None
-}
-
 impl Link for FabricLink {
     fn submit(
         &mut self,
@@ -777,10 +503,8 @@ impl Link for FabricLink {
         p.limit = receive.limit();
         p.msg.extend_from_slice(header);
         p.msg.extend_from_slice(header_tail);
-        if p.msg.len() >= 24 {
-            let credential = self.servers[server].shards.get(shard).map_or(0, |s| s.credential);
-            p.msg[16..24].copy_from_slice(&credential.to_le_bytes());
-        }
+        let credential = self.servers[server].shards.get(shard).map_or(0, |s| s.credential);
+        RequestHeader::set_session_in(&mut p.msg, credential);
         if let (Some(limit), Some(&op)) = (p.limit, header.get(3)) {
             if op == Op::Get as u8 && p.msg.len() >= REQUEST_HEADER_LEN {
                 // Declare what the request takes: a longer value is not sent, only its size.
