@@ -133,18 +133,26 @@ fn ucx_tcp_without_the_opt_in_is_refused_at_start() {
 }
 
 /// 64 sockets from one address, each sending one byte of a handshake and no more, do not
-/// take every handshake place: real clients from another address connect meanwhile.
+/// take every handshake place: the server holds the newest 8 of them (its bound per
+/// source), cuts the rest, and real clients from another address connect meanwhile.
 #[test]
 fn one_byte_handshake_holders_do_not_lock_others_out() {
+    use remote_dram::server::tunables::MAX_HANDSHAKES_PER_SOURCE;
     common::init(common::SHM);
-    let server = ServerProc::start(&["--workers", "1"]);
+    let server = ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let mut held = Vec::new();
     for _ in 0..64 {
         let mut s = connect_from(ATTACKER, &server.addr).unwrap();
         let _ = std::io::Write::write_all(&mut s, b"{");
         held.push(s);
     }
-    std::thread::sleep(Duration::from_millis(200));
+    let cut = r#"rdram_handshakes_total{outcome="refused",reason="capacity"}"#;
+    assert!(
+        common::wait_until(Duration::from_secs(2), || server.metric(cut) == (64 - MAX_HANDSHAKES_PER_SOURCE) as u64),
+        "the server took the 64 sockets and cut all but the newest {MAX_HANDSHAKES_PER_SOURCE}: {} cut",
+        server.metric(cut)
+    );
+    assert_eq!(server.metric("rdram_handshakes_in_progress{}"), MAX_HANDSHAKES_PER_SOURCE as u64, "the rest are held");
     for i in 0..20 {
         let (code, _, err) = rdram(&["ls", "--server", &server.addr], None);
         assert_eq!(code, 0, "rdram ls #{i} while 64 handshakes are held from {ATTACKER}: {err}");

@@ -135,8 +135,9 @@ fn counter_total(server: &common::ServerProc, name: &str) -> u64 {
     samples_total(&text, name, "").unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
-/// Waits (30 s at most) until `server` has answered a GET: a [`large_getter`] has stored
-/// its keys and is getting them (a slow machine takes longer than any fixed sleep).
+/// Waits (30 s at most) until `server` has answered a GET: a getter (such as a
+/// [`large_getter`]) has connected and is getting (a slow machine takes longer than any
+/// fixed sleep).
 fn until_getting(server: &common::ServerProc) {
     let answered_gets =
         || scrape(server).is_ok_and(|t| samples_total(&t, "rdram_requests_total", "op=\"get\"").is_some_and(|n| n > 0));
@@ -188,7 +189,7 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
         common::wait_until(Duration::from_secs(10), || !regions_of(pid).is_empty()),
         "the client opened no shm region"
     );
-    std::thread::sleep(Duration::from_millis(500)); // connected and busy getting
+    until_getting(&server); // connected and busy getting
     for region in regions_of(pid) {
         hold_region_lock(&region);
     }
@@ -216,7 +217,7 @@ fn a_client_killed_holding_its_own_region_lock_does_not_wedge_the_shard() {
 fn a_client_that_never_receives_does_not_wedge_the_shard() {
     use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
     common::init(common::FABRIC_SHM);
-    let server = common::ServerProc::start(&["--workers", "1"]);
+    let server = common::ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let options = remote_dram::ClientOptions { timeout: Duration::from_secs(10), ..common::options() };
     let mut other = remote_dram::Client::connect(&server.addr, options.clone()).unwrap();
     other.put(b"k", b"v").unwrap();
@@ -236,7 +237,11 @@ fn a_client_that_never_receives_does_not_wedge_the_shard() {
         sent += 1;
     }
     assert!(sent >= 600, "the hog sent only {sent} requests");
-    std::thread::sleep(Duration::from_secs(2));
+    let replaced = || scrape(&server).ok().and_then(|t| samples_total(&t, "rdram_worker_replacements_total", ""));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || replaced().is_some_and(|n| n >= 1)),
+        "the shard's endpoints were not replaced after its send to the hog gave up"
+    );
     // The shard moved to new endpoints: the server tells its clients, whose call in
     // flight fails at once (not at its 10 s timeout); the next one reconnects.
     let started = std::time::Instant::now();

@@ -33,6 +33,8 @@ pub struct BootstrapMetrics {
     pub refused_version: AtomicU64,
     /// Handshakes that failed before a verdict (bad line, deadline, I/O).
     pub failed: AtomicU64,
+    /// Handshakes in progress (accepted sockets not yet welcomed or refused).
+    pub handshakes_in_progress: AtomicUsize,
 }
 
 /// Label sets are lists of `(name, value)`.
@@ -278,6 +280,13 @@ impl Collector for ServerCollector {
             "Clients connected",
             MetricType::Gauge,
             [(vec![("transport", self.transport.clone())], gauge(b.clients.load(Relaxed) as u64))],
+        )?;
+        family(
+            &mut e,
+            "rdram_handshakes_in_progress",
+            "Client handshakes under way: accepted sockets not yet welcomed or refused",
+            MetricType::Gauge,
+            [(Labels::new(), gauge(b.handshakes_in_progress.load(Relaxed) as u64))],
         )?;
         let handshakes = [
             ("accepted", "", &b.accepted),

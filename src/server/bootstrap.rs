@@ -193,6 +193,7 @@ impl HandshakePlace {
             let _ = cut.stream.shutdown(std::net::Shutdown::Both);
         }
         all.push_back(InProgress { id, source, stream: second });
+        shared.metrics.handshakes_in_progress.store(all.len(), Ordering::Relaxed);
         Some(HandshakePlace { shared: shared.clone(), id })
     }
 }
@@ -203,6 +204,7 @@ impl Drop for HandshakePlace {
         if let Some(at) = all.iter().position(|h| h.id == self.id) {
             all.remove(at);
         }
+        self.shared.metrics.handshakes_in_progress.store(all.len(), Ordering::Relaxed);
     }
 }
 
