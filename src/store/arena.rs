@@ -24,6 +24,10 @@ const SMALL_PAGE: usize = 4096;
 /// memory-map lock (for reading) throughout, which every mmap of other threads waits for:
 /// a few huge pages at a time keeps those waits short.
 const POPULATE_STEP: usize = 4 << 20;
+/// The fault-in thread's nice value: below a client's and the workers' share of a busy
+/// CPU, so that a server that just started does not hold its first clients back, yet
+/// never starved (as at idle priority) while it holds the memory-map lock.
+const FAULT_IN_NICE: libc::c_int = 10;
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -113,6 +117,8 @@ impl Arena {
             if !wait_for_fault_in(&stopped) {
                 return;
             }
+            // SAFETY: setpriority on this thread's own id changes only its nice value.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FAULT_IN_NICE) };
             let mut at = from;
             while at < len && !stopped.load(Ordering::Relaxed) {
                 let step = POPULATE_STEP.min(len - at);
