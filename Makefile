@@ -81,6 +81,8 @@ soak: deps
 lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	# Doc links name paths: a moved or renamed item fails here.
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib --document-private-items
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
 # starting from the committed corpus (new inputs go to fuzz/corpus-work/, ignored).

@@ -174,7 +174,7 @@ pub fn shard_request(data: &[u8]) {
 
 /// A whole request as UCX hands it to a shard worker: the active message's header (the
 /// first two bytes of the input give its length) and its eager payload, through the UCX
-/// path's admission ([`Service::admit`]) and then served.
+/// path's admission (`Service::admit`) and then served.
 pub fn ucx_request(data: &[u8]) {
     let Some((len, rest)) = data.split_first_chunk::<2>() else { return };
     let at = (u16::from_le_bytes(*len) as usize).min(rest.len());

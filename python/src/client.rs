@@ -15,6 +15,7 @@ use remote_dram::transport::PollMode;
 
 use crate::buffer::{Buffer, RawBytes};
 use crate::errors::{buffer_too_small, in_batch, invalid, to_py};
+use remote_dram::client::tunables::{BATCH_DEPTH, PARTS_BATCH_DEPTH};
 
 /// A put's generation; an unconditional put whose condition failed is an internal error.
 fn written(w: remote_dram::Result<WriteResult>) -> remote_dram::Result<u64> {
@@ -25,13 +26,6 @@ fn written(w: remote_dram::Result<WriteResult>) -> remote_dram::Result<u64> {
         }
     }
 }
-
-/// Requests a batch keeps in flight (the C ABI's `rdram_mput`/`rdram_mget` use the same).
-const BATCH_DEPTH: usize = 64;
-/// Values a `put_parts_many` stages at once: each holds room on its server until it is
-/// committed, and a server gives a client's session at most 16 staged values and half its
-/// staging room (beyond them a value is put whole, after a copy).
-const PARTS_BATCH_DEPTH: usize = 8;
 
 /// A connection to one or more remote_dram servers.
 ///

@@ -9,7 +9,8 @@ use pyo3::types::PyString;
 use remote_dram::auth::ClusterSecret;
 use remote_dram::cli::parse_size;
 use remote_dram::cluster::member::{ClusterMember, MemberConfig};
-use remote_dram::cluster::{ClusterUrl, DEFAULT_LEASE_TTL};
+use remote_dram::cluster::tunables::DEFAULT_LEASE_TTL;
+use remote_dram::cluster::ClusterUrl;
 use remote_dram::server::{Server, ServerConfig, TransportChoice};
 use remote_dram::store::Mode;
 

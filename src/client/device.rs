@@ -3,30 +3,28 @@
 //! A pointer's memory kind is asked of the driver per call ([`gpu::kind_of`]); host
 //! memory takes the ordinary path. Device memory moves in two steps, on a stream of the
 //! client's own:
-//! - a put of more than [`CHUNK`] bytes sends the value in parts of that size, staged on
+//! - a put of more than [`DEVICE_CHUNK`] bytes sends the value in parts of that size, staged on
 //!   the server ([`crate::proto::flags::STAGE`] with a range), from two pinned chunk
 //!   buffers in turn: while one part crosses the network, the GPU copies the next into
 //!   the other buffer; an empty part at the end commits the value as an ordinary put.
 //!   Smaller values, values for a cluster, and values the server has no staging room for
 //!   are copied whole into a pinned buffer (kept for the next put up to
 //!   `KEEP_PUT_BUFFER`) and put from there;
-//! - a get receives the value in [`CHUNK`]-byte ranges pinned to its generation, into two
+//! - a get receives the value in [`DEVICE_CHUNK`]-byte ranges pinned to its generation, into two
 //!   pinned chunk buffers in turn: while the network fills one, the GPU copies the other
 //!   into place. A value that changes while it is read is read again.
 //!
 //! Every call synchronizes the stream before it returns, whatever happened: no copy
 //! touches the caller's device memory afterwards.
 
-use super::device_staging::{DeviceStaging, CHUNK};
+use super::device_staging::DeviceStaging;
 use super::link::{Receive, Sink};
+use super::tunables::{DEVICE_CHUNK, READ_ATTEMPTS};
 use super::{check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, MemoryKind};
 use crate::proto::ByteRange;
 use crate::proto::{INLINE_KEY_MAX, MAX_VALUE_LEN};
-
-/// Reads of a value that keeps changing under a chunked get.
-const READ_ATTEMPTS: usize = 3;
 
 /// How a chunked read ended.
 enum Chunked {
@@ -97,7 +95,7 @@ impl Client {
         }
         let mut staging = self.staging()?;
         let mut result = Err(Error::new(Status::Unavailable, "not sent in parts"));
-        if len > CHUNK && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
+        if len > DEVICE_CHUNK && self.cluster.is_none() && key.len() <= INLINE_KEY_MAX {
             let mut stage_id = None;
             result = self.put_in_parts(&mut staging, key, addr, len, ordinal, opts, &mut stage_id);
             // Discarded where the server answered (a refused part, a failed copy here).
@@ -122,7 +120,7 @@ impl Client {
         result.and_then(|r| synchronized.map(|()| r))
     }
 
-    /// Sends a value of device memory in parts of [`CHUNK`] bytes, the GPU copying the next
+    /// Sends a value of device memory in parts of [`DEVICE_CHUNK`] bytes, the GPU copying the next
     /// part into one chunk buffer while the other's part crosses the network, then commits
     /// it. `stage_id` receives the id the server stages the value under once it does.
     #[allow(clippy::too_many_arguments)]
@@ -136,11 +134,11 @@ impl Client {
         opts: &PutOptions,
         stage_id: &mut Option<u64>,
     ) -> Result<WriteResult> {
-        let parts = len.div_ceil(CHUNK);
-        let part_len = |k: usize| CHUNK.min(len - k * CHUNK);
+        let parts = len.div_ceil(DEVICE_CHUNK);
+        let part_len = |k: usize| DEVICE_CHUNK.min(len - k * DEVICE_CHUNK);
         let first = staging.chunks[0].as_mut_ptr();
         let stream = staging.stream(ordinal)?;
-        // SAFETY: the chunk buffer holds CHUNK bytes used by nothing else; the caller's
+        // SAFETY: the chunk buffer holds DEVICE_CHUNK bytes used by nothing else; the caller's
         // device range holds `len` bytes; synchronized right after.
         unsafe { stream.to_host(first, addr, part_len(0))? };
         stream.synchronize()?;
@@ -149,9 +147,9 @@ impl Client {
                 let next = staging.chunks[(k + 1) % 2].as_mut_ptr();
                 // SAFETY: the other chunk buffer, whose part was sent (its call returned);
                 // synchronized before that buffer is sent or the call returns.
-                unsafe { staging.stream(ordinal)?.to_host(next, addr + (k + 1) * CHUNK, part_len(k + 1))? };
+                unsafe { staging.stream(ordinal)?.to_host(next, addr + (k + 1) * DEVICE_CHUNK, part_len(k + 1))? };
             }
-            self.stage_part(key, k * CHUNK, len, stage_id, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
+            self.stage_part(key, k * DEVICE_CHUNK, len, stage_id, &staging.chunks[k % 2].as_slice()[..part_len(k)])?;
             // The next part is in its buffer.
             staging.stream(ordinal)?.synchronize()?;
         }
@@ -226,7 +224,7 @@ impl Client {
             if at == total {
                 break;
             }
-            let n = CHUNK.min(total - at);
+            let n = DEVICE_CHUNK.min(total - at);
             let chunk = &mut staging.chunks[turn % 2];
             let range = ByteRange { start: (start + at as u64) as i64, end: (start + (at + n) as u64) as i64 };
             let pinned = GetOptions { if_equal: Some(generation), if_not_equal: None, range: Some(range) };

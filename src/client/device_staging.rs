@@ -1,13 +1,9 @@
 //! What a client keeps once it has met device memory: a stream per GPU and pinned host
 //! buffers that device memory is staged through (see `device`).
 
+use super::tunables::{DEVICE_CHUNK, KEEP_PUT_BUFFER};
 use crate::error::Result;
 use crate::gpu::{Device, HostBuffer, Stream};
-
-/// Bytes a get reads per request into device memory.
-pub const CHUNK: usize = 4 << 20;
-/// A put's pinned buffer is kept for the next put up to this size (larger ones are freed).
-pub const KEEP_PUT_BUFFER: usize = 64 << 20;
 
 /// What a client keeps once it has met device memory.
 pub(super) struct DeviceStaging {
@@ -22,7 +18,7 @@ pub(super) struct DeviceStaging {
 
 impl DeviceStaging {
     pub(super) fn new(device: &'static dyn Device) -> Result<DeviceStaging> {
-        let chunks = [device.host_buffer(CHUNK)?, device.host_buffer(CHUNK)?];
+        let chunks = [device.host_buffer(DEVICE_CHUNK)?, device.host_buffer(DEVICE_CHUNK)?];
         Ok(DeviceStaging { device, streams: Vec::new(), chunks, put_buffer: None })
     }
 

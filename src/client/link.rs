@@ -7,6 +7,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::tunables::LIVENESS_CHECK;
 use crate::error::Result;
 use crate::proto::bootstrap::Welcome;
 use crate::proto::{ReplyHeader, RequestHeader, REQUEST_HEADER_LEN};
@@ -87,9 +88,6 @@ pub(super) fn abort_request(id: u64, request: &[u8]) -> (u64, [u8; REQUEST_HEADE
     RequestHeader::abort(abort_id, id, session).encode(&mut header);
     (abort_id, header)
 }
-/// How long a given-up call waits for the server to confirm that it no longer touches
-/// the caller's memory, before closing the connection to make sure of it.
-pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a transport does for a connection: one thread drives it, through `&mut self`.
 pub(super) trait Link: Send {
@@ -120,7 +118,7 @@ pub(super) trait Link: Send {
     /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
     fn set_spin(&mut self, spin: Duration);
     /// Whether requests may go with their header in its short form (see
-    /// [`proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
+    /// [`crate::proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
     /// the full form in place (the credential, a read's limit).
     fn takes_short_headers(&self) -> bool {
         false
@@ -161,9 +159,6 @@ impl Deadline {
         self.left.min(Duration::from_millis(100))
     }
 }
-
-/// How often a waiting client checks that its servers' bootstrap connections are open.
-const LIVENESS_CHECK: Duration = Duration::from_millis(10);
 
 /// The servers' bootstrap connections, which each server holds open while it runs: one
 /// that closes means that server process is gone. Transports that cannot see a peer die

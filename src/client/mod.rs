@@ -19,6 +19,7 @@ mod parts;
 mod replicas;
 mod requests;
 mod routing;
+pub mod tunables;
 mod ucx_link;
 
 use std::time::Duration;
@@ -30,17 +31,18 @@ use crate::error::{Error, Result, Status};
 pub use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use conn::Connection;
-pub use device_staging::CHUNK as DEVICE_CHUNK;
 use link::{Receive, Reply, Sink};
 pub use options::*;
 pub use replicas::ReplicaCopy;
+pub use tunables::DEVICE_CHUNK;
+use tunables::RECONNECT_BACKOFF_MIN;
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
 ///
 /// When a server is lost (it died, restarted, or left a call unanswered in time), the calls in
 /// flight to it fail with `Unavailable`, and the next call connects again (a new
 /// bootstrap with every server, the caller's registrations redone), trying at most once
-/// per backoff step: [`RECONNECT_BACKOFF_MIN`] doubling up to [`RECONNECT_BACKOFF_MAX`].
+/// per backoff step: [`RECONNECT_BACKOFF_MIN`] doubling up to [`tunables::RECONNECT_BACKOFF_MAX`].
 pub struct Client {
     conn: Connection,
     addresses: Vec<String>,
@@ -58,13 +60,6 @@ pub struct Client {
     /// Streams and pinned buffers for device memory, made when the client first meets it.
     device_staging: Option<Box<device_staging::DeviceStaging>>,
 }
-
-pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
-/// First and longest pause before a request that a cluster's view change turned back is
-/// sent again.
-const CLUSTER_RETRY_MIN: Duration = Duration::from_millis(1);
-const CLUSTER_RETRY_MAX: Duration = Duration::from_millis(10);
-pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 impl Client {
     /// Connects to one or more servers: `"host:port"` or `"a:7000,b:7001"`, or to the live

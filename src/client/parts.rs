@@ -6,14 +6,10 @@
 use std::collections::VecDeque;
 
 use super::link::{Receive, Reply};
+use super::tunables::GATHER_COPY_MAX;
 use super::{apply_write_condition, check_key, error_of, Client, PutOptions, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
-
-/// Up to this many bytes in all, the parts of [`Client::put_parts`] are copied into one
-/// value and put whole: a copy that small costs less than the two requests more that
-/// staging takes.
-pub const GATHER_COPY_MAX: usize = 256 << 10;
 
 impl Client {
     /// Stores the concatenation of `parts` under `key`, as [`Client::put_with`] would, without

@@ -1,6 +1,7 @@
 //! Cluster calls: a key turned back during a move is settled, and what servers send each
 //! other as members (a key's primary's copies to its replicas, the movers' handovers).
 
+use super::tunables::{CLUSTER_RETRY_MAX, CLUSTER_RETRY_MIN};
 use super::*;
 use crate::auth::{Grant, TICKET_LEN};
 

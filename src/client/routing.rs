@@ -1,6 +1,7 @@
 //! Routing: which server and shard a key or range goes to, the connection kept live
 //! (reconnects with backoff), and in a cluster the view followed, with failover for reads.
 
+use super::tunables::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
 use super::*;
 
 impl Client {

@@ -13,8 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE};
+use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
 use super::options::ClientOptions;
+use super::tunables::ABORT_GRACE;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};

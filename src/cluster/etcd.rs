@@ -2,6 +2,7 @@
 //! state at one revision, and proposing a placement in a transaction.
 
 use super::store::Kv;
+use super::tunables::ETCD_CALL_TIMEOUT;
 use super::*;
 
 pub(super) fn etcd_error(url: &ClusterUrl, what: &str, e: impl std::fmt::Display) -> Error {

@@ -3,10 +3,8 @@
 
 use super::etcd::{connect, etcd_error, propose, read_state};
 use super::store::Kv;
+use super::tunables::{ETCD_RETRY_PAUSE, WARNED_RECORDS};
 use super::*;
-
-/// Ignored member records remembered (so that each is warned about once), at most.
-const WARNED_RECORDS: usize = 1024;
 
 /// What a follower does with each state it reads; a placement it returns is proposed.
 pub(super) type OnState = Box<dyn FnMut(&ClusterState) -> Option<Placement> + Send>;
@@ -87,7 +85,7 @@ impl Follower {
                 warn!("cluster {}: etcd unreachable ({}); {}", self.url, failure.message, self.what);
                 warned = true;
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            tokio::time::sleep(ETCD_RETRY_PAUSE).await;
             if let Ok(client) = connect(&self.url).await {
                 self.client = client;
             }
@@ -137,7 +135,7 @@ pub(super) async fn settle(
                 if state.placement.is_none() && state.placement_revision != 0 {
                     // Writing back over a placement someone made unreadable: not in a tight
                     // loop if they keep at it.
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                    tokio::time::sleep(ETCD_RETRY_PAUSE).await;
                 }
                 propose(kv, url, &state, &proposed).await?;
             }

@@ -38,6 +38,7 @@ pub mod replication;
 mod store;
 #[cfg(test)]
 mod transitions;
+pub mod tunables;
 mod watch;
 use etcd::{connect, etcd_error, read_settings, read_state, runtime};
 pub use etcd::{CA_FILE_ENV, CERT_FILE_ENV, CREDENTIALS_FILE_ENV, KEY_FILE_ENV};
@@ -56,15 +57,6 @@ use tracing::{info, warn};
 
 use crate::auth::ClusterSecret;
 use crate::error::{Error, Result, Status};
-
-/// How long one etcd call may take before it counts as etcd being unreachable.
-const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(3);
-/// Pause between attempts to reach etcd again after it failed.
-const RETRY_PAUSE: Duration = Duration::from_millis(500);
-/// How long a joining server waits for the placement to take it in.
-const PLACEMENT_WAIT: Duration = Duration::from_secs(5);
-/// Default lease TTL of a server's registration.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// A parsed `etcd://HOST:PORT[,HOST:PORT…]/NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]

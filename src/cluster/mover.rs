@@ -1,6 +1,6 @@
 //! A cluster member's mover: while keys move to a new placement, it copies each key this
 //! server is the first live replica of to the replicas the key gains under `next`, in
-//! batches of many keys with [`DEPTH`] requests in flight (at most [`BATCH_BYTES`] held),
+//! batches of many keys with [`MOVE_DEPTH`] requests in flight (at most [`MOVE_BATCH_BYTES`] held),
 //! through the real transport and the cluster's token like any client,
 //! preserving generation and TTL ([`Client::handover_import`], which never replaces a
 //! newer value: keys' primaries copy their writes to those replicas too while keys move).
@@ -24,6 +24,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use super::tunables::{
+    MOVER_PEER_TIMEOUT, MOVER_POLL, MOVER_REPORT_EVERY, MOVE_BATCH_BYTES, MOVE_BATCH_KEYS, MOVE_DEPTH,
+};
 use super::{MoveReport, Registration, Routing, ServerRole};
 use crate::client::{Client, ClientOptions, KeyRange};
 use crate::error::Result;
@@ -36,19 +39,6 @@ struct Move {
     to: Vec<String>,
     hand_over: bool,
 }
-
-/// Values one batch of a pass reads before it writes them: what the mover holds at once.
-const BATCH_BYTES: u64 = 64 << 20;
-/// Keys in one batch, at most.
-const BATCH_KEYS: usize = 512;
-/// Requests a batch keeps in flight per connection: the mover moves at the link's speed,
-/// not at one round trip per key.
-const DEPTH: usize = 32;
-
-/// How long the mover waits for the placement to change before it looks again (it wakes
-/// at a change), and how often it reports progress.
-const POLL: Duration = Duration::from_millis(50);
-const REPORT_EVERY: Duration = Duration::from_millis(500);
 
 /// What the mover hands over with, and how fast.
 #[derive(Clone, Debug)]
@@ -117,7 +107,7 @@ impl Work {
         while !self.stop.load(Ordering::SeqCst) {
             let seen = self.role.version();
             let Some(current) = self.role.current() else {
-                self.role.wait_past(seen, POLL);
+                self.role.wait_past(seen, MOVER_POLL);
                 continue;
             };
             let routing = &current.1;
@@ -147,7 +137,7 @@ impl Work {
             if due.is_none() || handed_over.is_some() {
                 self.role.moves.active.store(false, Ordering::Relaxed);
                 // Woken by the next placement (the seal, or the move's end).
-                self.role.wait_past(seen, POLL);
+                self.role.wait_past(seen, MOVER_POLL);
                 continue;
             }
             let (epoch, next) = due.unwrap();
@@ -170,7 +160,7 @@ impl Work {
                         }
                         Err(e) => {
                             warn!("cannot report the handover done: {}; trying again", e.message);
-                            std::thread::sleep(POLL * 4);
+                            std::thread::sleep(MOVER_POLL * 4);
                         }
                     }
                 }
@@ -189,7 +179,7 @@ impl Work {
         warn!("{what}: {e}; trying again");
         self.own = None;
         self.owners.clear();
-        std::thread::sleep(POLL * 4);
+        std::thread::sleep(MOVER_POLL * 4);
     }
 
     /// Once the placement moved on: deletes the keys here whose replicas no longer include
@@ -276,7 +266,7 @@ impl Work {
         let opts = ClientOptions {
             auth_token: self.cfg.auth_token.clone(),
             cluster_secret: Some(self.cfg.cluster_secret.clone()),
-            timeout: Duration::from_secs(10),
+            timeout: MOVER_PEER_TIMEOUT,
             ..Default::default()
         };
         Client::connect(address, opts)
@@ -326,7 +316,8 @@ impl Work {
                     batch.push(m);
                 }
                 let page_done = i + 1 == page_len && last_page;
-                if batch.is_empty() || !(page_done || batch.len() >= BATCH_KEYS || batch_bytes >= BATCH_BYTES) {
+                if batch.is_empty() || !(page_done || batch.len() >= MOVE_BATCH_KEYS || batch_bytes >= MOVE_BATCH_BYTES)
+                {
                     continue;
                 }
                 if self.stop.load(Ordering::SeqCst) || self.role.version() != version {
@@ -336,7 +327,7 @@ impl Work {
                 (batch_bytes, pass.keys, pass.bytes) = (0, pass.keys + keys, pass.bytes + bytes);
                 batch.clear();
                 self.pace(pass.bytes, started);
-                if last_report.elapsed() >= REPORT_EVERY {
+                if last_report.elapsed() >= MOVER_REPORT_EVERY {
                     let _ = self.registration.report_moves(&self.report_base(epoch, next, &pass, started));
                     last_report = Instant::now();
                 }
@@ -365,7 +356,7 @@ impl Work {
         let batch: Vec<&Move> = batch.iter().filter(|m| m.key.len() <= INLINE_KEY_MAX).collect();
         let reads: Vec<(&[u8], bool)> = batch.iter().map(|m| (&m.key[..], m.hand_over)).collect();
         let mut read = Vec::with_capacity(batch.len());
-        for r in self.own_client()?.read_for_copy_many(&reads, DEPTH) {
+        for r in self.own_client()?.read_for_copy_many(&reads, MOVE_DEPTH) {
             read.push(r?);
         }
         let mut targets: Vec<&String> = batch.iter().flat_map(|m| &m.to).collect();
@@ -380,7 +371,7 @@ impl Work {
                     r.as_ref().map(|(value, generation, ttl)| (&m.key[..], &value[..], *generation, *ttl))
                 })
                 .collect();
-            for r in self.owner(target)?.handover_import_many(&items, DEPTH) {
+            for r in self.owner(target)?.handover_import_many(&items, MOVE_DEPTH) {
                 r?;
             }
         }
@@ -392,7 +383,7 @@ impl Work {
             .filter(|(m, _)| m.hand_over)
             .filter_map(|(m, r)| r.as_ref().map(|(_, generation, _)| (&m.key[..], *generation)))
             .collect();
-        for r in self.own_client()?.handover_delete_many(&ends, DEPTH) {
+        for r in self.own_client()?.handover_delete_many(&ends, MOVE_DEPTH) {
             r?;
         }
         for (value, _, _) in read.iter().flatten() {

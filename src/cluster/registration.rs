@@ -3,6 +3,7 @@
 
 use super::etcd::{connect, etcd_error, read_settings, read_state, runtime};
 use super::follower::{Follower, Members};
+use super::tunables::{ETCD_CALL_TIMEOUT, ETCD_RETRY_PAUSE, LEASE_CLOCK_TICK, PLACEMENT_WAIT};
 use super::*;
 
 /// A server's membership: its key under a lease that a background task keeps alive, and
@@ -25,9 +26,6 @@ pub struct Registration {
     /// The thread that ticks the server's clock for fencing, and what stops it.
     clock: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
 }
-
-/// How often the lease clock ticks ([`ServerRole::tick`]).
-pub(super) const TICK: Duration = Duration::from_millis(50);
 
 impl Registration {
     /// Registers `member` in the cluster under a lease of `ttl`, and keeps `role` set to
@@ -74,7 +72,7 @@ impl Registration {
                     if role.fence_unconfirmed_lease() {
                         warn!("cluster {url}: etcd has not confirmed this server's lease for two thirds of its TTL; serving no keys until it does");
                     }
-                    std::thread::sleep(TICK);
+                    std::thread::sleep(LEASE_CLOCK_TICK);
                 }
             })
         }
@@ -313,7 +311,7 @@ impl KeepAlive {
     async fn pause(&self, every: Duration) {
         let until = tokio::time::Instant::now() + every;
         while tokio::time::Instant::now() < until && !self.role.fenced() && !self.reregister.load(Ordering::SeqCst) {
-            tokio::time::sleep(TICK).await;
+            tokio::time::sleep(LEASE_CLOCK_TICK).await;
         }
     }
 
@@ -328,7 +326,7 @@ impl KeepAlive {
                     outcome.message
                 );
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            tokio::time::sleep(ETCD_RETRY_PAUSE).await;
             if let Ok(client) = connect(&self.url).await {
                 self.client = client;
                 // A lease that lapsed while etcd was out of reach takes no keep-alive

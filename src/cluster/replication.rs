@@ -21,28 +21,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{debug, warn};
 
+use super::tunables::{
+    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN,
+};
 use super::{Routing, ServerRole};
 use crate::auth::ClusterSecret;
 use crate::client::{Client, ClientOptions, ReplicaCopy};
 use crate::error::{Error, Result, Status};
 
-/// How long the replicator looks for copies without sleeping, and how long it sleeps
-/// when none are waiting (it wakes as soon as one is handed over).
-const SPIN: Duration = Duration::from_micros(50);
-const IDLE_WAIT: Duration = Duration::from_millis(200);
-/// Copies a batch keeps in flight per replica.
-const DEPTH: usize = 32;
-/// Copies taken into one batch, at most.
-const BATCH: usize = 256;
-/// Pause before a copy that a replica did not take is sent again, doubling up to
-/// [`RETRY_MAX`]: the placement moves on past a dead replica within its lease.
-const RETRY_MIN: Duration = Duration::from_millis(2);
-const RETRY_MAX: Duration = Duration::from_millis(100);
-/// How long a copy is tried before its writer is told it failed. The key's value stays
-/// on the primary; the placement's next move copies it to the replicas it gains.
-const COPY_DEADLINE: Duration = Duration::from_secs(30);
-/// A replica's connection gives up on a request after this long.
-const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Tests only: holds every copy this many milliseconds before it is sent, so that a test
 /// can act while a write is on its primary alone.
 pub const TEST_COPY_DELAY_ENV: &str = "RDRAM_TEST_COPY_DELAY_MS";
@@ -214,18 +200,28 @@ impl Work {
     fn run(mut self) {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let wait =
-                self.waiting.iter().map(|w| w.retry_at).min().map_or(IDLE_WAIT, |at| at.saturating_duration_since(now));
+            let wait = self
+                .waiting
+                .iter()
+                .map(|w| w.retry_at)
+                .min()
+                .map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
             let first = match self.next_job(wait) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => None,
             };
             let now = Instant::now();
-            for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(BATCH) {
+            for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(COPY_BATCH) {
                 let retry_at = now + self.delay;
-                let waiting =
-                    Waiting { job, holding: Vec::new(), started: now, retry_at, pause: RETRY_MIN, why: String::new() };
+                let waiting = Waiting {
+                    job,
+                    holding: Vec::new(),
+                    started: now,
+                    retry_at,
+                    pause: COPY_RETRY_MIN,
+                    why: String::new(),
+                };
                 self.waiting.push(waiting);
             }
             self.copy_due();
@@ -233,7 +229,7 @@ impl Work {
     }
 
     /// The next copy handed over within `wait`: looked for without sleeping for up to
-    /// [`SPIN`] first (giving the CPU up between looks), as copies come right behind each
+    /// [`COPY_SPIN`] first (giving the CPU up between looks), as copies come right behind each
     /// other under load and a sleeping thread takes tens of µs to wake.
     fn next_job(&self, wait: Duration) -> std::result::Result<Option<CopyJob>, RecvTimeoutError> {
         let started = Instant::now();
@@ -247,7 +243,7 @@ impl Work {
             if spun >= wait {
                 return Ok(None);
             }
-            if spun >= SPIN {
+            if spun >= COPY_SPIN {
                 return self.jobs.recv_timeout(wait - spun).map(Some);
             }
             std::thread::yield_now();
@@ -261,7 +257,7 @@ impl Work {
             // Not in a placement yet (or any more): nothing can be copied now.
             for w in self.waiting.iter_mut().filter(|w| w.retry_at <= now) {
                 w.why = "this server holds no placement".into();
-                w.retry_at = now + RETRY_MAX;
+                w.retry_at = now + COPY_RETRY_MAX;
             }
             return self.report(now);
         };
@@ -309,7 +305,7 @@ impl Work {
                 Some(why) => {
                     w.why = why;
                     w.retry_at = now + w.pause;
-                    w.pause = (w.pause * 2).min(RETRY_MAX);
+                    w.pause = (w.pause * 2).min(COPY_RETRY_MAX);
                 }
                 // Every replica it must reach holds it (leaving ones were tried once).
                 None => ended.push((i, Ok(()))),
@@ -337,7 +333,7 @@ impl Work {
                 }
             })
             .collect();
-        let outcomes = client.replicate_many(&copies, DEPTH);
+        let outcomes = client.replicate_many(&copies, COPY_DEPTH);
         if outcomes.iter().any(|r| r.as_ref().is_err_and(|e| matches!(e.status, Status::Transport | Status::Timeout))) {
             // Connected anew on the next attempt.
             self.peers.remove(replica);
@@ -393,8 +389,8 @@ fn peer<'a>(peers: &'a mut HashMap<String, Client>, cfg: &ReplicatorConfig, repl
         let opts = ClientOptions {
             auth_token: cfg.auth_token.clone(),
             cluster_secret: Some(cfg.secret.clone()),
-            timeout: PEER_TIMEOUT,
-            connect_timeout: PEER_TIMEOUT.min(Duration::from_secs(2)),
+            timeout: COPY_PEER_TIMEOUT,
+            connect_timeout: COPY_PEER_TIMEOUT.min(Duration::from_secs(2)),
             ..Default::default()
         };
         peers.insert(replica.to_string(), Client::connect(replica, opts)?);

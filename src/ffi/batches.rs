@@ -5,6 +5,7 @@ use super::{bytes, guard, null_arg, rdram_status};
 use crate::client::{GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Status};
 
+use crate::client::tunables::BATCH_DEPTH;
 use rdram_status::*;
 
 /// One item of `rdram_mput`. The caller fills key and value; the library fills
@@ -198,9 +199,6 @@ fn overlapping_buffers(items: &[rdram_get_item]) -> Option<(usize, usize, &'stat
     }
     None
 }
-
-/// Requests in flight per batch call.
-const BATCH_DEPTH: usize = 64;
 
 unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
     // SAFETY: a non-NULL `items` points to `n` items the caller lends for the call only (the exports'

@@ -74,7 +74,7 @@ pub fn generation_and_timestamp(g: Generation, staleness_bound: Option<&pb::Time
     pb::GenerationAndTimestamp { generation: g.encode().into(), timestamp: Some(reply_timestamp(staleness_bound)) }
 }
 
-/// Engine errors as gRPC statuses, by [`Status::grpc_code`] (the C++ driver's table too).
+/// Engine errors as gRPC statuses, by [`crate::Status::grpc_code`] (the C++ driver's table too).
 /// Outcomes the gateway answers itself (not errors) never come here; one that did would
 /// read as INTERNAL.
 pub fn status_of(e: &Error) -> tonic::Status {

@@ -246,7 +246,7 @@ struct ServeArgs {
     #[arg(long, env = "RDRAM_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
     /// How long the cluster's registration outlives this server's last word with etcd.
-    #[arg(long, default_value_t = remote_dram::cluster::DEFAULT_LEASE_TTL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1000..))]
+    #[arg(long, default_value_t = remote_dram::cluster::tunables::DEFAULT_LEASE_TTL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1000..))]
     lease_ttl_ms: u64,
     /// Cluster: on SIGTERM, hand every key over to the other servers before exiting (a
     /// second signal exits at once). Without it, a stopping server's keys go with it

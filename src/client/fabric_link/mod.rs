@@ -18,8 +18,9 @@ mod connect;
 use super::requests::Requests;
 use std::time::{Duration, Instant};
 
-use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink, ABORT_GRACE};
+use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
 use super::options::ClientOptions;
+use super::tunables::{ABORT_GRACE, CANCEL_DRAIN};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};
@@ -31,8 +32,6 @@ use crate::transport::Poller;
 
 /// Hello ids live apart from request ids (which count up from 1).
 const HELLO_ID_BASE: u64 = 1 << 60;
-/// How long giving up on a server waits for cancelled receives to be returned.
-const CANCEL_DRAIN: Duration = Duration::from_millis(200);
 
 struct Shard {
     /// The worker's address on each rail, our slot at the worker and the credential our

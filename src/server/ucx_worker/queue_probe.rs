@@ -9,7 +9,7 @@
 //!
 //! The probe is a second UCX worker, on the shard's own thread, connected to the shard's
 //! worker like any client (so over shared memory when clients are). Every
-//! [`PROBE_INTERVAL`] it sends an [`AM_PROBE`](crate::proto::AM_PROBE) carrying a random
+//! [`PROBE_INTERVAL`] it sends an [`crate::proto::AM_PROBE`] carrying a random
 //! nonce; the shard notes the last nonce it received. A nonce still unseen after
 //! [`PROBE_DEADLINE`], while the shard's worker finds nothing to do, means the queue is
 //! stuck: the shard then replaces its UCX worker (see `ShardWorker::replace_stuck_worker`).

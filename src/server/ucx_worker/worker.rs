@@ -12,7 +12,7 @@
 //!   vanished mid-transfer (the callback then carries an error status).
 //!
 //! A stuck receive queue (a shared-memory client killed while writing into it; see
-//! [`queue_probe`](super::queue_probe)) is survived by replacing the UCX worker: the old one
+//! [`super::queue_probe`]) is survived by replacing the UCX worker: the old one
 //! is retired (still progressed, so what was in flight on it ends, but no longer handed out
 //! to clients), a new one takes its place under a new address, and clients reconnect.
 //!

@@ -1,0 +1,75 @@
+//! Every tunable of the cluster layer in one place: etcd calls and the lease clock, the
+//! mover's batches, and the pacing of replica copies.
+
+use std::time::Duration;
+
+// etcd and membership (mod.rs, registration.rs, follower.rs)
+
+/// How long one etcd call may take before it counts as etcd being unreachable.
+pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Pause between attempts to reach etcd again after it failed.
+pub const ETCD_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// How long a joining server waits for the placement to take it in.
+pub const PLACEMENT_WAIT: Duration = Duration::from_secs(5);
+
+/// Default lease TTL of a server's registration.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// How often the lease clock ticks ([`super::ServerRole::tick`]).
+pub const LEASE_CLOCK_TICK: Duration = Duration::from_millis(50);
+
+/// Ignored member records remembered (so that each is warned about once), at most.
+pub const WARNED_RECORDS: usize = 1024;
+
+// Moving keys between members (mover.rs)
+
+/// Values one batch of a pass reads before it writes them: what the mover holds at once.
+pub const MOVE_BATCH_BYTES: u64 = 64 << 20;
+
+/// Keys in one batch, at most.
+pub const MOVE_BATCH_KEYS: usize = 512;
+
+/// Requests a batch keeps in flight per connection: the mover moves at the link's speed,
+/// not at one round trip per key.
+pub const MOVE_DEPTH: usize = 32;
+
+/// How long the mover waits for the placement to change before it looks again (it wakes
+/// at a change).
+pub const MOVER_POLL: Duration = Duration::from_millis(50);
+
+/// How often the mover reports its progress.
+pub const MOVER_REPORT_EVERY: Duration = Duration::from_millis(500);
+
+/// A mover's connection to another member gives up on a request after this long.
+pub const MOVER_PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+// Copying writes to replicas (replication.rs)
+
+/// How long the replicator looks for copies without sleeping, and how long it sleeps
+/// when none are waiting (it wakes as soon as one is handed over).
+pub const COPY_SPIN: Duration = Duration::from_micros(50);
+
+/// See [`COPY_SPIN`].
+pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// Copies a batch keeps in flight per replica.
+pub const COPY_DEPTH: usize = 32;
+
+/// Copies taken into one batch, at most.
+pub const COPY_BATCH: usize = 256;
+
+/// Pause before a copy that a replica did not take is sent again, doubling up to
+/// [`COPY_RETRY_MAX`]: the placement moves on past a dead replica within its lease.
+pub const COPY_RETRY_MIN: Duration = Duration::from_millis(2);
+
+/// See [`COPY_RETRY_MIN`].
+pub const COPY_RETRY_MAX: Duration = Duration::from_millis(100);
+
+/// How long a copy is tried before its writer is told it failed. The key's value stays
+/// on the primary; the placement's next move copies it to the replicas it gains.
+pub const COPY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A replica's connection gives up on a request after this long.
+pub const COPY_PEER_TIMEOUT: Duration = Duration::from_secs(5);
