@@ -22,12 +22,13 @@ pub const HUGE_PAGE: usize = 2 << 20;
 const SMALL_PAGE: usize = 4096;
 /// How much the background thread faults in per system call. The call holds the process's
 /// memory-map lock (for reading) throughout, which every mmap of other threads waits for:
-/// a few huge pages at a time keeps those waits short.
-const POPULATE_STEP: usize = 4 << 20;
-/// The fault-in thread's nice value: below a client's and the workers' share of a busy
-/// CPU, so that a server that just started does not hold its first clients back, yet
-/// never starved (as at idle priority) while it holds the memory-map lock.
-const FAULT_IN_NICE: libc::c_int = 10;
+/// one huge page at a time keeps those waits short, even while the thread gets little CPU.
+const POPULATE_STEP: usize = 2 << 20;
+/// The fault-in thread's nice value, the lowest: on a busy CPU it yields to the workers
+/// and to the clients of a server that just started (on two vCPUs a new server's first
+/// client waited for it), yet, unlike idle priority, it is never starved outright while
+/// it holds the memory-map lock.
+const FAULT_IN_NICE: libc::c_int = 19;
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
