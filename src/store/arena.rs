@@ -22,13 +22,8 @@ pub const HUGE_PAGE: usize = 2 << 20;
 const SMALL_PAGE: usize = 4096;
 /// How much the background thread faults in per system call. The call holds the process's
 /// memory-map lock (for reading) throughout, which every mmap of other threads waits for:
-/// one huge page at a time keeps those waits short, even while the thread gets little CPU.
+/// one huge page at a time keeps those waits short.
 const POPULATE_STEP: usize = 2 << 20;
-/// The fault-in thread's nice value, the lowest: on a busy CPU it yields to the workers
-/// and to the clients of a server that just started (on two vCPUs a new server's first
-/// client waited for it), yet, unlike idle priority, it is never starved outright while
-/// it holds the memory-map lock.
-const FAULT_IN_NICE: libc::c_int = 19;
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -113,16 +108,17 @@ impl Arena {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let populate = move || {
-            // Not at idle priority: each call holds the memory-map lock, and a holder starved
-            // by busy threads would stall every other thread's mmap.
+            // At normal priority, so that no call is preempted for long while it holds the
+            // memory-map lock (a holder starved at idle priority, or at nice 19 beside busy
+            // threads, stalled every other thread's mmap: a new client's connect waited for
+            // it for up to 0.8 s); paced instead, so that it never takes a CPU whole.
             if !wait_for_fault_in(&stopped) {
                 return;
             }
-            // SAFETY: setpriority on this thread's own id changes only its nice value.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FAULT_IN_NICE) };
             let mut at = from;
             while at < len && !stopped.load(Ordering::Relaxed) {
                 let step = POPULATE_STEP.min(len - at);
+                let started = std::time::Instant::now();
                 // SAFETY: [base + at, base + at + step) lies in the arena's mapping, which stays
                 // mapped until Arena::drop has joined this thread; MADV_POPULATE_WRITE faults
                 // pages in without reading or writing their bytes.
@@ -136,6 +132,8 @@ impl Arena {
                     return;
                 }
                 at += step;
+                // Half of one CPU at most: the rest is the workers' and their first clients'.
+                std::thread::sleep(started.elapsed());
             }
         };
         match std::thread::Builder::new().name("rdram-fault-in".into()).spawn(populate) {
