@@ -232,15 +232,15 @@ def start(commands: list, what: str, cmd: list, port: int, env=None, log=None) -
     return proc
 
 
-def settle(procs: list, timeout: float = 120):
-    """Waits until no server's resident size grew in the last second: servers fault their
-    memory in once they listen, and on two cores that work would land in the first round."""
+def settle(procs: list, timeout: float = 180):
+    """Waits until no server's resident size grew for three seconds: servers fault their
+    memory in once they listen (remote_dram's at half a CPU per shard at most), and until
+    then writes land on pages the kernel has yet to provide."""
     rss = lambda pid: int(open(f"/proc/{pid}/statm").read().split()[1])  # noqa: E731
-    last, deadline = None, time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    last, still, deadline = None, 0, time.monotonic() + timeout
+    while time.monotonic() < deadline and still < 3:
         now = [rss(p.pid) for p in procs]
-        if now == last:
-            return
+        still = still + 1 if now == last else 0
         last = now
         time.sleep(1)
 
