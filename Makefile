@@ -78,10 +78,10 @@ soak: deps
 # Formatting as rustfmt.toml says (`cargo fmt --all` applies it), then clippy over the
 # workspace (library, binaries, tests, the Python package, the load generators), warnings
 # as errors. make test runs it first.
+# Formatting, clippy, and the docs (their links name paths: a moved or renamed item fails).
 lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
-	# Doc links name paths: a moved or renamed item fails here.
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib --document-private-items
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,
