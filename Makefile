@@ -77,8 +77,8 @@ soak: deps
 
 # Formatting as rustfmt.toml says (`cargo fmt --all` applies it), then clippy over the
 # workspace (library, binaries, tests, the Python package, the load generators), warnings
-# as errors. make test runs it first.
-# Formatting, clippy, and the docs (their links name paths: a moved or renamed item fails).
+# as errors, then the library's docs with private items (their links name paths: a moved
+# or renamed item fails). make test runs it first.
 lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
