@@ -139,7 +139,7 @@ impl Client {
             });
             let outcome = match outcome {
                 // Refused at its first part, so nothing of it is staged: the server holds as
-                // many of this session's staged values as it takes, those still in flight.
+                // many of this session's staged values as it takes, the ones in flight now.
                 // It waits for one of them, and the batch keeps at most that many in flight.
                 Err(e) if e.status == Status::NoRoom && chains[c].next == 0 && !in_flight.is_empty() => {
                     limit = in_flight.len();
