@@ -296,6 +296,8 @@ fn the_cluster_waits_out_an_etcd_outage_and_recovers() {
     c.put(b"before", b"outage").unwrap();
     let mut impatient =
         Client::connect(&url, ClientOptions { timeout: Duration::from_millis(500), ..Default::default() }).unwrap();
+    let member_pid = a.child.id();
+    assert_eq!(etcd_connections(member_pid, etcd.client_port), 1, "the member's tasks share one connection to etcd");
     let (dir, client_port, peer_port) = etcd.kill();
     std::thread::sleep(Duration::from_millis(TTL_MS + 500));
     assert!(impatient.put(b"during", b"outage").is_err(), "a write was taken with etcd down past the lease");
@@ -314,7 +316,29 @@ fn the_cluster_waits_out_an_etcd_outage_and_recovers() {
     });
     assert!(follows, "the client follows a join after the outage: {:?}", c.layout());
     assert!(c.layout().iter().any(|(node, _)| *node == b.addr));
+    // Every task moved to the one new connection; the old one is gone.
+    let one = wait_until(Duration::from_secs(10), || etcd_connections(member_pid, client_port) == 1);
+    assert!(one, "the member holds {} connections to etcd after the outage", etcd_connections(member_pid, client_port));
+    assert_eq!(etcd_connections(b.child.id(), client_port), 1, "a member that joined later");
     drop(etcd);
+}
+
+/// How many established TCP connections process `pid` holds to loopback port `port`: its
+/// sockets (/proc/PID/fd) matched with the kernel's table of its network namespace.
+fn etcd_connections(pid: u32, port: u16) -> usize {
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| Some(link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[2] == remote && f[3] == "01" && sockets.contains(f[9]))
+        .count()
 }
 
 /// Keys one server holds, asked of it directly (a client given its address).

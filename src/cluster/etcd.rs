@@ -94,6 +94,62 @@ pub(super) fn tls() -> Result<Option<etcd_client::TlsOptions>> {
     Ok(Some(options))
 }
 
+/// A process's one connection to a cluster's etcd, which all its tasks share (a member's
+/// keep-alive, its follower and its own writes; a client's watch and refreshes): handles
+/// on one gRPC channel. A task whose call failed dials anew ([`Connection::replace`]); the
+/// others take the new connection at their next call, and a watch moves over at once
+/// ([`Connection::replaced_since`]), since a stream on a connection that a partition cut
+/// without a word would wait for good.
+#[derive(Clone)]
+pub(super) struct Connection {
+    url: ClusterUrl,
+    /// The connection now, and its number (one more at each replacement).
+    current: Arc<Mutex<(u64, etcd_client::Client)>>,
+    /// Its number, for tasks waiting on a replacement.
+    number: tokio::sync::watch::Sender<u64>,
+    /// Held while dialing, so that tasks that failed together dial once.
+    dialing: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Connection {
+    pub(super) async fn open(url: &ClusterUrl) -> Result<Connection> {
+        let client = connect(url).await?;
+        Ok(Connection {
+            url: url.clone(),
+            current: Arc::new(Mutex::new((0, client))),
+            number: tokio::sync::watch::Sender::new(0),
+            dialing: Arc::new(tokio::sync::Mutex::new(())),
+        })
+    }
+
+    /// A handle on the connection now, and its number.
+    pub(super) fn client(&self) -> (u64, etcd_client::Client) {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Dials etcd anew after a call on connection `failed` failed, unless another task
+    /// did already; returns the connection now.
+    pub(super) async fn replace(&self, failed: u64) -> Result<(u64, etcd_client::Client)> {
+        let _dialing = self.dialing.lock().await;
+        let now = self.client();
+        if now.0 != failed {
+            return Ok(now);
+        }
+        let client = connect(&self.url).await?;
+        let replaced = (failed + 1, client);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = replaced.clone();
+        self.number.send_replace(replaced.0);
+        Ok(replaced)
+    }
+
+    /// Resolves once connection `seen` has been replaced.
+    pub(super) async fn replaced_since(&self, seen: u64) {
+        let mut number = self.number.subscribe();
+        // The sender lives as long as `self`, so the wait ends only at a replacement.
+        let _ = number.wait_for(|n| *n != seen).await;
+    }
+}
+
 pub(super) async fn connect(url: &ClusterUrl) -> Result<etcd_client::Client> {
     let mut options =
         etcd_client::ConnectOptions::new().with_connect_timeout(ETCD_CALL_TIMEOUT).with_timeout(ETCD_CALL_TIMEOUT);

@@ -1,7 +1,7 @@
 //! Following a cluster's state: a watch on its prefix, the whole state read again after
 //! each change, and which members are live.
 
-use super::etcd::{connect, etcd_error, propose, read_state};
+use super::etcd::{etcd_error, propose, read_state, Connection};
 use super::store::Kv;
 use super::tunables::{ETCD_RETRY_PAUSE, WARNED_RECORDS};
 use super::*;
@@ -13,7 +13,7 @@ pub(super) type OnState = Box<dyn FnMut(&ClusterState) -> Option<Placement> + Se
 /// each change (a handful of keys), so that what it hands on is always one etcd
 /// revision's; proposes the placements its handler says are due.
 pub(super) struct Follower {
-    pub(super) client: etcd_client::Client,
+    pub(super) etcd: Connection,
     pub(super) url: ClusterUrl,
     pub(super) on_state: OnState,
     /// What goes on while etcd is unreachable, for the log.
@@ -76,44 +76,65 @@ impl Members {
     }
 }
 
+/// Why a follower stopped following.
+enum Stopped {
+    /// A call failed: etcd is out of reach, or the connection is.
+    Failed(Error),
+    /// Another task of this process replaced the connection: follow on the new one.
+    Replaced,
+}
+
 impl Follower {
     pub(super) async fn run(mut self) {
         let mut warned = false;
+        let (mut number, mut client) = self.etcd.client();
         loop {
-            let failure = self.follow().await;
-            if !warned {
-                warn!("cluster {}: etcd unreachable ({}); {}", self.url, failure.message, self.what);
-                warned = true;
+            match self.follow(number, &mut client).await {
+                Stopped::Replaced => {}
+                Stopped::Failed(failure) => {
+                    if !warned {
+                        warn!("cluster {}: etcd unreachable ({}); {}", self.url, failure.message, self.what);
+                        warned = true;
+                    }
+                    tokio::time::sleep(ETCD_RETRY_PAUSE).await;
+                    let _ = self.etcd.replace(number).await;
+                }
             }
-            tokio::time::sleep(ETCD_RETRY_PAUSE).await;
-            if let Ok(client) = connect(&self.url).await {
-                self.client = client;
-            }
+            (number, client) = self.etcd.client();
         }
     }
 
-    async fn follow(&mut self) -> Error {
-        let revision = match settle(&mut self.client, &self.url, &mut self.members, &mut self.on_state).await {
+    /// Reads the state and watches for changes on connection `number`, until a call fails
+    /// or the connection is replaced.
+    async fn follow(&mut self, number: u64, client: &mut etcd_client::Client) -> Stopped {
+        let revision = match settle(client, &self.url, &mut self.members, &mut self.on_state).await {
             Ok(r) => r,
-            Err(e) => return e,
+            Err(e) => return Stopped::Failed(e),
         };
         let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let (_watcher, mut events) = match self.client.watch(self.url.prefix(), Some(options)).await {
+        let (_watcher, mut events) = match client.watch(self.url.prefix(), Some(options)).await {
             Ok(w) => w,
-            Err(e) => return etcd_error(&self.url, "cannot watch the cluster", e),
+            Err(e) => return Stopped::Failed(etcd_error(&self.url, "cannot watch the cluster", e)),
         };
+        let etcd = self.etcd.clone();
+        let replaced = etcd.replaced_since(number);
+        tokio::pin!(replaced);
         loop {
-            match events.message().await {
-                Ok(Some(reply)) if reply.canceled() => return etcd_error(&self.url, "watch", "canceled"),
-                Ok(Some(reply)) if reply.events().is_empty() => {}
-                Ok(Some(_)) => {
-                    if let Err(e) = settle(&mut self.client, &self.url, &mut self.members, &mut self.on_state).await {
-                        return e;
-                    }
-                }
-                Ok(None) => return etcd_error(&self.url, "watch", "stream ended"),
-                Err(e) => return etcd_error(&self.url, "watch", e),
-            }
+            let event = tokio::select! {
+                event = events.message() => event,
+                () = &mut replaced => return Stopped::Replaced,
+            };
+            let failure = match event {
+                Ok(Some(reply)) if reply.canceled() => etcd_error(&self.url, "watch", "canceled"),
+                Ok(Some(reply)) if reply.events().is_empty() => continue,
+                Ok(Some(_)) => match settle(client, &self.url, &mut self.members, &mut self.on_state).await {
+                    Ok(_) => continue,
+                    Err(e) => e,
+                },
+                Ok(None) => etcd_error(&self.url, "watch", "stream ended"),
+                Err(e) => etcd_error(&self.url, "watch", e),
+            };
+            return Stopped::Failed(failure);
         }
     }
 }

@@ -23,8 +23,8 @@
 //!
 //! Here: the URL, the records, the cluster's state and the next placement (pure), and the
 //! admin commands. `store.rs`: what the state machine asks of etcd, as a trait (etcd, and
-//! the in-memory etcd of `transitions.rs`'s unit tests). `etcd.rs`: connecting, reading
-//! the state, proposing. `follower.rs`:
+//! the in-memory etcd of `transitions.rs`'s unit tests). `etcd.rs`: the one connection a
+//! process's tasks share, reading the state, proposing. `follower.rs`:
 //! following the state and which members are live. `registration.rs`: a server's
 //! membership. `watch.rs`: what clients route on. `mover.rs`: moving keys.
 

@@ -1,7 +1,7 @@
 //! A server's membership: its registration under a lease, kept alive off the data path,
 //! and its own writes to etcd (draining, handover reports, leaving).
 
-use super::etcd::{connect, etcd_error, read_settings, read_state, runtime};
+use super::etcd::{etcd_error, read_settings, read_state, runtime, Connection};
 use super::follower::{Follower, Members};
 use super::tunables::{ETCD_CALL_TIMEOUT, ETCD_RETRY_PAUSE, LEASE_CLOCK_TICK, PLACEMENT_WAIT};
 use super::*;
@@ -17,8 +17,8 @@ pub struct Registration {
     member: Arc<Mutex<Member>>,
     lease: Arc<AtomicI64>,
     secret: ClusterSecret,
-    /// This member's connection to etcd for its own writes (a handle on a shared channel).
-    etcd: etcd_client::Client,
+    /// This member's one connection to etcd, for its own writes too.
+    etcd: Connection,
     /// Whether the last exchange with etcd succeeded (for logs and metrics).
     pub etcd_reachable: Arc<AtomicBool>,
     /// The cluster's state as last read.
@@ -45,13 +45,13 @@ impl Registration {
         let reregister = Arc::new(AtomicBool::new(false));
         let lease = Arc::new(AtomicI64::new(0));
         let etcd_reachable = Arc::new(AtomicBool::new(true));
-        let (client, watcher) = runtime.block_on(async {
-            let mut client = connect(url).await?;
+        let etcd = runtime.block_on(async {
+            let etcd = Connection::open(url).await?;
+            let mut client = etcd.client().1;
             read_settings(&mut client, url).await?.ok_or_else(|| no_such_cluster(url))?;
             let id = register(&mut client, url, &key, &member, &secret, ttl_secs).await?;
             lease.store(id, Ordering::SeqCst);
-            let watcher = connect(url).await?;
-            Ok::<_, Error>((client, watcher))
+            Ok::<_, Error>(etcd)
         })?;
         info!("joined cluster {url} as {} (lease TTL {ttl_secs} s)", member.address);
         // Keep-alives go every third of the TTL: a pause of half the TTL cannot outlast
@@ -77,9 +77,10 @@ impl Registration {
             })
         }
         .map_err(|e| Error::new(Status::Internal, format!("cannot start the lease clock: {e}")))?;
-        // One connection to etcd serves this member's own writes (draining, reports, leaving).
-        let etcd = client.clone();
+        let (number, client) = etcd.client();
         let task = KeepAlive {
+            etcd: etcd.clone(),
+            number,
             client,
             url: url.clone(),
             key,
@@ -125,7 +126,7 @@ impl Registration {
             next_placement(s)
         };
         let follower = Follower {
-            client: watcher,
+            etcd: etcd.clone(),
             url: url.clone(),
             on_state: Box::new(steward),
             what: "serving on the last view",
@@ -171,7 +172,7 @@ impl Registration {
         };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.members_prefix() + &member.address;
-        let (mut client, secret) = (self.etcd.clone(), self.secret.clone());
+        let (mut client, secret) = (self.etcd.client().1, self.secret.clone());
         self.block_on(async move { put_record(&mut client, &url, &key, &member, &secret, id).await })
     }
 
@@ -180,7 +181,7 @@ impl Registration {
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let key = url.move_key(&self.address());
         let value = serde_json::to_vec(report).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-        let mut client = self.etcd.clone();
+        let mut client = self.etcd.client().1;
         self.block_on(async move {
             client
                 .put(key, value, Some(PutOptions::new().with_lease(id)))
@@ -216,7 +217,7 @@ impl Registration {
         let Some(runtime) = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
         let (url, id) = (self.url.clone(), self.lease.load(Ordering::SeqCst));
         let drain_key = url.drain_key(&self.address());
-        let mut client = self.etcd.clone();
+        let mut client = self.etcd.client().1;
         let revoked = runtime.block_on(async {
             let _ = client.delete(drain_key, None).await;
             client.lease_revoke(id).await.map_err(|e| etcd_error(&url, "cannot revoke the lease", e))
@@ -268,6 +269,9 @@ pub(super) async fn put_record(
 /// Keeps a registration's lease alive; registers again under a new lease if the old one
 /// expired (etcd was unreachable for longer than the TTL).
 pub(super) struct KeepAlive {
+    etcd: Connection,
+    /// The connection `client` is a handle on.
+    number: u64,
     client: etcd_client::Client,
     url: ClusterUrl,
     key: String,
@@ -327,8 +331,8 @@ impl KeepAlive {
                 );
             }
             tokio::time::sleep(ETCD_RETRY_PAUSE).await;
-            if let Ok(client) = connect(&self.url).await {
-                self.client = client;
+            if let Ok((number, client)) = self.etcd.replace(self.number).await {
+                (self.number, self.client) = (number, client);
                 // A lease that lapsed while etcd was out of reach takes no keep-alive
                 // stream: etcd answers it "not found", not with a TTL of 0.
                 if self.lease_gone().await {
@@ -370,6 +374,15 @@ impl KeepAlive {
             Err(e) => return etcd_error(&self.url, "keep-alive", e),
         };
         loop {
+            if self.etcd.client().0 != self.number {
+                // Another task replaced the connection: the lease is kept alive on the new
+                // one, and the old one goes with its last handle.
+                (self.number, self.client) = self.etcd.client();
+                (keeper, replies) = match self.client.lease_keep_alive(id).await {
+                    Ok(k) => k,
+                    Err(e) => return etcd_error(&self.url, "keep-alive", e),
+                };
+            }
             if let Err(e) = keeper.keep_alive().await {
                 return etcd_error(&self.url, "keep-alive", e);
             }

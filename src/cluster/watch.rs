@@ -1,7 +1,7 @@
 //! What clients and tools route on: a cluster's placement followed by a watch, and the
 //! servers whose leases lapsed.
 
-use super::etcd::{connect, read_state, runtime};
+use super::etcd::{read_state, runtime, Connection};
 use super::follower::{Follower, Members};
 use super::*;
 
@@ -11,8 +11,8 @@ use super::*;
 pub struct Watch {
     runtime: tokio::runtime::Runtime,
     url: ClusterUrl,
-    /// For [`Watch::refresh`] (the follower has a connection of its own).
-    client: etcd_client::Client,
+    /// The one connection to etcd, which the follower shares.
+    etcd: Connection,
     view: Arc<Mutex<View>>,
     revision: Arc<AtomicI64>,
     lost: Arc<LostServers>,
@@ -53,12 +53,11 @@ impl Watch {
     /// exist) and starts watching it.
     pub fn start(url: &ClusterUrl) -> Result<Watch> {
         let runtime = runtime()?;
-        let (client, follower_client, state) = runtime.block_on(async {
-            let mut client = connect(url).await?;
-            let state = read_state(&mut client, url).await?;
+        let (etcd, state) = runtime.block_on(async {
+            let etcd = Connection::open(url).await?;
+            let state = read_state(&mut etcd.client().1, url).await?;
             state.settings.as_ref().ok_or_else(|| no_such_cluster(url))?;
-            let follower_client = connect(url).await?;
-            Ok::<_, Error>((client, follower_client, state))
+            Ok::<_, Error>((etcd, state))
         })?;
         let view = Arc::new(Mutex::new(view_of(&state)));
         let revision = Arc::new(AtomicI64::new(state.placement_revision));
@@ -71,20 +70,20 @@ impl Watch {
             None
         };
         let follower = Follower {
-            client: follower_client,
+            etcd: etcd.clone(),
             url: url.clone(),
             on_state: Box::new(publish),
             what: "routing on the last view",
             members: Members::default(),
         };
         runtime.spawn(follower.run());
-        Ok(Watch { runtime, url: url.clone(), client, view, revision, lost })
+        Ok(Watch { runtime, url: url.clone(), etcd, view, revision, lost })
     }
 
     /// Reads the placement from etcd now, not waiting for the watch: for a caller a server
     /// told that the view changed.
     pub fn refresh(&self) -> Result<()> {
-        let mut client = self.client.clone();
+        let mut client = self.etcd.client().1;
         let state = self.runtime.block_on(read_state(&mut client, &self.url))?;
         publish_view(&self.view, &self.revision, &state);
         self.lost.publish(&state);
