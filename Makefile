@@ -31,9 +31,14 @@ demo: build
 test: lint test-rust test-ffi test-gateway test-python
 
 # The tests' own build (profile test-release: no whole-program LTO), load generators included.
+# Tests that skip what this machine cannot do list it in $(SKIPS), printed at the end.
+SKIPS := $(CURDIR)/target/skipped-tests.txt
 test-rust: build
 	$(CARGO) build --profile test-release
-	$(CARGO) test --profile test-release -- --test-threads=2
+	@rm -f $(SKIPS)
+	RDRAM_TEST_SKIPS_FILE=$(SKIPS) $(CARGO) test --profile test-release -- --test-threads=2
+	@if [ -s $(SKIPS) ]; then echo "== tests that skipped a part this machine cannot do:"; cat $(SKIPS); \
+	else echo "== no test skipped anything"; fi
 
 # remote_dram vs ucx_perftest vs Redis, over UCX tcp and shared memory (bench/compare);
 # then remote_dram next to Mooncake Store (bench/peers).

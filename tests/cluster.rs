@@ -900,7 +900,7 @@ fn signal(server: &ServerProc, name: &str) {
 /// that key through a client given the cluster; a new server replaces the dead one
 /// between trials.
 #[test]
-#[ignore]
+#[ignore = "a benchmark: bench/README.md quotes it"]
 fn failover_times() {
     common::init(common::SHM);
     let etcd = Etcd::start();

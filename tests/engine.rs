@@ -267,7 +267,10 @@ fn hugepages_off_and_on() {
         drop(on);
         std::fs::write(path, format!("{before}")).ok();
     } else {
-        eprintln!("SKIPPED (part of hugepages_off_and_on): cannot reserve 2 MiB pages here (not root?); checking only that --hugepages on fails clearly");
+        common::skipped(
+            "hugepages_off_and_on (its part with huge pages)",
+            "cannot reserve 2 MiB pages here (not root?); checking only that --hugepages on fails clearly",
+        );
         let out = std::process::Command::new(common::RDRAM)
             .args(["serve", "--listen", "127.0.0.1:0", "--memory", "1TiB", "--workers", "1", "--hugepages", "on"])
             .output()

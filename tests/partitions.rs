@@ -162,7 +162,7 @@ fn net_or_skip(test: &str) -> Option<Net> {
             None
         }
         Err(why) => {
-            eprintln!("SKIPPED {test}: this machine lets it make no network namespace ({why}); it needs root");
+            common::skipped(test, &format!("this machine lets it make no network namespace ({why}); it needs root"));
             None
         }
     }

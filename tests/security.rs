@@ -551,7 +551,10 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
     common::init(common::TCP);
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: only root can run a client as another user");
+        common::skipped(
+            "clients_of_another_user_cannot_reach_a_server_over_shared_memory",
+            "only root can run a client as another user",
+        );
         return;
     }
     // `tls`: the client's UCX_TLS (None: UCX's default, every transport).
@@ -568,9 +571,9 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     if !client(true, None, &["--version"]).0 {
-        eprintln!(
-            "SKIPPED clients_of_another_user_cannot_reach_a_server_over_shared_memory: user nobody cannot run {}",
-            common::RDRAM
+        common::skipped(
+            "clients_of_another_user_cannot_reach_a_server_over_shared_memory",
+            &format!("user nobody cannot run {}", common::RDRAM),
         );
         return;
     }

@@ -16,7 +16,24 @@ pub const RDRAM: &str = env!("CARGO_BIN_EXE_rdram");
 pub fn missing_prerequisite(test: &str, what: &str) {
     let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
     assert!(!ci, "{test}: {what}, and CI must have it");
-    eprintln!("SKIPPED {test}: {what}");
+    skipped(test, what);
+}
+
+/// Names the file where skipped tests are listed; `make test-rust` sets it, empties it
+/// first and prints it after the tests (cargo shows no output of a test that passed).
+pub const SKIPS_FILE_ENV: &str = "RDRAM_TEST_SKIPS_FILE";
+
+/// Says that `test` (or a part of it, named so) skipped what this machine cannot do, and
+/// why: on stderr, and in the file [`SKIPS_FILE_ENV`] names.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED {test}: {why}");
+    eprintln!("{line}");
+    let Some(path) = std::env::var_os(SKIPS_FILE_ENV) else { return };
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+    if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
+        eprintln!("cannot note the skip in {}: {e}", std::path::Path::new(&path).display());
+    }
 }
 
 /// A load generator of the `rdram-bench` package (bench/), built next to `rdram` by
