@@ -194,8 +194,9 @@ fn a_server_out_of_descriptors_serves_its_clients_refuses_new_ones_and_stops() {
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let open = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    common::wait_until(Duration::from_secs(5), || open() >= 256 - remote_dram::server::tunables::FD_HEADROOM);
+    let open = open();
     assert!(
         open >= 256 - remote_dram::server::tunables::FD_HEADROOM,
         "the flood took the server's descriptors ({open} open of 256)"
@@ -288,7 +289,8 @@ fn clients_that_never_read_share_one_reply_budget() {
             }
         }
     }
-    std::thread::sleep(Duration::from_secs(2));
+    let reaches_the_budget = || server.metric("rdram_reply_backlog_bytes{}") >= budget / 2;
+    common::wait_until(Duration::from_secs(10), reaches_the_budget);
     let held = server.metric("rdram_reply_backlog_bytes{}");
     assert!(held >= budget / 2, "the hogs' replies are held ({held} bytes): the test reaches the budget");
     let one_reply_each = 6 * 2 * (1 << 20) + (64 << 10) * 12;

@@ -702,10 +702,12 @@ fn the_token_never_crosses_the_wire() {
 /// lock a prompt client out: at the bound the oldest is cut.
 #[test]
 fn held_handshakes_do_not_lock_out_a_prompt_client() {
+    use remote_dram::server::tunables::MAX_HANDSHAKES_PER_SOURCE;
     common::init(common::TCP);
-    let server = ServerProc::start(&["--workers", "1"]);
+    let server = ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let held: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(&server.addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    let holding = || server.metric("rdram_handshakes_in_progress{}") == MAX_HANDSHAKES_PER_SOURCE as u64;
+    assert!(common::wait_until(Duration::from_secs(5), holding), "the server holds its bound of silent handshakes");
     let (code, out, err) = rdram(&["put", "--server", &server.addr, "k", "through"], None);
     assert_eq!(code, 0, "a prompt client was locked out: {err} {}", String::from_utf8_lossy(&out));
     let mut c = server.client();

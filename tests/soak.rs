@@ -67,7 +67,7 @@ fn soak_child() {
     let addr = std::env::var("SOAK_SERVER").unwrap();
     let id: u64 = std::env::var("SOAK_ID").unwrap().parse().unwrap();
     // A connect may time out while a shard replaces a stuck worker (a killed client left a
-    // hole in its shared-memory queue: `server::queue_probe`); a live client retries.
+    // hole in its shared-memory queue: `server::ucx_worker::queue_probe`); a live client retries.
     let started = Instant::now();
     let mut c = loop {
         match Client::connect(&addr, common::options()) {

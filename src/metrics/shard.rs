@@ -89,7 +89,7 @@ pub struct Gauges {
     pub evictions: AtomicU64,
     pub expirations: AtomicU64,
     /// Transport endpoints replaced: a UCX worker whose receive queue got stuck
-    /// (`server::queue_probe`), libfabric shm rails stalled by a departed client.
+    /// (`server::ucx_worker::queue_probe`), libfabric shm rails stalled by a departed client.
     pub worker_replacements: AtomicU64,
     /// Attempts to replace or recycle the shard's transport endpoints that failed (out of
     /// file descriptors or memory); each is tried again with backoff.

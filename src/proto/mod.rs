@@ -35,7 +35,7 @@
 //!   with it on this project's VM, 0.51 without. 20 + 8 bytes stay in the first line.
 //! Probe (AM id [`AM_PROBE`], within one server process: a shard's watchdog → the shard):
 //!   header  = a random u64 (little-endian), no payload, no reply. The shard notes it; a probe
-//!   that never arrives means the shard's receive queue is stuck (see `server::queue_probe`).
+//!   that never arrives means the shard's receive queue is stuck (see `server::ucx_worker::queue_probe`).
 //!
 //! Every field is validated by [`RequestHeader::decode`] before anything else looks at it.
 
