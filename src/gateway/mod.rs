@@ -172,8 +172,8 @@ pub fn run(
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             // Chunks are MiBs: HTTP/2's default 64 KiB windows would stall every stream on
             // window updates. Fixed windows, not hyper's adaptive (BDP) ones: with those a
-            // TensorStore write of 64 chunks at once stalled some streams for up to 1.4 s
-            // (one run in two or three wrote at 108-258 MB/s instead of ~700).
+            // TensorStore write of 64 chunks at once stalled some streams for over a second
+            // in one run of two or three.
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))

@@ -26,10 +26,9 @@ pub struct EnginePool {
 /// What each engine thread needs to pick its clients' spin: an engine client waiting on its
 /// request spins ([`ClientOptions::spin`]) before it sleeps, which pays while there are CPUs
 /// to spare; with more requests in flight than the gateway has CPUs, spinning threads take
-/// turns the others' replies and the gRPC threads need, so they sleep at once. 4 KiB calls
-/// 16 at a time through a gateway, its server and `rdram-gateway-load` on 2 vCPUs, three
-/// interleaved rounds: writes 144-159 MB/s against 67-114 with every wait spinning 50 µs,
-/// reads 129-162 against 63-137; one call at a time, and zarr's 4 MiB chunks, unchanged.
+/// turns the others' replies and the gRPC threads need, so they sleep at once. With 16
+/// 4 KiB calls in flight on two CPUs, spinning every wait cost about half the gateway's
+/// throughput; one call at a time, and 4 MiB chunks, gained nothing from sleeping.
 struct SpinPolicy {
     in_flight: Arc<AtomicUsize>,
     cpus: usize,

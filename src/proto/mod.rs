@@ -31,8 +31,8 @@
 //!   28-byte element header and its own 8-byte header, and sends the user header after the
 //!   payload. A 40-byte reply header with an 8-byte value reaches into the element's second
 //!   cache line, which then crosses between the two cores twice per reply (the client reads
-//!   it; the server's next write into that element takes it back): GET 8 B took 0.63 µs
-//!   with it on this project's VM, 0.51 without. 20 + 8 bytes stay in the first line.
+//!   it; the server's next write into that element takes it back), which made a GET 8 B
+//!   a fifth slower. 20 + 8 bytes stay in the first line.
 //! Probe (AM id [`AM_PROBE`], within one server process: a shard's watchdog → the shard):
 //!   header  = a random u64 (little-endian), no payload, no reply. The shard notes it; a probe
 //!   that never arrives means the shard's receive queue is stuck (see `server::ucx_worker::queue_probe`).
@@ -78,7 +78,7 @@ pub const INLINE_KEY_MAX: usize = 1024;
 /// server stores a large value at the same offset within a cache line, so that copying it
 /// (over shared memory, the kernel's cross-process copy) is mutually aligned. Copies whose
 /// destination lies 1 to 15 bytes past the source, modulo 64, ran at a third of the speed
-/// (1 MiB puts over UCX cma: 4.4 against 11.6 GB/s on this project's VM).
+/// (1 MiB puts over UCX cma).
 pub const VALUE_ALIGN: u64 = 64;
 /// Entries per list reply; the client asks again from the last key for more.
 pub const LIST_BATCH: u32 = 16 * 1024;

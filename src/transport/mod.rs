@@ -97,13 +97,13 @@ pub enum PollMode {
     Adaptive,
 }
 
-/// Default spin before parking: a wake-up costs ~60 µs on these VMs, so back-to-back
-/// requests (a few µs apart) must never pay it.
+/// Default spin before parking: a wake-up from a sleep costs tens of µs on a VM, so
+/// back-to-back requests (a few µs apart) must never pay it.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Turns between clock reads while spinning. Reading the clock costs as much as a progress
-/// pass that finds nothing (on these VMs more: it was 28 % of a busy-polling server's and
-/// client's cycles), and what it measures here — spin budgets, sweeps, deadlines — is
+/// pass that finds nothing (on a VM more: a quarter of a busy-polling server's and client's
+/// cycles went to it), and what it measures here — spin budgets, sweeps, deadlines — is
 /// counted in hundreds of microseconds or more.
 pub const CLOCK_EVERY: u32 = 16;
 
@@ -129,8 +129,8 @@ pub struct Poller {
     transfer_until: Option<Instant>,
 }
 
-/// The copy rate assumed for [`Poller::expect_transfer`]: well below what shared memory
-/// copies (5-15 GB/s here), so a transfer ends before its spin does.
+/// The copy rate assumed for [`Poller::expect_transfer`] (1 GB/s): well below what shared
+/// memory copies, so a transfer ends before its spin does.
 const EXPECTED_BYTES_PER_US: u64 = 1000;
 /// The longest spin a transfer buys: a peer that stalls costs at most this much CPU.
 const TRANSFER_SPIN_MAX: Duration = Duration::from_millis(20);
@@ -158,7 +158,7 @@ impl Poller {
     /// that find nothing before it does. On a transport without an fd to sleep on
     /// (libfabric's shm), an idle loop naps a millisecond at a time, and one that naps
     /// while a large copy runs (the peer copies from or into our memory) answers up to a
-    /// millisecond late: a 4 MiB GET took 1.3 ms instead of 0.4. So the spin lasts until
+    /// millisecond late, which tripled a 4 MiB GET's time. So the spin lasts until
     /// the copy should be over, bounded by `TRANSFER_SPIN_MAX`.
     pub fn expect_transfer(&mut self, bytes: usize) {
         let expected = self.spin + Duration::from_micros(bytes as u64 / EXPECTED_BYTES_PER_US);

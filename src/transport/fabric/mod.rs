@@ -586,8 +586,8 @@ impl Endpoint {
     /// Reaps up to `out.capacity()` completions; returns how many were added to `out`.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         // Zero-filled on every poll (768 bytes), which shows in profiles of a busy worker
-        // (6-7 %) but is not on the critical path: left uninitialised, or with a pause
-        // on an empty poll instead, GET 8 B over libfabric shm measured 3-6 % slower.
+        // but is not on the critical path: left uninitialised, or with a pause on an empty
+        // poll instead, GET 8 B over libfabric shm was a few percent slower.
         let mut entries: [sys::fi_cq_tagged_entry; 16] = Default::default();
         let want = max.min(entries.len());
         // SAFETY: the buffer holds `want` tagged entries, the CQ's format.

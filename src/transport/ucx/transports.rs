@@ -25,10 +25,9 @@ pub fn env_allows_only_shared_memory() -> bool {
 
 /// UCX settings (names without `UCX_`) of a worker that only talks to servers on this
 /// host, through shared memory (see [`super::Worker::with_settings`]): what a one-shot command
-/// can skip. A context that looks for no tcp interfaces starts about 25 ms sooner on these
-/// VMs, and one shared-memory transport instead of two (posix, whose queue the server
-/// maps once) saves another 2.5 ms and a third of the page faults (1,544 -> 1,014 per `rdram
-/// get`); cma moves large values.
+/// can skip. A context that looks for no tcp interfaces starts tens of milliseconds sooner,
+/// and one shared-memory transport instead of two (posix, whose queue the server maps
+/// once) saves a third of a command's page faults; cma moves large values.
 pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 
 /// UCX settings every worker of this crate has (unless the environment says otherwise).
