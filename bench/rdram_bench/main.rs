@@ -131,6 +131,7 @@ fn main() {
             hugepages: HugePages::Auto,
             poll: args.poll,
             mode: Mode::Store,
+            ucx_tcp: remote_dram::server::ucx_tcp_opted_in_by_env(),
             ..Default::default()
         })
         .unwrap_or_else(|e| fail(&format!("embedded server: {e}")))

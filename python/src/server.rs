@@ -78,7 +78,9 @@ impl PyServer {
             other => return Err(invalid(py, format!("mode must be \"store\" or \"cache\", not {other:?}"))),
         };
         let transport = TransportChoice::parse(transport, provider.as_deref(), 1).map_err(|e| to_py(py, e))?;
-        let cfg = ServerConfig { listen, workers, memory, mode, transport, auth_token, ..ServerConfig::default() };
+        let ucx_tcp = remote_dram::server::ucx_tcp_opted_in_by_env();
+        let cfg =
+            ServerConfig { listen, workers, memory, mode, transport, auth_token, ucx_tcp, ..ServerConfig::default() };
         let (server, member) = match cluster {
             Some(url) => {
                 let url = ClusterUrl::parse(&url)

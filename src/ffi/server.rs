@@ -96,7 +96,11 @@ pub unsafe extern "C" fn rdram_server_start(
             if out.is_null() {
                 return Err(null_arg("out"));
             }
-            let mut cfg = ServerConfig { listen: "127.0.0.1:0".into(), ..Default::default() };
+            let mut cfg = ServerConfig {
+                listen: "127.0.0.1:0".into(),
+                ucx_tcp: crate::server::ucx_tcp_opted_in_by_env(),
+                ..Default::default()
+            };
             if let Some(c) = config.as_ref() {
                 if !c.listen_addr.is_null() {
                     cfg.listen = c_str(c.listen_addr, "config.listen_addr")?.to_string();

@@ -60,7 +60,8 @@ pub struct ServerConfig {
     pub metrics: Option<String>,
     /// UCX: run UCX's tcp transport, on the interface of `listen` only. Off by default:
     /// UCX's tcp receiver acts for any peer that reaches its port before the token check
-    /// (see [`ucx::Tcp`]), so it is for trusted networks only.
+    /// (see [`ucx::Tcp`]), so it is for trusted networks only. The edges (the command
+    /// line, the C ABI, Python) take it from [`UCX_TCP_ENV`]; a default never does.
     pub ucx_tcp: bool,
     /// Reply bytes held, across every shard, for clients that do not take their replies;
     /// past it a client that is behind has its requests dropped until it catches up.
@@ -143,14 +144,22 @@ impl Default for ServerConfig {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             stranded_endpoint_limit: DEFAULT_STRANDED_ENDPOINT_LIMIT,
             metrics: None,
-            // The environment's opt-in, for servers embedded through the C ABI or Python.
-            ucx_tcp: std::env::var("RDRAM_UCX_TCP")
-                .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y")),
+            ucx_tcp: false,
             reply_budget: DEFAULT_REPLY_BUDGET,
             cluster_role: None,
             cluster_secret: None,
         }
     }
+}
+
+/// The environment variable through which a user opts in to UCX tcp
+/// ([`ServerConfig::ucx_tcp`]) for a server the command line, C or Python starts.
+pub const UCX_TCP_ENV: &str = "RDRAM_UCX_TCP";
+
+/// Whether [`UCX_TCP_ENV`] says yes (`1`, `true`, `yes`, `on`, `y`).
+pub fn ucx_tcp_opted_in_by_env() -> bool {
+    std::env::var(UCX_TCP_ENV)
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on" | "y"))
 }
 
 /// What a started server reports about itself.
@@ -645,5 +654,18 @@ mod tests {
         retry.succeeded();
         assert!(retry.ready(t0));
         assert_eq!(retry.failed(t0), Duration::from_millis(100), "success does not start over");
+    }
+
+    /// UCX tcp is a trusted-network opt-in that the edges take from the environment; a
+    /// library user's default config never turns it on behind their back.
+    #[test]
+    fn a_default_config_leaves_ucx_tcp_off_whatever_the_environment_says() {
+        std::env::set_var(super::UCX_TCP_ENV, "1");
+        let (default, opted_in) = (super::ServerConfig::default().ucx_tcp, super::ucx_tcp_opted_in_by_env());
+        std::env::set_var(super::UCX_TCP_ENV, "off");
+        let off = super::ucx_tcp_opted_in_by_env();
+        std::env::remove_var(super::UCX_TCP_ENV);
+        assert!(!default, "ServerConfig::default() read {}", super::UCX_TCP_ENV);
+        assert!(opted_in && !off, "the edges' reading of {}", super::UCX_TCP_ENV);
     }
 }

@@ -233,7 +233,7 @@ struct ServeArgs {
     /// UCX: also run UCX's tcp transport (on the --listen interface only). Trusted networks
     /// only: UCX's tcp receiver carries out any peer's writes into this server's memory
     /// before the token check. Between untrusted hosts use --transport fabric.
-    #[arg(long, env = "RDRAM_UCX_TCP", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = remote_dram::server::UCX_TCP_ENV, value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     ucx_tcp: bool,
     /// Join a cluster whose membership lives in etcd (etcd://HOST:PORT[,...]/NAME, made
     /// with `rdram cluster create`): registered under a lease while it runs, gone from the
