@@ -136,6 +136,10 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdram_get_alloc(c, KEY("api/a"), &owned, &owned_len, &g), RDRAM_OK);
   CHECK(owned_len == 11 && memcmp(owned, "HELLO WORLD", 11) == 0);
   rdram_buf_free(owned, owned_len);
+  /* Freed twice, with a wrong length, or never allocated here: no-ops, as for handles. */
+  rdram_buf_free(owned, owned_len);
+  rdram_buf_free(owned, 1 << 20);
+  rdram_buf_free(buf, sizeof buf);
   CHECK_STATUS(rdram_get_alloc(c, KEY("api/empty"), &owned, &owned_len, NULL), RDRAM_OK);
   CHECK(owned != NULL && owned_len == 0);
   rdram_buf_free(owned, owned_len);

@@ -452,8 +452,9 @@ rdram_status rdram_get_cond_alloc(struct rdram_client *client,
                                   uint64_t *generation_out);
 
 /**
- * Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it.
- * NULL is allowed (no-op).
+ * Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it
+ * (the library knows it, and frees what it allocated whatever `len` says). NULL, a
+ * buffer freed already, or one the library did not allocate is a no-op.
  */
 void rdram_buf_free(uint8_t *buf, size_t len);
 

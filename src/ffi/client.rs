@@ -1,11 +1,10 @@
 //! C ABI: the client handle and its operations.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, TryLockError};
+use std::sync::{Mutex, TryLockError};
 use std::time::Duration;
 
+use super::handles::{free_buffer, hand_out_buffer, Handles};
 use super::{bytes, c_str, guard, null_arg, rdram_status};
 use crate::client::{
     ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
@@ -98,16 +97,10 @@ pub struct rdram_get_options {
 pub type rdram_list_callback =
     Option<unsafe extern "C" fn(userdata: *mut c_void, key: *const u8, key_len: usize, value_size: u64) -> i32>;
 
-/// Open clients by handle. What C holds is a serial number, never an address, so a
-/// closed, stale or invented handle is refused (RDRAM_INVALID_ARGUMENT) instead of
-/// dereferenced: closing twice or using a closed client cannot crash the process.
-/// A read lock per lookup: threads using their own clients never wait for each other.
-static CLIENTS: RwLock<Option<HashMap<usize, Arc<Mutex<Client>>>>> = RwLock::new(None);
-static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
-
-fn clients_mut() -> std::sync::RwLockWriteGuard<'static, Option<HashMap<usize, Arc<Mutex<Client>>>>> {
-    CLIENTS.write().unwrap_or_else(|e| e.into_inner())
-}
+/// Open clients by handle: a closed, stale or invented handle is refused
+/// (RDRAM_INVALID_ARGUMENT), so closing twice or using a closed client cannot crash the
+/// process.
+static CLIENTS: Handles<Mutex<Client>> = Handles::new();
 
 /// Runs `f` on the client behind `handle`, which one call uses at a time: a second call
 /// while one runs (from another thread, or from a list callback) is refused, not
@@ -120,9 +113,8 @@ pub(super) fn with_client<R>(
     if handle.is_null() {
         return Err(null_arg("client"));
     }
-    let entry =
-        CLIENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&(handle as usize)).cloned());
-    let entry = entry
+    let entry = CLIENTS
+        .get(handle as usize)
         .ok_or_else(|| Error::new(Status::Invalid, "not an open client handle (closed already, or never opened)"))?;
     let mut client = match entry.try_lock() {
         Ok(client) => client,
@@ -182,9 +174,7 @@ pub unsafe extern "C" fn rdram_client_connect(
                     opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
                 }
             }
-            let client = Arc::new(Mutex::new(Client::connect(addresses, opts)?));
-            let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-            clients_mut().get_or_insert_with(HashMap::new).insert(id, client);
+            let id = CLIENTS.insert(Mutex::new(Client::connect(addresses, opts)?));
             out.write(id as *mut rdram_client);
             Ok(RDRAM_OK)
         })
@@ -195,8 +185,7 @@ pub unsafe extern "C" fn rdram_client_connect(
 /// with a closed handle return RDRAM_INVALID_ARGUMENT.
 #[no_mangle]
 pub extern "C" fn rdram_client_close(client: *mut rdram_client) {
-    // Taken out of the table first: a second close, here or on another thread, finds nothing.
-    let entry = clients_mut().as_mut().and_then(|m| m.remove(&(client as usize)));
+    let entry = CLIENTS.remove(client as usize);
     // Freed here, or by the call using it when that call returns.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(entry)));
 }
@@ -394,9 +383,9 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
                 let opts = get_options(options)?;
                 match c.get_with(key, &opts)? {
                     GetResult::Value(v) => {
-                        let data = v.data.into_boxed_slice();
-                        len_out.write(data.len());
-                        buf_out.write(Box::into_raw(data) as *mut u8);
+                        let (buf, len) = hand_out_buffer(v.data);
+                        len_out.write(len);
+                        buf_out.write(buf);
                         write(generation_out, v.generation);
                         Ok(RDRAM_OK)
                     }
@@ -411,16 +400,14 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
     }
 }
 
-/// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it.
-/// NULL is allowed (no-op).
+/// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it
+/// (the library knows it, and frees what it allocated whatever `len` says). NULL, a
+/// buffer freed already, or one the library did not allocate is a no-op.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
-    // SAFETY: `buf` and `len` are what `rdram_get_cond_alloc` returned: a boxed slice of that length, given
-    // back once.
-    unsafe {
-        if !buf.is_null() {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)));
-        }
+pub extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
+    let _ = len;
+    if !buf.is_null() {
+        free_buffer(buf);
     }
 }
 

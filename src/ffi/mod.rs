@@ -10,6 +10,7 @@
 
 mod batches;
 mod client;
+mod handles;
 mod server;
 
 use std::cell::RefCell;

@@ -2,13 +2,12 @@
 //! "server mode"). Clients, in this process or others, reach it over UCX or libfabric like
 //! any server.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::client::{flag, poll_mode};
+use super::handles::Handles;
 use super::{c_str, guard, null_arg, rdram_status};
 use crate::auth::ClusterSecret;
 use crate::cluster::member::{ClusterMember, MemberConfig};
@@ -27,19 +26,15 @@ pub struct rdram_server {
 }
 
 struct Hosted {
-    inner: Server,
+    /// Taken out by the stop.
+    inner: Mutex<Option<Server>>,
     /// Its membership of a cluster, when it joined one (shared with a drain in progress).
     member: Option<Arc<ClusterMember>>,
     address: CString,
 }
 
 /// Running servers by handle. The address string of each lives as long as its entry.
-static SERVERS: Mutex<Option<HashMap<usize, Hosted>>> = Mutex::new(None);
-static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
-
-fn servers() -> std::sync::MutexGuard<'static, Option<HashMap<usize, Hosted>>> {
-    SERVERS.lock().unwrap_or_else(|e| e.into_inner())
-}
+static SERVERS: Handles<Hosted> = Handles::new();
 
 /// Embedded server configuration. Zero-initialise for defaults (127.0.0.1 on a free port,
 /// 2 workers, 1 GiB, huge pages when available, adaptive polling, store mode, no auth).
@@ -148,8 +143,7 @@ pub unsafe extern "C" fn rdram_server_start(
             };
             let address = CString::new(inner.local_addr().to_string())
                 .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-            let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-            servers().get_or_insert_with(HashMap::new).insert(id, Hosted { inner, member, address });
+            let id = SERVERS.insert(Hosted { inner: Mutex::new(Some(inner)), member, address });
             out.write(id as *mut rdram_server);
             Ok(rdram_status::RDRAM_OK)
         })
@@ -205,9 +199,8 @@ pub extern "C" fn rdram_server_drain(server: *mut rdram_server, timeout_ms: u32)
         if server.is_null() {
             return Err(null_arg("server"));
         }
-        let member = servers()
-            .as_ref()
-            .and_then(|m| m.get(&(server as usize)))
+        let member = SERVERS
+            .get(server as usize)
             .ok_or_else(|| Error::new(Status::Invalid, "not a running server"))?
             .member
             .clone()
@@ -222,7 +215,7 @@ pub extern "C" fn rdram_server_drain(server: *mut rdram_server, timeout_ms: u32)
 #[no_mangle]
 pub extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_char {
     // The string's bytes stay where they are until its entry is removed (stop).
-    servers().as_ref().and_then(|m| m.get(&(server as usize))).map_or(std::ptr::null(), |s| s.address.as_ptr())
+    SERVERS.get(server as usize).map_or(std::ptr::null(), |s| s.address.as_ptr())
 }
 
 /// Stops the server's workers, frees its memory and the handle; a cluster member leaves
@@ -231,14 +224,16 @@ pub extern "C" fn rdram_server_address(server: *const rdram_server) -> *const c_
 #[no_mangle]
 pub extern "C" fn rdram_server_stop(server: *mut rdram_server) {
     // Taken out of the table first: a second stop, here or on another thread, finds nothing.
-    let hosted = servers().as_mut().and_then(|m| m.remove(&(server as usize)));
-    if let Some(h) = hosted {
+    if let Some(h) = SERVERS.remove(server as usize) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // Out of the member set first, so that clients stop routing here, then stop.
             if let Some(member) = &h.member {
                 member.leave();
             }
-            h.inner.stop()
+            let server = h.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(server) = server {
+                server.stop();
+            }
         }));
     }
 }
