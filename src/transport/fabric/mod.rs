@@ -146,7 +146,9 @@ fn cstr(p: *const std::os::raw::c_char) -> String {
 /// # Safety
 /// `info` must be NULL or a list this function may overwrite without freeing.
 unsafe fn get_info(prov: Option<&CStr>, node: Option<&CStr>, extra_caps: u64, info: &mut *mut sys::fi_info) -> i32 {
-    // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+    // SAFETY: `hints` is checked non-NULL, and fi_allocinfo allocates its ep, domain and
+    // fabric attributes with it; prov_name is malloc'd for fi_freeinfo to free; `node`
+    // and `prov` are NUL-terminated; `info` may be overwritten (the caller's contract).
     unsafe {
         let hints = sys::rdram_fi_allocinfo();
         if hints.is_null() {
@@ -199,7 +201,8 @@ pub fn load() -> Result<()> {
 /// # Safety
 /// `list` is a valid, non-empty fi_info list.
 unsafe fn nth_domain(list: *mut sys::fi_info, n: usize) -> *mut sys::fi_info {
-    // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
+    // SAFETY: `list` is a valid, non-empty fi_info list (the caller's contract): each entry
+    // has a domain_attr and a next that is NULL or the next entry; it is only read.
     unsafe {
         let mut firsts: Vec<*mut sys::fi_info> = Vec::new();
         let mut names: Vec<String> = Vec::new();
