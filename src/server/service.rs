@@ -89,7 +89,7 @@ pub struct Service {
     replication: Option<Replication>,
     /// Set while a request is answered, when its answer waits for its copies.
     deferred: Option<u64>,
-    pub index: usize,
+    index: usize,
     shards: usize,
     /// Live clients' sessions -> client number; a request must carry one of them: the
     /// bootstrap's, or one a transport worker issued in its place ([`Service::open_session`]).
@@ -99,16 +99,16 @@ pub struct Service {
     membership: crossbeam_channel::Receiver<Membership>,
     /// Clients that left since the transport worker last asked (`take_departed`).
     departed: Vec<u64>,
-    pub shard: Shard,
+    shard: Shard,
     /// Clients known to this worker by name (libfabric slots), reported in stats; None
     /// where the transport does not track them (UCX).
-    pub clients: Option<usize>,
+    clients: Option<usize>,
     list_scratch: Vec<(Vec<u8>, u64)>,
     /// What this worker counts; only this worker writes it (see `metrics`).
-    pub metrics: Arc<ShardMetrics>,
+    metrics: Arc<ShardMetrics>,
     pressure: Pressure,
     /// The server's reply bytes held for clients, shared by every shard.
-    pub reply_budget: Arc<ReplyBudget>,
+    reply_budget: Arc<ReplyBudget>,
     /// In a cluster: the placement that requests routed with a view are checked against.
     placement: Option<PlacementCheck>,
     /// Values staged in parts, until their last part commits them ([`flags::STAGE`]).
@@ -263,6 +263,59 @@ impl Service {
     /// Whether `client` is connected as far as this worker has heard.
     pub fn is_live(&self, client: u64) -> bool {
         self.sessions.values().any(|&c| c == client)
+    }
+
+    /// The shard's number in the server.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The shard's arena: what replies are sent from and transfers land in.
+    pub fn arena(&self) -> &crate::store::arena::Arena {
+        self.shard.arena()
+    }
+
+    /// Keeps the extent at `offset` where it is while a send reads it (a write to its key
+    /// meanwhile frees it only at the last [`Service::unpin`]).
+    pub fn pin(&mut self, offset: u64) {
+        self.shard.pin(offset);
+    }
+
+    /// Ends one [`Service::pin`] of the extent at `offset`.
+    pub fn unpin(&mut self, offset: u64) {
+        self.shard.unpin(offset);
+    }
+
+    /// Frees a put's reserved extent except what a cut transfer still writes into (see
+    /// [`crate::store::Shard::release_except`]).
+    pub fn release_except(&mut self, extent: Extent, keep: &[(u64, u64)]) -> Vec<Extent> {
+        self.shard.release_except(extent, keep)
+    }
+
+    /// Drops up to `max` values whose TTL passed; returns how many.
+    pub fn expire_due(&mut self, max: usize) -> usize {
+        self.shard.expire_due(max)
+    }
+
+    /// What this shard counts (only its worker writes it).
+    pub fn metrics(&self) -> &Arc<ShardMetrics> {
+        &self.metrics
+    }
+
+    /// The server's reply bytes held for clients, which every shard shares.
+    pub fn reply_budget(&self) -> &Arc<ReplyBudget> {
+        &self.reply_budget
+    }
+
+    /// Sets how many clients the transport worker knows by name (libfabric slots), for
+    /// stats; UCX workers never do.
+    pub fn set_named_clients(&mut self, n: usize) {
+        self.clients = Some(n);
+    }
+
+    /// How many clients the transport worker knows by name, if it counts them.
+    pub fn named_clients(&self) -> Option<usize> {
+        self.clients
     }
 
     /// Clients that left since the last call (their slots and transfers can go).

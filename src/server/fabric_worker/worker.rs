@@ -219,7 +219,7 @@ impl FabricShardWorker {
         let rails = Rails::open(provider, Some(listen), rails)?;
         // No remote access to anything of ours: replies are sends, and put values are
         // read by us from the client. A peer that guesses keys finds nothing to read.
-        let arena = service.shard.arena();
+        let arena = service.arena();
         let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
         let recv_slab = recv_slab();
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
@@ -233,7 +233,7 @@ impl FabricShardWorker {
             provider: provider.to_string(),
             listen,
             address,
-            backlog: ReplyBacklog::new(service.reply_budget.clone()),
+            backlog: ReplyBacklog::new(service.reply_budget().clone()),
             service,
             arena_mr,
             recv_mr,
@@ -250,7 +250,7 @@ impl FabricShardWorker {
             stall_timeout,
             sent_payload: 0,
         });
-        w.service.clients = Some(0);
+        w.service.set_named_clients(0);
         for buf in 0..RECV_BUFS {
             w.post_recv(buf)?;
         }
@@ -258,13 +258,13 @@ impl FabricShardWorker {
     }
 
     pub fn info(&self) -> Result<WorkerInfo> {
-        let arena = self.service.shard.arena();
+        let arena = self.service.arena();
         Ok(WorkerInfo {
             address: self.address.clone(),
             transport: format!("fabric ({})", self.rails.describe()),
             backing: arena.backing(),
             bytes: arena.len() as u64,
-            metrics: self.service.metrics.clone(),
+            metrics: self.service.metrics().clone(),
         })
     }
 
@@ -299,7 +299,7 @@ impl FabricShardWorker {
             // SWEEP_EVERY busy turns, or when the poller says so while idle).
             let clock_due = if did_work { turns % SWEEP_EVERY == 0 } else { poller.clock_due() };
             if clock_due && last_sweep.elapsed() >= SWEEP_INTERVAL {
-                self.service.shard.expire_due(SWEEP_BATCH);
+                self.service.expire_due(SWEEP_BATCH);
                 self.forget_departed();
                 self.cut_stalled_reads();
                 self.service.publish_metrics(self.reads.len());
@@ -312,11 +312,12 @@ impl FabricShardWorker {
                             self.replace_retry.succeeded();
                         }
                         Err(e) => {
-                            self.service.metrics.worker_replacement_failed();
+                            self.service.metrics().worker_replacement_failed();
                             let again = self.replace_retry.failed(now);
                             warn!(
                                 "shard {}: could not replace its endpoints ({}); trying again in {again:?}",
-                                self.service.index, e.message
+                                self.service.index(),
+                                e.message
                             );
                         }
                     }
@@ -380,10 +381,10 @@ impl FabricShardWorker {
             WorkerOp::Recv { buf } => {
                 match f.result {
                     Ok(()) => self.on_message(buf, f.len, f.tag),
-                    Err(e) => debug!("shard {}: receive failed: {e}", self.service.index),
+                    Err(e) => debug!("shard {}: receive failed: {e}", self.service.index()),
                 }
                 if let Err(e) = self.post_recv(buf) {
-                    warn!("shard {}: cannot repost a request buffer: {e}", self.service.index);
+                    warn!("shard {}: cannot repost a request buffer: {e}", self.service.index());
                 }
             }
             WorkerOp::Reply { msg, owner, charged } => {
@@ -394,7 +395,7 @@ impl FabricShardWorker {
                 self.backlog.discharge(owner, charged);
                 if let Some(extent) = pinned {
                     self.sends.remove(&key);
-                    self.service.shard.unpin(extent);
+                    self.service.unpin(extent);
                 }
                 if let Some(mr) = temp_mr {
                     self.rails.deregister(mr);
@@ -403,7 +404,7 @@ impl FabricShardWorker {
             WorkerOp::ReadPut { to, put, plan } => {
                 self.reads.remove(&(to.id, put.header.request_id));
                 if let Err(e) = &f.result {
-                    debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index);
+                    debug!("shard {}: reading a put value failed ({e}); slot freed", self.service.index());
                 }
                 // Published only if every byte arrived while its client still wanted it:
                 // not after an abort, nor once the client's slot is gone.
@@ -448,30 +449,30 @@ impl FabricShardWorker {
         match tag & wire::KIND_MASK {
             wire::HELLO => self.on_hello(at, len),
             wire::REQUEST => self.on_request(at, len, slot),
-            other => debug!("shard {}: unexpected message kind {other:#x}", self.service.index),
+            other => debug!("shard {}: unexpected message kind {other:#x}", self.service.index()),
         }
     }
 
     fn on_request(&mut self, at: usize, len: usize, slot: u32) {
         let Some((credential, client_id)) = self.holder(slot) else {
-            return debug!("shard {}: request from unknown client slot {slot}", self.service.index);
+            return debug!("shard {}: request from unknown client slot {slot}", self.service.index());
         };
         let to = Client { slot, id: client_id };
         if self.unresponsive.contains(&client_id) {
-            return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index);
+            return debug!("shard {}: request from unresponsive client {client_id} dropped", self.service.index());
         }
         if self.backlog.is_behind(client_id) {
             // It does not receive what it asked for: stop serving it until it drains.
             return debug!(
                 "shard {}: client {client_id} has too many unreceived replies; request dropped",
-                self.service.index
+                self.service.index()
             );
         }
         let msg = &self.recv_slab[at..at + len];
         if msg.get(16..24).map(|b| u64::from_le_bytes(b.try_into().unwrap())) != Some(credential) {
             // Not from that slot's client (a request or one of its parts): answering
             // would send to someone else.
-            return debug!("shard {}: request naming slot {slot} without its credential", self.service.index);
+            return debug!("shard {}: request naming slot {slot} without its credential", self.service.index());
         }
         let joined;
         let msg = match (wire::PartHeader::decode(msg), self.peers[slot as usize].as_mut()) {
@@ -479,7 +480,7 @@ impl FabricShardWorker {
                 let Some((id, bytes)) = peer.joining.as_mut().filter(|(id, _)| *id == part.request_id) else {
                     return debug!(
                         "shard {}: a request part from client {client_id} without the parts before it; dropped",
-                        self.service.index
+                        self.service.index()
                     );
                 };
                 let id = *id;
@@ -515,7 +516,7 @@ impl FabricShardWorker {
             Err((Some(id), e)) => (Answer::Owned(service::error_reply(id, &e, &mut out)), None),
             Err((None, e)) => {
                 self.scratch = out;
-                return debug!("shard {}: unanswerable request: {e}", self.service.index);
+                return debug!("shard {}: unanswerable request: {e}", self.service.index());
             }
             Ok((req, _)) if req.kind == Kind::Abort => {
                 let (id, target) = (req.header.request_id, req.header.ttl_or_limit);

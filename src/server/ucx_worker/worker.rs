@@ -227,12 +227,12 @@ impl ShardWorker {
     ) -> Result<Box<ShardWorker>> {
         let worker = Worker::new(&tcp)?;
         let probe = QueueProbe::new(&tcp)?;
-        let arena = service.shard.arena();
+        let arena = service.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
         let address = worker.address()?;
         let handle = worker.handle();
         let mut w = Box::new(ShardWorker {
-            backlog: ReplyBacklog::new(service.reply_budget.clone()),
+            backlog: ReplyBacklog::new(service.reply_budget().clone()),
             service,
             tcp,
             retired: Vec::new(),
@@ -283,13 +283,13 @@ impl ShardWorker {
     }
 
     pub fn info(&self) -> Result<WorkerInfo> {
-        let arena = self.service.shard.arena();
+        let arena = self.service.arena();
         Ok(WorkerInfo {
             address: self.address.clone(),
             transport: "ucx".into(),
             backing: arena.backing(),
             bytes: arena.len() as u64,
-            metrics: self.service.metrics.clone(),
+            metrics: self.service.metrics().clone(),
         })
     }
 
@@ -328,7 +328,7 @@ impl ShardWorker {
                 // SAFETY: as above; no callback runs during these calls (they do not progress
                 // the served workers; the probe's worker has no callback into this one).
                 unsafe {
-                    (*this).service.shard.expire_due(SWEEP_BATCH);
+                    (*this).service.expire_due(SWEEP_BATCH);
                     (*this).forget_departed();
                     (*this).cut_stalled_puts();
                     let gone = (*this).watch_queue(!did_work);
@@ -368,7 +368,7 @@ impl ShardWorker {
         if !w.puts.is_empty() || w.replies_in_flight.total() > 0 {
             warn!(
                 "shard {}: stopping with {} puts and {} replies still in flight",
-                w.service.index,
+                w.service.index(),
                 w.puts.len(),
                 w.replies_in_flight.total()
             );
@@ -447,7 +447,7 @@ impl ShardWorker {
                 r
             }
             Err((id, e)) => {
-                debug!("shard {}: refused request: {}", self.service.index, e.message);
+                debug!("shard {}: refused request: {}", self.service.index(), e.message);
                 if let Some(id) = id {
                     self.reply_error(ep, came_by.incarnation, id, &e);
                 }
@@ -483,7 +483,7 @@ impl ShardWorker {
         if self.backlog.is_behind(client) {
             // It does not receive what it asked for: stop serving it (its memory would
             // pile up here) until it drains.
-            debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index);
+            debug!("shard {}: client {client} has too many unreceived replies; request dropped", self.service.index());
             return sys::UCS_OK;
         }
         let mut m = self.take_reply();

@@ -99,7 +99,7 @@ impl FabricShardWorker {
             if plan.deadline > now || plan.failed {
                 continue;
             }
-            warn!("shard {}: a read of client memory made no progress before its deadline; cut", self.service.index);
+            warn!("shard {}: a read of client memory made no progress before its deadline; cut", self.service.index());
             plan.failed = true;
             // Keep only what the reads still in flight write into: the rest of the
             // extent is free again now, even if they never come back.
@@ -111,7 +111,7 @@ impl FabricShardWorker {
                         (put.dest_offset + (k * plan.chunk) as u64, plan.chunk.min(plan.len - k * plan.chunk) as u64)
                     })
                     .collect();
-                put.cut = Some(self.service.shard.release_except(put.extent, &keep));
+                put.cut = Some(self.service.release_except(put.extent, &keep));
             }
         }
     }

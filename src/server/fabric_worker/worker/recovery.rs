@@ -22,10 +22,10 @@ impl FabricShardWorker {
         tracing::error!(
             "shard {}: a client left with large messages in flight, which stalls every later large send of libfabric's shm; \
              replacing the shard's endpoints: clients reconnect, stored data is kept",
-            self.service.index
+            self.service.index()
         );
         let rails = Rails::open(&self.provider, Some(self.listen), self.rails.eps.len())?;
-        let arena = self.service.shard.arena();
+        let arena = self.service.arena();
         let arena_mr = rails.register(arena.base(), arena.len(), RemoteAccess::None)?;
         let recv_slab = recv_slab();
         let recv_mr = rails.register(recv_slab.as_ptr(), recv_slab.len(), RemoteAccess::None)?;
@@ -74,7 +74,7 @@ impl FabricShardWorker {
             *peer = None;
         }
         self.free_slots = (0..self.peers.len() as u32).rev().collect();
-        self.service.clients = Some(0);
+        self.service.set_named_clients(0);
         self.reads.clear();
         self.sends.clear();
         self.backlog.clear();
@@ -83,7 +83,7 @@ impl FabricShardWorker {
             self.post_recv(buf)?;
         }
         self.address.set(address);
-        self.service.metrics.worker_replaced();
+        self.service.metrics().worker_replaced();
         Ok(())
     }
 
@@ -99,7 +99,7 @@ impl FabricShardWorker {
         self.retired = kept;
         for r in expired {
             for extent in &r.pinned {
-                self.service.shard.unpin(*extent);
+                self.service.unpin(*extent);
             }
             for mr in r.regions {
                 r.rails.deregister(mr);

@@ -28,7 +28,7 @@ impl FabricShardWorker {
             return;
         };
         if self.unresponsive.contains(&to.id) {
-            return debug!("shard {}: reply to unresponsive client {} dropped", self.service.index, to.id);
+            return debug!("shard {}: reply to unresponsive client {} dropped", self.service.index(), to.id);
         }
         let (mut header, arena) = match answer {
             Answer::Owned(h) => (h, None),
@@ -43,7 +43,7 @@ impl FabricShardWorker {
         msg.bytes.extend_from_slice(&header.encode());
         if inline {
             match arena {
-                Some((offset, len, _)) => msg.bytes.extend_from_slice(self.service.shard.arena().slice(offset, len)),
+                Some((offset, len, _)) => msg.bytes.extend_from_slice(self.service.arena().slice(offset, len)),
                 None => msg.bytes.extend_from_slice(&self.scratch),
             }
         }
@@ -55,7 +55,7 @@ impl FabricShardWorker {
             let sent = self.rails.eps[0].inject(&msg.bytes, peer0, tag);
             self.reply_pool.push(msg);
             if let Err(e) = sent {
-                debug!("shard {}: reply not sent: {e}", self.service.index);
+                debug!("shard {}: reply not sent: {e}", self.service.index());
                 return self.note_unresponsive(to.id, &e);
             }
         } else {
@@ -66,7 +66,7 @@ impl FabricShardWorker {
             let ctx = self.ops.ctx(id, 0);
             // SAFETY: the bytes live in the ReplyBuf's heap buffer, owned by the op until completion.
             if let Err(e) = unsafe { self.rails.eps[0].send(ptr, len, desc, peer0, tag, ctx) } {
-                debug!("shard {}: reply not sent: {e}", self.service.index);
+                debug!("shard {}: reply not sent: {e}", self.service.index());
                 self.note_unresponsive(to.id, &e);
                 if let Some(f) = self.ops.not_posted(id, 1, e) {
                     self.finished(f);
@@ -81,11 +81,11 @@ impl FabricShardWorker {
         if payload_len as usize <= inject_size {
             // One message on the first rail, as `stripes` gives a payload this short.
             let bytes = match arena {
-                Some((offset, len, _)) => self.service.shard.arena().slice(offset, len),
+                Some((offset, len, _)) => self.service.arena().slice(offset, len),
                 None => &self.scratch[..],
             };
             if let Err(e) = self.rails.eps[0].inject(bytes, peer0, data_tag) {
-                debug!("shard {}: reply data not sent: {e}", self.service.index);
+                debug!("shard {}: reply data not sent: {e}", self.service.index());
                 self.note_unresponsive(to.id, &e);
             }
             return;
@@ -93,8 +93,8 @@ impl FabricShardWorker {
         let peer = self.peers[slot as usize].as_ref().map(|p| p.addrs.clone()).unwrap_or_default();
         let (ptr, descs, value) = match arena {
             Some((offset, len, extent)) => {
-                self.service.shard.pin(extent);
-                let ptr = self.service.shard.arena().slice(offset, len).as_ptr();
+                self.service.pin(extent);
+                let ptr = self.service.arena().slice(offset, len).as_ptr();
                 (
                     ptr,
                     self.arena_mr.iter().map(|m| m.desc).collect::<Vec<_>>(),
@@ -144,7 +144,7 @@ impl FabricShardWorker {
             // SAFETY: pinned arena bytes or the op's owned Vec, unchanged until completion.
             if let Err(e) = unsafe { self.rails.eps[p].send(ptr.add(off), part_len, descs[p], peer[p], data_tag, ctx) }
             {
-                debug!("shard {}: reply data not sent: {e}", self.service.index);
+                debug!("shard {}: reply data not sent: {e}", self.service.index());
                 self.note_unresponsive(to.id, &e);
                 if let Some(f) = self.ops.not_posted(id, parts.len() - p, e) {
                     self.finished(f);
@@ -185,7 +185,7 @@ impl FabricShardWorker {
     /// Answers an abort, now that nothing of the request it names reads client memory.
     pub(super) fn confirm_abort(&mut self, to: Client, abort: Option<u64>) {
         if let Some(id) = abort {
-            debug!("shard {}: request abandoned by its client; discarded", self.service.index);
+            debug!("shard {}: request abandoned by its client; discarded", self.service.index());
             self.scratch.clear();
             self.reply(to, Answer::Owned(ReplyHeader::new(id, Status::Ok)), None);
         }
@@ -198,7 +198,7 @@ impl FabricShardWorker {
         let Some(op) = self.sends.remove(&(client, request)) else { return };
         if let Some(WorkerOp::Data { pinned, .. }) = self.ops.value_mut(op) {
             if let Some(extent) = pinned.take() {
-                self.service.shard.unpin(extent);
+                self.service.unpin(extent);
             }
         }
     }

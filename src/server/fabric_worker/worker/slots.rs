@@ -7,14 +7,14 @@ impl FabricShardWorker {
     pub(super) fn on_hello(&mut self, at: usize, len: usize) {
         let hello = match Hello::decode(&self.recv_slab[at..at + len]) {
             Ok(h) => h,
-            Err(e) => return debug!("shard {}: {e}", self.service.index),
+            Err(e) => return debug!("shard {}: {e}", self.service.index()),
         };
         // Only a session the bootstrap issued (after the token check) to a client still
         // connected gets a slot, bound to that client: it dies with its connection.
         let client_id = match self.service.client_of(hello.session) {
             Some(c) if hello.addresses.len() == self.rails.eps.len() => c,
             // Without a valid session we do not even learn the sender's address.
-            _ => return debug!("shard {}: hello refused (bad session or rail count)", self.service.index),
+            _ => return debug!("shard {}: hello refused (bad session or rail count)", self.service.index()),
         };
         self.forget_departed();
         // One slot per client: a repeated hello replaces the earlier one.
@@ -25,7 +25,7 @@ impl FabricShardWorker {
         for (ep, a) in self.rails.eps.iter().zip(&hello.addresses) {
             match ep.insert_peer(a) {
                 Ok(p) => addrs.push(p),
-                Err(e) => return warn!("shard {}: {e}", self.service.index),
+                Err(e) => return warn!("shard {}: {e}", self.service.index()),
             }
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
@@ -34,14 +34,14 @@ impl FabricShardWorker {
         });
         let mut random = [0u8; 8];
         if let Err(e) = getrandom::getrandom(&mut random) {
-            return warn!("shard {}: no randomness for a credential: {e}", self.service.index);
+            return warn!("shard {}: no randomness for a credential: {e}", self.service.index());
         }
         let credential = u64::from_le_bytes(random) | 1;
         self.peers[slot as usize] = Some(Peer { addrs, credential, client_id, joining: None });
         // Requests carry the credential as their session: values staged in parts live
         // under it, as long as the client's bootstrap session does.
         self.service.open_session(credential, client_id);
-        *self.service.clients.get_or_insert(0) += 1;
+        self.service.set_named_clients(self.service.named_clients().unwrap_or(0) + 1);
         let mut header = ReplyHeader::new(hello.hello_id, Status::Ok);
         header.generation = slot as u64;
         header.value_size = credential;
@@ -70,7 +70,7 @@ impl FabricShardWorker {
             }
             self.service.close_session(peer.credential);
             self.free_slots.push(slot);
-            self.service.clients = self.service.clients.map(|n| n - 1);
+            self.service.set_named_clients(self.service.named_clients().unwrap_or(0).saturating_sub(1));
         }
     }
 
@@ -96,7 +96,7 @@ impl FabricShardWorker {
     /// After a send that failed because the client took nothing (see `unresponsive`).
     pub(super) fn note_unresponsive(&mut self, client: u64, e: &Error) {
         if e.status == Status::Unavailable && self.unresponsive.insert(client) {
-            info!("shard {}: client {client} takes no replies ({}); dropping its requests and replies until it reconnects", self.service.index, e.message);
+            info!("shard {}: client {client} takes no replies ({}); dropping its requests and replies until it reconnects", self.service.index(), e.message);
             // Over shm its stuck large sends hold up everyone's (see `replace_rails`).
             self.replace_due |= self.large_sends_to(client);
         }

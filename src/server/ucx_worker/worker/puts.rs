@@ -28,7 +28,7 @@ impl ShardWorker {
         if self.cut_puts(|p| p.deadline <= now) > 0 {
             warn!(
                 "shard {}: a put made no progress before its deadline; its client's endpoint is closed",
-                self.service.index
+                self.service.index()
             );
         }
     }
@@ -107,7 +107,11 @@ impl ShardWorker {
     pub(super) fn finish_put(&mut self, p: PutInFlight, status: sys::ucs_status_t) {
         self.puts.remove(&(p.put.header.session, p.put.header.request_id));
         if status != sys::UCS_OK {
-            debug!("shard {}: rendezvous put failed ({}); slot freed", self.service.index, ucx::status_string(status));
+            debug!(
+                "shard {}: rendezvous put failed ({}); slot freed",
+                self.service.index(),
+                ucx::status_string(status)
+            );
         }
         // Published only if every byte arrived while the client still wanted it: not
         // after it gave up (abort) or went away (its session revoked).
@@ -123,7 +127,7 @@ impl ShardWorker {
             Answer::Arena { .. } => unreachable!("a put's answer carries no value"),
         }
         if let Some(abort) = p.abort {
-            debug!("shard {}: put abandoned by its client; discarded", self.service.index);
+            debug!("shard {}: put abandoned by its client; discarded", self.service.index());
             let m = self.take_reply();
             self.send_reply(p.reply_ep, p.incarnation, ReplyHeader::new(abort, crate::error::Status::Ok), m, None);
         }

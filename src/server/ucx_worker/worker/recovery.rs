@@ -18,8 +18,8 @@ impl ShardWorker {
         self.prepare_spare();
         if self.probe.tick(self.probe_seen, idle, now) {
             if let Err(e) = self.replace_worker(Retirement::Stuck) {
-                self.service.metrics.worker_replacement_failed();
-                warn!("shard {}: could not replace a stuck worker: {}", self.service.index, e.message);
+                self.service.metrics().worker_replacement_failed();
+                warn!("shard {}: could not replace a stuck worker: {}", self.service.index(), e.message);
             }
         } else if (self.stranded >= self.stranded_limit || self.idle_with_stranded(now))
             && self.recycle_retry.ready(now)
@@ -27,11 +27,12 @@ impl ShardWorker {
             match self.replace_worker(Retirement::Recycled) {
                 Ok(()) => self.recycle_retry.succeeded(),
                 Err(e) => {
-                    self.service.metrics.worker_replacement_failed();
+                    self.service.metrics().worker_replacement_failed();
                     let again = self.recycle_retry.failed(now);
                     warn!(
                         "shard {}: could not start a fresh worker ({}); trying again in {again:?}",
-                        self.service.index, e.message
+                        self.service.index(),
+                        e.message
                     );
                 }
             }
@@ -43,7 +44,7 @@ impl ShardWorker {
                 std::mem::take(&mut self.retired).into_iter().partition(|_| over.next() == Some(true));
             self.retired = kept;
             for r in &gone {
-                debug!("shard {}: {:?} worker {} destroyed", self.service.index, r.why, r.incarnation);
+                debug!("shard {}: {:?} worker {} destroyed", self.service.index(), r.why, r.incarnation);
                 self.reply_eps.forget_incarnation(r.incarnation);
             }
             return gone;
@@ -101,7 +102,8 @@ impl ShardWorker {
                 if newer_waiting >= MAX_RECYCLED {
                     warn!(
                         "shard {}: clients of a recycled worker told to reconnect ({} recycled workers kept at most)",
-                        self.service.index, MAX_RECYCLED
+                        self.service.index(),
+                        MAX_RECYCLED
                     );
                     self.address.tell_moved();
                     return true;
@@ -121,13 +123,13 @@ impl ShardWorker {
         }
         let tcp = self.tcp.clone();
         let spawned = std::thread::Builder::new()
-            .name(format!("rdram-spare-{}", self.service.index))
+            .name(format!("rdram-spare-{}", self.service.index()))
             .spawn(move || Worker::new(&tcp));
         match spawned {
             Ok(thread) => self.spare = Some(thread),
             Err(e) => debug!(
                 "shard {}: no helper thread for a spare worker ({e}); it will start on the shard's",
-                self.service.index
+                self.service.index()
             ),
         }
     }
@@ -140,7 +142,8 @@ impl ShardWorker {
             Some(Ok(Err(e))) => {
                 debug!(
                     "shard {}: the spare worker did not start ({}); starting one here",
-                    self.service.index, e.message
+                    self.service.index(),
+                    e.message
                 );
                 Worker::new(&self.tcp)
             }
@@ -162,13 +165,13 @@ impl ShardWorker {
             Retirement::Stuck => tracing::error!(
                 "shard {}: its receive queue is stuck (a shared-memory client died while writing into it); \
                  replacing its UCX worker: clients reconnect, stored data is kept",
-                self.service.index
+                self.service.index()
             ),
             Retirement::Recycled => {}
         }
         let started = Instant::now();
         let mut fresh = self.take_fresh_worker()?;
-        let arena = self.service.shard.arena();
+        let arena = self.service.arena();
         let memh = fresh.mem_map(arena.base(), arena.len())?;
         let incarnation = self.incarnation + 1;
         let arrival =
@@ -193,15 +196,15 @@ impl ShardWorker {
         match why {
             Retirement::Stuck => {
                 self.address.set(hex);
-                self.service.metrics.worker_replaced();
+                self.service.metrics().worker_replaced();
             }
             Retirement::Recycled => {
                 self.address.hand_out(hex);
-                self.service.metrics.worker_recycled();
+                self.service.metrics().worker_recycled();
                 let message = format!(
                     "shard {}: {} departed shared-memory clients' endpoints held by its UCX worker (UCX frees them only with the worker); \
                      new clients get a fresh worker (the switch took {:.1} ms), the old one goes when its last client leaves",
-                    self.service.index,
+                    self.service.index(),
                     self.stranded,
                     started.elapsed().as_secs_f64() * 1e3
                 );
@@ -231,7 +234,8 @@ impl ShardWorker {
         if let Err(e) = self.probe.connect(&address) {
             warn!(
                 "shard {}: queue probe cannot reach the new worker ({}); a stuck queue will not be detected",
-                self.service.index, e.message
+                self.service.index(),
+                e.message
             );
         }
         Ok(())

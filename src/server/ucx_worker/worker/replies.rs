@@ -57,7 +57,7 @@ impl ShardWorker {
 
     pub(super) fn finish_reply(&mut self, mut m: Box<ReplyMsg>) {
         if let Some(extent) = m.pinned.take() {
-            self.service.shard.unpin(extent);
+            self.service.unpin(extent);
         }
         if m.payload.capacity() > 1 << 20 {
             m.payload = Vec::new();
@@ -88,7 +88,7 @@ impl ShardWorker {
         // reply endpoint UCX gave us.
         let started = unsafe {
             let (payload, memh): (&[u8], _) = match arena {
-                Some(a) => (self.service.shard.arena().slice(a.offset, a.len), a.memh),
+                Some(a) => (self.service.arena().slice(a.offset, a.len), a.memh),
                 None => ((*raw).payload.as_slice(), ptr::null_mut()),
             };
             let header = &(&(*raw).header)[..(*raw).header_len];
@@ -108,7 +108,7 @@ impl ShardWorker {
                     self.sending.insert(raw as usize, client);
                 }
                 if let Some(ArenaSlice { extent, .. }) = arena {
-                    self.service.shard.pin(extent);
+                    self.service.pin(extent);
                     // SAFETY: raw is the live box leaked above, owned by the pending send.
                     unsafe { (*raw).pinned = Some(extent) };
                 }
@@ -175,7 +175,7 @@ impl ShardWorker {
                 // removes them from `sending` (or `orphans`) first.
                 let msg = unsafe { &mut *(m as *mut ReplyMsg) };
                 if let Some(extent) = msg.pinned.take() {
-                    self.service.shard.unpin(extent);
+                    self.service.unpin(extent);
                 }
                 // Its send may never end (a dead shared-memory peer): uncharged now.
                 self.backlog.discharge(client, std::mem::take(&mut msg.charged));
