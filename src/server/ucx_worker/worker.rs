@@ -325,24 +325,9 @@ impl ShardWorker {
             // clients and stalled transfers are released either way.
             let clock_due = if did_work { turns % SWEEP_EVERY == 0 } else { poller.clock_due() };
             if clock_due && last_sweep.elapsed() >= SWEEP_INTERVAL {
-                // SAFETY: as above; no callback runs during these calls (they do not progress
-                // the served workers; the probe's worker has no callback into this one).
-                unsafe {
-                    (*this).service.expire_due(SWEEP_BATCH);
-                    (*this).forget_departed();
-                    (*this).cut_stalled_puts();
-                    let gone = (*this).watch_queue(!did_work);
-                    let incarnations: Vec<u64> = gone.iter().map(|r| r.incarnation).collect();
-                    drop(gone);
-                    for &incarnation in &incarnations {
-                        (*this).reclaim_orphans(incarnation);
-                    }
-                    if !incarnations.is_empty() {
-                        (*this).freed.freed();
-                    }
-                    (*this).freed.return_if_due(Instant::now());
-                    (*this).service.publish_metrics((*this).puts.len());
-                }
+                // SAFETY: as above; the reference ends with the call, and no callback runs
+                // during it (see `sweep`).
+                unsafe { (*this).sweep(!did_work) };
                 last_sweep = Instant::now();
             }
             // SAFETY: as above; the reference ends before the next progress.
@@ -394,6 +379,27 @@ impl ShardWorker {
             }
             did_work
         }
+    }
+
+    /// The periodic chores: expired values, departed clients, stalled puts, a stuck
+    /// receive queue (`idle`: nothing happened this turn), orphaned endpoints, metrics.
+    /// Nothing here progresses a served UCX worker (the probe's worker has no callback
+    /// into this one), so no callback runs meanwhile.
+    fn sweep(&mut self, idle: bool) {
+        self.service.expire_due(SWEEP_BATCH);
+        self.forget_departed();
+        self.cut_stalled_puts();
+        let gone = self.watch_queue(idle);
+        let incarnations: Vec<u64> = gone.iter().map(|r| r.incarnation).collect();
+        drop(gone);
+        for &incarnation in &incarnations {
+            self.reclaim_orphans(incarnation);
+        }
+        if !incarnations.is_empty() {
+            self.freed.freed();
+        }
+        self.freed.return_if_due(Instant::now());
+        self.service.publish_metrics(self.puts.len());
     }
 
     /// Whether anything of ours is still in flight on any UCX worker of this shard.
