@@ -341,9 +341,34 @@ def cold_table(cold: dict) -> str:
     return "\n".join(lines)
 
 
+def steady_rounds(args, log, commands: list, transports: list, labels: dict) -> dict:
+    """One server per (system, transport) for all rounds; each round runs every pair in
+    a process of its own, the order flipping every round."""
+    servers = Servers(args, log, commands)
+    try:
+        addresses = {t: servers.rdram(t) for t in transports}
+        mooncake_address = servers.mooncake()
+        settle(servers.procs)
+        runs_of = [(f"remote_dram, {labels[t]}", sys.executable, "remote_dram", t, addresses[t], Servers.EXTRA[t][1]) for t in transports]
+        runs_of += [(f"Mooncake, {t}", args.mooncake_python, "mooncake", t, mooncake_address, {})
+                    for t in ("shm", "tcp") if t in transports or (t == "tcp" and "fabric" in transports)]
+        runs: dict = {label: [] for label, *_ in runs_of}
+        for r in range(args.rounds):
+            for label, python, system, t, address, env in (runs_of if r % 2 == 0 else runs_of[::-1]):
+                cmd = [python, os.path.abspath(__file__), "--one", system, t, address]
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **env})
+                if p.returncode != 0:
+                    sys.exit(f"round {r + 1}, {label}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+                runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
+                print(f"round {r + 1}: {label} done", flush=True)
+        return runs
+    finally:
+        servers.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="steady-state rounds (0: start-up trials only)")
     ap.add_argument("--cold-trials", type=int, default=3, help="start-up trials per system")
     ap.add_argument("--rdram", default=os.path.join(ROOT, "target/release/rdram"))
     ap.add_argument("--serve-args", default="--workers 2 --memory 4GiB", help="more `rdram serve` arguments")
@@ -366,30 +391,12 @@ def main() -> int:
     commands: list = []
     log = open(os.path.join(ROOT, "target", "peers-servers.log"), "w")
     cold = cold_starts(args, log, args.cold_trials)
-    servers = Servers(args, log, commands)
-    try:
-        addresses = {t: servers.rdram(t) for t in transports}
-        mooncake_address = servers.mooncake()
-        settle(servers.procs)
-        labels = {"shm": "UCX shm", "tcp": "UCX tcp", "fabric": "libfabric tcp;ofi_rxm"}
-        runs_of = [(f"remote_dram, {labels[t]}", sys.executable, "remote_dram", t, addresses[t], Servers.EXTRA[t][1]) for t in transports]
-        runs_of += [(f"Mooncake, {t}", args.mooncake_python, "mooncake", t, mooncake_address, {})
-                    for t in ("shm", "tcp") if t in transports or (t == "tcp" and "fabric" in transports)]
-        runs: dict = {label: [] for label, *_ in runs_of}
-        for r in range(args.rounds):
-            for label, python, system, t, address, env in (runs_of if r % 2 == 0 else runs_of[::-1]):
-                cmd = [python, os.path.abspath(__file__), "--one", system, t, address]
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **env})
-                if p.returncode != 0:
-                    sys.exit(f"round {r + 1}, {label}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-                runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
-                print(f"round {r + 1}: {label} done", flush=True)
-    finally:
-        servers.close()
+    labels = {"shm": "UCX shm", "tcp": "UCX tcp", "fabric": "libfabric tcp;ofi_rxm"}
+    runs = steady_rounds(args, log, commands, transports, labels) if args.rounds else {}
     pairs = [(t, f"remote_dram, {labels[t]}", "Mooncake, shm" if t == "shm" else "Mooncake, tcp") for t in transports]
     report = (f"# remote_dram next to Mooncake Store, {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n"
               f"Medians of {args.rounds} alternating rounds; ratio > 1 means remote_dram is ahead.\n"
-              f"Servers:\n\n```\n" + "\n".join(commands) + "\n```\n" + table(runs, pairs) + "\n"
+              f"Servers:\n\n```\n" + "\n".join(commands) + "\n```\n" + (table(runs, pairs) if args.rounds else "") + "\n"
               + (cold_table(cold) + "\n" if args.cold_trials else ""))
     print(report)
     out = os.path.join(ROOT, "bench", "results", f"peers-{datetime.datetime.now():%Y%m%d-%H%M%S}")

@@ -29,9 +29,11 @@ def _load_ucx() -> None:
 # Linux x86-64 system call numbers and futex operations, for _others_parked().
 _SYS_FUTEX = 202
 _FUTEX_WAIT, _FUTEX_WAIT_BITSET, _FUTEX_CMD_MASK = 0, 9, 0x7F
-# How long an import waits for the process's other threads to park (a BLAS pool spins
-# for about 30 ms after it starts before it sleeps).
-_PARK_WAIT_S = 0.06
+# How long an import waits for the process's other threads to park: an OpenBLAS pool spins
+# for 2^28 cycles (OPENBLAS_THREAD_TIMEOUT's default) after it starts before it sleeps,
+# 40-65 ms after `import numpy` on a 2-vCPU VM, so a wait of 60 ms missed it half the time
+# and the import then paid UCX's 0.4 s.
+_PARK_WAIT_S = 0.2
 
 
 def _others_parked() -> bool:
