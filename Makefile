@@ -87,6 +87,8 @@ soak: deps
 lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	# The library without the command's parts (Cargo.toml's features), as a C user may build it.
+	$(CARGO) clippy --release --lib --no-default-features -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib --document-private-items
 
 # libFuzzer over every target in fuzz/ (cargo-fuzz, nightly), FUZZ_RUNS inputs each,

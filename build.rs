@@ -46,7 +46,9 @@ fn main() {
     bindings.write_to_file(out).expect("write ucx bindings");
     generate_fabric_bindings();
     generate_c_header();
-    generate_grpc();
+    if env::var_os("CARGO_FEATURE_GATEWAY").is_some() {
+        generate_grpc();
+    }
     println!("cargo:rerun-if-changed=build.rs");
 }
 

@@ -5,7 +5,6 @@
 
 use std::cell::RefCell;
 
-use crate::gateway::pb;
 use crate::proto::bootstrap::{hex_decode, Challenge, Hello, Proof, Welcome};
 use crate::proto::fabric::{self, RemoteValue};
 use crate::proto::{decode_list_entries, flags, ReplyHeader, RequestHeader, MAX_REQUEST_HEADER_LEN};
@@ -68,9 +67,10 @@ pub fn fabric_hello(data: &[u8]) {
 /// The gateway's gRPC requests: decoded as tonic does and converted to engine requests, and
 /// as request bodies (the first byte says where to cut the rest into HTTP/2 frames) through
 /// the decoders that Write and Read use.
+#[cfg(feature = "gateway")]
 pub fn gateway_request(data: &[u8]) {
     use crate::gateway::frames::{ReadDecoder, WriteDecoder};
-    use crate::gateway::{service, wire};
+    use crate::gateway::{pb, service, wire};
     use prost::Message;
     if let Some((&cut, body)) = data.split_first() {
         let frames = || body.chunks(usize::from(cut) + 1).map(bytes::Bytes::copy_from_slice);

@@ -37,6 +37,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod auth;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
 pub mod cluster;
@@ -44,6 +45,7 @@ pub mod error;
 pub mod ffi;
 #[doc(hidden)]
 pub mod fuzz;
+#[cfg(feature = "gateway")]
 pub mod gateway;
 pub mod gpu;
 pub mod metrics;

@@ -5,6 +5,7 @@
 //! request path; a scrape reads them all and merges them through a
 //! `prometheus_client` [`Collector`], which encodes the OpenMetrics text.
 
+#[cfg(feature = "metrics-http")]
 mod http;
 mod process;
 mod shard;
@@ -18,7 +19,27 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+#[cfg(feature = "metrics-http")]
 pub use http::Endpoint;
+
+/// A library built without the `metrics-http` feature serves no metrics: asking for an
+/// endpoint is refused, saying why.
+#[cfg(not(feature = "metrics-http"))]
+pub enum Endpoint {}
+
+#[cfg(not(feature = "metrics-http"))]
+impl Endpoint {
+    pub fn start(listen: &str, _collector: Box<dyn Collector>) -> crate::error::Result<Endpoint> {
+        Err(crate::error::Error::new(
+            crate::error::Status::Invalid,
+            format!("metrics on {listen}: this build of the library has no metrics endpoint (feature metrics-http)"),
+        ))
+    }
+
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        match *self {}
+    }
+}
 pub use process::encode as process_metrics;
 pub use shard::{ShardMetrics, DURATION_BUCKETS, OPS};
 
