@@ -12,6 +12,7 @@
 //!   staging code runs against it in CI for real: chunking, overlap, failures, timeouts.
 
 pub mod cuda;
+#[cfg(feature = "test-util")]
 pub mod posing;
 
 use std::sync::OnceLock;
