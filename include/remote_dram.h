@@ -454,7 +454,9 @@ rdram_status rdram_get_cond_alloc(struct rdram_client *client,
 /**
  * Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it
  * (the library knows it, and frees what it allocated whatever `len` says). NULL, a
- * buffer freed already, or one the library did not allocate is a no-op.
+ * buffer freed already, or one the library did not allocate is a no-op; but a buffer
+ * freed twice after the library handed out another one at the same address frees that
+ * one, as the address is all the library is given.
  */
 void rdram_buf_free(uint8_t *buf, size_t len);
 

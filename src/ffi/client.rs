@@ -402,7 +402,9 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
 
 /// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it
 /// (the library knows it, and frees what it allocated whatever `len` says). NULL, a
-/// buffer freed already, or one the library did not allocate is a no-op.
+/// buffer freed already, or one the library did not allocate is a no-op; but a buffer
+/// freed twice after the library handed out another one at the same address frees that
+/// one, as the address is all the library is given.
 #[no_mangle]
 pub extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
     let _ = len;

@@ -41,7 +41,8 @@ impl<T> Handles<T> {
 
 /// Byte buffers the library allocated and handed to C (`rdram_get_alloc`), by address,
 /// with their lengths: each is freed once, with the length it was allocated with, whatever
-/// C passes back.
+/// C passes back. Unlike a handle, an address can come back: a stale free of one that the
+/// allocator has since reused for another buffer handed out frees that one.
 static BUFFERS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 
 /// Hands `data` to C: the returned pointer is C's until [`free_buffer`] takes it back.
