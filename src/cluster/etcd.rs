@@ -2,7 +2,7 @@
 //! state at one revision, and proposing a placement in a transaction.
 
 use super::store::Kv;
-use super::tunables::ETCD_CALL_TIMEOUT;
+use super::tunables::{ETCD_CALL_TIMEOUT, ETCD_RETRY_PAUSE};
 use super::*;
 
 pub(super) fn etcd_error(url: &ClusterUrl, what: &str, e: impl std::fmt::Display) -> Error {
@@ -107,8 +107,9 @@ pub(super) struct Connection {
     current: Arc<Mutex<(u64, etcd_client::Client)>>,
     /// Its number, for tasks waiting on a replacement.
     number: tokio::sync::watch::Sender<u64>,
-    /// Held while dialing, so that tasks that failed together dial once.
-    dialing: Arc<tokio::sync::Mutex<()>>,
+    /// Held while dialing, so that tasks that failed together dial once; holds the last
+    /// dial's failure, which tasks that waited for it take instead of dialing again.
+    dialing: Arc<tokio::sync::Mutex<Option<(std::time::Instant, Error)>>>,
 }
 
 impl Connection {
@@ -118,7 +119,7 @@ impl Connection {
             url: url.clone(),
             current: Arc::new(Mutex::new((0, client))),
             number: tokio::sync::watch::Sender::new(0),
-            dialing: Arc::new(tokio::sync::Mutex::new(())),
+            dialing: Arc::new(tokio::sync::Mutex::new(None)),
         })
     }
 
@@ -128,18 +129,33 @@ impl Connection {
     }
 
     /// Dials etcd anew after a call on connection `failed` failed, unless another task
-    /// did already; returns the connection now.
+    /// did already (or failed to within [`ETCD_RETRY_PAUSE`]: a dial into a partition
+    /// waits out its timeout, and the tasks behind it do not wait out one each); returns
+    /// the connection now.
     pub(super) async fn replace(&self, failed: u64) -> Result<(u64, etcd_client::Client)> {
-        let _dialing = self.dialing.lock().await;
+        let mut last_failure = self.dialing.lock().await;
         let now = self.client();
         if now.0 != failed {
             return Ok(now);
         }
-        let client = connect(&self.url).await?;
-        let replaced = (failed + 1, client);
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = replaced.clone();
-        self.number.send_replace(replaced.0);
-        Ok(replaced)
+        if let Some((at, e)) = &*last_failure {
+            if at.elapsed() < ETCD_RETRY_PAUSE {
+                return Err(e.clone());
+            }
+        }
+        match connect(&self.url).await {
+            Ok(client) => {
+                *last_failure = None;
+                let replaced = (failed + 1, client);
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = replaced.clone();
+                self.number.send_replace(replaced.0);
+                Ok(replaced)
+            }
+            Err(e) => {
+                *last_failure = Some((std::time::Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     /// Resolves once connection `seen` has been replaced.
