@@ -323,22 +323,10 @@ fn the_cluster_waits_out_an_etcd_outage_and_recovers() {
     drop(etcd);
 }
 
-/// How many established TCP connections process `pid` holds to loopback port `port`: its
-/// sockets (/proc/PID/fd) matched with the kernel's table of its network namespace.
+/// How many established TCP connections process `pid` holds to 127.0.0.1:`port`.
 fn etcd_connections(pid: u32, port: u16) -> usize {
-    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|link| Some(link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
-        .collect();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
     let remote = format!("0100007F:{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() > 9 && f[2] == remote && f[3] == "01" && sockets.contains(f[9]))
-        .count()
+    common::tcp_sockets(pid).iter().filter(|s| s.state == "01" && s.remote == remote).count()
 }
 
 /// Keys one server holds, asked of it directly (a client given its address).

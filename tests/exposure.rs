@@ -47,33 +47,22 @@ fn connect_from(from: Ipv4Addr, to: &str) -> std::io::Result<TcpStream> {
     }
 }
 
-/// The TCP sockets process `pid` listens on, as `ip:port` (from /proc/net/tcp{,6}, matched
-/// to the process's descriptors by inode).
+/// The TCP sockets process `pid` listens on, as `ip:port`.
 fn listeners(pid: u32) -> Vec<String> {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-        .collect();
-    let mut found = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 10 || f[3] != "0A" || !inodes.iter().any(|i| i == f[9]) {
-                continue;
-            }
-            let (ip, port) = f[1].split_once(':').unwrap();
+    let mut found: Vec<String> = common::tcp_sockets(pid)
+        .into_iter()
+        .filter(|s| s.state == "0A")
+        .map(|s| {
+            let (ip, port) = s.local.split_once(':').unwrap();
             let port = u16::from_str_radix(port, 16).unwrap();
             let ip = if ip.len() == 8 {
                 Ipv4Addr::from(u32::from_str_radix(ip, 16).unwrap().swap_bytes()).to_string()
             } else {
                 format!("[{ip}]") // IPv6, raw: any such listener is a failure below
             };
-            found.push(format!("{ip}:{port}"));
-        }
-    }
+            format!("{ip}:{port}")
+        })
+        .collect();
     found.sort();
     found
 }

@@ -36,6 +36,37 @@ pub fn skipped(test: &str, why: &str) {
     }
 }
 
+/// A TCP socket process `pid` holds, as the kernel's table (/proc/PID/net/tcp{,6}) gives
+/// it: addresses as hex `IP:PORT` (IPv4 in network order read as a little-endian word:
+/// 127.0.0.1 is `0100007F`), state as hex (`01` established, `0A` listening).
+pub struct TcpSocket {
+    pub local: String,
+    pub remote: String,
+    pub state: String,
+}
+
+/// The TCP sockets of process `pid`: its descriptors (/proc/PID/fd) matched by inode with
+/// the kernel's tables of its network namespace.
+pub fn tcp_sockets(pid: u32) -> Vec<TcpSocket> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| Some(l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
+        .collect();
+    let mut found = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() >= 10 && inodes.contains(f[9]) {
+                found.push(TcpSocket { local: f[1].into(), remote: f[2].into(), state: f[3].into() });
+            }
+        }
+    }
+    found
+}
+
 /// A load generator of the `rdram-bench` package (bench/), built next to `rdram` by
 /// `cargo build` in the tests' profile (make test-rust builds it before the tests).
 pub fn bench_binary(name: &str) -> std::path::PathBuf {

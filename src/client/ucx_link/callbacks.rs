@@ -33,8 +33,8 @@ pub(super) unsafe extern "C" fn on_reply(
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
     // SAFETY: arg is the boxed State registered in connect(); called on the client's thread
+    // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
     unsafe {
-        // from progress. header/data are valid for the call (data is a descriptor if rendezvous).
         let state = &mut *(arg as *mut State);
         let header = ucx::am_header(header, header_length);
         let info = ucx::am_info(param);
