@@ -185,6 +185,14 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdram_stats(c, &json), RDRAM_OK);
   CHECK(json != NULL && strstr(json, "\"keys\"") != NULL);
   rdram_string_free(json);
+  /* Freed twice, or never handed out: no-ops, as for buffers. */
+  rdram_string_free(json);
+  rdram_string_free((char *)buf);
+  rdram_string_free(NULL);
+  /* Lengths no object can have are refused before anything is read. */
+  CHECK_STATUS(rdram_get(c, (const uint8_t *)"k", SIZE_MAX, buf, sizeof buf, &len, NULL), RDRAM_INVALID_ARGUMENT);
+  CHECK_STATUS(rdram_put(c, KEY("api/huge"), buf, SIZE_MAX / 2 + 1, NULL), RDRAM_INVALID_ARGUMENT);
+  CHECK(strstr(rdram_last_error_message(), "more than memory can hold") != NULL);
 
   /* Batches. */
   enum { N = 100 };

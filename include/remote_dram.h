@@ -515,7 +515,8 @@ rdram_status rdram_list_prefix(struct rdram_client *client,
 rdram_status rdram_stats(struct rdram_client *client, char **json_out);
 
 /**
- * Frees a string returned by the library (`rdram_stats`). NULL is allowed.
+ * Frees a string returned by the library (`rdram_stats`). NULL, a string freed already,
+ * or one the library did not hand out is a no-op (as for `rdram_buf_free`).
  */
 void rdram_string_free(char *s);
 

@@ -43,6 +43,7 @@ pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod ffi;
+#[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(feature = "gateway")]

@@ -1,7 +1,7 @@
 //! C ABI: batches (`rdram_mput`, `rdram_mget`), many requests in flight behind one wait.
 
-use super::client::{key_arg, rdram_client, with_client};
-use super::{bytes, guard, null_arg, rdram_status};
+use super::client::{rdram_client, with_client};
+use super::{args, guard, rdram_status};
 use crate::client::{GetInto, GetOptions, PutOptions, WriteResult};
 use crate::error::{Error, Status};
 
@@ -41,45 +41,51 @@ pub struct rdram_get_item {
 /// Items in CUDA device memory are staged through host memory one at a time.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram_put_item, n: usize) -> rdram_status {
-    // SAFETY: `items` points to `n` items whose keys and values are readable for their lengths for the call, as
-    // the header requires; the client reads the values only before it returns.
-    unsafe {
-        guard(|| {
-            let items = items_mut(items, n)?;
-            // Every item gets a status on every path: an item with a bad argument its own
-            // error, and the rest are sent.
-            let sent = with_client(client, |c| {
-                let mut args = Vec::with_capacity(n);
-                let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
-                for it in items.iter() {
-                    if on_device(it.value, it.value_len) {
-                        // Staged through host memory on its own, by the client.
-                        let put = key_arg(it.key, it.key_len)
-                            .and_then(|k| c.put_from(k, it.value, it.value_len, &PutOptions::default()));
-                        results.push(Some(put.and_then(|w| match w {
-                            WriteResult::Written { generation } => Ok(generation),
-                            WriteResult::ConditionFailed => {
-                                Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
-                            }
-                        })));
+    // SAFETY: `items` points to `n` items, each with a key and a value readable for their lengths, for the
+    // call (the header's contract).
+    let lent = unsafe {
+        args::items(items, n).map(|items| {
+            let each: Vec<_> = items
+                .iter()
+                .map(|it| (args::key(it.key, it.key_len), args::Source::new(it.value, it.value_len, "item.value")))
+                .collect();
+            (items, each)
+        })
+    };
+    guard(|| {
+        let (items, lent) = lent?;
+        // Every item gets a status on every path: an item with a bad argument its own
+        // error, and the rest are sent.
+        let sent = with_client(client, |c| {
+            let mut batch = Vec::with_capacity(n);
+            let mut results: Vec<Option<crate::Result<u64>>> = Vec::with_capacity(n);
+            for (key, value) in lent {
+                let (key, value) = match (key, value) {
+                    (Ok(key), Ok(value)) => (key, value),
+                    (Err(e), _) | (_, Err(e)) => {
+                        results.push(Some(Err(e)));
                         continue;
                     }
-                    match key_arg(it.key, it.key_len)
-                        .and_then(|k| Ok((k, bytes(it.value, it.value_len, "item.value")?)))
-                    {
-                        Ok(a) => {
-                            args.push(a);
-                            results.push(None);
-                        }
-                        Err(e) => results.push(Some(Err(e))),
+                };
+                match value.host_bytes() {
+                    Some(bytes) => {
+                        batch.push((key, bytes));
+                        results.push(None);
                     }
+                    // Device memory, staged through host memory on its own by the client.
+                    None => results.push(Some(value.put(c, key, &PutOptions::default()).and_then(|w| match w {
+                        WriteResult::Written { generation } => Ok(generation),
+                        WriteResult::ConditionFailed => {
+                            Err(Error::new(Status::Internal, "unconditional put reported a failed condition"))
+                        }
+                    }))),
                 }
-                let results = merge_results(results, c.put_many(&args, BATCH_DEPTH));
-                Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
-            });
-            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
-        })
-    }
+            }
+            let results = merge_results(results, c.put_many(&batch, BATCH_DEPTH));
+            Ok(fill(items, results, |it, g| it.generation = g, |it, s| it.status = s))
+        });
+        Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
+    })
 }
 
 /// Reads `n` values into the items' buffers with many requests in flight behind one wait.
@@ -92,76 +98,80 @@ pub unsafe extern "C" fn rdram_mput(client: *mut rdram_client, items: *mut rdram
 /// items' keys are still being read.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram_get_item, n: usize) -> rdram_status {
-    // SAFETY: `items` points to `n` items whose keys are readable and whose buffers are writable for their
-    // lengths, not overlapping (checked), as the header requires; the client writes the buffers only before it
-    // returns.
-    unsafe {
-        guard(|| {
-            let items = items_mut(items, n)?;
-            if let Some((a, b, what)) = overlapping_buffers(items) {
-                let why = match a == b {
-                    true => format!("item {a}'s buffer overlaps its key"),
-                    false => format!("items {a} and {b} have overlapping {what}"),
-                };
-                let e = Error::new(Status::Invalid, why);
-                return Ok(fail_all(items, &e, |it, s| it.status = s));
-            }
-            let sent = with_client(client, |c| {
-                let mut keys = Vec::with_capacity(n);
-                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
-                let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
-                for it in items.iter() {
-                    let key = key_arg(it.key, it.key_len);
-                    match key {
-                        Ok(_) if it.buf.is_null() && it.buf_len > 0 => results.push(Some(Err(null_arg("item.buf")))),
-                        // Staged into device memory on its own, by the client.
-                        Ok(k) if on_device(it.buf, it.buf_len) => {
-                            results.push(Some(c.get_into_ptr(k, &GetOptions::default(), it.buf, it.buf_len)))
-                        }
-                        Ok(k) => {
-                            keys.push(k);
-                            bufs.push(if it.buf_len == 0 {
-                                &mut []
-                            } else {
-                                std::slice::from_raw_parts_mut(it.buf, it.buf_len)
-                            });
-                            results.push(None);
-                        }
-                        Err(e) => results.push(Some(Err(e))),
-                    }
-                }
-                let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
-                let mut first_error = RDRAM_OK;
-                for (it, r) in items.iter_mut().zip(results) {
-                    it.status = match r {
-                        Ok(GetInto::Value { len, generation, .. }) => {
-                            it.value_len = len;
-                            it.generation = generation;
-                            RDRAM_OK
-                        }
-                        Ok(GetInto::TooSmall { needed }) => {
-                            it.value_len = needed;
-                            RDRAM_BUFFER_TOO_SMALL
-                        }
-                        Ok(GetInto::Missing) => RDRAM_MISSING,
-                        Ok(GetInto::Unchanged { generation }) => {
-                            it.generation = generation;
-                            RDRAM_UNCHANGED
-                        }
-                        Err(e) => {
-                            super::set_last_error(&e.to_string());
-                            e.status.into()
-                        }
-                    };
-                    if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
-                        first_error = it.status;
-                    }
-                }
-                Ok(first_error)
-            });
-            Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
+    // SAFETY: `items` points to `n` items, each with a key readable and a buffer writable for their lengths,
+    // for the call (the header's contract); no buffer overlaps a key or another buffer (checked below, before
+    // any buffer is used).
+    let lent = unsafe {
+        args::items(items, n).map(|items| {
+            let each: Vec<_> = items
+                .iter()
+                .map(|it| (args::key(it.key, it.key_len), args::Sink::new(it.buf, it.buf_len, "item.buf")))
+                .collect();
+            (items, each)
         })
-    }
+    };
+    guard(|| {
+        let (items, lent) = lent?;
+        if let Some((a, b, what)) = overlapping_buffers(items) {
+            let why = match a == b {
+                true => format!("item {a}'s buffer overlaps its key"),
+                false => format!("items {a} and {b} have overlapping {what}"),
+            };
+            let e = Error::new(Status::Invalid, why);
+            return Ok(fail_all(items, &e, |it, s| it.status = s));
+        }
+        let sent = with_client(client, |c| {
+            let mut keys = Vec::with_capacity(n);
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
+            let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
+            for (key, buf) in lent {
+                let (key, mut buf) = match (key, buf) {
+                    (Ok(key), Ok(buf)) => (key, buf),
+                    (Err(e), _) | (_, Err(e)) => {
+                        results.push(Some(Err(e)));
+                        continue;
+                    }
+                };
+                if buf.on_device() {
+                    // Staged into device memory on its own, by the client.
+                    results.push(Some(buf.get_into(c, key, &GetOptions::default())));
+                    continue;
+                }
+                keys.push(key);
+                bufs.push(buf.host_bytes().expect("host memory, asked above"));
+                results.push(None);
+            }
+            let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
+            let mut first_error = RDRAM_OK;
+            for (it, r) in items.iter_mut().zip(results) {
+                it.status = match r {
+                    Ok(GetInto::Value { len, generation, .. }) => {
+                        it.value_len = len;
+                        it.generation = generation;
+                        RDRAM_OK
+                    }
+                    Ok(GetInto::TooSmall { needed }) => {
+                        it.value_len = needed;
+                        RDRAM_BUFFER_TOO_SMALL
+                    }
+                    Ok(GetInto::Missing) => RDRAM_MISSING,
+                    Ok(GetInto::Unchanged { generation }) => {
+                        it.generation = generation;
+                        RDRAM_UNCHANGED
+                    }
+                    Err(e) => {
+                        super::set_last_error(&e.to_string());
+                        e.status.into()
+                    }
+                };
+                if (it.status as i32) < 0 && it.status != RDRAM_BUFFER_TOO_SMALL && first_error == RDRAM_OK {
+                    first_error = it.status;
+                }
+            }
+            Ok(first_error)
+        });
+        Ok(sent.unwrap_or_else(|e| fail_all(items, &e, |it, s| it.status = s)))
+    })
 }
 
 /// Two items (lower index first) where one's buffer overlaps the other's buffer or key
@@ -198,25 +208,6 @@ fn overlapping_buffers(items: &[rdram_get_item]) -> Option<(usize, usize, &'stat
         }
     }
     None
-}
-
-unsafe fn items_mut<'a, T>(items: *mut T, n: usize) -> Result<&'a mut [T], Error> {
-    // SAFETY: a non-NULL `items` points to `n` items the caller lends for the call only (the exports'
-    // contract).
-    unsafe {
-        if n == 0 {
-            return Ok(&mut []);
-        }
-        if items.is_null() {
-            return Err(null_arg("items"));
-        }
-        Ok(std::slice::from_raw_parts_mut(items, n))
-    }
-}
-
-/// Whether a batch item's buffer is device memory (moved on its own, staged).
-fn on_device(ptr: *const u8, len: usize) -> bool {
-    len > 0 && crate::gpu::kind_of(ptr as usize) != crate::gpu::MemoryKind::Host
 }
 
 /// A batch's results in item order: the items refused before sending (`Some`) and, in

@@ -5,7 +5,7 @@ use std::sync::{Mutex, TryLockError};
 use std::time::Duration;
 
 use super::handles::{free_buffer, hand_out_buffer, Handles};
-use super::{bytes, c_str, guard, null_arg, rdram_status};
+use super::{args, guard, null_arg, rdram_status, set};
 use crate::client::{
     ByteRange, DeleteResult, GetInto, GetOptions, GetResult, KeyRange, PutOptions, WriteCondition, WriteResult,
 };
@@ -131,15 +131,6 @@ pub(super) fn with_client<R>(
     f(&mut client)
 }
 
-unsafe fn write<T>(out: *mut T, v: T) {
-    // SAFETY: `out` is NULL or writable for a `T` (the exports' contract for out-parameters).
-    unsafe {
-        if !out.is_null() {
-            out.write(v);
-        }
-    }
-}
-
 /// Connects to one or more servers (`"host:port"` or `"a:7000,b:7001"`), or to the live
 /// members of a cluster on etcd (`"etcd://HOST:PORT[,HOST:PORT...]/NAME"`), followed as
 /// they change.
@@ -149,36 +140,32 @@ unsafe fn write<T>(out: *mut T, v: T) {
 #[no_mangle]
 pub unsafe extern "C" fn rdram_client_connect(
     addresses: *const c_char,
-    options: *const rdram_client_options,
-    out: *mut *mut rdram_client,
+    options: Option<&rdram_client_options>,
+    out: Option<&mut *mut rdram_client>,
 ) -> rdram_status {
-    // SAFETY: `addresses` and the option strings are NUL-terminated strings or NULL (refused), `options` is
-    // NULL or points to an `rdram_client_options`, and `out` is written only after its NULL check, as the
-    // header requires.
-    unsafe {
-        guard(|| {
-            let addresses = c_str(addresses, "addresses")?;
-            if out.is_null() {
-                return Err(null_arg("out"));
+    // SAFETY: `addresses` and `options.auth_token` are NULL or NUL-terminated strings for the call (the
+    // header's contract).
+    let (addresses, auth_token) = unsafe {
+        let token = options.map(|o| args::optional_c_str(o.auth_token, "options.auth_token"));
+        (args::c_str(addresses, "addresses"), token)
+    };
+    guard(|| {
+        let addresses = addresses?;
+        let out = out.ok_or_else(|| null_arg("out"))?;
+        let mut opts = ClientOptions::default();
+        if let Some(o) = options {
+            opts.auth_token = auth_token.transpose()?.flatten().map(str::to_string);
+            opts.poll = poll_mode(o.poll_mode, "options.poll_mode")?;
+            if o.timeout_ms > 0 {
+                opts.timeout = Duration::from_millis(o.timeout_ms as u64);
             }
-            let mut opts = ClientOptions::default();
-            if let Some(o) = options.as_ref() {
-                if !o.auth_token.is_null() {
-                    opts.auth_token = Some(c_str(o.auth_token, "options.auth_token")?.to_string());
-                }
-                opts.poll = poll_mode(o.poll_mode, "options.poll_mode")?;
-                if o.timeout_ms > 0 {
-                    opts.timeout = Duration::from_millis(o.timeout_ms as u64);
-                }
-                if o.connect_timeout_ms > 0 {
-                    opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
-                }
+            if o.connect_timeout_ms > 0 {
+                opts.connect_timeout = Duration::from_millis(o.connect_timeout_ms as u64);
             }
-            let id = CLIENTS.insert(Mutex::new(Client::connect(addresses, opts)?));
-            out.write(id as *mut rdram_client);
-            Ok(RDRAM_OK)
-        })
-    }
+        }
+        *out = CLIENTS.insert(Mutex::new(Client::connect(addresses, opts)?)) as *mut rdram_client;
+        Ok(RDRAM_OK)
+    })
 }
 
 /// Closes a client and frees it. NULL, or a handle closed already, is a no-op. Calls
@@ -201,10 +188,11 @@ pub unsafe extern "C" fn rdram_put(
     key_len: usize,
     value: *const u8,
     value_len: usize,
-    generation_out: *mut u64,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: the arguments go unchanged to `rdram_put_cond`, whose contract is this one's.
-    unsafe { rdram_put_cond(client, key, key_len, value, value_len, std::ptr::null(), generation_out) }
+    // SAFETY: `key` and `value` are readable for their lengths for the call (the header's contract).
+    let (key, value) = unsafe { (args::key(key, key_len), args::Source::new(value, value_len, "value")) };
+    put(client, key, value, None, generation_out)
 }
 
 /// Stores a value under a condition and/or with a TTL (`options` may be NULL). Returns
@@ -216,40 +204,44 @@ pub unsafe extern "C" fn rdram_put_cond(
     key_len: usize,
     value: *const u8,
     value_len: usize,
-    options: *const rdram_put_options,
-    generation_out: *mut u64,
+    options: Option<&rdram_put_options>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: `key` and `value` point to `key_len` and `value_len` readable bytes (or are NULL, refused unless
-    // the length is 0) and `options` is NULL or an `rdram_put_options`, all for the call, as the header
-    // requires; the client reads `value` only before it returns.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let key = key_arg(key, key_len)?;
-                if value.is_null() && value_len > 0 {
-                    return Err(null_arg("value"));
+    // SAFETY: `key` and `value` are readable for their lengths for the call (the header's contract).
+    let (key, value) = unsafe { (args::key(key, key_len), args::Source::new(value, value_len, "value")) };
+    put(client, key, value, options, generation_out)
+}
+
+fn put(
+    client: *mut rdram_client,
+    key: Result<&[u8], Error>,
+    value: Result<args::Source, Error>,
+    options: Option<&rdram_put_options>,
+    generation_out: Option<&mut u64>,
+) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let (key, value) = (key?, value?);
+            let mut opts = PutOptions::default();
+            if let Some(o) = options {
+                opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
+                    (0, false) => WriteCondition::None,
+                    (0, true) => WriteCondition::IfAbsent,
+                    (g, false) => WriteCondition::IfEqual(g),
+                    (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
+                };
+                opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
+            }
+            // Host or CUDA device memory: the client asks the driver.
+            match value.put(c, key, &opts)? {
+                WriteResult::Written { generation } => {
+                    set(generation_out, generation);
+                    Ok(RDRAM_OK)
                 }
-                let mut opts = PutOptions::default();
-                if let Some(o) = options.as_ref() {
-                    opts.condition = match (o.if_equal, flag(o.if_absent, "options.if_absent")?) {
-                        (0, false) => WriteCondition::None,
-                        (0, true) => WriteCondition::IfAbsent,
-                        (g, false) => WriteCondition::IfEqual(g),
-                        (_, true) => return Err(Error::new(Status::Invalid, "if_equal and if_absent are exclusive")),
-                    };
-                    opts.ttl = (o.ttl_ms > 0).then(|| Duration::from_millis(o.ttl_ms));
-                }
-                // Host or CUDA device memory: the client asks the driver.
-                match c.put_from(key, value, value_len, &opts)? {
-                    WriteResult::Written { generation } => {
-                        write(generation_out, generation);
-                        Ok(RDRAM_OK)
-                    }
-                    WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
-                }
-            })
+                WriteResult::ConditionFailed => Ok(RDRAM_CONDITION_FAILED),
+            }
         })
-    }
+    })
 }
 
 /// Reads a value into the caller's buffer `buf` of `buf_len` bytes (`buf` may be NULL when
@@ -264,11 +256,13 @@ pub unsafe extern "C" fn rdram_get(
     key_len: usize,
     buf: *mut u8,
     buf_len: usize,
-    value_len_out: *mut usize,
-    generation_out: *mut u64,
+    value_len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: the arguments go unchanged to `rdram_get_cond`, whose contract is this one's.
-    unsafe { rdram_get_cond(client, key, key_len, std::ptr::null(), buf, buf_len, value_len_out, generation_out) }
+    // SAFETY: `key` is readable and `buf` writable (and used by nothing else) for their lengths for the call
+    // (the header's contract).
+    let (key, buf) = unsafe { (args::key(key, key_len), args::Sink::new(buf, buf_len, "buf")) };
+    get(client, key, Ok(GetOptions::default()), buf, value_len_out, generation_out)
 }
 
 /// Reads bytes [start, end) of a value (start < 0: from the end; end = -1: to the end)
@@ -282,14 +276,14 @@ pub unsafe extern "C" fn rdram_get_range(
     end: i64,
     buf: *mut u8,
     buf_len: usize,
-    value_len_out: *mut usize,
-    generation_out: *mut u64,
+    value_len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: `opts` lives until `rdram_get_cond` returns; the other arguments go to it unchanged.
-    unsafe {
-        let opts = rdram_get_options { if_not_equal: 0, if_equal: 0, has_range: 1, range_start: start, range_end: end };
-        rdram_get_cond(client, key, key_len, &opts, buf, buf_len, value_len_out, generation_out)
-    }
+    // SAFETY: `key` is readable and `buf` writable (and used by nothing else) for their lengths for the call
+    // (the header's contract).
+    let (key, buf) = unsafe { (args::key(key, key_len), args::Sink::new(buf, buf_len, "buf")) };
+    let opts = GetOptions { range: Some(ByteRange { start, end }), ..Default::default() };
+    get(client, key, Ok(opts), buf, value_len_out, generation_out)
 }
 
 /// Reads a value under conditions and/or a byte range (`options` may be NULL), as
@@ -300,44 +294,48 @@ pub unsafe extern "C" fn rdram_get_cond(
     client: *mut rdram_client,
     key: *const u8,
     key_len: usize,
-    options: *const rdram_get_options,
+    options: Option<&rdram_get_options>,
     buf: *mut u8,
     buf_len: usize,
-    value_len_out: *mut usize,
-    generation_out: *mut u64,
+    value_len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: `key` has `key_len` readable bytes, `buf` has `buf_len` writable bytes (NULL refused unless 0)
-    // that nothing else touches during the call, `options` is NULL or an `rdram_get_options`, and the
-    // out-parameters are NULL or writable, as the header requires; the client writes `buf` only before it
-    // returns.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let key = key_arg(key, key_len)?;
-                if buf.is_null() && buf_len > 0 {
-                    return Err(null_arg("buf"));
+    // SAFETY: `key` is readable and `buf` writable (and used by nothing else) for their lengths for the call
+    // (the header's contract).
+    let (key, buf) = unsafe { (args::key(key, key_len), args::Sink::new(buf, buf_len, "buf")) };
+    get(client, key, get_options(options), buf, value_len_out, generation_out)
+}
+
+fn get(
+    client: *mut rdram_client,
+    key: Result<&[u8], Error>,
+    opts: Result<GetOptions, Error>,
+    buf: Result<args::Sink, Error>,
+    value_len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
+) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let (key, mut buf) = (key?, buf?);
+            // Host or CUDA device memory: the client asks the driver.
+            match buf.get_into(c, key, &opts?)? {
+                GetInto::Value { len, generation, .. } => {
+                    set(value_len_out, len);
+                    set(generation_out, generation);
+                    Ok(RDRAM_OK)
                 }
-                let opts = get_options(options)?;
-                // Host or CUDA device memory: the client asks the driver.
-                match c.get_into_ptr(key, &opts, buf, buf_len)? {
-                    GetInto::Value { len, generation, .. } => {
-                        write(value_len_out, len);
-                        write(generation_out, generation);
-                        Ok(RDRAM_OK)
-                    }
-                    GetInto::TooSmall { needed } => {
-                        write(value_len_out, needed);
-                        Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {buf_len}")))
-                    }
-                    GetInto::Missing => Ok(RDRAM_MISSING),
-                    GetInto::Unchanged { generation } => {
-                        write(generation_out, generation);
-                        Ok(RDRAM_UNCHANGED)
-                    }
+                GetInto::TooSmall { needed } => {
+                    set(value_len_out, needed);
+                    Err(Error::new(Status::BufferTooSmall, format!("value is {needed} bytes, buffer {}", buf.len())))
                 }
-            })
+                GetInto::Missing => Ok(RDRAM_MISSING),
+                GetInto::Unchanged { generation } => {
+                    set(generation_out, generation);
+                    Ok(RDRAM_UNCHANGED)
+                }
+            }
         })
-    }
+    })
 }
 
 /// Reads a value into a buffer the library allocates. On RDRAM_OK, `*buf_out` (never
@@ -349,12 +347,13 @@ pub unsafe extern "C" fn rdram_get_alloc(
     client: *mut rdram_client,
     key: *const u8,
     key_len: usize,
-    buf_out: *mut *mut u8,
-    len_out: *mut usize,
-    generation_out: *mut u64,
+    buf_out: Option<&mut *mut u8>,
+    len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: the arguments go unchanged to `rdram_get_cond_alloc`, whose contract is this one's.
-    unsafe { rdram_get_cond_alloc(client, key, key_len, std::ptr::null(), buf_out, len_out, generation_out) }
+    // SAFETY: `key` is readable for `key_len` bytes for the call (the header's contract).
+    let key = unsafe { args::key(key, key_len) };
+    get_alloc(client, key, None, buf_out, len_out, generation_out)
 }
 
 /// `rdram_get_cond` into a buffer the library allocates, as `rdram_get_alloc`: one round
@@ -366,38 +365,44 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
     client: *mut rdram_client,
     key: *const u8,
     key_len: usize,
-    options: *const rdram_get_options,
-    buf_out: *mut *mut u8,
-    len_out: *mut usize,
-    generation_out: *mut u64,
+    options: Option<&rdram_get_options>,
+    buf_out: Option<&mut *mut u8>,
+    len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: `key` has `key_len` readable bytes, `options` is NULL or an `rdram_get_options`, and the
-    // out-parameters are writable (`buf_out` and `len_out` checked for NULL), as the header requires.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let key = key_arg(key, key_len)?;
-                if buf_out.is_null() || len_out.is_null() {
-                    return Err(null_arg("buf_out/len_out"));
+    // SAFETY: `key` is readable for `key_len` bytes for the call (the header's contract).
+    let key = unsafe { args::key(key, key_len) };
+    get_alloc(client, key, options, buf_out, len_out, generation_out)
+}
+
+fn get_alloc(
+    client: *mut rdram_client,
+    key: Result<&[u8], Error>,
+    options: Option<&rdram_get_options>,
+    buf_out: Option<&mut *mut u8>,
+    len_out: Option<&mut usize>,
+    generation_out: Option<&mut u64>,
+) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let key = key?;
+            let (Some(buf_out), Some(len_out)) = (buf_out, len_out) else {
+                return Err(null_arg("buf_out/len_out"));
+            };
+            match c.get_with(key, &get_options(options)?)? {
+                GetResult::Value(v) => {
+                    (*buf_out, *len_out) = hand_out_buffer(v.data);
+                    set(generation_out, v.generation);
+                    Ok(RDRAM_OK)
                 }
-                let opts = get_options(options)?;
-                match c.get_with(key, &opts)? {
-                    GetResult::Value(v) => {
-                        let (buf, len) = hand_out_buffer(v.data);
-                        len_out.write(len);
-                        buf_out.write(buf);
-                        write(generation_out, v.generation);
-                        Ok(RDRAM_OK)
-                    }
-                    GetResult::Missing => Ok(RDRAM_MISSING),
-                    GetResult::Unchanged { generation } => {
-                        write(generation_out, generation);
-                        Ok(RDRAM_UNCHANGED)
-                    }
+                GetResult::Missing => Ok(RDRAM_MISSING),
+                GetResult::Unchanged { generation } => {
+                    set(generation_out, generation);
+                    Ok(RDRAM_UNCHANGED)
                 }
-            })
+            }
         })
-    }
+    })
 }
 
 /// Frees a buffer returned by `rdram_get_alloc`; `len` is the length returned with it
@@ -408,16 +413,15 @@ pub unsafe extern "C" fn rdram_get_cond_alloc(
 #[no_mangle]
 pub extern "C" fn rdram_buf_free(buf: *mut u8, len: usize) {
     let _ = len;
-    if !buf.is_null() {
-        free_buffer(buf);
-    }
+    free_buffer(buf);
 }
 
 /// Deletes a key. RDRAM_OK if it existed, RDRAM_MISSING if not.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_delete(client: *mut rdram_client, key: *const u8, key_len: usize) -> rdram_status {
-    // SAFETY: the arguments go unchanged to `rdram_delete_cond`, whose contract is this one's.
-    unsafe { rdram_delete_cond(client, key, key_len, 0) }
+    // SAFETY: `key` is readable for `key_len` bytes for the call (the header's contract).
+    let key = unsafe { args::key(key, key_len) };
+    delete(client, key, 0)
 }
 
 /// Deletes a key only if its generation equals `if_equal` (0 = unconditional).
@@ -429,20 +433,23 @@ pub unsafe extern "C" fn rdram_delete_cond(
     key_len: usize,
     if_equal: u64,
 ) -> rdram_status {
-    // SAFETY: `key` has `key_len` readable bytes for the call (NULL refused), as the header requires.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let key = key_arg(key, key_len)?;
-                let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
-                Ok(match c.delete_with(key, cond)? {
-                    DeleteResult::Deleted { existed: true } => RDRAM_OK,
-                    DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
-                    DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
-                })
+    // SAFETY: `key` is readable for `key_len` bytes for the call (the header's contract).
+    let key = unsafe { args::key(key, key_len) };
+    delete(client, key, if_equal)
+}
+
+fn delete(client: *mut rdram_client, key: Result<&[u8], Error>, if_equal: u64) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let key = key?;
+            let cond = if if_equal == 0 { WriteCondition::None } else { WriteCondition::IfEqual(if_equal) };
+            Ok(match c.delete_with(key, cond)? {
+                DeleteResult::Deleted { existed: true } => RDRAM_OK,
+                DeleteResult::Deleted { existed: false } => RDRAM_MISSING,
+                DeleteResult::ConditionFailed => RDRAM_CONDITION_FAILED,
             })
         })
-    }
+    })
 }
 
 /// Deletes every key in [min, max). `max` NULL means unbounded (then `max_len` is
@@ -454,20 +461,17 @@ pub unsafe extern "C" fn rdram_delete_range(
     min_len: usize,
     max: *const u8,
     max_len: usize,
-    removed_out: *mut u64,
+    removed_out: Option<&mut u64>,
 ) -> rdram_status {
-    // SAFETY: `min` and `max` have `min_len` and `max_len` readable bytes for the call (NULL `max`: unbounded),
-    // and `removed_out` is NULL or writable, as the header requires.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let range = key_range(min, min_len, max, max_len)?;
-                let n = c.delete_range(&range)?;
-                write(removed_out, n);
-                Ok(RDRAM_OK)
-            })
+    // SAFETY: `min` and a non-NULL `max` are readable for their lengths for the call (the header's contract).
+    let range = unsafe { key_range(min, min_len, max, max_len) };
+    guard(|| {
+        with_client(client, |c| {
+            let n = c.delete_range(&range?)?;
+            set(removed_out, n);
+            Ok(RDRAM_OK)
         })
-    }
+    })
 }
 
 /// Lists the keys in [min, max) (`max` NULL: unbounded) in key order, calling `callback`
@@ -483,22 +487,9 @@ pub unsafe extern "C" fn rdram_list(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    // SAFETY: `min` and `max` are readable for their lengths for the call, and `callback` is a function that
-    // takes `userdata` and a key valid during its call, as the header requires.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                let range = key_range(min, min_len, max, max_len)?;
-                let cb = callback.ok_or_else(|| null_arg("callback"))?;
-                for e in c.list(&range)? {
-                    if cb(userdata, e.key.as_ptr(), e.key.len(), e.size) != 0 {
-                        break;
-                    }
-                }
-                Ok(RDRAM_OK)
-            })
-        })
-    }
+    // SAFETY: `min` and a non-NULL `max` are readable for their lengths for the call (the header's contract).
+    let range = unsafe { key_range(min, min_len, max, max_len) };
+    list(client, range, callback, userdata)
 }
 
 /// Lists the keys starting with `prefix` (may be NULL when `prefix_len` is 0), as
@@ -511,48 +502,53 @@ pub unsafe extern "C" fn rdram_list_prefix(
     callback: rdram_list_callback,
     userdata: *mut c_void,
 ) -> rdram_status {
-    // SAFETY: `prefix` has `prefix_len` readable bytes for the call; the range built from it lives until
-    // `rdram_list` returns.
-    unsafe {
-        guard(|| {
-            let p = bytes(prefix, prefix_len, "prefix")?;
-            let range = KeyRange::prefix(p);
-            let (max, max_len) = range.max.as_ref().map_or((std::ptr::null(), 0), |m| (m.as_ptr(), m.len()));
-            Ok(rdram_list(client, range.min.as_ptr(), range.min.len(), max, max_len, callback, userdata))
+    // SAFETY: `prefix` is readable for `prefix_len` bytes for the call (the header's contract).
+    let prefix = unsafe { args::bytes(prefix, prefix_len, "prefix") };
+    list(client, prefix.map(KeyRange::prefix), callback, userdata)
+}
+
+fn list(
+    client: *mut rdram_client,
+    range: Result<KeyRange, Error>,
+    callback: rdram_list_callback,
+    userdata: *mut c_void,
+) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let range = range?;
+            let callback = callback.ok_or_else(|| null_arg("callback"))?;
+            for e in c.list(&range)? {
+                // SAFETY: `callback` takes `userdata` and a key valid during its call (the header's
+                // contract); the key is `e.key`, alive until the next turn of the loop.
+                if unsafe { callback(userdata, e.key.as_ptr(), e.key.len(), e.size) } != 0 {
+                    break;
+                }
+            }
+            Ok(RDRAM_OK)
         })
-    }
+    })
 }
 
 /// Server statistics as a NUL-terminated JSON document. On success `*json_out` is owned by
 /// the caller and must be freed with `rdram_string_free`.
 #[no_mangle]
-pub unsafe extern "C" fn rdram_stats(client: *mut rdram_client, json_out: *mut *mut c_char) -> rdram_status {
-    // SAFETY: `json_out` is writable (checked for NULL), as the header requires.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                if json_out.is_null() {
-                    return Err(null_arg("json_out"));
-                }
-                let text = c.stats()?.to_string();
-                json_out.write(
-                    std::ffi::CString::new(text).map_err(|e| Error::new(Status::Internal, e.to_string()))?.into_raw(),
-                );
-                Ok(RDRAM_OK)
-            })
+pub extern "C" fn rdram_stats(client: *mut rdram_client, json_out: Option<&mut *mut c_char>) -> rdram_status {
+    guard(|| {
+        with_client(client, |c| {
+            let json_out = json_out.ok_or_else(|| null_arg("json_out"))?;
+            let mut text = c.stats()?.to_string().into_bytes();
+            text.push(0);
+            *json_out = hand_out_buffer(text).0.cast();
+            Ok(RDRAM_OK)
         })
-    }
+    })
 }
 
-/// Frees a string returned by the library (`rdram_stats`). NULL is allowed.
+/// Frees a string returned by the library (`rdram_stats`). NULL, a string freed already,
+/// or one the library did not hand out is a no-op (as for `rdram_buf_free`).
 #[no_mangle]
-pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
-    // SAFETY: `s` came from `CString::into_raw` in `rdram_stats` and is given back once.
-    unsafe {
-        if !s.is_null() {
-            drop(std::ffi::CString::from_raw(s));
-        }
-    }
+pub extern "C" fn rdram_string_free(s: *mut c_char) {
+    free_buffer(s.cast());
 }
 
 /// Registers caller memory [addr, addr+len) with the transport, so that puts from it and
@@ -564,22 +560,20 @@ pub unsafe extern "C" fn rdram_string_free(s: *mut c_char) {
 /// nothing touches the memory.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_register(client: *mut rdram_client, addr: *mut c_void, len: usize) -> rdram_status {
-    // SAFETY: `addr` is `len` bytes of the caller's memory that stay valid until deregistered or the client is
-    // closed: the contract of `Client::register`, stated in the header.
-    unsafe {
-        guard(|| {
-            with_client(client, |c| {
-                if addr.is_null() {
-                    return Err(null_arg("addr"));
-                }
-                if len == 0 {
-                    return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
-                }
-                c.register(addr as *mut u8, len)?;
-                Ok(RDRAM_OK)
-            })
+    guard(|| {
+        with_client(client, |c| {
+            if addr.is_null() {
+                return Err(null_arg("addr"));
+            }
+            if len == 0 {
+                return Err(Error::new(Status::Invalid, "cannot register 0 bytes"));
+            }
+            // SAFETY: `addr` is `len` bytes of the caller's memory that stay mapped until deregistered or the
+            // client is closed: `Client::register`'s contract, which the header states.
+            unsafe { c.register(addr.cast(), len) }?;
+            Ok(RDRAM_OK)
         })
-    }
+    })
 }
 
 /// Deregisters memory registered with `rdram_register` at `addr`.
@@ -593,38 +587,24 @@ pub extern "C" fn rdram_deregister(client: *mut rdram_client, addr: *mut c_void)
     })
 }
 
-pub(super) unsafe fn key_arg<'a>(key: *const u8, key_len: usize) -> Result<&'a [u8], Error> {
-    // SAFETY: a non-NULL `key` points to `key_len` readable bytes (the exports' contract).
-    unsafe {
-        if key.is_null() {
-            return Err(null_arg("key"));
-        }
-        bytes(key, key_len, "key")
-    }
-}
-
+/// [min, max) as C passes it (`max` NULL: unbounded).
+///
+/// # Safety
+/// As [`args::bytes`] for `min` and a non-NULL `max`.
 unsafe fn key_range(min: *const u8, min_len: usize, max: *const u8, max_len: usize) -> Result<KeyRange, Error> {
-    // SAFETY: `min` and a non-NULL `max` point to `min_len` and `max_len` readable bytes (the exports'
-    // contract).
-    unsafe {
-        Ok(KeyRange {
-            min: bytes(min, min_len, "min")?.to_vec(),
-            max: if max.is_null() { None } else { Some(bytes(max, max_len, "max")?.to_vec()) },
-        })
-    }
+    // SAFETY: this function's contract.
+    let (min, max) = unsafe { (args::bytes(min, min_len, "min")?, args::optional_bytes(max, max_len, "max")?) };
+    Ok(KeyRange { min: min.to_vec(), max: max.map(<[u8]>::to_vec) })
 }
 
-unsafe fn get_options(options: *const rdram_get_options) -> Result<GetOptions, Error> {
-    // SAFETY: `options` is NULL or points to an `rdram_get_options` (the exports' contract).
-    unsafe {
-        Ok(match options.as_ref() {
-            None => GetOptions::default(),
-            Some(o) => GetOptions {
-                if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
-                if_equal: (o.if_equal != 0).then_some(o.if_equal),
-                range: flag(o.has_range, "options.has_range")?
-                    .then_some(ByteRange { start: o.range_start, end: o.range_end }),
-            },
-        })
-    }
+fn get_options(options: Option<&rdram_get_options>) -> Result<GetOptions, Error> {
+    Ok(match options {
+        None => GetOptions::default(),
+        Some(o) => GetOptions {
+            if_not_equal: (o.if_not_equal != 0).then_some(o.if_not_equal),
+            if_equal: (o.if_equal != 0).then_some(o.if_equal),
+            range: flag(o.has_range, "options.has_range")?
+                .then_some(ByteRange { start: o.range_start, end: o.range_end }),
+        },
+    })
 }

@@ -8,13 +8,14 @@
 
 #![allow(non_camel_case_types)] // C names
 
+mod args;
 mod batches;
 mod client;
 mod handles;
 mod server;
 
 use std::cell::RefCell;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Status};
@@ -113,32 +114,10 @@ pub(crate) fn null_arg(name: &str) -> Error {
     Error::new(Status::NullArgument, format!("{name} is NULL"))
 }
 
-/// Borrows `len` bytes at `ptr` (NULL allowed only when `len` is 0).
-///
-/// # Safety
-/// `ptr` must point to `len` readable bytes that outlive the returned slice.
-pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a [u8], Error> {
-    // SAFETY: a non-NULL `ptr` points to `len` readable bytes that outlive `'a` (this function's contract).
-    unsafe {
-        if len == 0 {
-            return Ok(&[]);
-        }
-        if ptr.is_null() {
-            return Err(null_arg(name));
-        }
-        Ok(std::slice::from_raw_parts(ptr, len))
-    }
-}
-
-/// # Safety
-/// `ptr` is NULL or a NUL-terminated string valid for the call.
-pub(crate) unsafe fn c_str<'a>(ptr: *const c_char, name: &str) -> Result<&'a str, Error> {
-    // SAFETY: a non-NULL `ptr` is a NUL-terminated string that outlives `'a` (this function's contract).
-    unsafe {
-        if ptr.is_null() {
-            return Err(null_arg(name));
-        }
-        CStr::from_ptr(ptr).to_str().map_err(|_| Error::new(Status::Invalid, format!("{name} is not valid UTF-8")))
+/// Writes an out-parameter the caller may have passed as NULL.
+pub(crate) fn set<T>(out: Option<&mut T>, value: T) {
+    if let Some(out) = out {
+        *out = value;
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::client::{flag, poll_mode};
 use super::handles::Handles;
-use super::{c_str, guard, null_arg, rdram_status};
+use super::{args, guard, null_arg, rdram_status};
 use crate::auth::ClusterSecret;
 use crate::cluster::member::{ClusterMember, MemberConfig};
 use crate::cluster::tunables::DEFAULT_LEASE_TTL;
@@ -80,98 +80,104 @@ pub struct rdram_server_config {
 /// receives a server owned by the caller, to be stopped with `rdram_server_stop`.
 #[no_mangle]
 pub unsafe extern "C" fn rdram_server_start(
-    config: *const rdram_server_config,
-    out: *mut *mut rdram_server,
+    config: Option<&rdram_server_config>,
+    out: Option<&mut *mut rdram_server>,
 ) -> rdram_status {
-    // SAFETY: `config` is NULL or points to an `rdram_server_config` whose strings are NUL-terminated or NULL
-    // and whose `cores` has `cores_len` entries (or is NULL), and `out` is written only after its NULL check,
-    // as the header requires.
-    unsafe {
-        guard(|| {
-            if out.is_null() {
-                return Err(null_arg("out"));
+    // SAFETY: `config`'s strings are NULL or NUL-terminated, and its `cores` NULL or `cores_len` entries, for
+    // the call (the header's contract).
+    let lent = config.map(|c| unsafe { Lent::of(c) });
+    guard(|| {
+        let out = out.ok_or_else(|| null_arg("out"))?;
+        let mut cfg = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            ucx_tcp: crate::server::ucx_tcp_opted_in_by_env(),
+            ..Default::default()
+        };
+        let mut cluster = None;
+        if let (Some(c), Some(lent)) = (config, lent) {
+            if let Some(listen) = lent.listen_addr? {
+                cfg.listen = listen.to_string();
             }
-            let mut cfg = ServerConfig {
-                listen: "127.0.0.1:0".into(),
-                ucx_tcp: crate::server::ucx_tcp_opted_in_by_env(),
-                ..Default::default()
-            };
-            if let Some(c) = config.as_ref() {
-                if !c.listen_addr.is_null() {
-                    cfg.listen = c_str(c.listen_addr, "config.listen_addr")?.to_string();
-                }
-                if c.workers > 0 {
-                    cfg.workers = c.workers as usize;
-                }
-                if c.memory_bytes > 0 {
-                    cfg.memory = c.memory_bytes;
-                }
-                cfg.hugepages = match c.hugepages {
-                    0 => HugePages::Auto,
-                    1 => HugePages::On,
-                    2 => HugePages::Off,
-                    v => {
-                        return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}")))
-                    }
-                };
-                cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
-                cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
-                if !c.auth_token.is_null() {
-                    cfg.auth_token = Some(c_str(c.auth_token, "config.auth_token")?.to_string());
-                }
-                if !c.cores.is_null() {
-                    cfg.cores = std::slice::from_raw_parts(c.cores, c.cores_len).iter().map(|&c| c as usize).collect();
-                }
-                let transport = if c.transport.is_null() { "auto" } else { c_str(c.transport, "config.transport")? };
-                let provider = if c.fabric_provider.is_null() {
-                    None
-                } else {
-                    Some(c_str(c.fabric_provider, "config.fabric_provider")?)
-                };
-                cfg.transport = TransportChoice::parse(transport, provider, c.fabric_domains as usize)?;
+            if c.workers > 0 {
+                cfg.workers = c.workers as usize;
             }
-            let cluster = match config.as_ref() {
-                Some(c) if !c.cluster.is_null() => Some(member_config(c)?),
-                _ => None,
+            if c.memory_bytes > 0 {
+                cfg.memory = c.memory_bytes;
+            }
+            cfg.hugepages = match c.hugepages {
+                0 => HugePages::Auto,
+                1 => HugePages::On,
+                2 => HugePages::Off,
+                v => return Err(Error::new(Status::Invalid, format!("config.hugepages must be 0, 1 or 2, not {v}"))),
             };
-            let (inner, member) = match cluster {
-                Some(member) => {
-                    let (server, member) = ClusterMember::start_server(cfg, member)?;
-                    (server, Some(Arc::new(member)))
-                }
-                None => (Server::start(cfg)?, None),
-            };
-            let address = CString::new(inner.local_addr().to_string())
-                .map_err(|e| Error::new(Status::Internal, e.to_string()))?;
-            let id = SERVERS.insert(Hosted { inner: Mutex::new(Some(inner)), member, address });
-            out.write(id as *mut rdram_server);
-            Ok(rdram_status::RDRAM_OK)
-        })
+            cfg.poll = poll_mode(c.poll_mode, "config.poll_mode")?;
+            cfg.mode = if flag(c.cache_mode, "config.cache_mode")? { Mode::Cache } else { Mode::Store };
+            cfg.auth_token = lent.auth_token?.map(str::to_string);
+            cfg.cores = lent.cores?.iter().map(|&c| c as usize).collect();
+            let transport = lent.transport?.unwrap_or("auto");
+            cfg.transport = TransportChoice::parse(transport, lent.fabric_provider?, c.fabric_domains as usize)?;
+            if let Some(url) = lent.cluster? {
+                cluster = Some(member_config(c, url, lent.cluster_secret_file?)?);
+            }
+        }
+        let (inner, member) = match cluster {
+            Some(member) => {
+                let (server, member) = ClusterMember::start_server(cfg, member)?;
+                (server, Some(Arc::new(member)))
+            }
+            None => (Server::start(cfg)?, None),
+        };
+        let address =
+            CString::new(inner.local_addr().to_string()).map_err(|e| Error::new(Status::Internal, e.to_string()))?;
+        *out = SERVERS.insert(Hosted { inner: Mutex::new(Some(inner)), member, address }) as *mut rdram_server;
+        Ok(rdram_status::RDRAM_OK)
+    })
+}
+
+/// The pointers of an `rdram_server_config`, converted (each checked when it is used).
+struct Lent<'a> {
+    listen_addr: Result<Option<&'a str>>,
+    auth_token: Result<Option<&'a str>>,
+    cores: Result<&'a [u32]>,
+    transport: Result<Option<&'a str>>,
+    fabric_provider: Result<Option<&'a str>>,
+    cluster: Result<Option<&'a str>>,
+    cluster_secret_file: Result<Option<&'a str>>,
+}
+
+impl<'a> Lent<'a> {
+    /// # Safety
+    /// `c`'s strings are NULL or NUL-terminated, and its `cores` NULL or `cores_len`
+    /// entries, unwritten while `'a` lasts.
+    unsafe fn of(c: &'a rdram_server_config) -> Lent<'a> {
+        // SAFETY: this function's contract, argument by argument.
+        unsafe {
+            Lent {
+                listen_addr: args::optional_c_str(c.listen_addr, "config.listen_addr"),
+                auth_token: args::optional_c_str(c.auth_token, "config.auth_token"),
+                cores: args::optional_slice(c.cores, c.cores_len, "config.cores"),
+                transport: args::optional_c_str(c.transport, "config.transport"),
+                fabric_provider: args::optional_c_str(c.fabric_provider, "config.fabric_provider"),
+                cluster: args::optional_c_str(c.cluster, "config.cluster"),
+                cluster_secret_file: args::optional_c_str(c.cluster_secret_file, "config.cluster_secret_file"),
+            }
+        }
     }
 }
 
-/// How the server in `c` joins the cluster it names (`c.cluster` is not NULL).
-///
-/// # Safety
-/// As `rdram_server_start`'s `config`.
-unsafe fn member_config(c: &rdram_server_config) -> Result<MemberConfig> {
-    // SAFETY: the strings are NUL-terminated or NULL, as `rdram_server_start` requires.
-    let (url, secret_file) = unsafe {
-        let secret_file = if c.cluster_secret_file.is_null() {
-            None
-        } else {
-            Some(c_str(c.cluster_secret_file, "config.cluster_secret_file")?.to_string())
-        };
-        (c_str(c.cluster, "config.cluster")?, secret_file)
-    };
+/// How the server in `c` joins the cluster at `url`.
+fn member_config(c: &rdram_server_config, url: &str, secret_file: Option<&str>) -> Result<MemberConfig> {
     let url = ClusterUrl::parse(url)?
         .ok_or_else(|| Error::new(Status::Invalid, "config.cluster takes etcd://HOST:PORT[,HOST:PORT...]/NAME"))?;
-    let secret_file = secret_file.or_else(|| std::env::var("RDRAM_CLUSTER_SECRET_FILE").ok()).ok_or_else(|| {
-        Error::new(
-            Status::Invalid,
-            "a cluster member needs the cluster's secret: config.cluster_secret_file or RDRAM_CLUSTER_SECRET_FILE",
-        )
-    })?;
+    let secret_file = secret_file
+        .map(str::to_string)
+        .or_else(|| std::env::var("RDRAM_CLUSTER_SECRET_FILE").ok())
+        .ok_or_else(|| {
+            Error::new(
+                Status::Invalid,
+                "a cluster member needs the cluster's secret: config.cluster_secret_file or RDRAM_CLUSTER_SECRET_FILE",
+            )
+        })?;
     let lease_ttl = match c.cluster_lease_ms {
         0 => DEFAULT_LEASE_TTL,
         ms if ms < 1000 => {
