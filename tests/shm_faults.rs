@@ -30,7 +30,7 @@ fn a_client_dying_inside_a_shared_memory_send_does_not_wedge_its_shard() {
     let value = pattern(7, 100_000);
     before.put(b"kept", &value).unwrap();
     // Only a shard that has answered its probe once can be found stuck (see
-    // server::ucx_worker::queue_probe); the first probe goes out at the worker's first sweep.
+    // transport::ucx::server::queue_probe); the first probe goes out at the worker's first sweep.
     std::thread::sleep(Duration::from_millis(500));
 
     // The helper claims a slot in the shard's receive FIFO and is SIGKILLed while it

@@ -67,7 +67,7 @@ fn soak_child() {
     let addr = std::env::var("SOAK_SERVER").unwrap();
     let id: u64 = std::env::var("SOAK_ID").unwrap().parse().unwrap();
     // A connect may time out while a shard replaces a stuck worker (a killed client left a
-    // hole in its shared-memory queue: `server::ucx_worker::queue_probe`); a live client retries.
+    // hole in its shared-memory queue: `transport::ucx::server::queue_probe`); a live client retries.
     let started = Instant::now();
     let mut c = loop {
         match Client::connect(&addr, common::options()) {
@@ -214,7 +214,7 @@ fn soak_one(transport: &str, seconds: u64) {
     observer.delete_range(&remote_dram::client::KeyRange::prefix(b"soak/")).unwrap();
     // Departed clients' resources come back within a moment; extents that a libfabric shm
     // shard's replaced endpoints may still be read through stay pinned for 30 s after the
-    // replacement (`fabric_worker::RETIRED_GRACE`).
+    // replacement (`server::tunables::FABRIC_RETIRED_GRACE`).
     let settled = common::wait_until(Duration::from_secs(40), || shard_totals(&mut observer) == (0, 0, 0));
     // Closed libfabric shm endpoints are parked (mapped, their fds open) for 30 s more
     // (`transport::fabric::ShmEndpoints`).

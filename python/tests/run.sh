@@ -32,8 +32,11 @@ if [ "${RDRAM_TEST_LMCACHE:-1}" != 0 ] && ! "$VENV/bin/python" -c "import lmcach
 fi
 
 echo "== pip install ./python"
-# Build in the main crate's target/ so that its compiled dependencies are reused.
-export CARGO_TARGET_DIR=$root/target
+# Built in the main crate's target/ with the tests' profile (test-release: no whole-program
+# LTO), as `make test-rust` builds: its compiled dependencies are reused, and the release
+# build (`make build`, `make python`'s wheel) is left as it was, not rebuilt for the
+# extension's feature set.
+export CARGO_TARGET_DIR=$root/target MATURIN_PEP517_ARGS="--profile test-release"
 "$VENV/bin/python" -c "import libucx" 2>/dev/null || "$VENV/bin/pip" install "${PIP[@]}" "$root/python"   # with its dependencies, once
 "$VENV/bin/pip" install "${PIP[@]}" --force-reinstall --no-deps "$root/python"
 

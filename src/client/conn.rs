@@ -6,14 +6,14 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fabric_link::FabricLink;
 use super::link::{Link, Liveness, Receive, Reply};
 use super::options::ClientOptions;
-use super::ucx_link::UcxLink;
 use crate::cluster::LostServers;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{client_handshake, Welcome};
 use crate::proto::{self, flags, Op, RequestHeader, MAX_REQUEST_HEADER_LEN, PROTOCOL_VERSION, VALUE_ALIGN};
+use crate::transport::fabric::client::FabricLink;
+use crate::transport::ucx::client::UcxLink;
 
 pub struct ServerConn {
     pub node: String,

@@ -24,7 +24,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub(super) fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
+    pub(crate) fn owned(header: ReplyHeader, payload: Vec<u8>) -> Reply {
         Reply { header, len: payload.len(), payload, withheld: false }
     }
 }
@@ -32,8 +32,8 @@ impl Reply {
 /// A caller's buffer that a successful reply's payload is received into directly.
 #[derive(Clone, Copy)]
 pub struct Sink {
-    pub(super) ptr: *mut u8,
-    pub(super) cap: usize,
+    pub(crate) ptr: *mut u8,
+    pub(crate) cap: usize,
 }
 
 impl Sink {
@@ -58,7 +58,7 @@ pub enum Receive {
 }
 
 impl Receive {
-    pub(super) fn sink(self) -> Option<Sink> {
+    pub(crate) fn sink(self) -> Option<Sink> {
         match self {
             Receive::Into(s) => Some(s),
             Receive::Owned | Receive::OwnedAtMost(_) => None,
@@ -66,7 +66,7 @@ impl Receive {
     }
 
     /// The longest payload the request takes.
-    pub(super) fn limit(self) -> Option<usize> {
+    pub(crate) fn limit(self) -> Option<usize> {
         match self {
             Receive::Owned => None,
             Receive::OwnedAtMost(n) => Some(n),
@@ -81,7 +81,7 @@ const ABORT_ID_BASE: u64 = 1 << 59;
 
 /// The abort of request `id`, whose encoded header is `request`: its id, and its header
 /// (the session is the request's).
-pub(super) fn abort_request(id: u64, request: &[u8]) -> (u64, [u8; REQUEST_HEADER_LEN]) {
+pub(crate) fn abort_request(id: u64, request: &[u8]) -> (u64, [u8; REQUEST_HEADER_LEN]) {
     let abort_id = ABORT_ID_BASE + id;
     let session = RequestHeader::session_in(request).unwrap_or(0);
     let mut header = [0u8; REQUEST_HEADER_LEN];
@@ -90,7 +90,7 @@ pub(super) fn abort_request(id: u64, request: &[u8]) -> (u64, [u8; REQUEST_HEADE
 }
 
 /// What a transport does for a connection: one thread drives it, through `&mut self`.
-pub(super) trait Link: Send {
+pub(crate) trait Link: Send {
     /// Starts request `id` to a server's shard: `header` (with `header_tail` after it) and
     /// `payload` must stay valid until `wait_for(id)` returns.
     #[allow(clippy::too_many_arguments)]
@@ -133,7 +133,7 @@ pub(super) trait Link: Send {
 /// wait loops read the clock only on passes the poller marks due (within
 /// [`CLOCK_EVERY`](crate::transport::CLOCK_EVERY) passes), and most small requests are
 /// answered before the first one.
-pub(super) struct Deadline {
+pub(crate) struct Deadline {
     timeout: Duration,
     at: Option<Instant>,
     /// Time left as of the last read.
@@ -163,7 +163,7 @@ impl Deadline {
 /// The servers' bootstrap connections, which each server holds open while it runs: one
 /// that closes means that server process is gone. Transports that cannot see a peer die
 /// (libfabric RDM, UCX over shared memory) learn it here instead of at a timeout.
-pub(super) struct Liveness {
+pub(crate) struct Liveness {
     streams: Vec<TcpStream>,
     gone: Vec<bool>,
     newly_gone: Vec<usize>,
@@ -240,6 +240,6 @@ impl Liveness {
 
 /// Why a server that offers shared memory cannot share it with this client (see
 /// [`Welcome::shared_memory_scope`]), for the links' connect errors.
-pub(super) fn shares_no_memory(node: &str) -> String {
+pub(crate) fn shares_no_memory(node: &str) -> String {
     format!("server {node} runs as another user, or on another host or in other namespaces, where the OS lets it share no memory with this client")
 }

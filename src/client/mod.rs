@@ -6,21 +6,20 @@
 //! calls take and return), `routing` (where a key goes, reconnects, a cluster's view),
 //! `replicas` (settling a cluster's turned-back calls, servers' copies and handovers), `batches` (pipelined calls), `device`
 //! (CUDA memory), and below them `conn` (one connection to the servers) over a `link`
-//! (`ucx_link`, `fabric_link`) with its `requests` table.
+//! (implemented by `transport::ucx::client` and `transport::fabric::client`) with its
+//! `requests` table.
 
 mod batches;
 mod conn;
 mod device;
 mod device_staging;
-mod fabric_link;
-mod link;
-mod options;
+pub(crate) mod link;
+pub(crate) mod options;
 mod parts;
 mod replicas;
-mod requests;
+pub(crate) mod requests;
 mod routing;
 pub mod tunables;
-mod ucx_link;
 
 use std::time::Duration;
 

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 /// keeps more than 64 requests in flight spills the rest to the map.
 const RING: usize = 64;
 
-pub(super) struct Requests<T> {
+pub(crate) struct Requests<T> {
     ring: Vec<Option<(u64, T)>>,
     overflow: FxHashMap<u64, T>,
 }

@@ -89,13 +89,13 @@ pub struct Gauges {
     pub evictions: AtomicU64,
     pub expirations: AtomicU64,
     /// Transport endpoints replaced: a UCX worker whose receive queue got stuck
-    /// (`server::ucx_worker::queue_probe`), libfabric shm rails stalled by a departed client.
+    /// (`transport::ucx::server::queue_probe`), libfabric shm rails stalled by a departed client.
     pub worker_replacements: AtomicU64,
     /// Attempts to replace or recycle the shard's transport endpoints that failed (out of
     /// file descriptors or memory); each is tried again with backoff.
     pub worker_replacement_failures: AtomicU64,
     /// UCX workers recycled: new clients handed a fresh one because departed
-    /// shared-memory clients' endpoints piled up on the old (`ucx_worker::ReplyEps`).
+    /// shared-memory clients' endpoints piled up on the old (`transport::ucx::server::ReplyEps`).
     pub worker_recycles: AtomicU64,
 }
 

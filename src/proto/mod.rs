@@ -35,7 +35,7 @@
 //!   a fifth slower. 20 + 8 bytes stay in the first line.
 //! Probe (AM id [`AM_PROBE`], within one server process: a shard's watchdog → the shard):
 //!   header  = a random u64 (little-endian), no payload, no reply. The shard notes it; a probe
-//!   that never arrives means the shard's receive queue is stuck (see `server::ucx_worker::queue_probe`).
+//!   that never arrives means the shard's receive queue is stuck (see `transport::ucx::server::queue_probe`).
 //!
 //! Every field is validated by [`RequestHeader::decode`] before anything else looks at it.
 
@@ -61,6 +61,8 @@ use crate::error::Status;
 /// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it.
 pub const PROTOCOL_VERSION: u8 = 12;
 pub const MAGIC: u16 = 0x5244; // "RD"
+/// Where an encoded request keeps its id, in the full and the short form alike.
+const REQUEST_ID_AT: std::ops::Range<usize> = 8..16;
 /// Where an encoded request keeps its session, in the full and the short form alike.
 const SESSION_AT: std::ops::Range<usize> = 16..24;
 /// Starts a reply header in a compact form.
@@ -254,7 +256,7 @@ impl RequestHeader {
         out[2] = self.version;
         out[3] = self.op;
         out[4..8].copy_from_slice(&(self.flags & !flags::SHORT_FORM).to_le_bytes());
-        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        out[REQUEST_ID_AT].copy_from_slice(&self.request_id.to_le_bytes());
         out[SESSION_AT].copy_from_slice(&self.session.to_le_bytes());
         out[24..32].copy_from_slice(&self.if_equal.to_le_bytes());
         out[32..40].copy_from_slice(&self.if_not_equal.to_le_bytes());
@@ -264,6 +266,11 @@ impl RequestHeader {
         out[64..68].copy_from_slice(&self.key_len.to_le_bytes());
         out[68..72].copy_from_slice(&self.aux_len.to_le_bytes());
         REQUEST_HEADER_LEN
+    }
+
+    /// The id of an encoded request (full or short form); None if `msg` is too short.
+    pub fn request_id_in(msg: &[u8]) -> Option<u64> {
+        Some(u64::from_le_bytes(msg.get(REQUEST_ID_AT)?.try_into().ok()?))
     }
 
     /// The session of an encoded request (full or short form); None if `msg` is too short.
@@ -350,7 +357,7 @@ impl RequestHeader {
         let need = if short { SHORT_REQUEST_HEADER_LEN } else { REQUEST_HEADER_LEN };
         // The id is read whenever it is there, so that even a cut or foreign header is
         // answered with an error rather than left to the sender's timeout.
-        let readable_id = (buf.len() >= 16).then(|| u64_at(buf, 8));
+        let readable_id = RequestHeader::request_id_in(buf);
         if buf.len() < need {
             return Err(DecodeError::new(
                 readable_id,
@@ -358,7 +365,7 @@ impl RequestHeader {
                 format!("request header is {} bytes, need {need}", buf.len()),
             ));
         }
-        let request_id = u64_at(buf, 8);
+        let request_id = readable_id.expect("a whole header holds its id");
         let fail = |status, msg: String| Err(DecodeError::new(Some(request_id), status, msg));
         if u16::from_le_bytes([buf[0], buf[1]]) != MAGIC {
             return Err(DecodeError::new(readable_id, Status::Invalid, "bad magic: not a remote_dram request".into()));

@@ -2,12 +2,10 @@
 //! thread that answers clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
-mod fabric_worker;
 pub(crate) mod reply_backlog;
 pub(crate) mod service;
 mod staging;
 pub mod tunables;
-mod ucx_worker;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -209,7 +207,7 @@ impl ServerInfo {
 }
 
 /// A shard worker's transport address(es) as the bootstrap hands them out. A UCX shard
-/// changes it when it replaces a stuck worker (see `ucx_worker::queue_probe`).
+/// changes it when it replaces a stuck worker (see `transport::ucx::server::queue_probe`).
 #[derive(Clone)]
 pub(super) struct ShardAddress(Arc<std::sync::RwLock<(String, u64)>>);
 
@@ -447,21 +445,23 @@ impl Server {
                         }
                     }
                     let built = match transport {
-                        TransportChoice::Fabric { provider, rails } => fabric_worker::FabricShardWorker::new(
-                            service,
-                            &provider,
-                            listen_addr.ip(),
-                            rails,
-                            cfg.stall_timeout,
-                        )
-                        .and_then(|w| {
-                            Ok((
-                                w.info()?,
-                                None,
-                                Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>,
-                            ))
-                        }),
-                        _ => ucx_worker::ShardWorker::new(
+                        TransportChoice::Fabric { provider, rails } => {
+                            crate::transport::fabric::server::FabricShardWorker::new(
+                                service,
+                                &provider,
+                                listen_addr.ip(),
+                                rails,
+                                cfg.stall_timeout,
+                            )
+                            .and_then(|w| {
+                                Ok((
+                                    w.info()?,
+                                    None,
+                                    Box::new(move || w.run(cfg.poll, cfg.spin, stop)) as Box<dyn FnOnce()>,
+                                ))
+                            })
+                        }
+                        _ => crate::transport::ucx::server::ShardWorker::new(
                             service,
                             cfg.stall_timeout,
                             cfg.stranded_endpoint_limit,

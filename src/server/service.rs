@@ -1,6 +1,6 @@
 //! What a shard worker does with a request, whatever transport brought it: validate it,
 //! apply it to the shard, and say what to send back. The transport workers
-//! (`ucx_worker/`, `fabric_worker/`) only move bytes and call in here.
+//! (`transport/ucx/server/`, `transport/fabric/server/`) only move bytes and call in here.
 
 use rustc_hash::FxHashMap;
 use std::sync::Arc;

@@ -65,7 +65,7 @@ pub const MAX_STAGED_PER_SESSION: usize = 16;
 /// or lost its primary); then it is freed and a publish for it is refused.
 pub const STAGE_HOLD: Duration = Duration::from_secs(30);
 
-// Both shard workers (ucx_worker/, fabric_worker/)
+// Both shard workers (transport/ucx/server/, transport/fabric/server/)
 
 /// How often an idle worker wakes to expire TTL'd keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -91,12 +91,12 @@ pub const MAX_BACKLOG_REPLIES: usize = 4096;
 /// See [`MAX_BACKLOG_REPLIES`]; all clients together are bounded by the reply budget.
 pub const MAX_BACKLOG_BYTES: u64 = 64 << 20;
 
-// The UCX shard worker (ucx_worker/)
+// The UCX shard worker (transport/ucx/server/)
 
 /// A retired UCX worker is destroyed at the first sweep after this with nothing in flight.
 pub const UCX_RETIRED_GRACE: Duration = Duration::from_secs(10);
 
-/// Recycled workers (see `ucx_worker::incarnations::ReplyEps`) that may wait for their
+/// Recycled workers (see `transport::ucx::server::incarnations::ReplyEps`) that may wait for their
 /// last client at once.
 pub const MAX_RECYCLED: usize = 2;
 
@@ -104,7 +104,7 @@ pub const MAX_RECYCLED: usize = 2;
 /// after this long: what they hold comes back without waiting for the stranded limit.
 pub const IDLE_RECYCLE_AFTER: Duration = Duration::from_secs(1);
 
-// The UCX worker's stuck-queue probe (ucx_worker/queue_probe.rs)
+// The UCX worker's stuck-queue probe (transport/ucx/server/queue_probe.rs)
 
 /// How often a probe is sent (and the probe worker progressed, at the shard's sweeps).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -119,7 +119,7 @@ pub const PROBE_CLOSE_LIMIT: Duration = Duration::from_secs(1);
 /// How long a probe path may stay unanswered before that is logged.
 pub const PROBE_UNANSWERED_WARNING: Duration = Duration::from_secs(30);
 
-// The libfabric shard worker (fabric_worker/)
+// The libfabric shard worker (transport/fabric/server/)
 
 /// Receives kept posted for requests: enough for many pipelining clients; more arriving
 /// at once wait in the provider's unexpected-message queue.

@@ -6,7 +6,7 @@
 //! messages move differs too much to share one interface (UCX: active messages with
 //! rendezvous received in callbacks; libfabric: tagged messages into posted buffers and
 //! one-sided reads), so what is shared sits one level up: the server's `Service` decides
-//! what a request does for both `ucx_worker` and `fabric_worker`, and the client's
+//! what a request does for both shard workers (`ucx::server`, `fabric::server`), and the client's
 //! `Connection` drives either link through its `Link` trait.
 
 pub mod fabric;

@@ -8,11 +8,15 @@
 //! in the completion.
 //!
 //! [`Rails`] groups one endpoint per NIC domain for multi-rail transfers; `ops` tracks
-//! operations in flight over them.
+//! operations in flight over them. Below it, the backend's two sides: `client/` (the
+//! client's link over libfabric) and `server/` (the shard worker over libfabric); the
+//! wire details it shares with them are in `proto::fabric`.
 
+pub(crate) mod client;
 mod closing;
 pub mod ops;
 pub mod rails;
+pub(crate) mod server;
 mod shm_lock_watch;
 mod shm_region;
 pub mod sys;

@@ -1,7 +1,11 @@
 //! Thin owning wrappers over UCX: a context with one worker (single-thread mode), its
 //! endpoints, registered memory and active-message sends and receives. Everything here is
 //! used by exactly one thread, except [`Waker`], which only calls `ucp_worker_signal`.
+//! Below it, the backend's two sides: `client/` (the client's link over UCX) and
+//! `server/` (the shard worker over UCX).
 
+pub(crate) mod client;
+pub(crate) mod server;
 pub mod sys;
 mod transports;
 
@@ -45,7 +49,7 @@ pub fn ptr_status(p: ucs_status_ptr_t) -> Option<ucs_status_t> {
 /// kept), and same-host clients may use shared memory with the default `UCX_TLS`. Off by
 /// default: with it on, UCX picks another protocol for large shared-memory puts, and a
 /// writer killed mid-put then often leaves the shard's receive queue stuck
-/// (`server::ucx_worker::queue_probe` recovers, but every client of that shard pays one timeout).
+/// (`transport::ucx::server::queue_probe` recovers, but every client of that shard pays one timeout).
 fn read_config() -> Result<(*mut ucp_config_t, bool)> {
     let mut config: *mut ucp_config_t = ptr::null_mut();
     // SAFETY: NULL prefix and file mean the defaults; config is an out-parameter.

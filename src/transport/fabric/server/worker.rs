@@ -173,7 +173,7 @@ pub struct FabricShardWorker {
     listen: std::net::IpAddr,
     /// What the bootstrap hands out; changes when the rails are replaced.
     address: crate::server::ShardAddress,
-    pub(in crate::server) service: Service,
+    pub(crate) service: Service,
     arena_mr: Vec<MemoryRegion>,
     recv_mr: Vec<MemoryRegion>,
     recv_slab: Vec<u8>,
@@ -506,7 +506,7 @@ impl FabricShardWorker {
                 let mut bytes = Vec::with_capacity(wire::REQUEST_MSG_MAX);
                 bytes.extend_from_slice(msg);
                 wire::clear_in_parts(&mut bytes);
-                peer.joining = Some((u64::from_le_bytes(msg[8..16].try_into().unwrap()), bytes));
+                peer.joining = Some((RequestHeader::request_id_in(msg).unwrap_or(0), bytes));
                 return;
             }
             _ => msg,

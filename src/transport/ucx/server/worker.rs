@@ -163,7 +163,7 @@ pub struct ShardWorker {
     /// Before `service`: the UCX workers are destroyed before the arena they move bytes of.
     retired: Vec<Retired>,
     worker: Worker,
-    pub(in crate::server) service: Service,
+    pub(crate) service: Service,
     memh: sys::ucp_mem_h,
     /// What the current worker's callbacks are given; after `worker`.
     arrival: ArrivalBox,

@@ -2,4 +2,4 @@
 
 mod worker;
 
-pub(super) use worker::FabricShardWorker;
+pub(crate) use worker::FabricShardWorker;

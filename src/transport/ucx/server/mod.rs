@@ -5,4 +5,4 @@ mod incarnations;
 mod queue_probe;
 mod worker;
 
-pub(super) use worker::ShardWorker;
+pub(crate) use worker::ShardWorker;

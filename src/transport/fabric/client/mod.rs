@@ -15,12 +15,12 @@
 mod completions;
 mod connect;
 
-use super::requests::Requests;
+use crate::client::requests::Requests;
 use std::time::{Duration, Instant};
 
-use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
-use super::options::ClientOptions;
-use super::tunables::{ABORT_GRACE, CANCEL_DRAIN};
+use crate::client::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
+use crate::client::tunables::{ABORT_GRACE, CANCEL_DRAIN};
+use crate::client::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::Welcome;
 use crate::proto::fabric::{self as wire, Hello, RemoteValue};

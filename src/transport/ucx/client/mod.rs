@@ -11,15 +11,15 @@ mod callbacks;
 
 use callbacks::{on_ep_error, on_reply, on_sent};
 
-use super::requests::Requests;
+use crate::client::requests::Requests;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use super::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
-use super::options::ClientOptions;
-use super::tunables::ABORT_GRACE;
+use crate::client::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
+use crate::client::tunables::ABORT_GRACE;
+use crate::client::ClientOptions;
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
