@@ -214,8 +214,10 @@ fn idle_connections_do_not_hold_the_metrics_endpoint_shut() {
     let server = ServerProc::start(&["--workers", "1", "--metrics", "127.0.0.1:0"]);
     let metrics = server.metrics.clone().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // How many idle connections the holder has open, as it last counted.
+    let holding = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let holder = {
-        let (stop, metrics) = (stop.clone(), metrics.clone());
+        let (stop, metrics, holding) = (stop.clone(), metrics.clone(), holding.clone());
         std::thread::spawn(move || {
             let mut held: Vec<TcpStream> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -231,11 +233,13 @@ fn idle_connections_do_not_hold_the_metrics_endpoint_shut() {
                         Err(_) => break,
                     }
                 }
+                holding.store(held.len(), std::sync::atomic::Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5));
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    let all_held = || holding.load(std::sync::atomic::Ordering::Relaxed) == 32;
+    assert!(common::wait_until(Duration::from_secs(5), all_held), "the holder never had its 32 idle connections open");
     for i in 0..20 {
         let body = server.scrape();
         assert!(
