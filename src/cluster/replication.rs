@@ -405,10 +405,11 @@ fn targets(me: &str, routing: &Routing, job: &CopyJob) -> Targets {
     let key = &job.key;
     let primary = routing.owner(key) == Some(me) || routing.next_owner(key) == Some(me);
     // A write taken by a server that is the key's primary no more is copied on only if
-    // it was taken before the current epoch began: every generation the key's new primary
-    // gives out is above it. Otherwise (this server lost its lease, or was paused, and the
+    // it was taken before the current epoch began: at or below the epoch's floor (the
+    // highest generation its old primaries gave out), since the key's new primary gives
+    // out only generations above it. Otherwise (this server lost its lease, or was paused, and the
     // placement moved on without it) it may be ordered after writes taken since.
-    if !primary && job.generation >= routing.placement.generation_floor {
+    if !primary && job.generation > routing.placement.generation_floor {
         return Targets::Superseded(format!(
             "the placement changed while the write was copied: {me} took it but is no longer the key's primary, so it may not last; read the key to see"
         ));
@@ -420,4 +421,38 @@ fn targets(me: &str, routing: &Routing, job: &CopyJob) -> Targets {
     let leaving = now.iter().filter(|s| now.len() > 1 && !required.contains(s) && *s != me).cloned().collect();
     let required = required.into_iter().filter(|s| s != me).collect();
     Targets::Copy { required, leaving }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Placement;
+
+    /// The last write the old primary took before the seal has the floor's generation:
+    /// it is copied on after the epoch turns; one above the floor may not last.
+    #[test]
+    fn a_write_from_before_the_epoch_is_copied_on_and_one_after_it_is_not() {
+        let members = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = Placement {
+            epoch: 3,
+            members: members(&["b", "c"]),
+            replicas: 2,
+            version: 9,
+            generation_floor: 700,
+            ..Default::default()
+        };
+        let routing = Routing::new(placement);
+        let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0 };
+        // "a" left the members: it is the key's primary no more.
+        assert!(matches!(targets("a", &routing, &job(700)), Targets::Copy { .. }), "taken before the epoch");
+        assert!(matches!(targets("a", &routing, &job(699)), Targets::Copy { .. }));
+        assert!(matches!(targets("a", &routing, &job(701)), Targets::Superseded(_)), "taken after it began");
+        let Targets::Copy { required, leaving } = targets("a", &routing, &job(700)) else { unreachable!() };
+        assert_eq!((sorted(required), leaving), (vec!["b".to_string(), "c".to_string()], Vec::<String>::new()));
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
 }
