@@ -22,7 +22,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{debug, warn};
 
 use super::tunables::{
-    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN,
+    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN,
 };
 use super::{Routing, ServerRole};
 use crate::auth::ClusterSecret;
@@ -90,8 +90,6 @@ pub struct ReplicatorConfig {
     pub secret: ClusterSecret,
     /// The cluster's token, which its servers take from each other as from any client.
     pub auth_token: Option<String>,
-    /// How long the replicator looks for copies without sleeping (the server's spin).
-    pub spin: Duration,
 }
 
 /// Wakes a shard's worker from its sleep, to hand an ended copy's answer out.
@@ -230,9 +228,9 @@ impl Work {
         }
     }
 
-    /// The next copy handed over within `wait`: looked for without sleeping for up to the
-    /// server's spin first (giving the CPU up between looks), as copies come right behind
-    /// each other under load and a sleeping thread takes tens of µs to wake.
+    /// The next copy handed over within `wait`: looked for without sleeping for up to
+    /// [`COPY_SPIN`] first (giving the CPU up between looks), as copies come right behind each
+    /// other under load and a sleeping thread takes tens of µs to wake.
     fn next_job(&self, wait: Duration) -> std::result::Result<Option<CopyJob>, RecvTimeoutError> {
         let started = Instant::now();
         loop {
@@ -245,7 +243,7 @@ impl Work {
             if spun >= wait {
                 return Ok(None);
             }
-            if spun >= self.cfg.spin {
+            if spun >= COPY_SPIN {
                 return self.jobs.recv_timeout(wait - spun).map(Some);
             }
             std::thread::yield_now();

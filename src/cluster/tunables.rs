@@ -47,8 +47,11 @@ pub const MOVER_PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
 // Copying writes to replicas (replication.rs)
 
-/// How long the replicator sleeps when no copies are waiting (it wakes as soon as one is
-/// handed over; it looks without sleeping for the server's spin first).
+/// How long the replicator looks for copies without sleeping, and how long it sleeps
+/// when none are waiting (it wakes as soon as one is handed over).
+pub const COPY_SPIN: Duration = Duration::from_micros(50);
+
+/// See [`COPY_SPIN`].
 pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 
 /// Copies a batch keeps in flight per replica.

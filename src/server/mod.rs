@@ -39,8 +39,6 @@ pub struct ServerConfig {
     pub memory: u64,
     pub hugepages: HugePages,
     pub poll: PollMode,
-    /// How long an adaptive poller spins before it sleeps: the workers', and in a cluster
-    /// member, its replicators' and workers' looks for each other's copies.
     pub spin: Duration,
     pub mode: Mode,
     pub auth_token: Option<String>,
@@ -442,9 +440,7 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
                     if let (Some(role), Some(secret)) = (&cfg.cluster_role, &cfg.cluster_secret) {
-                        if let Err(e) =
-                            service.set_cluster_role(role.clone(), secret.clone(), cfg.auth_token.clone(), cfg.spin)
-                        {
+                        if let Err(e) = service.set_cluster_role(role.clone(), secret.clone(), cfg.auth_token.clone()) {
                             return drop(tx.send(Err(e)));
                         }
                     }

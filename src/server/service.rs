@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 mod admission;
 mod parts;
@@ -185,21 +185,17 @@ impl Service {
     /// Makes this shard a cluster member's: requests routed with a view are checked
     /// against the placement `role` holds, and the writes it takes as their keys' primary
     /// are copied to the keys' other replicas (as a member: with `secret`, and the
-    /// cluster's `auth_token`) before they are answered. `spin` is how long the worker and
-    /// the replicator look for each other's hand-overs before they sleep: the server's
-    /// adaptive spin (`ServerConfig::spin`).
+    /// cluster's `auth_token`) before they are answered.
     pub fn set_cluster_role(
         &mut self,
         role: Arc<ServerRole>,
         secret: ClusterSecret,
         auth_token: Option<String>,
-        spin: Duration,
     ) -> Result<()> {
-        let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token, spin };
+        let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token };
         self.replication = Some(Replication {
             replicator: Replicator::start(self.index, cfg)?,
             next_token: 1,
-            spin,
             last_handed: Instant::now(),
             copies: FxHashMap::default(),
             keys: FxHashMap::default(),

@@ -72,6 +72,9 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// The longest a worker sleeps while answers wait for their copies (the replicator
 /// wakes it as they end; this bounds a wake that went astray).
 pub const COPY_WAIT_MAX: Duration = Duration::from_millis(1);
+/// How long after handing a copy over a worker keeps looking for its answer without
+/// sleeping (a replica's round trip; waking from a sleep costs tens of µs).
+pub const COPY_SPIN: Duration = Duration::from_micros(100);
 
 /// Expired keys one sweep frees at most, so that a sweep never holds up requests for long.
 pub const SWEEP_BATCH: usize = 256;

@@ -198,8 +198,7 @@ struct ServeArgs {
     hugepages: HugePages,
     #[arg(long, value_enum, default_value = "adaptive")]
     poll: PollMode,
-    /// Adaptive polling: microseconds to spin before sleeping (workers, and a cluster
-    /// member's replicators and workers waiting for each other's copies).
+    /// Adaptive polling: microseconds to spin before sleeping.
     #[arg(long, default_value_t = 200)]
     spin_us: u64,
     #[arg(long, value_enum, default_value = "store")]

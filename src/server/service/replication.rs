@@ -3,12 +3,13 @@
 //! holds them, and the reads of those keys refused meanwhile.
 
 use rustc_hash::FxHashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{error_reply, ttl, Service};
 use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Kind, Op, ReplyHeader, RequestHeader};
+use crate::server::tunables::COPY_SPIN;
 use crate::store::alloc::Extent;
 use crate::store::Layout;
 
@@ -17,10 +18,8 @@ pub(super) struct Replication {
     pub(super) replicator: Replicator,
     pub(super) next_token: u64,
     pub(super) copies: FxHashMap<u64, Copying>,
-    /// When the last copy was handed over, and how long after it the worker looks for
-    /// its answer without sleeping (see [`Service::copy_expected_soon`]).
+    /// When the last copy was handed over (see [`Service::copy_expected_soon`]).
     pub(super) last_handed: Instant,
-    pub(super) spin: Duration,
     /// Keys with copies in flight, and how many: no client reads them meanwhile.
     pub(super) keys: FxHashMap<Vec<u8>, u32>,
 }
@@ -135,11 +134,11 @@ impl Service {
         self.replication.as_ref().is_some_and(|r| !r.copies.is_empty())
     }
 
-    /// Whether a copy was handed over within the server's spin: its answer is likely
+    /// Whether a copy was handed over within the last [`COPY_SPIN`]: its answer is likely
     /// a replica's round trip away, so the worker looks again rather than sleep (giving the
     /// CPU up between looks, for the replicator and the replica).
     pub fn copy_expected_soon(&self) -> bool {
-        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty() && r.last_handed.elapsed() < r.spin)
+        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty() && r.last_handed.elapsed() < COPY_SPIN)
     }
 
     /// Refuses a client's read of a key whose last write is not on every replica yet.
