@@ -138,10 +138,10 @@ impl Client {
                 _ => Err(part_refused(&reply)),
             });
             let outcome = match outcome {
-                // Refused at its first part, so nothing of it is staged: the server already
-                // holds as many of this session's staged values as it takes, namely this
-                // batch's values in flight. It waits for one of them to end, and the batch
-                // keeps at most that many in flight from then on.
+                // Refused at its first part, so nothing of it is staged: the server holds as
+                // many of this session's staged values as it takes (this batch's values in
+                // flight). The value waits for one of them to end, and the batch keeps at
+                // most that many in flight.
                 Err(e) if e.status == Status::NoRoom && chains[c].next == 0 && !in_flight.is_empty() => {
                     limit = in_flight.len();
                     waiting.push_back(c);

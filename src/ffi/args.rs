@@ -149,13 +149,9 @@ impl<'call> Source<'call> {
         Ok(Source { ptr, len, _lent: PhantomData })
     }
 
-    pub(super) fn on_device(&self) -> bool {
-        on_device(self.ptr, self.len)
-    }
-
     /// The bytes, when they are host memory.
     pub(super) fn host_bytes(&self) -> Option<&'call [u8]> {
-        if self.on_device() {
+        if on_device(self.ptr, self.len) {
             return None;
         }
         // SAFETY: host memory (asked above), readable and unwritten for `'call` (`new`'s
@@ -191,26 +187,23 @@ impl<'call> Sink<'call> {
         Ok(Sink { ptr, len, _lent: PhantomData })
     }
 
-    pub(super) fn on_device(&self) -> bool {
-        on_device(self.ptr, self.len)
-    }
-
     pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    /// The buffer, when it is host memory.
-    pub(super) fn host_bytes(self) -> Option<&'call mut [u8]> {
-        if self.on_device() {
-            return None;
+    /// The buffer as a slice when it is host memory; itself back when it is device memory
+    /// (the driver is asked once).
+    pub(super) fn into_host(self) -> Result<&'call mut [u8], Sink<'call>> {
+        if on_device(self.ptr, self.len) {
+            return Err(self);
         }
         if self.len == 0 {
-            return Some(&mut []);
+            return Ok(&mut []);
         }
         // SAFETY: non-NULL host memory (asked above; NULL only when `len` is 0), writable
         // and touched by nothing else for `'call` (`new`'s contract); `self` is consumed,
         // so this is the one slice over it.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 
     /// Reads `key`'s value into the buffer; the client writes it only before it returns.

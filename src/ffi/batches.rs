@@ -125,21 +125,22 @@ pub unsafe extern "C" fn rdram_mget(client: *mut rdram_client, items: *mut rdram
             let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(n);
             let mut results: Vec<Option<crate::Result<GetInto>>> = Vec::with_capacity(n);
             for (key, buf) in lent {
-                let (key, mut buf) = match (key, buf) {
+                let (key, buf) = match (key, buf) {
                     (Ok(key), Ok(buf)) => (key, buf),
                     (Err(e), _) | (_, Err(e)) => {
                         results.push(Some(Err(e)));
                         continue;
                     }
                 };
-                if buf.on_device() {
+                match buf.into_host() {
+                    Ok(bytes) => {
+                        keys.push(key);
+                        bufs.push(bytes);
+                        results.push(None);
+                    }
                     // Staged into device memory on its own, by the client.
-                    results.push(Some(buf.get_into(c, key, &GetOptions::default())));
-                    continue;
+                    Err(mut device) => results.push(Some(device.get_into(c, key, &GetOptions::default()))),
                 }
-                keys.push(key);
-                bufs.push(buf.host_bytes().expect("host memory, asked above"));
-                results.push(None);
             }
             let results = merge_results(results, c.get_many_into(&keys, &mut bufs, BATCH_DEPTH));
             let mut first_error = RDRAM_OK;
