@@ -1127,8 +1127,9 @@ impl EtcdKv {
 
 /// An ordinary client (it has the token) sends replica frames by hand to a key's replica in
 /// an R = 2 cluster: imports of a made-up generation (u64::MAX among them), with no ticket
-/// or a forged one, an import of a delete, a handover hold and a staged value published
-/// without a ticket. Every one is refused and changes nothing: both replicas keep the
+/// or a forged one, an import of a delete, a handover hold, copies out to the other
+/// member (a mover's, with and without a hold) and a staged value published without a
+/// ticket. Every one is refused and changes nothing: both replicas keep the
 /// value and generation the key's primary gave, and the next write's generation follows
 /// on from it (no wrap).
 #[test]
@@ -1144,7 +1145,8 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
     let key = b"counter";
     let g1 = c.put(key, b"given by the primary").unwrap();
     let forged = [0x5a; 16];
-    for server in &servers {
+    for (i, server) in servers.iter().enumerate() {
+        let other = servers[1 - i].addr.as_bytes();
         type Attempt<'a> = (&'a str, Op, &'a [u8], Box<dyn Fn(&mut remote_dram::proto::RequestHeader)>);
         let attempts: Vec<Attempt> = vec![
             (
@@ -1176,6 +1178,16 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
                 }),
             ),
             ("handover hold", Op::Get, b"", Box::new(|h| h.flags |= flags::MIGRATE)),
+            ("copy out", Op::Get, other, Box::new(|h| h.flags |= flags::IMPORT | flags::FORWARD)),
+            (
+                "hand out",
+                Op::Get,
+                other,
+                Box::new(move |h| {
+                    h.flags |= flags::MIGRATE | flags::FORWARD;
+                    h.set_ticket(&forged);
+                }),
+            ),
             (
                 "handover end",
                 Op::Delete,

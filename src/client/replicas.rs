@@ -142,24 +142,41 @@ impl Client {
         Ok(h)
     }
 
-    /// [`Client::handover_get`] (`true`) or [`Client::copy_get`] of many keys (each at
-    /// most `INLINE_KEY_MAX` bytes), up to `depth` in flight: a mover's reads.
+    /// A mover's copies of keys (each at most `INLINE_KEY_MAX` bytes) from this
+    /// connection's server straight to the members each names, those handed over held
+    /// there first ([`flags::FORWARD`]), up to `depth` in flight: per key, its generation
+    /// and size once every member named holds it; None when the key is gone.
     #[doc(hidden)]
-    pub fn read_for_copy_many(&mut self, keys: &[(&[u8], bool)], depth: usize) -> Vec<Result<Option<CopiedValue>>> {
-        let headers: Vec<_> = keys.iter().map(|&(key, hold)| self.read_for_copy_header(key, hold)).collect();
-        let replies = self.member_pipelined(keys.len(), depth, |i| Ok((headers[i].clone()?, keys[i].0, &[][..])));
-        replies.into_iter().map(|r| copied_value(r?)).collect()
-    }
-
-    /// [`Client::handover_import`] of many (key, value, generation, TTL), up to `depth` in
-    /// flight: a mover's copies.
-    #[doc(hidden)]
-    pub fn handover_import_many(&mut self, items: &[(&[u8], &[u8], u64, u64)], depth: usize) -> Vec<Result<()>> {
-        let copies: Vec<ReplicaCopy> = items
+    pub fn copy_out_many(&mut self, items: &[CopyOut<'_>], depth: usize) -> Vec<Result<Option<CopiedOut>>> {
+        let headers: Vec<Result<RequestHeader>> = items
             .iter()
-            .map(|&(key, value, generation, ttl_ms)| ReplicaCopy { key, value: Some(value), generation, ttl_ms })
+            .map(|c| {
+                let mut h = RequestHeader::new(Op::Get, 0, 0);
+                let (kind, grant) = match c.hand_over {
+                    true => (flags::MIGRATE, Grant::Hold),
+                    false => (flags::IMPORT, Grant::CopyOut),
+                };
+                h.flags |= kind | flags::FORWARD;
+                h.set_ticket(&self.member_ticket(c.key, grant)?);
+                Ok(h)
+            })
             .collect();
-        self.replicate_many(&copies, depth)
+        let targets: Vec<Vec<u8>> = items.iter().map(|c| proto::encode_members(c.to)).collect();
+        let replies =
+            self.member_pipelined(items.len(), depth, |i| Ok((headers[i].clone()?, items[i].key, &targets[i][..])));
+        replies
+            .into_iter()
+            .map(|r| {
+                let reply = r?;
+                match reply.header.status() {
+                    Status::Ok => {
+                        Ok(Some(CopiedOut { generation: reply.header.generation, len: reply.header.value_size }))
+                    }
+                    Status::Missing => Ok(None),
+                    s => Err(error_of(s, &reply)),
+                }
+            })
+            .collect()
     }
 
     /// [`Client::handover_delete`] of many (key, generation), up to `depth` in flight.
@@ -275,6 +292,23 @@ pub struct ReplicaCopy<'a> {
     pub value: Option<&'a [u8]>,
     pub generation: u64,
     pub ttl_ms: u64,
+}
+
+/// A key a mover copies from its server to the members it gains ([`Client::copy_out_many`]).
+#[doc(hidden)]
+pub struct CopyOut<'a> {
+    pub key: &'a [u8],
+    pub to: &'a [String],
+    /// Held on the server for its handover first (one replica per key).
+    pub hand_over: bool,
+}
+
+/// A key copied out: the generation and size of its value.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct CopiedOut {
+    pub generation: u64,
+    pub len: u64,
 }
 
 /// A value read to be copied: its bytes, generation and TTL left (ms, 0: none).

@@ -178,9 +178,9 @@ impl Client {
     }
 
     /// Where a cluster key's request goes when its primary's connection is lost: a read
-    /// to the first other replica reachable, a write to the key's primary under the
-    /// placement keys are moving to (which exists once the lost server's lease lapsed).
-    /// None: to the primary.
+    /// to the first other replica reachable under the current placement, a write to the
+    /// key's primary under the placement keys are moving to (which exists once the lost
+    /// server's lease lapsed). None: to the primary.
     pub(super) fn failover_target(&self, key: &[u8], read: bool) -> Option<usize> {
         // The common case costs a hash and no allocation: the primary is there.
         let primary = self.conn.route(key).0;
@@ -190,7 +190,11 @@ impl Client {
         let (now, then) = self.conn.replicas_of(key);
         let alive = |s: &&usize| !self.conn.is_dead(**s);
         if read {
-            now.iter().skip(1).chain(then.iter()).find(alive).copied()
+            // Only the key's replicas under the current placement hold every write
+            // acknowledged: one it moves to may not have been copied it yet. With one
+            // replica per key, its next owner holds it once it was handed over.
+            let others = if now.len() > 1 { &now[1..] } else { &then[..] };
+            others.iter().find(alive).copied()
         } else {
             then.first().filter(|s| **s != primary).filter(alive).copied()
         }

@@ -1,9 +1,12 @@
 //! A cluster member's mover: while keys move to a new placement, it copies each key this
 //! server is the first live replica of to the replicas the key gains under `next`, in
-//! batches of many keys with [`MOVE_DEPTH`] requests in flight (at most [`MOVE_BATCH_BYTES`] held),
-//! through the real transport and the cluster's token like any client,
-//! preserving generation and TTL ([`Client::handover_import`], which never replaces a
-//! newer value: keys' primaries copy their writes to those replicas too while keys move).
+//! batches of many keys with [`MOVE_DEPTH`] requests in flight (at most [`MOVE_BATCH_BYTES`]
+//! of values a batch), through the real transport and the cluster's token like any client.
+//! It asks its own server to copy each key out ([`Client::copy_out_many`]): the shard hands
+//! the value, straight from its memory, to its replicator, which sends it to the members
+//! that gain it as it sends a write's copies, preserving generation and TTL (an import,
+//! which never replaces a newer value: keys' primaries copy their writes to those replicas
+//! too while keys move).
 //!
 //! With one replica per key, a key whose owner changes is handed over instead: held here
 //! ([`Client::handover_get`]), stored on its new owner, then deleted here if it was not
@@ -28,7 +31,7 @@ use super::tunables::{
     MOVER_PEER_TIMEOUT, MOVER_POLL, MOVER_REPORT_EVERY, MOVE_BATCH_BYTES, MOVE_BATCH_KEYS, MOVE_DEPTH,
 };
 use super::{MoveReport, Registration, Routing, ServerRole};
-use crate::client::{Client, ClientOptions, KeyRange};
+use crate::client::{Client, ClientOptions, CopyOut, KeyRange};
 use crate::error::Result;
 use crate::proto::INLINE_KEY_MAX;
 
@@ -343,9 +346,10 @@ impl Work {
         }
     }
 
-    /// Moves a batch of keys: reads them all here (holding those handed over), then writes
-    /// each target's share, then ends the handovers, each step pipelined. Keys longer than
-    /// batches take go one at a time. The keys and bytes moved (a key gone meanwhile is not).
+    /// Moves a batch of keys: this server copies each from its memory straight to the
+    /// members that gain it (holding those handed over), then the handovers end, each
+    /// step pipelined. Keys longer than batches take go one at a time, through here. The
+    /// keys and bytes moved (a key gone meanwhile is not).
     fn move_batch(&mut self, batch: &[Move]) -> Result<(u64, u64)> {
         let (mut keys, mut bytes) = (0, 0);
         for m in batch.iter().filter(|m| m.key.len() > INLINE_KEY_MAX) {
@@ -354,42 +358,27 @@ impl Work {
             bytes += moved;
         }
         let batch: Vec<&Move> = batch.iter().filter(|m| m.key.len() <= INLINE_KEY_MAX).collect();
-        let reads: Vec<(&[u8], bool)> = batch.iter().map(|m| (&m.key[..], m.hand_over)).collect();
-        let mut read = Vec::with_capacity(batch.len());
-        for r in self.own_client()?.read_for_copy_many(&reads, MOVE_DEPTH) {
-            read.push(r?);
-        }
-        let mut targets: Vec<&String> = batch.iter().flat_map(|m| &m.to).collect();
-        targets.sort();
-        targets.dedup();
-        for target in targets {
-            let items: Vec<(&[u8], &[u8], u64, u64)> = batch
-                .iter()
-                .zip(&read)
-                .filter(|(m, _)| m.to.contains(target))
-                .filter_map(|(m, r)| {
-                    r.as_ref().map(|(value, generation, ttl)| (&m.key[..], &value[..], *generation, *ttl))
-                })
-                .collect();
-            for r in self.owner(target)?.handover_import_many(&items, MOVE_DEPTH) {
-                r?;
-            }
+        let items: Vec<CopyOut> =
+            batch.iter().map(|m| CopyOut { key: &m.key, to: &m.to, hand_over: m.hand_over }).collect();
+        let mut copied = Vec::with_capacity(batch.len());
+        for r in self.own_client()?.copy_out_many(&items, MOVE_DEPTH) {
+            copied.push(r?);
         }
         // Not deleted when the key was rewritten meanwhile (its hold lapsed): the next
         // pass hands the newer value over.
         let ends: Vec<(&[u8], u64)> = batch
             .iter()
-            .zip(&read)
+            .zip(&copied)
             .filter(|(m, _)| m.hand_over)
-            .filter_map(|(m, r)| r.as_ref().map(|(_, generation, _)| (&m.key[..], *generation)))
+            .filter_map(|(m, c)| c.map(|c| (&m.key[..], c.generation)))
             .collect();
         for r in self.own_client()?.handover_delete_many(&ends, MOVE_DEPTH) {
             r?;
         }
-        for (value, _, _) in read.iter().flatten() {
-            self.count(value.len());
+        for c in copied.iter().flatten() {
+            self.count(c.len as usize);
             keys += 1;
-            bytes += value.len() as u64;
+            bytes += c.len;
         }
         Ok((keys, bytes))
     }

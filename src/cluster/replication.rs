@@ -5,6 +5,10 @@
 //! sees a write that a replica lacks, so a primary that dies mid-copy leaves nothing a
 //! reader saw and the survivors lack.
 //!
+//! The mover's copies of keys to the members that gain them go the same way
+//! ([`CopyJob::to`]), straight from the arena, through a second replicator of the shard's
+//! (so that neither kind of copy waits behind the other's).
+//!
 //! Each shard worker hands its copies to a replicator thread of its own ([`Replicator`]),
 //! which sends them, many in flight, over the real transport to the replicas (as a
 //! cluster member: each copy carries a ticket made with the cluster's secret, which
@@ -75,6 +79,10 @@ pub struct CopyJob {
     pub value: Option<ArenaValue>,
     pub generation: u64,
     pub ttl_ms: u64,
+    /// A mover's copy: the members it goes to, tried once (the mover passes again over
+    /// what failed). None: a write's copy, to the key's replicas under the placement,
+    /// tried until they hold it.
+    pub to: Option<Vec<String>>,
 }
 
 /// A copy's outcome: Ok once every replica the key must have holds it.
@@ -105,7 +113,8 @@ pub struct Replicator {
 }
 
 impl Replicator {
-    pub fn start(shard: usize, cfg: ReplicatorConfig) -> Result<Replicator> {
+    /// Starts shard `shard`'s replicator thread, `rdram-{role}-{shard}`.
+    pub fn start(shard: usize, role: &str, cfg: ReplicatorConfig) -> Result<Replicator> {
         let (jobs_tx, jobs) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
@@ -124,7 +133,7 @@ impl Replicator {
                 .map_or(Duration::ZERO, Duration::from_millis),
         };
         let thread = std::thread::Builder::new()
-            .name(format!("rdram-copy-{shard}"))
+            .name(format!("rdram-{role}-{shard}"))
             .spawn(move || work.run())
             .map_err(|e| Error::new(Status::Internal, format!("cannot start a replicator thread: {e}")))?;
         Ok(Replicator { jobs: Some(jobs_tx), done, wake, stop, thread: Some(thread) })
@@ -255,10 +264,15 @@ impl Work {
         let now = Instant::now();
         let Some(current) = self.cfg.role.current() else {
             // Not in a placement yet (or any more): nothing can be copied now.
-            for w in self.waiting.iter_mut().filter(|w| w.retry_at <= now) {
+            let mut ended = Vec::new();
+            for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
                 w.why = "this server holds no placement".into();
                 w.retry_at = now + COPY_RETRY_MAX;
+                if w.job.to.is_some() {
+                    ended.push((i, Err(Error::new(Status::ViewChanged, w.why.clone()))));
+                }
             }
+            self.end(ended);
             return self.report(now);
         };
         let (me, routing) = (current.0.as_str(), &current.1);
@@ -266,7 +280,11 @@ impl Work {
         let mut sends: HashMap<String, Vec<(usize, bool)>> = HashMap::new();
         let mut ended = Vec::new();
         for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
-            match targets(me, routing, &w.job) {
+            let targets = match &w.job.to {
+                Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
+                None => targets(me, routing, &w.job),
+            };
+            match targets {
                 Targets::Superseded(why) => ended.push((i, Err(Error::new(Status::Unavailable, why)))),
                 Targets::Copy { required, leaving } => {
                     let lacking = |r: &String| !w.holding.contains(r);
@@ -302,6 +320,7 @@ impl Work {
                 continue;
             }
             match missed.remove(&i) {
+                Some(why) if w.job.to.is_some() => ended.push((i, Err(Error::new(Status::Unavailable, why)))),
                 Some(why) => {
                     w.why = why;
                     w.retry_at = now + w.pause;
@@ -440,7 +459,7 @@ mod tests {
             ..Default::default()
         };
         let routing = Routing::new(placement);
-        let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0 };
+        let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0, to: None };
         // "a" left the members: it is the key's primary no more.
         assert!(matches!(targets("a", &routing, &job(700)), Targets::Copy { .. }), "taken before the epoch");
         assert!(matches!(targets("a", &routing, &job(699)), Targets::Copy { .. }));

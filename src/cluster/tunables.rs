@@ -25,7 +25,8 @@ pub const WARNED_RECORDS: usize = 1024;
 
 // Moving keys between members (mover.rs)
 
-/// Values one batch of a pass reads before it writes them: what the mover holds at once.
+/// Bytes of the values one batch of a pass copies at once (the shards keep them pinned
+/// until copied).
 pub const MOVE_BATCH_BYTES: u64 = 64 << 20;
 
 /// Keys in one batch, at most.

@@ -37,6 +37,12 @@ pub enum Kind {
     /// Members only, with a ticket: the end of a handover, deleting the key if it still
     /// holds the generation handed over ([`flags::MIGRATE`] delete with `IF_EQUAL`).
     HandoverEnd,
+    /// Members only, with a ticket: a mover's copy of a key from this server's memory
+    /// straight to the members named ([`flags::IMPORT`] get with [`flags::FORWARD`]).
+    CopyOut,
+    /// Members only, with a ticket: [`Kind::HandoverHold`], the key then copied straight
+    /// to its new owner as [`Kind::CopyOut`] ([`flags::MIGRATE`] get with [`flags::FORWARD`]).
+    HandOut,
 }
 
 impl Kind {
@@ -45,6 +51,13 @@ impl Kind {
         let member = request_flags & (flags::IMPORT | flags::MIGRATE);
         let staged = request_flags & flags::STAGE != 0;
         let ranged = request_flags & flags::HAS_RANGE != 0;
+        if request_flags & flags::FORWARD != 0 {
+            return match (op, member, staged || ranged) {
+                (Op::Get, flags::IMPORT, false) => Ok(Kind::CopyOut),
+                (Op::Get, flags::MIGRATE, false) => Ok(Kind::HandOut),
+                _ => Err("only a member's whole read for a copy or a handover is forwarded (an IMPORT or MIGRATE get with FORWARD, no range)".into()),
+            };
+        }
         let kind = match (op, member, staged) {
             (Op::Put, 0, false) => Kind::Put,
             (Op::Put, 0, true) if ranged => Kind::StagePart,
@@ -75,7 +88,7 @@ impl Kind {
     pub fn op(self) -> Op {
         match self {
             Kind::Put | Kind::StagePart | Kind::Import => Op::Put,
-            Kind::Get | Kind::CopyRead | Kind::HandoverHold => Op::Get,
+            Kind::Get | Kind::CopyRead | Kind::HandoverHold | Kind::CopyOut | Kind::HandOut => Op::Get,
             Kind::Delete | Kind::StageDiscard | Kind::ImportDelete | Kind::HandoverEnd => Op::Delete,
             Kind::DeleteRange => Op::DeleteRange,
             Kind::List => Op::List,
@@ -86,7 +99,21 @@ impl Kind {
 
     /// Sent between a cluster's members only: refused from anyone else.
     pub fn members_only(self) -> bool {
-        matches!(self, Kind::Import | Kind::ImportDelete | Kind::CopyRead | Kind::HandoverHold | Kind::HandoverEnd)
+        matches!(
+            self,
+            Kind::Import
+                | Kind::ImportDelete
+                | Kind::CopyRead
+                | Kind::HandoverHold
+                | Kind::HandoverEnd
+                | Kind::CopyOut
+                | Kind::HandOut
+        )
+    }
+
+    /// A read whose value goes to other members instead of back ([`flags::FORWARD`]).
+    pub fn forwards(self) -> bool {
+        matches!(self, Kind::CopyOut | Kind::HandOut)
     }
 
     /// A copy between members of a write its primary decided: it carries the generation
@@ -112,7 +139,7 @@ mod tests {
     /// came from.
     #[test]
     fn every_combination_is_one_kind_or_refused() {
-        let relevant = [flags::IMPORT, flags::MIGRATE, flags::STAGE, flags::HAS_RANGE, flags::IF_EQUAL];
+        let relevant = [flags::IMPORT, flags::MIGRATE, flags::STAGE, flags::HAS_RANGE, flags::IF_EQUAL, flags::FORWARD];
         let mut seen = std::collections::HashSet::new();
         for op in OPS {
             for mask in 0..1u32 << relevant.len() {
@@ -123,7 +150,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(seen.len(), 14, "every kind comes from some combination: {seen:?}");
+        assert_eq!(seen.len(), 16, "every kind comes from some combination: {seen:?}");
     }
 
     #[test]
@@ -135,6 +162,10 @@ mod tests {
         assert!(Kind::of(Op::List, flags::IMPORT).is_err());
         assert!(Kind::of(Op::Get, flags::IMPORT | flags::MIGRATE).is_err());
         assert_eq!(Kind::of(Op::Put, flags::IMPORT), Ok(Kind::Import));
+        assert!(Kind::of(Op::Get, flags::FORWARD).is_err(), "a client's read is never forwarded");
+        assert!(Kind::of(Op::Put, flags::IMPORT | flags::FORWARD).is_err());
+        assert!(Kind::of(Op::Get, flags::IMPORT | flags::FORWARD | flags::HAS_RANGE).is_err(), "only whole values");
+        assert_eq!(Kind::of(Op::Get, flags::MIGRATE | flags::FORWARD), Ok(Kind::HandOut));
         assert!(Kind::Import.members_only() && !Kind::StagePart.members_only());
     }
 }

@@ -58,8 +58,9 @@ use crate::error::Status;
 /// and flags that name no request ([`Kind`]) are refused; a shard at its bound of staged
 /// values or handovers answers `NoRoom`, not `Unavailable`. 12: UCX tcp moves segments of
 /// 1 MiB (a peer receiving into smaller ones has its heap overrun by UCX; see
-/// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it.
-pub const PROTOCOL_VERSION: u8 = 12;
+/// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it. 13: a mover's
+/// copies go from its server's memory straight to their targets ([`flags::FORWARD`]).
+pub const PROTOCOL_VERSION: u8 = 13;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Where an encoded request keeps its id, in the full and the short form alike.
 const REQUEST_ID_AT: std::ops::Range<usize> = 8..16;
@@ -158,8 +159,18 @@ pub mod flags {
     /// and go when their session ends (see `server/staging.rs`). A client copying a value
     /// out of GPU memory sends it so.
     pub const STAGE: u32 = 1 << 14;
+    /// Between a cluster's members only, on a get with [`IMPORT`] or [`MIGRATE`] (a
+    /// mover's read for a copy or a handover, on its own server), the key inline: instead
+    /// of answering the value, the server copies it from its memory to the members the
+    /// payload names ([`crate::proto::encode_members`]), each of which must hold the key
+    /// under the placement, as [`IMPORT`] puts of its generation and TTL left; it answers
+    /// once every one holds it (or with the first failure) with the key's generation,
+    /// size and TTL left (`more`, ms), and no bytes of the value. With `IMPORT` it carries
+    /// a ticket for a copy out, with `MIGRATE` one for a hold (and holds the key, as a
+    /// `MIGRATE` get does).
+    pub const FORWARD: u32 = 1 << 15;
     /// Every flag a request may carry once it is whole.
-    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE | STAGE;
+    pub const ALL: u32 = ((1 << 8) - 1) | SHORT_FORM | VIEW | ASKING | IMPORT | MIGRATE | STAGE | FORWARD;
     /// Over libfabric's shm: this message is the first part of a longer request, whose
     /// other parts follow (see [`crate::proto::fabric::split_request`]). The worker joins
     /// the parts and clears the flag before it reads the request, so nothing else accepts it.
@@ -594,6 +605,29 @@ pub fn decode_list_entries(mut buf: &[u8]) -> Result<Vec<(Vec<u8>, u64)>, String
         buf = &buf[12 + len..];
     }
     Ok(entries)
+}
+
+/// Members a [`flags::FORWARD`] request names, at most.
+pub const MAX_FORWARD_TARGETS: usize = 16;
+
+/// The members a [`flags::FORWARD`] request copies to, as its payload: their addresses
+/// (cluster member names), one per line.
+pub fn encode_members(members: &[String]) -> Vec<u8> {
+    members.join("\n").into_bytes()
+}
+
+/// The members [`encode_members`] wrote: 1 to [`MAX_FORWARD_TARGETS`] of them, none empty
+/// or repeated.
+pub fn decode_members(payload: &[u8]) -> Result<Vec<String>, String> {
+    let text = std::str::from_utf8(payload).map_err(|_| "member names are UTF-8".to_string())?;
+    let members: Vec<String> = text.split('\n').map(str::to_string).collect();
+    if members.len() > MAX_FORWARD_TARGETS || members.iter().any(String::is_empty) {
+        return Err(format!("1 to {MAX_FORWARD_TARGETS} member names, one per line, none empty"));
+    }
+    if members.iter().enumerate().any(|(i, m)| members[..i].contains(m)) {
+        return Err("a member named twice".into());
+    }
+    Ok(members)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
 use placement::PlacementCheck;
-use replication::Replication;
+use replication::{ArenaBytes, Replication};
 use tracing::{info, warn};
 
 /// Why a request was not admitted, with its id when that could be read (so that the
@@ -194,7 +194,8 @@ impl Service {
     ) -> Result<()> {
         let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token };
         self.replication = Some(Replication {
-            replicator: Replicator::start(self.index, cfg)?,
+            replicator: Replicator::start(self.index, "copy", cfg.clone())?,
+            mover: Replicator::start(self.index, "move", cfg)?,
             next_token: 1,
             last_handed: Instant::now(),
             copies: FxHashMap::default(),
@@ -360,7 +361,9 @@ impl Service {
         let kind = req.kind;
         let result = match kind {
             Kind::Put | Kind::StagePart | Kind::Import => self.eager_put(h, kind, req.inline, payload),
-            Kind::Get | Kind::CopyRead | Kind::HandoverHold => return self.get(h, kind, req.inline, payload, out),
+            Kind::Get | Kind::CopyRead | Kind::HandoverHold | Kind::CopyOut | Kind::HandOut => {
+                return self.get(h, kind, req.inline, payload, out)
+            }
             Kind::Delete | Kind::StageDiscard | Kind::ImportDelete | Kind::HandoverEnd => {
                 self.delete(h, kind, req.inline, payload)
             }
@@ -406,14 +409,17 @@ impl Service {
         };
         let outcome = self.shard.get(key, &condition(h), range);
         let mut reply = ReplyHeader::new(h.request_id, Status::Ok);
-        if matches!(kind, Kind::CopyRead | Kind::HandoverHold) {
+        if kind.members_only() {
             if let Ok(GetOutcome::Value { value_size, .. }) = outcome {
-                if kind == Kind::HandoverHold {
-                    let held =
-                        self.check_ticket(h, key, Grant::Hold).and_then(|()| self.hold_for_handover(key, value_size));
-                    if let Err(e) = held {
-                        return Answer::Owned(error_reply(h.request_id, &e, out));
+                let allowed = match kind {
+                    Kind::HandoverHold | Kind::HandOut => {
+                        self.check_ticket(h, key, Grant::Hold).and_then(|()| self.hold_for_handover(key, value_size))
                     }
+                    Kind::CopyOut => self.check_ticket(h, key, Grant::CopyOut),
+                    _ => Ok(()),
+                };
+                if let Err(e) = allowed {
+                    return Answer::Owned(error_reply(h.request_id, &e, out));
                 }
                 reply.more = self.shard.ttl_left_ms(key).min(u32::MAX as u64) as u32;
             }
@@ -428,6 +434,17 @@ impl Service {
             Ok(GetOutcome::Value { generation, value_size, offset, len, extent }) => {
                 reply.generation = generation;
                 reply.value_size = value_size;
+                if kind.forwards() {
+                    // Answered once copied (deferred), or now with why it cannot be.
+                    let value = ArenaBytes { extent, offset, len };
+                    if let Err(e) = self.copy_out(h, key, payload, value, reply) {
+                        if kind == Kind::HandOut {
+                            self.end_handover(key);
+                        }
+                        return Answer::Owned(error_reply(h.request_id, &e, out));
+                    }
+                    return Answer::Owned(reply);
+                }
                 return Answer::Arena { header: reply, offset, len, extent };
             }
         }

@@ -115,7 +115,17 @@ impl Service {
         }
         let replica_copy = matches!(kind, Kind::Import | Kind::ImportDelete | Kind::CopyRead);
         if replica_copy || (h.flags & flags::ASKING != 0 && !write) {
-            return if routing.holds(me, key) {
+            // A read asked of a replica other than the primary (its client lost the
+            // primary) is taken where every acknowledged write is: on a replica under the
+            // current placement, not on one the key moves to, which its mover may not have
+            // copied it to yet. (With one replica per key, the key's next owner is asked
+            // once its owner handed it over.)
+            let asked_read = !replica_copy && routing.placement.replicas > 1;
+            let here = match asked_read {
+                true => routing.replicas(key).contains(&me),
+                false => routing.holds(me, key),
+            };
+            return if here {
                 Ok(())
             } else {
                 Err(Error::new(

@@ -1,27 +1,42 @@
 //! A cluster member's shard's side of replication (see [`crate::cluster::replication`]):
 //! the writes it took as their keys' primary, their answers deferred until every replica
-//! holds them, and the reads of those keys refused meanwhile.
+//! holds them, and the reads of those keys refused meanwhile; and the mover's copies of
+//! keys from this shard's memory to the members that gain them ([`Kind::CopyOut`]).
 
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{error_reply, ttl, Service};
 use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
 use crate::error::{Error, Result, Status};
-use crate::proto::{flags, Kind, Op, ReplyHeader, RequestHeader};
+use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::tunables::COPY_SPIN;
 use crate::store::alloc::Extent;
 use crate::store::Layout;
 
 /// A cluster member's shard's copies in flight (see [`crate::cluster::replication`]).
 pub(super) struct Replication {
+    /// Copies the writes this shard takes as their keys' primary.
     pub(super) replicator: Replicator,
+    /// Copies keys out for the mover ([`Kind::CopyOut`]): apart from the writes' copies,
+    /// so that neither waits behind the other (a paused replica holds a write's copy up
+    /// for a request's timeout; the move goes on without it).
+    pub(super) mover: Replicator,
     pub(super) next_token: u64,
     pub(super) copies: FxHashMap<u64, Copying>,
     /// When the last copy was handed over (see [`Service::copy_expected_soon`]).
     pub(super) last_handed: Instant,
-    /// Keys with copies in flight, and how many: no client reads them meanwhile.
+    /// Keys with writes' copies in flight, and how many: no client reads them meanwhile.
     pub(super) keys: FxHashMap<Vec<u8>, u32>,
+}
+
+/// A committed value's bytes in the arena: `len` of them at `offset`, in the extent at
+/// `extent`.
+pub(super) struct ArenaBytes {
+    pub(super) extent: u64,
+    pub(super) offset: u64,
+    pub(super) len: u64,
 }
 
 /// A write waiting for its copies: its answer, and what it holds.
@@ -33,6 +48,8 @@ pub(super) struct Copying {
     op: Op,
     arrived: Option<Instant>,
     received: u64,
+    /// A write's copy, counted in [`Replication::keys`] (a mover's copy out is not).
+    gates_reads: bool,
 }
 
 impl Service {
@@ -66,7 +83,7 @@ impl Service {
             // replicator stops before the arena is freed (field order of `Service`).
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
-        let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h) };
+        let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h), to: None };
         // (Only a replicator thread that died refuses: the write stays here, on one replica.)
         r.replicator.copy(job)?;
         let pinned = value.map(|(extent, _)| extent.offset);
@@ -78,10 +95,75 @@ impl Service {
             Some((_, layout)) => (Op::Put, layout.value_len),
             None => (Op::Delete, 0),
         };
-        r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
+        let copying = Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received, gates_reads: true };
+        r.copies.insert(token, copying);
         r.last_handed = Instant::now();
         self.deferred = Some(token);
         Ok(reply)
+    }
+
+    /// A mover's [`Kind::CopyOut`] or [`Kind::HandOut`] of `key`, whose committed value is
+    /// `value`: hands a copy of it (generation and TTL left as `reply` says) to the
+    /// replicator for the members `payload` names, each of which must hold the key under
+    /// the placement, and defers `reply` until every one holds it. The value goes from
+    /// the arena, with no copy on this server.
+    pub(super) fn copy_out(
+        &mut self,
+        h: &RequestHeader,
+        key: &[u8],
+        payload: &[u8],
+        value: ArenaBytes,
+        reply: ReplyHeader,
+    ) -> Result<()> {
+        if h.flags & flags::KEY_IN_PAYLOAD != 0 {
+            return Err(Error::new(Status::Invalid, "a copy out carries its key inline and its targets as payload"));
+        }
+        let targets = proto::decode_members(payload).map_err(|e| Error::new(Status::Invalid, e))?;
+        let Some(current) = self.placement.as_ref().and_then(|p| p.role.current()) else {
+            return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
+        };
+        let (me, routing) = (current.0.as_str(), &current.1);
+        if let Some(t) = targets.iter().find(|t| *t == me || !routing.holds(t, key)) {
+            return Err(Error::new(
+                Status::ViewChanged,
+                format!(
+                    "a copy out to {t}, which is to hold no replica of the key in placement version {}",
+                    routing.placement.version
+                ),
+            ));
+        }
+        // SAFETY: the committed value's bytes, which nothing writes again; its extent is
+        // pinned below until `next_copied` hears this copy ended, and the replicator stops
+        // before the arena is freed (field order of `Service`).
+        let bytes =
+            unsafe { ArenaValue::new(self.shard.arena().base().add(value.offset as usize), value.len as usize) };
+        let r = self.replication.as_mut().expect("a member's shard has a replicator");
+        let token = r.next_token;
+        r.next_token += 1;
+        let ttl_ms = u64::from(reply.more);
+        let job = CopyJob {
+            token,
+            key: key.to_vec(),
+            value: Some(bytes),
+            generation: reply.generation,
+            ttl_ms,
+            to: Some(targets),
+        };
+        r.mover.copy(job)?;
+        let copying = Copying {
+            reply,
+            key: key.to_vec(),
+            pinned: Some(value.extent),
+            op: Op::Get,
+            arrived: None,
+            received: 0,
+            gates_reads: false,
+        };
+        r.copies.insert(token, copying);
+        r.last_handed = Instant::now();
+        self.shard.pin(value.extent);
+        self.deferred = Some(token);
+        Ok(())
     }
 
     /// A deferred answer whose copies ended: its token and header (an error's message in
@@ -91,9 +173,9 @@ impl Service {
         if r.copies.is_empty() {
             return None;
         }
-        let done = r.replicator.next_done()?;
+        let done = r.replicator.next_done().or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
-        if let Some(n) = r.keys.get_mut(&c.key) {
+        if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads) {
             *n -= 1;
             if *n == 0 {
                 r.keys.remove(&c.key);
@@ -122,10 +204,13 @@ impl Service {
         Some(token)
     }
 
-    /// How the replicator wakes this shard's worker when copies end.
+    /// How the replicators wake this shard's worker when copies end.
     pub fn set_copy_wake(&self, wake: crate::cluster::replication::Wake) {
         if let Some(r) = &self.replication {
-            r.replicator.set_wake(wake);
+            let wake: Arc<crate::cluster::replication::Wake> = Arc::new(wake);
+            let again = wake.clone();
+            r.replicator.set_wake(Box::new(move || wake()));
+            r.mover.set_wake(Box::new(move || again()));
         }
     }
 

@@ -47,6 +47,21 @@ fn a_next_primary_takes_an_asked_write_only_once_the_primary_is_gone() {
     assert!(b.check_placement(&asked_write(), Kind::Put, &key).is_ok(), "a's lease lapsed");
 }
 
+/// A read asked of a replica other than the primary (its client lost the primary) is
+/// taken by the key's replicas under the current placement, which hold every write
+/// acknowledged, and refused by one the key moves to, which may not have been copied it yet.
+#[test]
+fn an_asked_read_is_taken_only_by_a_replica_that_holds_every_acknowledged_write() {
+    let mut read = asked_write();
+    read.op = Op::Get as u8;
+    let (mut b, _, key) = member_shard("b", &["a", "b"], &["b", "c"]);
+    assert!(b.check_placement(&read, Kind::Get, &key).is_ok(), "b is the key's replica now");
+    let (mut c, role, key) = member_shard("c", &["a", "b"], &["b", "c"]);
+    assert!(role.current().unwrap().1.holds("c", &key), "the key moves to c");
+    let refused = c.check_placement(&read, Kind::Get, &key).unwrap_err();
+    assert_eq!(refused.status, Status::ViewChanged, "{}", refused.message);
+}
+
 /// A member's copy comes without a view: taken for a key this server holds, or is to hold,
 /// under the placement it holds now; refused for any other, whoever sent it.
 #[test]
