@@ -355,6 +355,15 @@ fn value_of(i: usize) -> Vec<u8> {
     common::pattern(i as u64, 2048 + i % 1024)
 }
 
+/// Key `i` of the moves' load: every 64th longer than a request carries inline (1 KiB),
+/// so that such keys are copied and handed over too.
+fn key_of(i: usize) -> String {
+    match i % 64 {
+        0 => format!("k{i}/{}", "long".repeat(300)),
+        _ => format!("k{i}"),
+    }
+}
+
 /// What the load threads of [`keys_stay_readable_while_servers_join_and_drain`] saw.
 #[derive(Default)]
 struct Load {
@@ -387,7 +396,7 @@ fn servers_join_and_drain_under_load(replicas: u32) {
     let counters = 8;
     let mut setup = client(&url);
     for i in 0..preload {
-        setup.put(format!("k{i}").as_bytes(), &value_of(i)).unwrap();
+        setup.put(key_of(i).as_bytes(), &value_of(i)).unwrap();
     }
     for n in 0..counters {
         setup.put(format!("counter{n}").as_bytes(), &0u64.to_le_bytes()).unwrap();
@@ -403,7 +412,7 @@ fn servers_join_and_drain_under_load(replicas: u32) {
             let mut c = client(&url);
             let mut i = t;
             while !stop.load(Ordering::SeqCst) {
-                let key = format!("k{}", i % preload);
+                let key = key_of(i % preload);
                 match c.get(key.as_bytes()) {
                     Ok(Some(v)) if v.data == value_of(i % preload) => load.lock().unwrap().reads += 1,
                     Ok(Some(_)) => load.lock().unwrap().misses.push(format!("{key}: wrong bytes")),
@@ -445,7 +454,7 @@ fn servers_join_and_drain_under_load(replicas: u32) {
             let mut c = client(&url);
             let mut i = preload;
             while !stop.load(Ordering::SeqCst) {
-                match c.put(format!("k{i}").as_bytes(), &value_of(i)) {
+                match c.put(key_of(i).as_bytes(), &value_of(i)) {
                     Ok(_) => load.lock().unwrap().written.push(i),
                     Err(e) => load.lock().unwrap().errors.push(format!("put k{i}: {e}")),
                 }
@@ -514,7 +523,7 @@ fn servers_join_and_drain_under_load(replicas: u32) {
     }
     assert_eq!(total, load.increments, "every acknowledged increment is counted once");
     for i in (0..preload).chain(load.written.iter().copied()) {
-        let v = check.get(format!("k{i}").as_bytes()).unwrap();
+        let v = check.get(key_of(i).as_bytes()).unwrap();
         assert_eq!(v.map(|v| v.data), Some(value_of(i)), "k{i} after the moves");
     }
     let keys = (preload + counters + load.written.len()) as u64 * u64::from(replicas);
@@ -592,6 +601,9 @@ fn large_values_reach_every_replica() {
         let remote_dram::client::WriteResult::Written { generation } = written else { panic!("{written:?}") };
         generations.insert(format!("big{i}"), generation);
     }
+    // A key longer than a request carries inline (1 KiB) reaches its replicas too.
+    let long_key = format!("big{}20", "0".repeat(2000));
+    generations.insert(long_key.clone(), c.put(long_key.as_bytes(), &value(20)).unwrap());
     let keys: Vec<String> = (12..20).map(|i| format!("big{i}")).collect();
     let values: Vec<Vec<u8>> = (12..20).map(value).collect();
     let items: Vec<(&[u8], &[u8])> = keys.iter().zip(&values).map(|(k, v)| (k.as_bytes(), v.as_slice())).collect();

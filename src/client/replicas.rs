@@ -81,39 +81,6 @@ impl Client {
         }
     }
 
-    /// Handover, first step (a cluster server's mover, on itself): reads a key and holds
-    /// it, so that writes through the cluster wait while it moves. The value, its
-    /// generation and its TTL left (ms, 0: none); None when the key is gone.
-    #[doc(hidden)]
-    pub fn handover_get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64, u64)>> {
-        self.read_for_copy(key, flags::MIGRATE)
-    }
-
-    /// Reads a key to copy it to a new replica (a cluster server's mover, on itself),
-    /// without holding it: the value, its generation and its TTL left (ms, 0: none);
-    /// None when the key is gone.
-    #[doc(hidden)]
-    pub fn copy_get(&mut self, key: &[u8]) -> Result<Option<(Vec<u8>, u64, u64)>> {
-        self.read_for_copy(key, flags::IMPORT)
-    }
-
-    pub(super) fn read_for_copy(&mut self, key: &[u8], flag: u32) -> Result<Option<(Vec<u8>, u64, u64)>> {
-        check_key(key)?;
-        let h = self.read_for_copy_header(key, flag == flags::MIGRATE)?;
-        copied_value(self.call_key(key, h, &[])?)
-    }
-
-    fn read_for_copy_header(&self, key: &[u8], hold: bool) -> Result<RequestHeader> {
-        let mut h = RequestHeader::new(Op::Get, 0, 0);
-        if hold {
-            h.flags |= flags::MIGRATE;
-            h.set_ticket(&self.member_ticket(key, Grant::Hold)?);
-        } else {
-            h.flags |= flags::IMPORT;
-        }
-        Ok(h)
-    }
-
     fn import_header(&self, key: &[u8], len: usize, generation: u64, ttl_ms: u64) -> Result<RequestHeader> {
         let mut h = RequestHeader::new(Op::Put, 0, 0);
         h.flags |= flags::IMPORT;
@@ -142,8 +109,7 @@ impl Client {
         Ok(h)
     }
 
-    /// A mover's copies of keys (each at most `INLINE_KEY_MAX` bytes) from this
-    /// connection's server straight to the members each names, those handed over held
+    /// A mover's copies of keys from this connection's server straight to the members each names, those handed over held
     /// there first ([`flags::FORWARD`]), up to `depth` in flight: per key, its generation
     /// and size once every member named holds it; None when the key is gone.
     #[doc(hidden)]
@@ -179,7 +145,9 @@ impl Client {
             .collect()
     }
 
-    /// [`Client::handover_delete`] of many (key, generation), up to `depth` in flight.
+    /// A handover's last step (on the previous owner), for many (key, generation) with up
+    /// to `depth` in flight: deletes each key if it still holds the generation handed
+    /// over, and ends its hold. False for one that changed (a write went ahead).
     #[doc(hidden)]
     pub fn handover_delete_many(&mut self, items: &[(&[u8], u64)], depth: usize) -> Vec<Result<bool>> {
         let headers: Vec<_> = items.iter().map(|&(k, g)| self.end_hold_header(k, g)).collect();
@@ -214,9 +182,9 @@ impl Client {
             .collect()
     }
 
-    /// Sends `n` of a cluster server's own requests (header, key, payload each; keys of at
-    /// most `INLINE_KEY_MAX` bytes) with up to `depth` in flight, each to its key's server
-    /// on this connection; the replies, in order.
+    /// Sends `n` of a cluster server's own requests (header, key, payload each) with up to
+    /// `depth` in flight, each to its key's server on this connection; the replies, in
+    /// order. A key longer than `INLINE_KEY_MAX` travels before the payload.
     fn member_pipelined<'a>(
         &mut self,
         n: usize,
@@ -228,6 +196,9 @@ impl Client {
         }
         let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
         let mut in_flight = std::collections::VecDeque::new();
+        // A long key joined with its payload: kept until every request has its reply,
+        // as the transport reads it while the request is in flight.
+        let mut joined: Vec<Vec<u8>> = Vec::new();
         for i in 0..n {
             if in_flight.len() == depth.max(1) {
                 let (j, id) = in_flight.pop_front().unwrap();
@@ -235,11 +206,12 @@ impl Client {
             }
             let submitted = item(i).and_then(|(h, key, payload)| {
                 check_key(key)?;
-                if key.len() > INLINE_KEY_MAX {
-                    return Err(Error::new(Status::Invalid, format!("batches take keys up to {INLINE_KEY_MAX} bytes")));
-                }
                 let server = self.conn.route(key).0;
-                self.submit_key(key, h, payload, Receive::Owned, server)
+                if key.len() <= INLINE_KEY_MAX || payload.is_empty() {
+                    return self.submit_key(key, h, payload, Receive::Owned, server);
+                }
+                joined.push([key, payload].concat());
+                self.submit_key(key, h, joined.last().unwrap(), Receive::Owned, server)
             });
             match submitted {
                 Ok(id) => in_flight.push_back((i, id)),
@@ -250,28 +222,6 @@ impl Client {
             results[j] = Some(self.conn.wait(id));
         }
         results.into_iter().map(|r| r.unwrap()).collect()
-    }
-
-    /// Handover or copy, second step (on the key's new replica): stores the value under
-    /// the generation and TTL it had, unless the key holds that generation or a newer one.
-    #[doc(hidden)]
-    pub fn handover_import(&mut self, key: &[u8], value: &[u8], generation: u64, ttl_ms: u64) -> Result<()> {
-        check_key(key)?;
-        let h = self.import_header(key, value.len(), generation, ttl_ms)?;
-        let reply = self.call_put(key, value, h)?;
-        match reply.header.status() {
-            Status::Ok => Ok(()),
-            s => Err(error_of(s, &reply)),
-        }
-    }
-
-    /// Handover, last step (on the previous owner): deletes the key if it still holds
-    /// `generation`, and ends the hold. False when it changed (a write went ahead).
-    #[doc(hidden)]
-    pub fn handover_delete(&mut self, key: &[u8], generation: u64) -> Result<bool> {
-        check_key(key)?;
-        let h = self.end_hold_header(key, generation)?;
-        ended_hold(self.call_key(key, h, &[])?)
     }
 
     /// A cluster server's own ticket for `grant` on `key`, made with the secret in its
@@ -309,18 +259,6 @@ pub struct CopyOut<'a> {
 pub struct CopiedOut {
     pub generation: u64,
     pub len: u64,
-}
-
-/// A value read to be copied: its bytes, generation and TTL left (ms, 0: none).
-pub type CopiedValue = (Vec<u8>, u64, u64);
-
-/// A copy read's value; None when the key is gone.
-fn copied_value(reply: Reply) -> Result<Option<CopiedValue>> {
-    match reply.header.status() {
-        Status::Ok => Ok(Some((reply.payload, reply.header.generation, u64::from(reply.header.more)))),
-        Status::Missing => Ok(None),
-        s => Err(error_of(s, &reply)),
-    }
 }
 
 /// Whether a handover's end deleted the key (false: a write went ahead).

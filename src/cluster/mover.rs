@@ -9,8 +9,8 @@
 //! too while keys move).
 //!
 //! With one replica per key, a key whose owner changes is handed over instead: held here
-//! ([`Client::handover_get`]), stored on its new owner, then deleted here if it was not
-//! rewritten meanwhile ([`Client::handover_delete`]). Reads of it are served here until
+//! and copied out to its new owner (a hand out), then deleted here if it was not
+//! rewritten meanwhile ([`Client::handover_delete_many`]). Reads of it are served here until
 //! it is deleted, and redirected to its new owner after; writes to it wait while it is
 //! held. With more, copies a server no longer needs are deleted once the placement moved
 //! on (every new replica holds them by then).
@@ -19,7 +19,6 @@
 //! last report lets the placement be sealed. Sealed, it reports the highest generation
 //! its shards gave out; the last of those reports lets the placement move on.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,7 +32,6 @@ use super::tunables::{
 use super::{MoveReport, Registration, Routing, ServerRole};
 use crate::client::{Client, ClientOptions, CopyOut, KeyRange};
 use crate::error::Result;
-use crate::proto::INLINE_KEY_MAX;
 
 /// A key a pass moves: handed over to its new owner (R = 1), or copied to the replicas
 /// it gains.
@@ -63,7 +61,7 @@ pub struct Mover {
 impl Mover {
     pub fn start(role: Arc<ServerRole>, registration: Arc<Registration>, cfg: MoverConfig) -> Mover {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut work = Work { role, registration, cfg, stop: stop.clone(), own: None, owners: HashMap::new() };
+        let mut work = Work { role, registration, cfg, stop: stop.clone(), own: None };
         let thread = std::thread::Builder::new().name("rdram-mover".into()).spawn(move || work.run()).ok();
         Mover { stop, thread }
     }
@@ -87,9 +85,8 @@ struct Work {
     registration: Arc<Registration>,
     cfg: MoverConfig,
     stop: Arc<AtomicBool>,
-    /// A client of this server, and of each new owner keys went to.
+    /// A client of this server: keys are copied out of it.
     own: Option<Client>,
-    owners: HashMap<String, Client>,
 }
 
 /// One pass's count.
@@ -181,7 +178,6 @@ impl Work {
     fn failed(&mut self, what: &str, e: crate::error::Error) {
         warn!("{what}: {e}; trying again");
         self.own = None;
-        self.owners.clear();
         std::thread::sleep(MOVER_POLL * 4);
     }
 
@@ -348,16 +344,9 @@ impl Work {
 
     /// Moves a batch of keys: this server copies each from its memory straight to the
     /// members that gain it (holding those handed over), then the handovers end, each
-    /// step pipelined. Keys longer than batches take go one at a time, through here. The
-    /// keys and bytes moved (a key gone meanwhile is not).
+    /// step pipelined. The keys and bytes moved (a key gone meanwhile is not).
     fn move_batch(&mut self, batch: &[Move]) -> Result<(u64, u64)> {
         let (mut keys, mut bytes) = (0, 0);
-        for m in batch.iter().filter(|m| m.key.len() > INLINE_KEY_MAX) {
-            let moved = if m.hand_over { self.hand_over(&m.key, m.to[0].clone())? } else { self.copy(&m.key, &m.to)? };
-            keys += u64::from(moved > 0);
-            bytes += moved;
-        }
-        let batch: Vec<&Move> = batch.iter().filter(|m| m.key.len() <= INLINE_KEY_MAX).collect();
         let items: Vec<CopyOut> =
             batch.iter().map(|m| CopyOut { key: &m.key, to: &m.to, hand_over: m.hand_over }).collect();
         let mut copied = Vec::with_capacity(batch.len());
@@ -381,35 +370,6 @@ impl Work {
             bytes += c.len;
         }
         Ok((keys, bytes))
-    }
-
-    fn owner(&mut self, address: &str) -> Result<&mut Client> {
-        if !self.owners.contains_key(address) {
-            let c = self.client(address)?;
-            self.owners.insert(address.to_string(), c);
-        }
-        Ok(self.owners.get_mut(address).unwrap())
-    }
-
-    /// Copies one key to the replicas it gains; returns the bytes copied (0: it was gone).
-    fn copy(&mut self, key: &[u8], to: &[String]) -> Result<u64> {
-        let Some((value, generation, ttl_ms)) = self.own_client()?.copy_get(key)? else { return Ok(0) };
-        for target in to {
-            self.owner(target)?.handover_import(key, &value, generation, ttl_ms)?;
-        }
-        self.count(value.len());
-        Ok(value.len() as u64)
-    }
-
-    /// Hands one key over to its new owner; returns the bytes moved (0: it was gone).
-    fn hand_over(&mut self, key: &[u8], to: String) -> Result<u64> {
-        let Some((value, generation, ttl_ms)) = self.own_client()?.handover_get(key)? else { return Ok(0) };
-        self.owner(&to)?.handover_import(key, &value, generation, ttl_ms)?;
-        // Not deleted when the key was rewritten meanwhile (its hold lapsed): the next
-        // pass hands the newer value over.
-        self.own_client()?.handover_delete(key, generation)?;
-        self.count(value.len());
-        Ok(value.len() as u64)
     }
 
     fn count(&self, bytes: usize) {

@@ -115,10 +115,12 @@ impl Service {
         value: ArenaBytes,
         reply: ReplyHeader,
     ) -> Result<()> {
-        if h.flags & flags::KEY_IN_PAYLOAD != 0 {
-            return Err(Error::new(Status::Invalid, "a copy out carries its key inline and its targets as payload"));
-        }
-        let targets = proto::decode_members(payload).map_err(|e| Error::new(Status::Invalid, e))?;
+        // After the key, when the key travels in the payload.
+        let targets = match h.flags & flags::KEY_IN_PAYLOAD != 0 {
+            true => &payload[key.len()..],
+            false => payload,
+        };
+        let targets = proto::decode_members(targets).map_err(|e| Error::new(Status::Invalid, e))?;
         let Some(current) = self.placement.as_ref().and_then(|p| p.role.current()) else {
             return Err(Error::new(Status::ViewChanged, "this server has not read the cluster's placement yet"));
         };
