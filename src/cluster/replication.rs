@@ -26,7 +26,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{debug, warn};
 
 use super::tunables::{
-    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN,
+    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN,
+    COPY_SPIN, MOVE_COPY_DEADLINE,
 };
 use super::{Routing, ServerRole};
 use crate::auth::ClusterSecret;
@@ -79,9 +80,9 @@ pub struct CopyJob {
     pub value: Option<ArenaValue>,
     pub generation: u64,
     pub ttl_ms: u64,
-    /// A mover's copy: the members it goes to, tried once (the mover passes again over
-    /// what failed). None: a write's copy, to the key's replicas under the placement,
-    /// tried until they hold it.
+    /// A mover's copy: the members it goes to, tried until they hold it for up to
+    /// [`MOVE_COPY_DEADLINE`] (the mover passes again over what failed). None: a write's
+    /// copy, to the key's replicas under the placement, tried for up to [`COPY_DEADLINE`].
     pub to: Option<Vec<String>>,
 }
 
@@ -264,15 +265,10 @@ impl Work {
         let now = Instant::now();
         let Some(current) = self.cfg.role.current() else {
             // Not in a placement yet (or any more): nothing can be copied now.
-            let mut ended = Vec::new();
-            for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
+            for w in self.waiting.iter_mut().filter(|w| w.retry_at <= now) {
                 w.why = "this server holds no placement".into();
                 w.retry_at = now + COPY_RETRY_MAX;
-                if w.job.to.is_some() {
-                    ended.push((i, Err(Error::new(Status::ViewChanged, w.why.clone()))));
-                }
             }
-            self.end(ended);
             return self.report(now);
         };
         let (me, routing) = (current.0.as_str(), &current.1);
@@ -320,7 +316,6 @@ impl Work {
                 continue;
             }
             match missed.remove(&i) {
-                Some(why) if w.job.to.is_some() => ended.push((i, Err(Error::new(Status::Unavailable, why)))),
                 Some(why) => {
                     w.why = why;
                     w.retry_at = now + w.pause;
@@ -380,19 +375,32 @@ impl Work {
     fn report(&mut self, now: Instant) {
         let mut i = 0;
         while i < self.waiting.len() {
-            if now.duration_since(self.waiting[i].started) < COPY_DEADLINE {
+            let deadline = match self.waiting[i].job.to {
+                Some(_) => MOVE_COPY_DEADLINE,
+                None => COPY_DEADLINE,
+            };
+            if now.duration_since(self.waiting[i].started) < deadline {
                 i += 1;
                 continue;
             }
             let w = self.waiting.swap_remove(i);
-            warn!("a write's copy to its replicas failed for {COPY_DEADLINE:?}: {}; its writer is told", w.why);
-            let e = Error::new(
-                Status::Unavailable,
-                format!(
-                    "the key's primary took the write but could not copy it to every replica within {COPY_DEADLINE:?}: {}",
-                    w.why
+            let e = match w.job.to {
+                // The mover hears why, and passes over the key again.
+                Some(_) => Error::new(
+                    Status::Unavailable,
+                    format!("a copy out could not reach every member named within {deadline:?}: {}", w.why),
                 ),
-            );
+                None => {
+                    warn!("a write's copy to its replicas failed for {deadline:?}: {}; its writer is told", w.why);
+                    Error::new(
+                        Status::Unavailable,
+                        format!(
+                            "the key's primary took the write but could not copy it to every replica within {deadline:?}: {}",
+                            w.why
+                        ),
+                    )
+                }
+            };
             let _ = self.done.send(Copied { token: w.job.token, result: Err(e) });
             self.wake_worker();
         }

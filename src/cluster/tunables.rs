@@ -72,5 +72,10 @@ pub const COPY_RETRY_MAX: Duration = Duration::from_millis(100);
 /// on the primary; the placement's next move copies it to the replicas it gains.
 pub const COPY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a mover's copy is tried (a member it goes to may not have read the
+/// placement that gives it the key yet) before the mover hears it failed: below the
+/// mover's own request timeout ([`MOVER_PEER_TIMEOUT`]).
+pub const MOVE_COPY_DEADLINE: Duration = Duration::from_secs(5);
+
 /// A replica's connection gives up on a request after this long.
 pub const COPY_PEER_TIMEOUT: Duration = Duration::from_secs(5);
