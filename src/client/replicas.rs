@@ -109,9 +109,10 @@ impl Client {
         Ok(h)
     }
 
-    /// A mover's copies of keys from this connection's server straight to the members each names, those handed over held
-    /// there first ([`flags::FORWARD`]), up to `depth` in flight: per key, its generation
-    /// and size once every member named holds it; None when the key is gone.
+    /// A mover's copies of keys from this connection's server straight to the members
+    /// each names, those handed over held there first ([`flags::FORWARD`]), up to `depth`
+    /// in flight: per key, its generation and size once every member named holds it;
+    /// None when the key is gone.
     #[doc(hidden)]
     pub fn copy_out_many(&mut self, items: &[CopyOut<'_>], depth: usize) -> Vec<Result<Option<CopiedOut>>> {
         let headers: Vec<Result<RequestHeader>> = items

@@ -4,7 +4,6 @@
 //! keys from this shard's memory to the members that gain them ([`Kind::CopyOut`]).
 
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::{error_reply, ttl, Service};
@@ -48,8 +47,14 @@ pub(super) struct Copying {
     op: Op,
     arrived: Option<Instant>,
     received: u64,
-    /// A write's copy, counted in [`Replication::keys`] (a mover's copy out is not).
-    gates_reads: bool,
+}
+
+impl Copying {
+    /// A write's copy, counted in [`Replication::keys`]; a mover's copy out (recorded as
+    /// the get it is) is not.
+    fn gates_reads(&self) -> bool {
+        self.op != Op::Get
+    }
 }
 
 impl Service {
@@ -95,8 +100,7 @@ impl Service {
             Some((_, layout)) => (Op::Put, layout.value_len),
             None => (Op::Delete, 0),
         };
-        let copying = Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received, gates_reads: true };
-        r.copies.insert(token, copying);
+        r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
         r.last_handed = Instant::now();
         self.deferred = Some(token);
         Ok(reply)
@@ -152,15 +156,8 @@ impl Service {
             to: Some(targets),
         };
         r.mover.copy(job)?;
-        let copying = Copying {
-            reply,
-            key: key.to_vec(),
-            pinned: Some(value.extent),
-            op: Op::Get,
-            arrived: None,
-            received: 0,
-            gates_reads: false,
-        };
+        let copying =
+            Copying { reply, key: key.to_vec(), pinned: Some(value.extent), op: Op::Get, arrived: None, received: 0 };
         r.copies.insert(token, copying);
         r.last_handed = Instant::now();
         self.shard.pin(value.extent);
@@ -177,7 +174,7 @@ impl Service {
         }
         let done = r.replicator.next_done().or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
-        if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads) {
+        if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
             *n -= 1;
             if *n == 0 {
                 r.keys.remove(&c.key);
@@ -207,12 +204,10 @@ impl Service {
     }
 
     /// How the replicators wake this shard's worker when copies end.
-    pub fn set_copy_wake(&self, wake: crate::cluster::replication::Wake) {
+    pub fn set_copy_wake(&self, wake: impl Fn() + Clone + Send + Sync + 'static) {
         if let Some(r) = &self.replication {
-            let wake: Arc<crate::cluster::replication::Wake> = Arc::new(wake);
-            let again = wake.clone();
-            r.replicator.set_wake(Box::new(move || wake()));
-            r.mover.set_wake(Box::new(move || again()));
+            r.replicator.set_wake(Box::new(wake.clone()));
+            r.mover.set_wake(Box::new(wake));
         }
     }
 

@@ -265,7 +265,7 @@ impl ShardWorker {
         Self::install_handlers(&w.worker, &w.arrival)?;
         w.probe.connect(&address)?;
         let waker = w.worker.waker();
-        w.service.set_copy_wake(Box::new(move || waker.wake()));
+        w.service.set_copy_wake(move || waker.wake());
         Ok(w)
     }
 
