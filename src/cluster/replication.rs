@@ -199,7 +199,8 @@ struct Work {
 
 /// Where one copy goes under the current placement.
 enum Targets {
-    /// Replicas that must take it, and those the key leaves (sent where they answer).
+    /// Replicas that must take it, and those the key leaves whose lease lapsed (sent
+    /// where they answer).
     Copy { required: Vec<String>, leaving: Vec<String> },
     /// The write may not last: this server is the key's primary no more, and the write
     /// was taken after the current epoch began.
@@ -278,7 +279,7 @@ impl Work {
         for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
             let targets = match &w.job.to {
                 Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
-                None => targets(me, routing, &w.job),
+                None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
             };
             match targets {
                 Targets::Superseded(why) => ended.push((i, Err(Error::new(Status::Unavailable, why)))),
@@ -425,8 +426,9 @@ fn peer<'a>(peers: &'a mut HashMap<String, Client>, cfg: &ReplicatorConfig, repl
     Ok(peers.get_mut(replica).unwrap())
 }
 
-/// Where `job`'s copy goes under `routing`, as seen by member `me`.
-fn targets(me: &str, routing: &Routing, job: &CopyJob) -> Targets {
+/// Where `job`'s copy goes under `routing`, as seen by member `me`; `live`: whether etcd
+/// lists a member as live.
+fn targets(me: &str, routing: &Routing, job: &CopyJob, live: impl Fn(&str) -> bool) -> Targets {
     let key = &job.key;
     let primary = routing.owner(key) == Some(me) || routing.next_owner(key) == Some(me);
     // A write taken by a server that is the key's primary no more is copied on only if
@@ -441,11 +443,17 @@ fn targets(me: &str, routing: &Routing, job: &CopyJob) -> Targets {
     }
     let now: Vec<String> = routing.replicas(key).into_iter().map(String::from).collect();
     let then: Vec<String> = routing.next_replicas(key).into_iter().map(String::from).collect();
-    let required: Vec<String> = if then.is_empty() { now.clone() } else { then };
+    let mut required: Vec<String> = if then.is_empty() { now.clone() } else { then };
     // With one replica per key, the one it leaves hands it over itself (the mover).
-    let leaving = now.iter().filter(|s| now.len() > 1 && !required.contains(s) && *s != me).cloned().collect();
+    let leaving: Vec<String> =
+        now.iter().filter(|s| now.len() > 1 && !required.contains(s) && *s != me).cloned().collect();
+    // A replica the key leaves still takes the reads that fail over to it until the move
+    // ends, so it must hold every write acknowledged meanwhile; once its lease lapsed it
+    // serves no more (it fenced itself first), and the write does not wait for it.
+    let (live_leaving, lapsed): (Vec<String>, Vec<String>) = leaving.into_iter().partition(|s| live(s));
+    required.extend(live_leaving);
     let required = required.into_iter().filter(|s| s != me).collect();
-    Targets::Copy { required, leaving }
+    Targets::Copy { required, leaving: lapsed }
 }
 
 #[cfg(test)]
@@ -468,12 +476,52 @@ mod tests {
         };
         let routing = Routing::new(placement);
         let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0, to: None };
+        let live = |_: &str| true;
         // "a" left the members: it is the key's primary no more.
-        assert!(matches!(targets("a", &routing, &job(700)), Targets::Copy { .. }), "taken before the epoch");
-        assert!(matches!(targets("a", &routing, &job(699)), Targets::Copy { .. }));
-        assert!(matches!(targets("a", &routing, &job(701)), Targets::Superseded(_)), "taken after it began");
-        let Targets::Copy { required, leaving } = targets("a", &routing, &job(700)) else { unreachable!() };
+        assert!(matches!(targets("a", &routing, &job(700), live), Targets::Copy { .. }), "taken before the epoch");
+        assert!(matches!(targets("a", &routing, &job(699), live), Targets::Copy { .. }));
+        assert!(matches!(targets("a", &routing, &job(701), live), Targets::Superseded(_)), "taken after it began");
+        let Targets::Copy { required, leaving } = targets("a", &routing, &job(700), live) else { unreachable!() };
         assert_eq!((sorted(required), leaving), (vec!["b".to_string(), "c".to_string()], Vec::<String>::new()));
+    }
+
+    /// While a key moves, a replica it leaves takes the reads that fail over to it: the
+    /// write waits for it as long as etcd lists it live, and is sent where it answers once
+    /// its lease lapsed.
+    #[test]
+    fn a_write_waits_for_a_live_replica_the_key_leaves_and_not_for_a_lapsed_one() {
+        let members = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = Placement {
+            epoch: 3,
+            members: members(&["a", "b", "c"]),
+            next: Some(members(&["a", "b", "c", "d"])),
+            replicas: 2,
+            version: 9,
+            ..Default::default()
+        };
+        let routing = Routing::new(placement);
+        // A key whose replicas change during the move, one kept and one replaced.
+        let key = (0..10_000u32)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| {
+                let (now, then) = (routing.replicas(k), routing.next_replicas(k));
+                now[0] == then[0] && now[1] != then[1]
+            })
+            .expect("a key whose second replica changes");
+        let (primary, leaving, gaining) = (
+            routing.replicas(&key)[0].to_string(),
+            routing.replicas(&key)[1].to_string(),
+            routing.next_replicas(&key)[1].to_string(),
+        );
+        let job = CopyJob { token: 1, key: key.clone(), value: None, generation: 1, ttl_ms: 0, to: None };
+        let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |_| true) else {
+            unreachable!()
+        };
+        assert_eq!((sorted(required), lapsed), (sorted(vec![gaining.clone(), leaving.clone()]), Vec::<String>::new()));
+        let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |m| m != leaving) else {
+            unreachable!()
+        };
+        assert_eq!((required, lapsed), (vec![gaining], vec![leaving]));
     }
 
     fn sorted(mut v: Vec<String>) -> Vec<String> {
