@@ -589,8 +589,18 @@ fn large_values_reach_every_replica() {
     let etcd = Etcd::start();
     let url = etcd.url("staged");
     create(&url, 2);
-    let servers = [member(&url), member(&url), member(&url)];
+    // The first one's worker is pinned: its replicators must not share its core.
+    let allowed = cores_allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let core = allowed[0];
+    let servers = [member_with(&url, &["--cores", &core.to_string()]), member(&url), member(&url)];
     wait_until_placed(&url, 3);
+    let threads = thread_cores(servers[0].child.id());
+    assert_eq!(threads["rdram-shard-0"], vec![core], "{threads:?}");
+    for replicator in ["rdram-copy-0", "rdram-move-0"] {
+        let on = &threads[replicator];
+        let apart = allowed.len() == 1 || !on.contains(&core);
+        assert!(apart && !on.is_empty(), "{replicator} runs off the worker's core: {threads:?}");
+    }
     let value = |i: usize| common::pattern(i as u64, 300_000 + i);
     let mut c = client(&url);
     let mut generations = std::collections::BTreeMap::new();
@@ -645,6 +655,29 @@ fn large_values_reach_every_replica() {
         let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
         assert_eq!(direct.stats().unwrap()["used_bytes"].as_u64(), Some(0), "{} holds no bytes", server.addr);
     }
+}
+
+/// The cores of a `Cpus_allowed_list:` line in a /proc status file.
+fn cores_allowed(status: &str) -> Vec<usize> {
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
+    let mut cores = Vec::new();
+    for range in list.split(',') {
+        let (from, to) = range.split_once('-').unwrap_or((range, range));
+        cores.extend(from.parse::<usize>().unwrap()..=to.parse::<usize>().unwrap());
+    }
+    cores
+}
+
+/// The cores each thread of process `pid` may run on, by thread name.
+fn thread_cores(pid: u32) -> std::collections::HashMap<String, Vec<usize>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .map(|t| {
+            let dir = t.unwrap().path();
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap().trim().to_string();
+            (name, cores_allowed(&std::fs::read_to_string(dir.join("status")).unwrap()))
+        })
+        .collect()
 }
 
 fn one_server_fails_under_load(pause: bool) {

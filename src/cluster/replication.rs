@@ -99,6 +99,10 @@ pub struct ReplicatorConfig {
     pub secret: ClusterSecret,
     /// The cluster's token, which its servers take from each other as from any client.
     pub auth_token: Option<String>,
+    /// Where the replicator runs: the cores no worker is pinned to (empty: wherever its
+    /// worker may). Started by its shard's worker, it would otherwise share the worker's
+    /// core when that is pinned.
+    pub cores: Vec<usize>,
 }
 
 /// Wakes a shard's worker from its sleep, to hand an ended copy's answer out.
@@ -118,6 +122,7 @@ impl Replicator {
     pub fn start(shard: usize, role: &str, cfg: ReplicatorConfig) -> Result<Replicator> {
         let (jobs_tx, jobs) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
+        let cores = cfg.cores.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
         let work = Work {
@@ -135,7 +140,10 @@ impl Replicator {
         };
         let thread = std::thread::Builder::new()
             .name(format!("rdram-{role}-{shard}"))
-            .spawn(move || work.run())
+            .spawn(move || {
+                crate::server::cores::run_current_thread_on(&cores);
+                work.run()
+            })
             .map_err(|e| Error::new(Status::Internal, format!("cannot start a replicator thread: {e}")))?;
         Ok(Replicator { jobs: Some(jobs_tx), done, wake, stop, thread: Some(thread) })
     }

@@ -2,6 +2,7 @@
 //! thread that answers clients' TCP handshakes with the shards' transport addresses.
 
 mod bootstrap;
+pub(crate) mod cores;
 pub(crate) mod reply_backlog;
 pub(crate) mod service;
 mod staging;
@@ -390,6 +391,7 @@ impl Server {
                 ));
             }
         }
+        let helper_cores = cores::helper_cores(&cfg.cores);
         let mut workers = Vec::new();
         let mut wakers = Vec::new();
         let mut addresses = Vec::new();
@@ -423,8 +425,15 @@ impl Server {
         for index in 0..cfg.workers {
             let core = cfg.cores.get(index % cfg.cores.len().max(1)).map(|&id| core_affinity::CoreId { id });
             cores.push(core.map(|c| c.id));
-            let (tx, stop, cfg, transport, ucx_tcp, reply_budget) =
-                (ready_tx.clone(), stop.clone(), cfg.clone(), transport.clone(), ucx_tcp.clone(), reply_budget.clone());
+            let (tx, stop, cfg, transport, ucx_tcp, reply_budget, helper_cores) = (
+                ready_tx.clone(),
+                stop.clone(),
+                cfg.clone(),
+                transport.clone(),
+                ucx_tcp.clone(),
+                reply_budget.clone(),
+                helper_cores.clone(),
+            );
             let (member_tx, membership) = crossbeam_channel::unbounded();
             members.push(member_tx);
             let handle = std::thread::Builder::new()
@@ -440,7 +449,12 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
                     if let (Some(role), Some(secret)) = (&cfg.cluster_role, &cfg.cluster_secret) {
-                        if let Err(e) = service.set_cluster_role(role.clone(), secret.clone(), cfg.auth_token.clone()) {
+                        if let Err(e) = service.set_cluster_role(
+                            role.clone(),
+                            secret.clone(),
+                            cfg.auth_token.clone(),
+                            helper_cores.clone(),
+                        ) {
                             return drop(tx.send(Err(e)));
                         }
                     }

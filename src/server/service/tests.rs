@@ -24,7 +24,9 @@ fn member_shard(me: &str, members: &[&str], next: &[&str]) -> (Service, Arc<Serv
         .unwrap();
     let role = Arc::new(ServerRole::default());
     role.set(me, placement);
-    service.set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None).unwrap();
+    service
+        .set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None, Vec::new())
+        .unwrap();
     (service, role, key)
 }
 
