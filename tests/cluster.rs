@@ -578,6 +578,54 @@ fn a_server_paused_past_its_lease_is_fenced() {
     one_server_fails_under_load(true);
 }
 
+/// A replica that stops answering (SIGSTOP) holds up only the writes it must take: while
+/// a copy to it waits, the same primary's writes of keys it does not hold are copied to
+/// their replicas and answered, before its lease lapses.
+#[test]
+fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
+    use remote_dram::cluster::{Placement, Routing};
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("stopped");
+    create(&url, 2);
+    let servers = [member(&url), member(&url), member(&url)];
+    wait_until_placed(&url, 3);
+    let placed: Placement = serde_json::from_value(status(&url)["placement"].clone()).unwrap();
+    let routing = Routing::new(placed.clone());
+    let (a, c) = (servers[0].addr.as_str(), servers[2].addr.as_str());
+    // Keys whose primary is `a`: one that `c` holds too, and some that it does not.
+    let keys = |with_c: bool, n: usize| -> Vec<String> {
+        let of_a = |k: &String| {
+            let r = routing.replicas(k.as_bytes());
+            r[0] == a && r.contains(&c) == with_c
+        };
+        (0..10_000).map(|i| format!("hol{i}")).filter(of_a).take(n).collect()
+    };
+    let held_by_c = keys(true, 1).remove(0);
+    let elsewhere = keys(false, 8);
+    let mut writer = client(&url);
+    let mut stuck_writer = client(&url);
+    writer.put(b"warm-up", b"0").unwrap();
+    stuck_writer.put(held_by_c.as_bytes(), b"0").unwrap();
+    signal(&servers[2], "STOP");
+    // Its copy waits on `c` until the placement moves on without it.
+    let stuck = std::thread::spawn(move || stuck_writer.put(held_by_c.as_bytes(), b"1").map(|_| ()));
+    std::thread::sleep(Duration::from_millis(100));
+    for key in &elsewhere {
+        writer.put(key.as_bytes(), b"1").unwrap();
+    }
+    let (_, members, _) = placement(&url);
+    assert!(
+        members.contains(&c.to_string()),
+        "every write of a key c does not hold was answered while c was still a member ({members:?})"
+    );
+    stuck.join().unwrap().unwrap();
+    signal(&servers[2], "CONT");
+    for key in &elsewhere {
+        assert_eq!(writer.get(key.as_bytes()).unwrap().unwrap().data, b"1");
+    }
+}
+
 /// Large values reach a key's other replicas through its primary, singly and in
 /// batches: every key ends on exactly two servers with one generation and the same bytes;
 /// a refused conditional write leaves nothing staged, and once the keys are deleted the

@@ -366,6 +366,16 @@ impl Connection {
         self.link.set_spin(spin);
     }
 
+    /// One pass of progress without sleeping (see [`Link::poll`]).
+    pub fn poll(&mut self) {
+        self.link.poll();
+    }
+
+    /// Whether the reply to request `id` is in (or it failed): `wait` returns at once.
+    pub fn answered(&self, id: u64) -> bool {
+        self.link.answered(id)
+    }
+
     /// Waits for the reply to request `id`.
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
         self.link.wait_for(id, self.timeout)

@@ -115,6 +115,12 @@ pub(crate) trait Link: Send {
     /// Connects to more servers (their welcomes and bootstrap connections), numbered after
     /// those connected already; in use once this returns.
     fn add_servers(&mut self, welcomes: &[Welcome], bootstraps: Vec<TcpStream>, timeout: Duration) -> Result<()>;
+    /// One pass of progress, without sleeping, and the look for lost servers that
+    /// `wait_for` makes: for callers that keep requests to several servers in flight.
+    fn poll(&mut self);
+    /// Whether `wait_for(id)` returns at once: request `id` was answered, failed, or is
+    /// unknown.
+    fn answered(&self, id: u64) -> bool;
     /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
     fn set_spin(&mut self, spin: Duration);
     /// Whether requests may go with their header in its short form (see
@@ -236,6 +242,11 @@ impl Liveness {
         }
         self.newly_gone.pop()
     }
+}
+
+/// Why requests to a server that [`Liveness::next_gone`] reported failed.
+pub(crate) fn gone_reason(node: &str) -> String {
+    format!("server {node} went away or moved a shard to new endpoints; the next call reconnects")
 }
 
 /// Why a server that offers shared memory cannot share it with this client (see

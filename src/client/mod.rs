@@ -32,7 +32,7 @@ use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, 
 use conn::Connection;
 use link::{Receive, Reply, Sink};
 pub use options::*;
-pub use replicas::{CopiedOut, CopyOut, ReplicaCopy};
+pub use replicas::{CopiedOut, CopyInFlight, CopyOut, ReplicaCopy};
 pub use tunables::DEVICE_CHUNK;
 use tunables::RECONNECT_BACKOFF_MIN;
 

@@ -156,31 +156,46 @@ impl Client {
         replies.into_iter().map(|r| ended_hold(r?)).collect()
     }
 
-    /// A key's primary's copies of writes it took to one of the key's other replicas
-    /// (this connection's server), up to `depth` in flight: each one's outcome. A replica
-    /// that holds a newer generation keeps it (and the copy counts as taken).
+    /// Sends a key's primary's copy of a write it took to one of the key's other replicas
+    /// (this connection's server), without waiting for its answer: many go in flight at
+    /// once, to many replicas, each on a connection of its own (see
+    /// [`Client::copy_outcome`]).
+    ///
+    /// # Safety
+    /// The copy's key and value stay valid, and unwritten, until [`Client::copy_outcome`]
+    /// took the copy back or this client is dropped: the transport reads them meanwhile.
     #[doc(hidden)]
-    pub fn replicate_many(&mut self, copies: &[ReplicaCopy<'_>], depth: usize) -> Vec<Result<()>> {
-        let headers: Vec<_> = copies
-            .iter()
-            .map(|c| match c.value {
-                Some(v) => self.import_header(c.key, v.len(), c.generation, c.ttl_ms),
-                None => self.delete_import_header(c.key, c.generation),
-            })
-            .collect();
-        let replies = self.member_pipelined(copies.len(), depth, |i| {
-            Ok((headers[i].clone()?, copies[i].key, copies[i].value.unwrap_or(&[])))
-        });
-        replies
-            .into_iter()
-            .map(|r| {
-                let reply = r?;
-                match reply.header.status() {
-                    Status::Ok => Ok(()),
-                    s => Err(error_of(s, &reply)),
-                }
-            })
-            .collect()
+    pub unsafe fn send_replica_copy(&mut self, c: &ReplicaCopy<'_>) -> Result<CopyInFlight> {
+        let h = match c.value {
+            Some(v) => self.import_header(c.key, v.len(), c.generation, c.ttl_ms)?,
+            None => self.delete_import_header(c.key, c.generation)?,
+        };
+        let (id, joined) = self.submit_member(h, c.key, c.value.unwrap_or(&[]))?;
+        Ok(CopyInFlight { id, _joined: joined })
+    }
+
+    /// One pass of the transport's progress, without sleeping: copies in flight move on,
+    /// and their answers come in.
+    #[doc(hidden)]
+    pub fn poll_copies(&mut self) {
+        self.conn.poll();
+    }
+
+    /// Whether a copy's answer is in: [`Client::copy_outcome`] returns at once.
+    #[doc(hidden)]
+    pub fn copy_answered(&self, c: &CopyInFlight) -> bool {
+        self.conn.answered(c.id)
+    }
+
+    /// A copy's outcome, waited for up to `timeout` (none, once answered). A replica that
+    /// holds a newer generation keeps it, and the copy counts as taken.
+    #[doc(hidden)]
+    pub fn copy_outcome(&mut self, c: CopyInFlight, timeout: std::time::Duration) -> Result<()> {
+        let reply = self.conn.wait_for(c.id, timeout)?;
+        match reply.header.status() {
+            Status::Ok => Ok(()),
+            s => Err(error_of(s, &reply)),
+        }
     }
 
     /// Sends `n` of a cluster server's own requests (header, key, payload each) with up to
@@ -196,33 +211,37 @@ impl Client {
             return (0..n).map(|_| Err(e.clone())).collect();
         }
         let mut results: Vec<Option<Result<Reply>>> = (0..n).map(|_| None).collect();
+        // Each with its long key joined to its payload, if it has one: kept until its
+        // reply is in, as the transport reads it while the request is in flight.
         let mut in_flight = std::collections::VecDeque::new();
-        // A long key joined with its payload: kept until every request has its reply,
-        // as the transport reads it while the request is in flight.
-        let mut joined: Vec<Vec<u8>> = Vec::new();
         for i in 0..n {
             if in_flight.len() == depth.max(1) {
-                let (j, id) = in_flight.pop_front().unwrap();
+                let (j, id, _joined) = in_flight.pop_front().unwrap();
                 results[j] = Some(self.conn.wait(id));
             }
-            let submitted = item(i).and_then(|(h, key, payload)| {
-                check_key(key)?;
-                let server = self.conn.route(key).0;
-                if key.len() <= INLINE_KEY_MAX || payload.is_empty() {
-                    return self.submit_key(key, h, payload, Receive::Owned, server);
-                }
-                joined.push([key, payload].concat());
-                self.submit_key(key, h, joined.last().unwrap(), Receive::Owned, server)
-            });
-            match submitted {
-                Ok(id) => in_flight.push_back((i, id)),
+            match item(i).and_then(|(h, key, payload)| self.submit_member(h, key, payload)) {
+                Ok((id, joined)) => in_flight.push_back((i, id, joined)),
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
-        for (j, id) in in_flight {
+        for (j, id, _joined) in in_flight {
             results[j] = Some(self.conn.wait(id));
         }
         results.into_iter().map(|r| r.unwrap()).collect()
+    }
+
+    /// Submits a cluster server's own request to its key's server on this connection: its
+    /// id, and the buffer a key longer than `INLINE_KEY_MAX` travels in before the
+    /// payload, which must outlive the request.
+    fn submit_member(&mut self, h: RequestHeader, key: &[u8], payload: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
+        check_key(key)?;
+        let server = self.conn.route(key).0;
+        if key.len() <= INLINE_KEY_MAX || payload.is_empty() {
+            return Ok((self.submit_key(key, h, payload, Receive::Owned, server)?, None));
+        }
+        let joined = [key, payload].concat();
+        let id = self.submit_key(key, h, &joined, Receive::Owned, server)?;
+        Ok((id, Some(joined)))
     }
 
     /// A cluster server's own ticket for `grant` on `key`, made with the secret in its
@@ -243,6 +262,14 @@ pub struct ReplicaCopy<'a> {
     pub value: Option<&'a [u8]>,
     pub generation: u64,
     pub ttl_ms: u64,
+}
+
+/// A copy in flight to a replica ([`Client::send_replica_copy`]).
+#[doc(hidden)]
+pub struct CopyInFlight {
+    id: u64,
+    /// A long key joined with the value, which the transport sends from here.
+    _joined: Option<Vec<u8>>,
 }
 
 /// A key a mover copies from its server to the members it gains ([`Client::copy_out_many`]).

@@ -14,7 +14,10 @@
 //! cluster member: each copy carries a ticket made with the cluster's secret, which
 //! clients never hold), and hands the outcomes back. The value is read straight from the
 //! shard's arena ([`ArenaValue`]): the shard keeps its extent pinned until it hears the
-//! copy ended.
+//! copy ended. Copies stream: each is sent as soon as it is handed over, and each
+//! replica's answers are taken as they come, so a replica that stops answering holds up
+//! only the writes it must take (until the placement moves on without it), and a
+//! connection is made off the replicator's thread.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,12 +29,13 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{debug, warn};
 
 use super::tunables::{
-    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN,
-    COPY_SPIN, MOVE_COPY_DEADLINE,
+    COPY_ANSWER_SPIN, COPY_ANSWER_SPIN_MAX, COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_NAP_MAX,
+    COPY_NAP_MIN, COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, EXPECTED_BYTES_PER_US,
+    MOVE_COPY_DEADLINE,
 };
 use super::{Routing, ServerRole};
 use crate::auth::ClusterSecret;
-use crate::client::{Client, ClientOptions, ReplicaCopy};
+use crate::client::{Client, ClientOptions, CopyInFlight, ReplicaCopy};
 use crate::error::{Error, Result, Status};
 
 /// Tests only: holds every copy this many milliseconds before it is sent, so that a test
@@ -132,7 +136,8 @@ impl Replicator {
             wake: wake.clone(),
             stop: stop.clone(),
             peers: HashMap::new(),
-            waiting: Vec::new(),
+            connecting: HashMap::new(),
+            waiting: HashMap::new(),
             delay: std::env::var(TEST_COPY_DELAY_ENV)
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -185,11 +190,37 @@ struct Waiting {
     job: CopyJob,
     /// Replicas that hold it.
     holding: Vec<String>,
+    /// Replicas its copy is in flight to (its round of sends ends when none is left).
+    sending: Vec<String>,
+    /// Whether a round of sends is under way.
+    in_round: bool,
+    /// Why a replica it must reach did not take it in this round.
+    missed: Option<String>,
     started: Instant,
     retry_at: Instant,
     pause: Duration,
-    /// Why the last attempt fell short.
+    /// Why the last round fell short.
     why: String,
+}
+
+/// A replica copies go to: the connection, and the copies in flight on it.
+struct Peer {
+    // Dropped before the flights: the transport reads their bytes until it is closed.
+    client: Client,
+    flights: Vec<Flight>,
+    /// The connection failed: made anew once its flights ended.
+    broken: bool,
+}
+
+struct Flight {
+    token: u64,
+    copy: CopyInFlight,
+    /// Whether the copy's key must reach this replica (else it is one the key leaves).
+    must: bool,
+    /// Until when its answer is looked for without sleeping: the round trip and the time
+    /// its bytes take to cross.
+    expected_by: Instant,
+    sent: Instant,
 }
 
 struct Work {
@@ -198,9 +229,13 @@ struct Work {
     done: Sender<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     stop: Arc<AtomicBool>,
-    /// A connection to each replica copied to.
-    peers: HashMap<String, Client>,
-    waiting: Vec<Waiting>,
+    /// A connection to each replica copied to, by name.
+    peers: HashMap<String, Peer>,
+    /// Connections being made, off this thread (one to a stopped server takes seconds to
+    /// fail, and copies to every other replica would wait behind it meanwhile).
+    connecting: HashMap<String, Receiver<Result<Client>>>,
+    /// Copies not yet ended, by the shard's token.
+    waiting: HashMap<u64, Waiting>,
     /// See [`TEST_COPY_DELAY_ENV`].
     delay: Duration,
 }
@@ -216,34 +251,63 @@ enum Targets {
 }
 
 impl Work {
+    /// Each turn: takes the answers that came in, sends the copies that are due, ends
+    /// those every replica they must reach took, then waits for what comes next. Each
+    /// replica's copies go on their own: one that does not answer holds up only the
+    /// writes it must take.
     fn run(mut self) {
+        let mut nap = COPY_NAP_MIN;
         while !self.stop.load(Ordering::SeqCst) {
+            let mut progressed = self.collect();
             let now = Instant::now();
-            let wait = self
-                .waiting
-                .iter()
-                .map(|w| w.retry_at)
-                .min()
-                .map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
-            let first = match self.next_job(wait) {
-                Ok(job) => job,
-                Err(RecvTimeoutError::Disconnected) => return,
-                Err(RecvTimeoutError::Timeout) => None,
-            };
+            progressed |= self.dispatch(now);
+            self.settle(now);
+            self.report(now);
             let now = Instant::now();
-            for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(COPY_BATCH) {
-                let retry_at = now + self.delay;
-                let waiting = Waiting {
-                    job,
-                    holding: Vec::new(),
-                    started: now,
-                    retry_at,
-                    pause: COPY_RETRY_MIN,
-                    why: String::new(),
-                };
-                self.waiting.push(waiting);
+            let next_round = self.waiting.values().filter(|w| !w.in_round).map(|w| w.retry_at).min();
+            let until_round = next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
+            let expected = self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max();
+            if progressed {
+                nap = COPY_NAP_MIN;
             }
-            self.copy_due();
+            let wait = match expected {
+                None => until_round,
+                // Answers are due: look again at once, giving the CPU up between looks.
+                Some(by) if progressed || now < by => Duration::ZERO,
+                // Overdue (a replica slow or stopped): nap, woken by a new copy.
+                Some(_) => {
+                    let n = nap;
+                    nap = (nap * 2).min(COPY_NAP_MAX);
+                    n.min(until_round)
+                }
+            };
+            if wait.is_zero() && !progressed {
+                std::thread::yield_now();
+            }
+            match self.next_job(wait) {
+                Ok(first) => self.take_in(first),
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    /// Takes `first` and the copies handed over behind it.
+    fn take_in(&mut self, first: Option<CopyJob>) {
+        let now = Instant::now();
+        for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(COPY_BATCH) {
+            let waiting = Waiting {
+                holding: Vec::new(),
+                sending: Vec::new(),
+                in_round: false,
+                missed: None,
+                started: now,
+                retry_at: now + self.delay,
+                pause: COPY_RETRY_MIN,
+                why: String::new(),
+                job,
+            };
+            self.waiting.insert(waiting.job.token, waiting);
         }
     }
 
@@ -269,107 +333,135 @@ impl Work {
         }
     }
 
-    /// Sends every copy due, to every replica that lacks it, and reports those that ended.
-    fn copy_due(&mut self) {
+    /// Takes the answers that came in (and gives up on copies past their request
+    /// timeout, or to a replica whose lease lapsed); whether any did.
+    fn collect(&mut self) -> bool {
+        let mut progressed = false;
         let now = Instant::now();
+        let waiting = &mut self.waiting;
+        for (name, peer) in self.peers.iter_mut().filter(|(_, p)| !p.flights.is_empty()) {
+            peer.client.poll_copies();
+            let lapsed = !self.cfg.role.is_live(name);
+            let mut i = 0;
+            while i < peer.flights.len() {
+                let f = &peer.flights[i];
+                let overdue = lapsed || now.duration_since(f.sent) >= COPY_PEER_TIMEOUT;
+                if !overdue && !peer.client.copy_answered(&f.copy) {
+                    i += 1;
+                    continue;
+                }
+                progressed = true;
+                let f = peer.flights.swap_remove(i);
+                // Answered: returns at once. Overdue: the connection gives up on it.
+                let left = if lapsed { Duration::ZERO } else { COPY_PEER_TIMEOUT.saturating_sub(now - f.sent) };
+                let outcome = peer.client.copy_outcome(f.copy, left);
+                let w = waiting.get_mut(&f.token).expect("a copy in flight is waiting");
+                w.sending.retain(|r| r != name);
+                match outcome {
+                    Ok(()) => w.holding.push(name.clone()),
+                    Err(e) => {
+                        if matches!(e.status, Status::Transport | Status::Timeout | Status::Unavailable) {
+                            peer.broken = true;
+                        }
+                        if f.must {
+                            w.missed = Some(format!("replica {name}: {}", e.message));
+                        }
+                    }
+                }
+            }
+        }
+        // A broken connection is made anew on the next copy to its replica.
+        self.peers.retain(|_, p| !(p.broken && p.flights.is_empty()));
+        progressed
+    }
+
+    /// Starts a round of sends for every copy due; whether any was sent.
+    fn dispatch(&mut self, now: Instant) -> bool {
+        let due: Vec<u64> =
+            self.waiting.iter().filter(|(_, w)| !w.in_round && w.retry_at <= now).map(|(t, _)| *t).collect();
+        if due.is_empty() {
+            return false;
+        }
         let Some(current) = self.cfg.role.current() else {
             // Not in a placement yet (or any more): nothing can be copied now.
-            for w in self.waiting.iter_mut().filter(|w| w.retry_at <= now) {
+            for t in due {
+                let w = self.waiting.get_mut(&t).unwrap();
                 w.why = "this server holds no placement".into();
                 w.retry_at = now + COPY_RETRY_MAX;
             }
-            return self.report(now);
+            return false;
         };
         let (me, routing) = (current.0.as_str(), &current.1);
-        // Per replica: the copies (indices into `waiting`) it lacks.
-        let mut sends: HashMap<String, Vec<(usize, bool)>> = HashMap::new();
+        let mut sent = false;
         let mut ended = Vec::new();
-        for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
+        for token in due {
+            let w = &self.waiting[&token];
             let targets = match &w.job.to {
                 Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
                 None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
             };
-            match targets {
-                Targets::Superseded(why) => ended.push((i, Err(Error::new(Status::Unavailable, why)))),
-                Targets::Copy { required, leaving } => {
-                    let lacking = |r: &String| !w.holding.contains(r);
-                    if !required.iter().any(lacking) && leaving.is_empty() {
-                        ended.push((i, Ok(())));
-                        continue;
-                    }
-                    for r in required.iter().filter(|r| lacking(r)) {
-                        sends.entry(r.clone()).or_default().push((i, true));
-                    }
-                    for r in leaving.iter().filter(|r| lacking(r)) {
-                        sends.entry(r.clone()).or_default().push((i, false));
-                    }
+            let (required, leaving) = match targets {
+                Targets::Superseded(why) => {
+                    ended.push((token, Err(Error::new(Status::Unavailable, why))));
+                    continue;
                 }
+                Targets::Copy { required, leaving } => (required, leaving),
+            };
+            let lacking: Vec<(String, bool)> = (required.into_iter().map(|r| (r, true)))
+                .chain(leaving.into_iter().map(|r| (r, false)))
+                .filter(|(r, _)| !w.holding.contains(r))
+                .collect();
+            if lacking.is_empty() {
+                ended.push((token, Ok(())));
+                continue;
             }
-        }
-        let mut settled = vec![false; self.waiting.len()];
-        for &(i, _) in &ended {
-            settled[i] = true;
-        }
-        let mut missed: HashMap<usize, String> = HashMap::new();
-        for (replica, items) in sends {
-            for ((i, must), outcome) in items.iter().copied().zip(self.send(&replica, &items)) {
-                match outcome {
-                    Ok(()) => self.waiting[i].holding.push(replica.clone()),
-                    Err(e) if must => drop(missed.insert(i, format!("replica {replica}: {}", e.message))),
+            // A replica with its fill of copies in flight takes this one on a later turn.
+            if lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH)) {
+                continue;
+            }
+            let w = self.waiting.get_mut(&token).unwrap();
+            w.in_round = true;
+            for (replica, must) in lacking {
+                match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, now) {
+                    Ok(()) => {
+                        w.sending.push(replica);
+                        sent = true;
+                    }
+                    Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
                     Err(_) => {}
                 }
             }
         }
-        for (i, w) in self.waiting.iter_mut().enumerate().filter(|(_, w)| w.retry_at <= now) {
-            if settled[i] {
-                continue;
-            }
-            match missed.remove(&i) {
+        self.end(ended);
+        sent
+    }
+
+    /// Ends the rounds whose sends all came back: the copy ended if every replica it must
+    /// reach took it (those it leaves were tried once), else it is sent again later.
+    fn settle(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        for (&token, w) in self.waiting.iter_mut().filter(|(_, w)| w.in_round && w.sending.is_empty()) {
+            w.in_round = false;
+            match w.missed.take() {
                 Some(why) => {
                     w.why = why;
                     w.retry_at = now + w.pause;
                     w.pause = (w.pause * 2).min(COPY_RETRY_MAX);
                 }
-                // Every replica it must reach holds it (leaving ones were tried once).
-                None => ended.push((i, Ok(()))),
+                None => ended.push((token, Ok(()))),
             }
         }
         self.end(ended);
-        self.report(now);
     }
 
-    /// Sends `items` (copies in `waiting`) to `replica`, many in flight: each one's outcome.
-    fn send(&mut self, replica: &str, items: &[(usize, bool)]) -> Vec<Result<()>> {
-        let client = match peer(&mut self.peers, &self.cfg, replica) {
-            Ok(c) => c,
-            Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
-        };
-        let copies: Vec<ReplicaCopy> = items
-            .iter()
-            .map(|&(i, _)| {
-                let job = &self.waiting[i].job;
-                ReplicaCopy {
-                    key: &job.key,
-                    value: job.value.as_ref().map(ArenaValue::bytes),
-                    generation: job.generation,
-                    ttl_ms: job.ttl_ms,
-                }
-            })
-            .collect();
-        let outcomes = client.replicate_many(&copies, COPY_DEPTH);
-        if outcomes.iter().any(|r| r.as_ref().is_err_and(|e| matches!(e.status, Status::Transport | Status::Timeout))) {
-            // Connected anew on the next attempt.
-            self.peers.remove(replica);
+    /// Hands back the copies in `ended` with their outcomes.
+    fn end(&mut self, ended: Vec<(u64, Result<()>)>) {
+        if ended.is_empty() {
+            return;
         }
-        outcomes
-    }
-
-    /// Hands back the copies in `ended` (indices into `waiting`) with their outcomes.
-    fn end(&mut self, mut ended: Vec<(usize, Result<()>)>) {
-        ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
-        for (i, result) in ended {
-            let w = self.waiting.swap_remove(i);
-            let _ = self.done.send(Copied { token: w.job.token, result });
+        for (token, result) in ended {
+            self.waiting.remove(&token);
+            let _ = self.done.send(Copied { token, result });
         }
         self.wake_worker();
     }
@@ -380,19 +472,17 @@ impl Work {
         }
     }
 
-    /// Gives up on copies past their deadline: their writers are told.
+    /// Gives up on copies past their deadline, between rounds: their writers are told.
     fn report(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.waiting.len() {
-            let deadline = match self.waiting[i].job.to {
+        let mut ended = Vec::new();
+        for (&token, w) in self.waiting.iter().filter(|(_, w)| !w.in_round) {
+            let deadline = match w.job.to {
                 Some(_) => MOVE_COPY_DEADLINE,
                 None => COPY_DEADLINE,
             };
-            if now.duration_since(self.waiting[i].started) < deadline {
-                i += 1;
+            if now.duration_since(w.started) < deadline {
                 continue;
             }
-            let w = self.waiting.swap_remove(i);
             let e = match w.job.to {
                 // The mover hears why, and passes over the key again.
                 Some(_) => Error::new(
@@ -410,28 +500,78 @@ impl Work {
                     )
                 }
             };
-            let _ = self.done.send(Copied { token: w.job.token, result: Err(e) });
-            self.wake_worker();
+            ended.push((token, Err(e)));
         }
+        self.end(ended);
         if !self.waiting.is_empty() {
             debug!("{} writes wait for their replicas", self.waiting.len());
         }
     }
 }
 
-/// The connection to `replica` in `peers`, made first if there is none.
-fn peer<'a>(peers: &'a mut HashMap<String, Client>, cfg: &ReplicatorConfig, replica: &str) -> Result<&'a mut Client> {
+/// Sends `w`'s copy to `replica` over its connection in `peers`, which is made first, off
+/// this thread, if there is none (the copy then goes once it is made).
+fn send(
+    peers: &mut HashMap<String, Peer>,
+    connecting: &mut HashMap<String, Receiver<Result<Client>>>,
+    cfg: &ReplicatorConfig,
+    replica: &str,
+    w: &Waiting,
+    must: bool,
+    now: Instant,
+) -> Result<()> {
     if !peers.contains_key(replica) {
-        let opts = ClientOptions {
-            auth_token: cfg.auth_token.clone(),
-            cluster_secret: Some(cfg.secret.clone()),
-            timeout: COPY_PEER_TIMEOUT,
-            connect_timeout: COPY_PEER_TIMEOUT.min(Duration::from_secs(2)),
-            ..Default::default()
+        let made = match connecting.get(replica).map(|r| r.try_recv()) {
+            Some(Ok(made)) => made,
+            Some(Err(crossbeam_channel::TryRecvError::Empty)) => {
+                return Err(Error::new(Status::Unavailable, "connecting to it"));
+            }
+            Some(Err(crossbeam_channel::TryRecvError::Disconnected)) => {
+                Err(Error::new(Status::Internal, "its connecting thread ended without a word"))
+            }
+            None => {
+                connecting.insert(replica.to_string(), connect(cfg, replica)?);
+                return Err(Error::new(Status::Unavailable, "connecting to it"));
+            }
         };
-        peers.insert(replica.to_string(), Client::connect(replica, opts)?);
+        connecting.remove(replica);
+        peers.insert(replica.to_string(), Peer { client: made?, flights: Vec::new(), broken: false });
     }
-    Ok(peers.get_mut(replica).unwrap())
+    let peer = peers.get_mut(replica).unwrap();
+    let job = &w.job;
+    let value = job.value.as_ref().map(ArenaValue::bytes);
+    let copy = ReplicaCopy { key: &job.key, value, generation: job.generation, ttl_ms: job.ttl_ms };
+    // SAFETY: the key and value stay put until the copy ends: the job is not ended while a
+    // copy of it is in flight (`sending`), and its value's extent stays pinned until then.
+    let sent = unsafe { peer.client.send_replica_copy(&copy) };
+    let copy = sent.inspect_err(|e| {
+        if matches!(e.status, Status::Transport | Status::Timeout | Status::Unavailable) {
+            peer.broken = true;
+        }
+    })?;
+    let crossing = Duration::from_micros(value.map_or(0, |v| v.len() as u64) / EXPECTED_BYTES_PER_US);
+    let expected_by = now + (COPY_ANSWER_SPIN + crossing).min(COPY_ANSWER_SPIN_MAX);
+    peer.flights.push(Flight { token: job.token, copy, must, expected_by, sent: now });
+    Ok(())
+}
+
+/// Starts a connection to `replica` on a thread of its own: it comes back through the
+/// receiver.
+fn connect(cfg: &ReplicatorConfig, replica: &str) -> Result<Receiver<Result<Client>>> {
+    let opts = ClientOptions {
+        auth_token: cfg.auth_token.clone(),
+        cluster_secret: Some(cfg.secret.clone()),
+        timeout: COPY_PEER_TIMEOUT,
+        connect_timeout: COPY_PEER_TIMEOUT.min(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let replica = replica.to_string();
+    std::thread::Builder::new()
+        .name("rdram-connect".into())
+        .spawn(move || drop(tx.send(Client::connect(&replica, opts))))
+        .map_err(|e| Error::new(Status::Internal, format!("cannot start a thread to connect: {e}")))?;
+    Ok(rx)
 }
 
 /// Where `job`'s copy goes under `routing`, as seen by member `me`; `live`: whether etcd

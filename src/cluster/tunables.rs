@@ -55,10 +55,30 @@ pub const COPY_SPIN: Duration = Duration::from_micros(50);
 /// See [`COPY_SPIN`].
 pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 
-/// Copies a batch keeps in flight per replica.
+/// Copies in flight to one replica, at most.
 pub const COPY_DEPTH: usize = 32;
 
-/// Copies taken into one batch, at most.
+/// How long a copy's answer is looked for without sleeping, beyond the time its bytes
+/// take to cross at [`EXPECTED_BYTES_PER_US`] (at most [`COPY_ANSWER_SPIN_MAX`] in all);
+/// then the replicator naps, [`COPY_NAP_MIN`] doubling to [`COPY_NAP_MAX`], until an
+/// answer or a new copy comes.
+pub const COPY_ANSWER_SPIN: Duration = Duration::from_micros(200);
+
+/// See [`COPY_ANSWER_SPIN`].
+pub const COPY_ANSWER_SPIN_MAX: Duration = Duration::from_millis(20);
+
+/// The copy rate assumed for [`COPY_ANSWER_SPIN`] (1 GB/s), below what links copy, so
+/// that a large copy's answer comes before the spin ends. Over libfabric tcp the sender's
+/// progress moves the bytes, so a nap would stall them.
+pub const EXPECTED_BYTES_PER_US: u64 = 1000;
+
+/// See [`COPY_ANSWER_SPIN`].
+pub const COPY_NAP_MIN: Duration = Duration::from_micros(100);
+
+/// See [`COPY_ANSWER_SPIN`].
+pub const COPY_NAP_MAX: Duration = Duration::from_millis(1);
+
+/// Copies taken in at once, at most (the rest on the next turn).
 pub const COPY_BATCH: usize = 256;
 
 /// Pause before a copy that a replica did not take is sent again, doubling up to

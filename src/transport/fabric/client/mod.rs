@@ -18,7 +18,9 @@ mod connect;
 use crate::client::requests::Requests;
 use std::time::{Duration, Instant};
 
-use crate::client::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
+use crate::client::link::{
+    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink,
+};
 use crate::client::tunables::{ABORT_GRACE, CANCEL_DRAIN};
 use crate::client::ClientOptions;
 use crate::error::{Error, Result, Status};
@@ -560,11 +562,7 @@ impl Link for FabricLink {
                     return Err(self.give_up(id, Error::new(Status::Timeout, why)));
                 }
                 if let Some(gone) = self.liveness.next_gone(now) {
-                    let why = format!(
-                        "server {} went away or moved a shard to new endpoints; the next call reconnects",
-                        self.servers[gone].node
-                    );
-                    self.fail_server(gone, Status::Unavailable, why);
+                    self.fail_server(gone, Status::Unavailable, gone_reason(&self.servers[gone].node));
                     continue;
                 }
             }
@@ -597,6 +595,19 @@ impl Link for FabricLink {
 
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
+    }
+
+    fn poll(&mut self) {
+        if let Some(gone) = self.liveness.next_gone(Instant::now()) {
+            self.fail_server(gone, Status::Unavailable, gone_reason(&self.servers[gone].node));
+        }
+        self.progress();
+    }
+
+    fn answered(&self, id: u64) -> bool {
+        self.pending
+            .get(&id)
+            .is_none_or(|p| p.sent && p.reply.is_some() && p.header_op.is_none() && p.data_op.is_none())
     }
 
     fn add_servers(

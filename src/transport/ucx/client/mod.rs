@@ -17,7 +17,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use crate::client::link::{abort_request, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink};
+use crate::client::link::{
+    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink,
+};
 use crate::client::tunables::ABORT_GRACE;
 use crate::client::ClientOptions;
 use crate::error::{Error, Result, Status};
@@ -505,11 +507,7 @@ impl Link for UcxLink {
                     ));
                 }
                 if let Some(gone) = self.liveness.next_gone(now) {
-                    let why = format!(
-                        "server {} went away or moved a shard to new endpoints; the next call reconnects",
-                        self.servers[gone].node
-                    );
-                    self.fail_server(gone, Status::Unavailable, why);
+                    self.fail_server(gone, Status::Unavailable, gone_reason(&self.servers[gone].node));
                     continue;
                 }
             }
@@ -520,6 +518,24 @@ impl Link for UcxLink {
 
     fn is_dead(&self, server: usize) -> bool {
         self.servers[server].dead.is_some()
+    }
+
+    fn poll(&mut self) {
+        if let Some(gone) = self.liveness.next_gone(Instant::now()) {
+            self.fail_server(gone, Status::Unavailable, gone_reason(&self.servers[gone].node));
+        }
+        for server in 0..self.servers.len() {
+            if self.servers[server].dead.is_none() {
+                if let Some(why) = self.state.failed[server].clone() {
+                    self.fail_server(server, Status::Unavailable, format!("connection lost: {why}"));
+                }
+            }
+        }
+        self.worker.progress();
+    }
+
+    fn answered(&self, id: u64) -> bool {
+        self.state.pending.get(&id).is_none_or(|p| p.sent && p.reply.is_some() && !p.receiving)
     }
 
     fn add_servers(
