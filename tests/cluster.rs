@@ -580,7 +580,8 @@ fn a_server_paused_past_its_lease_is_fenced() {
 
 /// A replica that stops answering (SIGSTOP) holds up only the writes it must take: while
 /// a copy to it waits, the same primary's writes of keys it does not hold are copied to
-/// their replicas and answered, before its lease lapses.
+/// their replicas and answered, before its lease lapses. Writes sent to it as the keys'
+/// primary go to their next primaries once its lease lapsed.
 #[test]
 fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
     use remote_dram::cluster::{Placement, Routing};
@@ -603,13 +604,27 @@ fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
     };
     let held_by_c = keys(true, 1).remove(0);
     let elsewhere = keys(false, 8);
+    // And keys whose primary is `c`, each written by a client of its own.
+    let of_c: Vec<String> =
+        (0..10_000).map(|i| format!("hol{i}")).filter(|k| routing.replicas(k.as_bytes())[0] == c).take(16).collect();
     let mut writer = client(&url);
     let mut stuck_writer = client(&url);
     writer.put(b"warm-up", b"0").unwrap();
     stuck_writer.put(held_by_c.as_bytes(), b"0").unwrap();
+    let mut writers_to_c: Vec<(String, Client)> = of_c.iter().map(|k| (k.clone(), client(&url))).collect();
+    for (key, w) in &mut writers_to_c {
+        w.put(key.as_bytes(), b"0").unwrap();
+    }
     signal(&servers[2], "STOP");
     // Its copy waits on `c` until the placement moves on without it.
     let stuck = std::thread::spawn(move || stuck_writer.put(held_by_c.as_bytes(), b"1").map(|_| ()));
+    // Sent to `c`, they wait until etcd says its lease lapsed, then go to the keys' next
+    // primaries, however late each client looks (the placement without `c` may be there
+    // by then).
+    let to_c: Vec<_> = writers_to_c
+        .into_iter()
+        .map(|(key, mut w)| std::thread::spawn(move || w.put(key.as_bytes(), b"1").map(|_| ())))
+        .collect();
     std::thread::sleep(Duration::from_millis(100));
     for key in &elsewhere {
         writer.put(key.as_bytes(), b"1").unwrap();
@@ -620,9 +635,12 @@ fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
         "every write of a key c does not hold was answered while c was still a member ({members:?})"
     );
     stuck.join().unwrap().unwrap();
+    for (key, w) in of_c.iter().zip(to_c) {
+        w.join().unwrap().unwrap_or_else(|e| panic!("{key}, whose primary stopped: {e}"));
+    }
     signal(&servers[2], "CONT");
-    for key in &elsewhere {
-        assert_eq!(writer.get(key.as_bytes()).unwrap().unwrap().data, b"1");
+    for key in elsewhere.iter().chain(&of_c) {
+        assert_eq!(writer.get(key.as_bytes()).unwrap().unwrap().data, b"1", "{key}");
     }
 }
 

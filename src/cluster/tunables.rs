@@ -23,6 +23,10 @@ pub const LEASE_CLOCK_TICK: Duration = Duration::from_millis(50);
 /// Ignored member records remembered (so that each is warned about once), at most.
 pub const WARNED_RECORDS: usize = 1024;
 
+/// Servers whose lease lapsed that a client's watch remembers ([`super::LostServers`]), at
+/// most.
+pub const MAX_LOST: usize = 1024;
+
 // Moving keys between members (mover.rs)
 
 /// Bytes of the values one batch of a pass copies at once (the shards keep them pinned

@@ -3,6 +3,7 @@
 
 use super::etcd::{read_state, runtime, Connection};
 use super::follower::{Follower, Members};
+use super::tunables::MAX_LOST;
 use super::*;
 
 /// A cluster's placement as etcd says it is now, followed by a background watch.
@@ -18,9 +19,11 @@ pub struct Watch {
     lost: Arc<LostServers>,
 }
 
-/// Servers a cluster's placement names whose lease lapsed (dead, or stopped answering):
-/// a client waiting on one gives up on it at once instead of at its timeout. A version
-/// (one atomic load) says when the set changed.
+/// Servers a cluster's placement named whose lease lapsed (dead, or stopped answering):
+/// a client waiting on one gives up on it at once instead of at its timeout. A server
+/// stays in the set after the placement moved on without it (a client may look only
+/// then, with a request to it still in flight), until it registers again; the oldest go
+/// first past [`MAX_LOST`]. A version (one atomic load) says when the set changed.
 #[derive(Debug, Default)]
 pub struct LostServers {
     version: std::sync::atomic::AtomicU64,
@@ -39,10 +42,19 @@ impl LostServers {
     fn publish(&self, state: &ClusterState) {
         let Some(p) = &state.placement else { return };
         let live = |a: &String| state.members.iter().any(|m| m.address == *a);
-        let lost: Vec<String> = p.members.iter().chain(p.next.iter().flatten()).filter(|a| !live(a)).cloned().collect();
         let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        if *nodes != lost {
-            *nodes = lost;
+        let before = nodes.len();
+        nodes.retain(|n| !live(n));
+        let mut changed = nodes.len() != before;
+        for a in p.members.iter().chain(p.next.iter().flatten()).filter(|a| !live(a)) {
+            if !nodes.contains(a) {
+                nodes.push(a.clone());
+                changed = true;
+            }
+        }
+        let over = nodes.len().saturating_sub(MAX_LOST);
+        nodes.drain(..over);
+        if changed {
             self.version.fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -125,4 +137,36 @@ pub(super) fn publish_view(view: &Mutex<View>, revision: &AtomicI64, state: &Clu
 
 pub(super) fn view_of(state: &ClusterState) -> View {
     View { revision: state.placement_revision, placement: state.placement.clone().unwrap_or_default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(members: &[&str], placed: &[&str]) -> ClusterState {
+        let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        ClusterState {
+            members: members.iter().map(|a| Member { address: a.to_string(), ..Default::default() }).collect(),
+            placement: Some(Placement { members: names(placed), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    /// A client that looks only after the placement moved on without a server whose lease
+    /// lapsed still learns it was lost; once it registers again, it is not.
+    #[test]
+    fn a_lapsed_server_stays_lost_after_the_placement_moves_on_until_it_registers_again() {
+        let lost = LostServers::default();
+        lost.publish(&state(&["a", "b", "c"], &["a", "b", "c"]));
+        assert!(!lost.contains("c"));
+        let seen = lost.version();
+        lost.publish(&state(&["a", "b"], &["a", "b", "c"]));
+        lost.publish(&state(&["a", "b"], &["a", "b"]));
+        assert!(lost.version() != seen && lost.contains("c"), "lost, seen only after the placement moved on");
+        let seen = lost.version();
+        lost.publish(&state(&["a", "b"], &["a", "b"]));
+        assert_eq!(lost.version(), seen, "no change, no new version");
+        lost.publish(&state(&["a", "b", "c"], &["a", "b"]));
+        assert!(lost.version() != seen && !lost.contains("c"), "registered again");
+    }
 }
