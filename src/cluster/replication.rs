@@ -194,6 +194,9 @@ struct Waiting {
     sending: Vec<String>,
     /// Whether a round of sends is under way.
     in_round: bool,
+    /// Due, but a replica it goes to has its fill of copies in flight: sent once one of
+    /// those ends.
+    blocked: bool,
     /// Why a replica it must reach did not take it in this round.
     missed: Option<String>,
     started: Instant,
@@ -264,7 +267,7 @@ impl Work {
             self.settle(now);
             self.report(now);
             let now = Instant::now();
-            let next_round = self.waiting.values().filter(|w| !w.in_round).map(|w| w.retry_at).min();
+            let next_round = self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min();
             let until_round = next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
             let expected = self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max();
             if progressed {
@@ -300,6 +303,7 @@ impl Work {
                 holding: Vec::new(),
                 sending: Vec::new(),
                 in_round: false,
+                blocked: false,
                 missed: None,
                 started: now,
                 retry_at: now + self.delay,
@@ -416,10 +420,12 @@ impl Work {
                 continue;
             }
             // A replica with its fill of copies in flight takes this one on a later turn.
-            if lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH)) {
+            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
+            let w = self.waiting.get_mut(&token).unwrap();
+            w.blocked = blocked;
+            if blocked {
                 continue;
             }
-            let w = self.waiting.get_mut(&token).unwrap();
             w.in_round = true;
             for (replica, must) in lacking {
                 match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, now) {
