@@ -616,8 +616,13 @@ fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
         w.put(key.as_bytes(), b"0").unwrap();
     }
     signal(&servers[2], "STOP");
-    // Its copy waits on `c` until the placement moves on without it.
-    let stuck = std::thread::spawn(move || stuck_writer.put(held_by_c.as_bytes(), b"1").map(|_| ()));
+    // Its copy waits on `c` until the placement moves on without it. A large one: `c` was
+    // to read it from `a`'s memory, so giving it up waits for `c`, off the replicator's thread.
+    let large = common::pattern(7, 4 << 20);
+    let stuck = {
+        let (key, large) = (held_by_c.clone(), large.clone());
+        std::thread::spawn(move || stuck_writer.put(key.as_bytes(), &large).map(|_| ()))
+    };
     // Sent to `c`, they wait until etcd says its lease lapsed, then go to the keys' next
     // primaries, however late each client looks (the placement without `c` may be there
     // by then).
@@ -642,6 +647,7 @@ fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
     for key in elsewhere.iter().chain(&of_c) {
         assert_eq!(writer.get(key.as_bytes()).unwrap().unwrap().data, b"1", "{key}");
     }
+    assert!(writer.get(held_by_c.as_bytes()).unwrap().unwrap().data == large, "{held_by_c} is byte-exact");
 }
 
 /// Large values reach a key's other replicas through its primary, singly and in

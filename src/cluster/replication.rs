@@ -6,18 +6,20 @@
 //! reader saw and the survivors lack.
 //!
 //! The mover's copies of keys to the members that gain them go the same way
-//! ([`CopyJob::to`]), straight from the arena, through a second replicator of the shard's
-//! (so that neither kind of copy waits behind the other's).
+//! ([`CopyJob::to`]), straight from the arena, through a replicator of their own (so that
+//! neither kind of copy waits behind the other's).
 //!
-//! Each shard worker hands its copies to a replicator thread of its own ([`Replicator`]),
-//! which sends them, many in flight, over the real transport to the replicas (as a
-//! cluster member: each copy carries a ticket made with the cluster's secret, which
-//! clients never hold), and hands the outcomes back. The value is read straight from the
-//! shard's arena ([`ArenaValue`]): the shard keeps its extent pinned until it hears the
-//! copy ended. Copies stream: each is sent as soon as it is handed over, and each
-//! replica's answers are taken as they come, so a replica that stops answering holds up
-//! only the writes it must take (until the placement moves on without it), and a
-//! connection is made off the replicator's thread.
+//! A shard's replicators ([`Replicator`]) send its copies, many in flight, over the real
+//! transport to the replicas, as a cluster member (each copy carries a ticket made with
+//! the cluster's secret, which clients never hold), and hand the outcomes back. The
+//! shard's worker drives the one for small writes itself, between requests (a hand-off to
+//! another thread and back was most of a small copy's cost); threads of the shard's copy
+//! large writes and keys that move. The value is read straight from the shard's arena
+//! ([`ArenaValue`]): the shard keeps its extent pinned until it hears the copy ended.
+//! Copies stream: each is sent as soon as it is handed over, and each replica's answers
+//! are taken as they come, so a replica that stops answering holds up only the writes it
+//! must take (until the placement moves on without it). Nothing a replicator does
+//! sleeps: connections are made, and those given up on closed, on threads of their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +68,11 @@ impl ArenaValue {
         ArenaValue { ptr, len }
     }
 
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     fn bytes(&self) -> &[u8] {
         if self.len == 0 {
             return &[];
@@ -112,37 +119,34 @@ pub struct ReplicatorConfig {
 /// Wakes a shard's worker from its sleep, to hand an ended copy's answer out.
 pub type Wake = Box<dyn Fn() + Send + Sync>;
 
-/// A shard's replicator thread (see the module's doc).
+/// A shard's replicator (see the module's doc): a thread of its own
+/// ([`Replicator::start`]), or driven by the shard's worker between requests
+/// ([`Replicator::inline`]), which saves a small write's copy two hand-offs between threads.
 pub struct Replicator {
     jobs: Option<Sender<CopyJob>>,
     done: Receiver<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    runs: Runs,
+}
+
+enum Runs {
+    Thread { stop: Arc<AtomicBool>, thread: Option<JoinHandle<()>> },
+    Inline(Box<Work>),
+}
+
+/// What a turn of an inline replicator left: whether it did anything, and until when its
+/// caller should look again without sleeping (answers due, or a copy about to be sent).
+pub struct Drive {
+    pub progressed: bool,
+    pub look_until: Option<Instant>,
 }
 
 impl Replicator {
     /// Starts shard `shard`'s replicator thread, `rdram-{role}-{shard}`.
     pub fn start(shard: usize, role: &str, cfg: ReplicatorConfig) -> Result<Replicator> {
-        let (jobs_tx, jobs) = crossbeam_channel::unbounded();
-        let (done_tx, done) = crossbeam_channel::unbounded();
         let cores = cfg.cores.clone();
-        let stop = Arc::new(AtomicBool::new(false));
-        let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
-        let work = Work {
-            cfg,
-            jobs,
-            done: done_tx,
-            wake: wake.clone(),
-            stop: stop.clone(),
-            peers: HashMap::new(),
-            connecting: HashMap::new(),
-            waiting: HashMap::new(),
-            delay: std::env::var(TEST_COPY_DELAY_ENV)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(Duration::ZERO, Duration::from_millis),
-        };
+        let (work, mut replicator) = Replicator::parts(cfg);
+        let stop = work.stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("rdram-{role}-{shard}"))
             .spawn(move || {
@@ -150,11 +154,42 @@ impl Replicator {
                 work.run()
             })
             .map_err(|e| Error::new(Status::Internal, format!("cannot start a replicator thread: {e}")))?;
-        Ok(Replicator { jobs: Some(jobs_tx), done, wake, stop, thread: Some(thread) })
+        replicator.runs = Runs::Thread { stop, thread: Some(thread) };
+        Ok(replicator)
     }
 
-    /// How the shard's worker is woken when copies end (without it, the worker looks
-    /// while it polls, and at least every millisecond while copies are in flight).
+    /// A replicator its caller drives ([`Replicator::drive`]) on its own thread.
+    pub fn inline(cfg: ReplicatorConfig) -> Replicator {
+        let (work, mut replicator) = Replicator::parts(cfg);
+        replicator.runs = Runs::Inline(Box::new(work));
+        replicator
+    }
+
+    fn parts(cfg: ReplicatorConfig) -> (Work, Replicator) {
+        let (jobs_tx, jobs) = crossbeam_channel::unbounded();
+        let (done_tx, done) = crossbeam_channel::unbounded();
+        let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
+        let work = Work {
+            cfg,
+            jobs,
+            done: done_tx,
+            wake: wake.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            peers: HashMap::new(),
+            connecting: HashMap::new(),
+            closing: Vec::new(),
+            waiting: HashMap::new(),
+            delay: std::env::var(TEST_COPY_DELAY_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::ZERO, Duration::from_millis),
+        };
+        let runs = Runs::Thread { stop: work.stop.clone(), thread: None };
+        (work, Replicator { jobs: Some(jobs_tx), done, wake, runs })
+    }
+
+    /// How the shard's worker is woken when a thread's copies end (without it, the worker
+    /// looks while it polls, and at least every millisecond while copies are in flight).
     pub fn set_wake(&self, wake: Wake) {
         *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = Some(wake);
     }
@@ -168,6 +203,21 @@ impl Replicator {
         }
     }
 
+    /// An inline replicator's turn: takes the copies handed over, sends those due, takes
+    /// the answers that came in. Never sleeps (a replica's connection is made, and one
+    /// given up on is closed, off this thread). A thread's replicator does nothing here.
+    pub fn drive(&mut self) -> Drive {
+        match &mut self.runs {
+            Runs::Inline(work) => {
+                work.take_in(None);
+                let turn = work.turn();
+                let soon = [turn.answers_by, turn.next_round.filter(|at| *at <= Instant::now() + COPY_SPIN)];
+                Drive { progressed: turn.progressed, look_until: soon.into_iter().flatten().max() }
+            }
+            Runs::Thread { .. } => Drive { progressed: false, look_until: None },
+        }
+    }
+
     /// An ended copy, if one is waiting.
     pub fn next_done(&self) -> Option<Copied> {
         self.done.try_recv().ok()
@@ -175,12 +225,15 @@ impl Replicator {
 }
 
 impl Drop for Replicator {
-    /// Stops the thread and waits for it: the arena its copies read from is freed after.
+    /// Stops the thread and waits for it (an inline replicator's work is dropped with it):
+    /// the arena its copies read from is freed after.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
         self.jobs = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Runs::Thread { stop, thread } = &mut self.runs {
+            stop.store(true, Ordering::SeqCst);
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -213,6 +266,20 @@ struct Peer {
     flights: Vec<Flight>,
     /// The connection failed: made anew once its flights ended.
     broken: bool,
+    /// A copy on it is overdue, or the replica's lease lapsed: it is closed, with the
+    /// copies in flight on it given up (see [`Closing`]).
+    given_up: bool,
+}
+
+/// A connection given up on with copies in flight, closed on a thread of its own: giving
+/// a copy up waits, for up to the transport's abort grace, until the replica stops
+/// reading its bytes (their extents stay pinned until then), and nothing else waits
+/// meanwhile. The copies' outcomes come back once it is closed.
+struct Closing {
+    replica: String,
+    /// Each copy's token, and whether its key must reach this replica.
+    copies: Vec<(u64, bool)>,
+    outcomes: Receiver<Vec<Result<()>>>,
 }
 
 struct Flight {
@@ -237,10 +304,22 @@ struct Work {
     /// Connections being made, off this thread (one to a stopped server takes seconds to
     /// fail, and copies to every other replica would wait behind it meanwhile).
     connecting: HashMap<String, Receiver<Result<Client>>>,
+    /// Connections being closed, off this thread.
+    closing: Vec<Closing>,
     /// Copies not yet ended, by the shard's token.
     waiting: HashMap<u64, Waiting>,
     /// See [`TEST_COPY_DELAY_ENV`].
     delay: Duration,
+}
+
+impl Drop for Work {
+    /// Waits for the connections being closed: until then their transports may read the
+    /// bytes of the copies given up on, in extents the arena frees after.
+    fn drop(&mut self) {
+        for c in self.closing.drain(..) {
+            let _ = c.outcomes.recv();
+        }
+    }
 }
 
 /// Where one copy goes under the current placement.
@@ -253,30 +332,31 @@ enum Targets {
     Superseded(String),
 }
 
+/// What a turn of a replicator left.
+struct Turn {
+    progressed: bool,
+    /// Until when answers are due (the latest of the copies in flight).
+    answers_by: Option<Instant>,
+    /// When the next copy waiting between its rounds is due.
+    next_round: Option<Instant>,
+}
+
 impl Work {
-    /// Each turn: takes the answers that came in, sends the copies that are due, ends
-    /// those every replica they must reach took, then waits for what comes next. Each
-    /// replica's copies go on their own: one that does not answer holds up only the
-    /// writes it must take.
+    /// A replicator thread's loop: a turn, then a wait for what comes next (see
+    /// [`Work::turn`]).
     fn run(mut self) {
         let mut nap = COPY_NAP_MIN;
         while !self.stop.load(Ordering::SeqCst) {
-            let mut progressed = self.collect();
+            let turn = self.turn();
             let now = Instant::now();
-            progressed |= self.dispatch(now);
-            self.settle(now);
-            self.report(now);
-            let now = Instant::now();
-            let next_round = self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min();
-            let until_round = next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
-            let expected = self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max();
-            if progressed {
+            let until_round = turn.next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
+            if turn.progressed {
                 nap = COPY_NAP_MIN;
             }
-            let wait = match expected {
+            let wait = match turn.answers_by {
                 None => until_round,
                 // Answers are due: look again at once, giving the CPU up between looks.
-                Some(by) if progressed || now < by => Duration::ZERO,
+                Some(by) if turn.progressed || now < by => Duration::ZERO,
                 // Overdue (a replica slow or stopped): nap, woken by a new copy.
                 Some(_) => {
                     let n = nap;
@@ -284,7 +364,7 @@ impl Work {
                     n.min(until_round)
                 }
             };
-            if wait.is_zero() && !progressed {
+            if wait.is_zero() && !turn.progressed {
                 std::thread::yield_now();
             }
             match self.next_job(wait) {
@@ -292,6 +372,22 @@ impl Work {
                 Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {}
             }
+        }
+    }
+
+    /// Takes the answers that came in, sends the copies that are due, ends those every
+    /// replica they must reach took. Each replica's copies go on their own: one that does
+    /// not answer holds up only the writes it must take. Never sleeps.
+    fn turn(&mut self) -> Turn {
+        let mut progressed = self.collect();
+        let now = Instant::now();
+        progressed |= self.dispatch(now);
+        self.settle(now);
+        self.report(now);
+        Turn {
+            progressed,
+            answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
+            next_round: self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min(),
         }
     }
 
@@ -337,45 +433,67 @@ impl Work {
         }
     }
 
-    /// Takes the answers that came in (and gives up on copies past their request
-    /// timeout, or to a replica whose lease lapsed); whether any did.
+    /// Takes the answers that came in; gives up on the connections with a copy past its
+    /// request timeout, or to a replica whose lease lapsed (closed off this thread, see
+    /// [`Closing`]), and takes the outcomes of those closed since. Whether anything ended.
     fn collect(&mut self) -> bool {
         let mut progressed = false;
         let now = Instant::now();
         let waiting = &mut self.waiting;
         for (name, peer) in self.peers.iter_mut().filter(|(_, p)| !p.flights.is_empty()) {
             peer.client.poll_copies();
-            let lapsed = !self.cfg.role.is_live(name);
+            peer.given_up = !self.cfg.role.is_live(name);
             let mut i = 0;
-            while i < peer.flights.len() {
+            while i < peer.flights.len() && !peer.given_up {
                 let f = &peer.flights[i];
-                let overdue = lapsed || now.duration_since(f.sent) >= COPY_PEER_TIMEOUT;
-                if !overdue && !peer.client.copy_answered(&f.copy) {
+                if now.duration_since(f.sent) >= COPY_PEER_TIMEOUT {
+                    peer.given_up = true;
+                    break;
+                }
+                if !peer.client.copy_answered(&f.copy) {
                     i += 1;
                     continue;
                 }
                 progressed = true;
                 let f = peer.flights.swap_remove(i);
-                // Answered: returns at once. Overdue: the connection gives up on it.
-                let left = if lapsed { Duration::ZERO } else { COPY_PEER_TIMEOUT.saturating_sub(now - f.sent) };
-                let outcome = peer.client.copy_outcome(f.copy, left);
-                let w = waiting.get_mut(&f.token).expect("a copy in flight is waiting");
-                w.sending.retain(|r| r != name);
-                match outcome {
-                    Ok(()) => w.holding.push(name.clone()),
-                    Err(e) => {
-                        if matches!(e.status, Status::Transport | Status::Timeout | Status::Unavailable) {
-                            peer.broken = true;
-                        }
-                        if f.must {
-                            w.missed = Some(format!("replica {name}: {}", e.message));
-                        }
-                    }
+                // Answered: returns at once.
+                let outcome = peer.client.copy_outcome(f.copy, Duration::ZERO);
+                if outcome.as_ref().is_err_and(|e| breaks(e.status)) {
+                    peer.broken = true;
                 }
+                took(waiting, name, f.token, f.must, outcome);
             }
         }
-        // A broken connection is made anew on the next copy to its replica.
-        self.peers.retain(|_, p| !(p.broken && p.flights.is_empty()));
+        // Given-up connections are closed, and broken ones without copies in flight made
+        // anew on the next copy to their replica.
+        let gone: Vec<String> = (self.peers.iter())
+            .filter(|(_, p)| (p.given_up && !p.flights.is_empty()) || (p.broken && p.flights.is_empty()))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            let peer = self.peers.remove(&name).unwrap();
+            progressed |= !peer.flights.is_empty();
+            if let Some(closing) = close_off_thread(name, peer) {
+                self.closing.push(closing);
+            }
+        }
+        let waiting = &mut self.waiting;
+        self.closing.retain(|c| {
+            let outcomes = match c.outcomes.try_recv() {
+                Ok(outcomes) => outcomes,
+                Err(crossbeam_channel::TryRecvError::Empty) => return true,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => Vec::new(),
+            };
+            let mut outcomes = outcomes.into_iter();
+            for &(token, must) in &c.copies {
+                let outcome = outcomes.next().unwrap_or_else(|| {
+                    Err(Error::new(Status::Internal, "closing the connection ended without a word"))
+                });
+                took(waiting, &c.replica, token, must, outcome);
+            }
+            progressed = true;
+            false
+        });
         progressed
     }
 
@@ -419,8 +537,11 @@ impl Work {
                 ended.push((token, Ok(())));
                 continue;
             }
-            // A replica with its fill of copies in flight takes this one on a later turn.
-            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
+            // A replica with its fill of copies in flight takes this one on a later turn; so
+            // does a delete whose key has an older write's copy still going: landing after the
+            // delete, that copy would bring the value back on the replica.
+            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH))
+                || (w.job.value.is_none() && self.waiting.values().any(|o| older_write_of_the_key(&o.job, &w.job)));
             let w = self.waiting.get_mut(&token).unwrap();
             w.blocked = blocked;
             if blocked {
@@ -541,7 +662,7 @@ fn send(
             }
         };
         connecting.remove(replica);
-        peers.insert(replica.to_string(), Peer { client: made?, flights: Vec::new(), broken: false });
+        peers.insert(replica.to_string(), Peer { client: made?, flights: Vec::new(), broken: false, given_up: false });
     }
     let peer = peers.get_mut(replica).unwrap();
     let job = &w.job;
@@ -550,15 +671,57 @@ fn send(
     // SAFETY: the key and value stay put until the copy ends: the job is not ended while a
     // copy of it is in flight (`sending`), and its value's extent stays pinned until then.
     let sent = unsafe { peer.client.send_replica_copy(&copy) };
-    let copy = sent.inspect_err(|e| {
-        if matches!(e.status, Status::Transport | Status::Timeout | Status::Unavailable) {
-            peer.broken = true;
-        }
-    })?;
+    let copy = sent.inspect_err(|e| peer.broken |= breaks(e.status))?;
     let crossing = Duration::from_micros(value.map_or(0, |v| v.len() as u64) / EXPECTED_BYTES_PER_US);
     let expected_by = now + (COPY_ANSWER_SPIN + crossing).min(COPY_ANSWER_SPIN_MAX);
     peer.flights.push(Flight { token: job.token, copy, must, expected_by, sent: now });
     Ok(())
+}
+
+/// Whether `other` is a copy of a write to `job`'s key taken before it (mover's copies
+/// aside: they carry what the key held when the mover read it, and deletes wait for none).
+fn older_write_of_the_key(other: &CopyJob, job: &CopyJob) -> bool {
+    other.to.is_none() && other.generation < job.generation && other.key == job.key
+}
+
+/// Whether a copy's failure leaves its connection unusable.
+fn breaks(status: Status) -> bool {
+    matches!(status, Status::Transport | Status::Timeout | Status::Unavailable)
+}
+
+/// Records `replica`'s outcome for the copy `token` (whose key must reach it, or leaves it).
+fn took(waiting: &mut HashMap<u64, Waiting>, replica: &str, token: u64, must: bool, outcome: Result<()>) {
+    let w = waiting.get_mut(&token).expect("a copy in flight is waiting");
+    w.sending.retain(|r| r != replica);
+    match outcome {
+        Ok(()) => w.holding.push(replica.to_string()),
+        Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
+        Err(_) => {}
+    }
+}
+
+/// Closes `peer`'s connection on a thread of its own, giving up the copies in flight on
+/// it; the [`Closing`] that hands their outcomes back, if there were any.
+fn close_off_thread(replica: String, mut peer: Peer) -> Option<Closing> {
+    let copies: Vec<(u64, bool)> = peer.flights.iter().map(|f| (f.token, f.must)).collect();
+    if !copies.is_empty() {
+        warn!("giving up {} copies in flight to {replica} (overdue, or its lease lapsed)", copies.len());
+    }
+    let (tx, outcomes) = crossbeam_channel::bounded(1);
+    let close = move || {
+        let flights = std::mem::take(&mut peer.flights);
+        // Each returns once the transport reads the copy's bytes no more.
+        let outcomes: Vec<Result<()>> =
+            flights.into_iter().map(|f| peer.client.copy_outcome(f.copy, Duration::ZERO)).collect();
+        drop(peer);
+        let _ = tx.send(outcomes);
+    };
+    if let Err(e) = std::thread::Builder::new().name("rdram-close".into()).spawn(close) {
+        // The closure went with the error, and the peer with it (its connection first):
+        // the copies are told they failed.
+        warn!("cannot start a thread to close a replica's connection ({e}); closed on this one");
+    }
+    (!copies.is_empty()).then_some(Closing { replica, copies, outcomes })
 }
 
 /// Starts a connection to `replica` on a thread of its own: it comes back through the
@@ -676,6 +839,54 @@ mod tests {
             unreachable!()
         };
         assert_eq!((required, lapsed), (vec![gaining], vec![leaving]));
+    }
+
+    /// A replica keeps nothing of a delete to compare a late put with, so a delete's copy
+    /// waits until the copies of earlier writes to its key ended; a put's does not (the
+    /// replica keeps the newer generation).
+    #[test]
+    fn a_delete_is_copied_only_once_the_earlier_writes_to_its_key_are() {
+        // A replica that refuses connections: every copy to it is tried again later.
+        let members = vec!["a".to_string(), "127.0.0.1:1".to_string()];
+        let placement = Placement { epoch: 1, members, replicas: 2, version: 1, ..Default::default() };
+        let routing = Routing::new(placement.clone());
+        let key = (0..1000u32).map(|i| format!("k{i}").into_bytes()).find(|k| routing.owner(k) == Some("a")).unwrap();
+        let role = Arc::new(ServerRole::default());
+        role.set("a", placement);
+        let cfg = ReplicatorConfig {
+            role,
+            secret: ClusterSecret::new(&[7; 32]).unwrap(),
+            auth_token: None,
+            cores: Vec::new(),
+        };
+        let mut replicator = Replicator::inline(cfg);
+        let job = |token, key: &[u8], value: Option<ArenaValue>, generation| CopyJob {
+            token,
+            key: key.to_vec(),
+            value,
+            generation,
+            ttl_ms: 0,
+            to: None,
+        };
+        static VALUE: [u8; 4] = *b"four";
+        // SAFETY: a static, never written.
+        let value = || Some(unsafe { ArenaValue::new(VALUE.as_ptr(), VALUE.len()) });
+        replicator.copy(job(1, &key, value(), 6)).unwrap();
+        replicator.copy(job(2, b"another key", value(), 7)).unwrap();
+        replicator.copy(job(3, &key, None, 8)).unwrap();
+        replicator.drive();
+        let Runs::Inline(work) = &mut replicator.runs else { unreachable!() };
+        let tried = |w: &Waiting| w.in_round || !w.why.is_empty();
+        assert!(tried(&work.waiting[&1]) && tried(&work.waiting[&2]), "the puts were sent");
+        let delete = &work.waiting[&3];
+        assert!(delete.blocked && !tried(delete), "the delete waits for the put before it");
+        // The put ends: the delete goes on the next turn.
+        work.end(vec![(1, Ok(()))]);
+        replicator.drive();
+        let Runs::Inline(work) = &mut replicator.runs else { unreachable!() };
+        let delete = &work.waiting[&3];
+        assert!(!delete.blocked && tried(delete), "the delete was sent once the put ended");
+        assert_eq!(replicator.next_done().map(|d| d.token), Some(1));
     }
 
     fn sorted(mut v: Vec<String>) -> Vec<String> {

@@ -59,6 +59,12 @@ pub const COPY_SPIN: Duration = Duration::from_micros(50);
 /// See [`COPY_SPIN`].
 pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 
+/// A write's value up to this size is copied by its shard's worker itself, between
+/// requests (two hand-offs between threads are most of a small copy's cost); a larger one
+/// by the shard's replicator thread, so that the worker never waits on a large transfer's
+/// progress or registration.
+pub const SMALL_COPY_MAX: usize = 16 * 1024;
+
 /// Copies in flight to one replica, at most.
 pub const COPY_DEPTH: usize = 32;
 

@@ -185,8 +185,9 @@ impl Service {
     /// Makes this shard a cluster member's: requests routed with a view are checked
     /// against the placement `role` holds, and the writes it takes as their keys' primary
     /// are copied to the keys' other replicas (as a member: with `secret`, and the
-    /// cluster's `auth_token`) before they are answered, by replicator threads that run
-    /// on `helper_cores` (empty: where this thread may).
+    /// cluster's `auth_token`) before they are answered: small ones by this shard's
+    /// worker, large ones and the mover's by replicator threads that run on
+    /// `helper_cores` (empty: where this thread may).
     pub fn set_cluster_role(
         &mut self,
         role: Arc<ServerRole>,
@@ -196,8 +197,10 @@ impl Service {
     ) -> Result<()> {
         let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token, cores: helper_cores };
         self.replication = Some(Replication {
-            replicator: Replicator::start(self.index, "copy", cfg.clone())?,
+            small_writes: Replicator::inline(cfg.clone()),
+            large_writes: Replicator::start(self.index, "copy", cfg.clone())?,
             mover: Replicator::start(self.index, "move", cfg)?,
+            look_until: None,
             next_token: 1,
             last_handed: Instant::now(),
             copies: FxHashMap::default(),

@@ -69,8 +69,9 @@ pub const STAGE_HOLD: Duration = Duration::from_secs(30);
 
 /// How often an idle worker wakes to expire TTL'd keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
-/// The longest a worker sleeps while answers wait for their copies (the replicator
-/// wakes it as they end; this bounds a wake that went astray).
+/// The longest a worker sleeps while answers wait for their copies: the replicator
+/// threads wake it as theirs end, and the worker looks at its own copies' connections at
+/// least this often (and bounds a wake that went astray).
 pub const COPY_WAIT_MAX: Duration = Duration::from_millis(1);
 /// How long after handing a copy over a worker keeps looking for its answer without
 /// sleeping (a replica's round trip; waking from a sleep costs tens of µs).

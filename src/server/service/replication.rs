@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::{error_reply, ttl, Service};
 use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
+use crate::cluster::tunables::SMALL_COPY_MAX;
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::tunables::COPY_SPIN;
@@ -16,8 +17,11 @@ use crate::store::Layout;
 
 /// A cluster member's shard's copies in flight (see [`crate::cluster::replication`]).
 pub(super) struct Replication {
-    /// Copies the writes this shard takes as their keys' primary.
-    pub(super) replicator: Replicator,
+    /// Copies the small writes this shard takes as their keys' primary, driven by the
+    /// shard's worker ([`Service::drive_copies`]).
+    pub(super) small_writes: Replicator,
+    /// Copies the large ones, on a thread of its own.
+    pub(super) large_writes: Replicator,
     /// Copies keys out for the mover ([`Kind::CopyOut`]): apart from the writes' copies,
     /// so that neither waits behind the other (a paused replica holds a write's copy up
     /// for a request's timeout; the move goes on without it).
@@ -26,8 +30,19 @@ pub(super) struct Replication {
     pub(super) copies: FxHashMap<u64, Copying>,
     /// When the last copy was handed over (see [`Service::copy_expected_soon`]).
     pub(super) last_handed: Instant,
-    /// Keys with writes' copies in flight, and how many: no client reads them meanwhile.
-    pub(super) keys: FxHashMap<Vec<u8>, u32>,
+    /// Until when the worker looks for the small writes' answers without sleeping.
+    pub(super) look_until: Option<Instant>,
+    /// Keys with writes' copies in flight, how many, and by which replicator: no client
+    /// reads them meanwhile, and a key's later writes go the same way (see
+    /// [`Service::replicate`]).
+    pub(super) keys: FxHashMap<Vec<u8>, (u32, Lane)>,
+}
+
+/// Which of a shard's replicators copies a write.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Lane {
+    SmallWrites,
+    LargeWrites,
 }
 
 /// A committed value's bytes in the arena: `len` of them at `offset`, in the extent at
@@ -88,14 +103,24 @@ impl Service {
             // replicator stops before the arena is freed (field order of `Service`).
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
+        // A key's writes are copied by one replicator while any is in flight, which holds
+        // a delete back behind the writes before it (see `cluster::replication`).
+        let lane = match r.keys.get(key) {
+            Some(&(_, lane)) => lane,
+            None if job_value.as_ref().map_or(0, ArenaValue::len) <= SMALL_COPY_MAX => Lane::SmallWrites,
+            None => Lane::LargeWrites,
+        };
         let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h), to: None };
         // (Only a replicator thread that died refuses: the write stays here, on one replica.)
-        r.replicator.copy(job)?;
+        match lane {
+            Lane::SmallWrites => r.small_writes.copy(job)?,
+            Lane::LargeWrites => r.large_writes.copy(job)?,
+        }
         let pinned = value.map(|(extent, _)| extent.offset);
         if let Some(offset) = pinned {
             self.shard.pin(offset);
         }
-        *r.keys.entry(key.to_vec()).or_insert(0) += 1;
+        r.keys.entry(key.to_vec()).or_insert((0, lane)).0 += 1;
         let (op, received) = match value {
             Some((_, layout)) => (Op::Put, layout.value_len),
             None => (Op::Delete, 0),
@@ -172,9 +197,10 @@ impl Service {
         if r.copies.is_empty() {
             return None;
         }
-        let done = r.replicator.next_done().or_else(|| r.mover.next_done())?;
+        let done =
+            (r.small_writes.next_done()).or_else(|| r.large_writes.next_done()).or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
-        if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
+        if let Some((n, _)) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
             *n -= 1;
             if *n == 0 {
                 r.keys.remove(&c.key);
@@ -203,12 +229,21 @@ impl Service {
         Some(token)
     }
 
-    /// How the replicators wake this shard's worker when copies end.
+    /// How the replicator threads wake this shard's worker when copies end.
     pub fn set_copy_wake(&self, wake: impl Fn() + Clone + Send + Sync + 'static) {
         if let Some(r) = &self.replication {
-            r.replicator.set_wake(Box::new(wake.clone()));
+            r.large_writes.set_wake(Box::new(wake.clone()));
             r.mover.set_wake(Box::new(wake));
         }
+    }
+
+    /// The worker's turn at the small writes' copies ([`Replicator::drive`]): whether any
+    /// was sent or ended. Never sleeps.
+    pub fn drive_copies(&mut self) -> bool {
+        let Some(r) = self.replication.as_mut() else { return false };
+        let drive = r.small_writes.drive();
+        r.look_until = drive.look_until;
+        drive.progressed
     }
 
     /// Whether answers wait for copies.
@@ -216,11 +251,15 @@ impl Service {
         self.replication.as_ref().is_some_and(|r| !r.copies.is_empty())
     }
 
-    /// Whether a copy was handed over within the last [`COPY_SPIN`]: its answer is likely
-    /// a replica's round trip away, so the worker looks again rather than sleep (giving the
-    /// CPU up between looks, for the replicator and the replica).
+    /// Whether a copy's answer is likely a round trip away: the worker's own copies' are
+    /// due, or a copy was handed to a replicator thread within the last [`COPY_SPIN`]. The
+    /// worker then looks again rather than sleep (giving the CPU up between looks, for the
+    /// replicators and the replica).
     pub fn copy_expected_soon(&self) -> bool {
-        self.replication.as_ref().is_some_and(|r| !r.copies.is_empty() && r.last_handed.elapsed() < COPY_SPIN)
+        self.replication.as_ref().is_some_and(|r| {
+            !r.copies.is_empty()
+                && (r.look_until.is_some_and(|at| Instant::now() < at) || r.last_handed.elapsed() < COPY_SPIN)
+        })
     }
 
     /// Refuses a client's read of a key whose last write is not on every replica yet.

@@ -279,6 +279,7 @@ impl FabricShardWorker {
             turns = turns.wrapping_add(1);
             let copying = self.service.copies_in_flight();
             if copying {
+                did_work |= self.service.drive_copies();
                 did_work |= self.answer_copied();
                 if !did_work && self.service.copy_expected_soon() {
                     std::thread::yield_now();

@@ -311,6 +311,8 @@ impl ShardWorker {
             // SAFETY: as above; answering sends, but progresses nothing.
             let copying = unsafe { (*this).service.copies_in_flight() };
             if copying {
+                // SAFETY: as above; sending copies progresses only the replicas' connections.
+                did_work |= unsafe { (*this).service.drive_copies() };
                 // SAFETY: as above.
                 did_work |= unsafe { (*this).answer_copied() };
                 // SAFETY: as above.
