@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Online rebalancing of a cluster on etcd: how fast a joining server receives its share of
-# the keys, and what the move does to a foreground reader's latency.
+# the keys (or, after a failure, how fast the survivors copy the keys that lost a
+# replica), and what the move does to a foreground reader's latency.
 #
-#   bench/rebalance.sh [TRANSPORT]
+#   bench/rebalance.sh [TRANSPORT] [CHANGE]
 #     TRANSPORT  shm (UCX shared memory, default) | tcp (libfabric tcp;ofi_rxm)
+#     CHANGE     join (default: as below) | failure (four servers with R = 2; one is
+#                SIGKILLed, and the rate is that of the re-replication, from the placement
+#                without it to the next epoch; the reader runs from the kill on)
 #   env: KEYS (default 4096), SIZE (value bytes, default 65536), RATE (--rebalance-rate,
 #        default 1GiB), READ_RATE (foreground GETs/s, default 2000), BIN, PY (a Python with
 #        the remote_dram package; python/tests/run.sh makes target/venv-python), KEEP (keep logs)
@@ -19,6 +23,7 @@
 # run `make build` and python/tests/run.sh first.
 set -euo pipefail
 TRANSPORT=${1:-shm}
+CHANGE=${2:-join}
 BIN=${BIN:-target/release}
 PY=${PY:-target/venv-python/bin/python}
 KEYS=${KEYS:-4096}
@@ -33,7 +38,12 @@ trap 'kill ${pids[*]} 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -r
 . "$(dirname "$0")/../scripts/etcd.sh"
 start_etcd
 url=etcd://$etcd/bench
-"$BIN/rdram" cluster create "$url" >/dev/null
+case $CHANGE in
+  join) replicas=1 servers=3 ;;
+  failure) replicas=2 servers=4 ;;
+  *) echo "change: join or failure" >&2; exit 2 ;;
+esac
+"$BIN/rdram" cluster create "$url" --replicas $replicas >/dev/null
 serve_args=(--workers 1 --memory 512MiB --hugepages off --cluster "$url" --rebalance-rate "$RATE")
 case $TRANSPORT in
   shm) export UCX_TLS=posix,sysv,cma,self ;;
@@ -44,10 +54,10 @@ serve() {
   local log=$work/server-$1.log
   RUST_LOG=info "$BIN/rdram" serve --listen 127.0.0.1:0 "${serve_args[@]}" >"$log" 2>&1 &
   pids+=($!)
-  until grep -q "^listening on" "$log"; do sleep 0.1; done
+  until grep -qs "^listening on" "$log"; do sleep 0.1; done
 }
 placement() { "$BIN/rdram" cluster status "$url" | python3 -c 'import json,sys; p=json.load(sys.stdin)["placement"]; print(p["epoch"], int(p["next"] is not None))'; }
-for n in 1 2 3; do serve $n; done
+for n in $(seq "$servers"); do serve "$n"; done
 
 # The data (rdram-bench deletes its keys when it ends): the Python client.
 "$PY" - "$url" "$KEYS" "$SIZE" <<'PYEOF'
@@ -60,14 +70,17 @@ for i in range(keys):
 PYEOF
 read_p() {
   "$BIN/rdram-bench" --server "$url" --poll adaptive --ops get --sizes 4096 --keys 64 --rate "$READ_RATE" \
-    --seconds "${READ_SECONDS:-8}" --warmup 0.5 --json --out "$work/$1" 2>/dev/null | python3 -c '
+    --seconds "${READ_SECONDS:-8}" --warmup 0.5 --json --out "$work/$1" 2>"$work/$1.err" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.readline())
 print("p50 %.1f us, p99 %.1f us, max %.1f us" % (r["p50_us"], r["p99_us"], r["max_us"]))'
 }
 echo "reader at rest:         $(read_p rest)"
 read -r before _ < <(placement)
-serve 4
+case $CHANGE in
+  join) serve 4 ;;
+  failure) kill -KILL "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true ;;
+esac
 read_p moving >"$work/moving.txt" &
 reader=$!
 # Waits for the next epoch at a pace that leaves the CPUs to the servers and the reader
@@ -85,7 +98,9 @@ import json, sys
 print(sum(s["shards"][0].get("handed_over_bytes", 0) for s in json.load(sys.stdin)["servers"]))')
 python3 -c "
 moved, secs = $moved, $settled - $started
-print(f'$TRANSPORT: {moved / 2**20:.0f} MiB handed over to the new server in {secs:.2f} s: {moved / secs / 1e6:.0f} MB/s')"
+to = {'join': 'to the new server', 'failure': 'to the keys\' new replicas'}['$CHANGE']
+print(f'$TRANSPORT: {moved / 2**20:.0f} MiB handed over {to} in {secs:.2f} s: {moved / secs / 1e6:.0f} MB/s')"
+[ "$CHANGE" = join ] || exit 0
 
 read_p connected >"$work/connected.txt" &
 reader=$!

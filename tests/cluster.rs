@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{rdram, wait_until, ServerProc, RDRAM};
 use remote_dram::client::KeyRange;
-use remote_dram::{Client, ClientOptions};
+use remote_dram::{Client, ClientOptions, Status};
 
 /// Lease TTL the tests' servers register with.
 const TTL_MS: u64 = 2000;
@@ -650,6 +650,31 @@ fn a_stopped_replica_holds_up_only_its_own_keys_writes() {
     assert!(writer.get(held_by_c.as_bytes()).unwrap().unwrap().data == large, "{held_by_c} is byte-exact");
 }
 
+/// A replica with no room for a write refuses it for good: its writer hears so at once,
+/// with the replica named, rather than a timeout once the copy was sent for its deadline
+/// (30 s, past the client's 10 s).
+#[test]
+fn a_write_no_replica_has_room_for_is_refused_at_once() {
+    use remote_dram::cluster::{Placement, Routing};
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("full");
+    create(&url, 2);
+    let servers = [member(&url), member_with(&url, &["--memory", "8MiB"])];
+    wait_until_placed(&url, 2);
+    let placed: Placement = serde_json::from_value(status(&url)["placement"].clone()).unwrap();
+    let routing = Routing::new(placed);
+    let (big, small) = (servers[0].addr.as_str(), servers[1].addr.as_str());
+    let key = (0..1000).map(|i| format!("full{i}")).find(|k| routing.owner(k.as_bytes()) == Some(big)).unwrap();
+    let mut c = client(&url);
+    let e = c.put(key.as_bytes(), &common::pattern(1, 12 << 20)).unwrap_err();
+    assert!(matches!(e.status, Status::NoSpace | Status::ValueTooLarge), "{e:?}");
+    assert!(e.message.contains(small) && e.message.contains("refused it"), "{e:?}");
+    // Both keep serving.
+    c.put(key.as_bytes(), b"fits").unwrap();
+    assert_eq!(c.get(key.as_bytes()).unwrap().unwrap().data, b"fits");
+}
+
 /// Large values reach a key's other replicas through its primary, singly and in
 /// batches: every key ends on exactly two servers with one generation and the same bytes;
 /// a refused conditional write leaves nothing staged, and once the keys are deleted the
@@ -1252,7 +1277,6 @@ impl EtcdKv {
 #[test]
 fn no_client_installs_a_generation_its_primary_did_not_give() {
     use remote_dram::proto::{flags, Op};
-    use remote_dram::Status;
     common::init(common::SHM);
     let etcd = Etcd::start();
     let url = etcd.url("forge");

@@ -450,7 +450,14 @@ fn handshake(addr: &str, opts: &ClientOptions) -> Result<(Welcome, TcpStream)> {
     let mut stream = TcpStream::connect_timeout(&sockaddr, opts.connect_timeout).map_err(unavailable)?;
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(opts.connect_timeout))?;
-    let welcome = client_handshake(&mut stream, addr, opts.auth_token.as_deref(), opts.connect_timeout)?;
+    // A server killed meanwhile resets the connection: unreachable, as a refused connect
+    // is (a cluster client then connects without it).
+    let dropped = |e: Error| match e.status {
+        Status::Io => Error::new(Status::Unavailable, format!("server {addr} dropped the connection: {}", e.message)),
+        _ => e,
+    };
+    let welcome =
+        client_handshake(&mut stream, addr, opts.auth_token.as_deref(), opts.connect_timeout).map_err(dropped)?;
     if welcome.version != PROTOCOL_VERSION {
         return Err(Error::new(
             Status::VersionMismatch,
@@ -470,4 +477,26 @@ fn shares_memory_with(w: &Welcome, here: &Option<String>) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     root || w.shared_memory_scope.is_none() || w.shared_memory_scope == *here
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server killed while a client connects resets the connection: the client counts it
+    /// unreachable, as a refused connect, so that a cluster client connects without it.
+    #[test]
+    fn a_server_that_resets_the_handshake_is_unreachable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            // Closed with the client's hello unread: the kernel resets the connection.
+            stream.peek(&mut [0u8; 1]).unwrap();
+        });
+        let e = handshake(&addr, &ClientOptions::default()).unwrap_err();
+        server.join().unwrap();
+        assert_eq!(e.status, Status::Unavailable, "{e:?}");
+        assert!(e.message.contains(&addr), "{e:?}");
+    }
 }

@@ -252,6 +252,9 @@ struct Waiting {
     blocked: bool,
     /// Why a replica it must reach did not take it in this round.
     missed: Option<String>,
+    /// A replica it must reach refused it for good (no room for the value): the copy ends
+    /// with this once its round does, rather than being sent again until its deadline.
+    refused: Option<Error>,
     started: Instant,
     retry_at: Instant,
     pause: Duration,
@@ -401,6 +404,7 @@ impl Work {
                 in_round: false,
                 blocked: false,
                 missed: None,
+                refused: None,
                 started: now,
                 retry_at: now + self.delay,
                 pause: COPY_RETRY_MIN,
@@ -569,6 +573,10 @@ impl Work {
         let mut ended = Vec::new();
         for (&token, w) in self.waiting.iter_mut().filter(|(_, w)| w.in_round && w.sending.is_empty()) {
             w.in_round = false;
+            if let Some(e) = w.refused.take() {
+                ended.push((token, Err(e)));
+                continue;
+            }
             match w.missed.take() {
                 Some(why) => {
                     w.why = why;
@@ -695,9 +703,22 @@ fn took(waiting: &mut HashMap<u64, Waiting>, replica: &str, token: u64, must: bo
     w.sending.retain(|r| r != replica);
     match outcome {
         Ok(()) => w.holding.push(replica.to_string()),
+        Err(e) if must && refuses_for_good(e.status) => {
+            let what = match w.job.to {
+                None => "the key's primary took the write, but replica",
+                Some(_) => "member",
+            };
+            w.refused = Some(Error::new(e.status, format!("{what} {replica} refused it: {}", e.message)));
+        }
         Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
         Err(_) => {}
     }
+}
+
+/// Whether a replica's refusal stands however often the copy is sent: it has no room for
+/// the value (in store mode nothing is evicted to make some).
+fn refuses_for_good(status: Status) -> bool {
+    matches!(status, Status::NoSpace | Status::ValueTooLarge | Status::KeyTooLarge)
 }
 
 /// Closes `peer`'s connection on a thread of its own, giving up the copies in flight on
