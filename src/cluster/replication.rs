@@ -541,11 +541,8 @@ impl Work {
                 ended.push((token, Ok(())));
                 continue;
             }
-            // A replica with its fill of copies in flight takes this one on a later turn; so
-            // does a delete whose key has an older write's copy still going: landing after the
-            // delete, that copy would bring the value back on the replica.
-            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH))
-                || (w.job.value.is_none() && self.waiting.values().any(|o| older_write_of_the_key(&o.job, &w.job)));
+            // A replica with its fill of copies in flight takes this one on a later turn.
+            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
             let w = self.waiting.get_mut(&token).unwrap();
             w.blocked = blocked;
             if blocked {
@@ -684,12 +681,6 @@ fn send(
     let expected_by = now + (COPY_ANSWER_SPIN + crossing).min(COPY_ANSWER_SPIN_MAX);
     peer.flights.push(Flight { token: job.token, copy, must, expected_by, sent: now });
     Ok(())
-}
-
-/// Whether `other` is a copy of a write to `job`'s key taken before it (mover's copies
-/// aside: they carry what the key held when the mover read it, and deletes wait for none).
-fn older_write_of_the_key(other: &CopyJob, job: &CopyJob) -> bool {
-    other.to.is_none() && other.generation < job.generation && other.key == job.key
 }
 
 /// Whether a copy's failure leaves its connection unusable.
@@ -860,54 +851,6 @@ mod tests {
             unreachable!()
         };
         assert_eq!((required, lapsed), (vec![gaining], vec![leaving]));
-    }
-
-    /// A replica keeps nothing of a delete to compare a late put with, so a delete's copy
-    /// waits until the copies of earlier writes to its key ended; a put's does not (the
-    /// replica keeps the newer generation).
-    #[test]
-    fn a_delete_is_copied_only_once_the_earlier_writes_to_its_key_are() {
-        // A replica that refuses connections: every copy to it is tried again later.
-        let members = vec!["a".to_string(), "127.0.0.1:1".to_string()];
-        let placement = Placement { epoch: 1, members, replicas: 2, version: 1, ..Default::default() };
-        let routing = Routing::new(placement.clone());
-        let key = (0..1000u32).map(|i| format!("k{i}").into_bytes()).find(|k| routing.owner(k) == Some("a")).unwrap();
-        let role = Arc::new(ServerRole::default());
-        role.set("a", placement);
-        let cfg = ReplicatorConfig {
-            role,
-            secret: ClusterSecret::new(&[7; 32]).unwrap(),
-            auth_token: None,
-            cores: Vec::new(),
-        };
-        let mut replicator = Replicator::inline(cfg);
-        let job = |token, key: &[u8], value: Option<ArenaValue>, generation| CopyJob {
-            token,
-            key: key.to_vec(),
-            value,
-            generation,
-            ttl_ms: 0,
-            to: None,
-        };
-        static VALUE: [u8; 4] = *b"four";
-        // SAFETY: a static, never written.
-        let value = || Some(unsafe { ArenaValue::new(VALUE.as_ptr(), VALUE.len()) });
-        replicator.copy(job(1, &key, value(), 6)).unwrap();
-        replicator.copy(job(2, b"another key", value(), 7)).unwrap();
-        replicator.copy(job(3, &key, None, 8)).unwrap();
-        replicator.drive();
-        let Runs::Inline(work) = &mut replicator.runs else { unreachable!() };
-        let tried = |w: &Waiting| w.in_round || !w.why.is_empty();
-        assert!(tried(&work.waiting[&1]) && tried(&work.waiting[&2]), "the puts were sent");
-        let delete = &work.waiting[&3];
-        assert!(delete.blocked && !tried(delete), "the delete waits for the put before it");
-        // The put ends: the delete goes on the next turn.
-        work.end(vec![(1, Ok(()))]);
-        replicator.drive();
-        let Runs::Inline(work) = &mut replicator.runs else { unreachable!() };
-        let delete = &work.waiting[&3];
-        assert!(!delete.blocked && tried(delete), "the delete was sent once the put ended");
-        assert_eq!(replicator.next_done().map(|d| d.token), Some(1));
     }
 
     fn sorted(mut v: Vec<String>) -> Vec<String> {

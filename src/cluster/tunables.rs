@@ -109,3 +109,11 @@ pub const MOVE_COPY_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A replica's connection gives up on a request after this long.
 pub const COPY_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+// A replica remembers a delete for longer than a copy of an earlier write can be tried
+// (its last round may start at the deadline, and give up within its request's timeout
+// and the transport's abort grace): see `store::tombstones`.
+const _: () = assert!(
+    crate::store::tombstones::TOMBSTONE_HOLD.as_millis()
+        > COPY_DEADLINE.as_millis() + COPY_PEER_TIMEOUT.as_millis() + 2_000
+);

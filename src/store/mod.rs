@@ -4,6 +4,7 @@ pub mod alloc;
 pub mod arena;
 pub mod index;
 pub mod shard;
+pub mod tombstones;
 
 pub use arena::{Backing, HugePages};
 pub use shard::{Condition, GetOutcome, Layout, Mode, Shard, ShardStats};

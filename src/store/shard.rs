@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::alloc::{Extent, ExtentAllocator, GRANULE};
 use super::arena::{Arena, Backing, HugePages};
 use super::index::{Entry, Index};
+use super::tombstones::Tombstones;
 use crate::error::{Error, Result, Status};
 use crate::proto::{ByteRange, VALUE_ALIGN};
 
@@ -161,6 +162,8 @@ pub struct Shard {
     counters: Counters,
     /// Most heap bytes the key index may hold (see [`ShardStats::index_bytes`]).
     index_budget: usize,
+    /// The deletes copied here by the keys' primaries, for a while (see [`Tombstones`]).
+    tombstones: Tombstones,
 }
 
 impl Shard {
@@ -180,6 +183,7 @@ impl Shard {
             pins: FxHashMap::default(),
             counters: Counters::default(),
             index_budget: (memory as usize / 4).max(1 << 20),
+            tombstones: Tombstones::default(),
         })
     }
 
@@ -320,9 +324,10 @@ impl Shard {
 
     /// Publishes a value copied from another replica (or handed over by the key's previous
     /// owner) with the generation and TTL it had there, unless the key holds that
-    /// generation or a newer one already (copies may arrive in any order); generations
-    /// given out here from now on are above it, so that the key's generations never go
-    /// backwards. Returns the generation the key holds.
+    /// generation or a newer one already, or was deleted at one lately (copies may arrive
+    /// in any order); generations given out here from now on are above it, so that the
+    /// key's generations never go backwards. Returns the generation the key holds (or
+    /// was deleted at).
     pub fn commit_import(&mut self, extent: Extent, layout: Layout, generation: u64, ttl_ms: u64) -> Result<u64> {
         if let Err(e) = check_generation(generation) {
             self.release(extent);
@@ -333,6 +338,10 @@ impl Shard {
         let key: &[u8] = unsafe {
             std::slice::from_raw_parts(self.arena.base().add(extent.offset as usize), layout.key_len as usize)
         };
+        if let Some(held) = self.tombstones.generation(key, self.now()).filter(|&g| g >= generation) {
+            self.release(extent);
+            return Ok(held);
+        }
         if let Some(held) = self.generation_of(key).filter(|&g| g >= generation) {
             self.release(extent);
             return Ok(held);
@@ -361,13 +370,15 @@ impl Shard {
     }
 
     /// Deletes the key unless it holds a generation newer than `generation` (a replica
-    /// copying a delete its primary made): whether it went, or the newer generation it
-    /// keeps.
+    /// copying a delete its primary made), and remembers the delete for a while (see
+    /// [`Tombstones`]): whether it went, or the newer generation it keeps.
     pub fn delete_unless_newer(&mut self, key: &[u8], generation: u64) -> Result<std::result::Result<bool, u64>> {
         self.last_generation = self.last_generation.max(check_generation(generation)?);
         if let Some(newer) = self.generation_of(key).filter(|&g| g > generation) {
             return Ok(Err(newer));
         }
+        let now = self.now();
+        self.tombstones.remember(key, generation, now);
         let existed = self.remove_key(key);
         self.counters.deletes += existed as u64;
         Ok(Ok(existed))
@@ -570,9 +581,11 @@ impl Shard {
         false
     }
 
-    /// Drops up to `max` entries whose TTL has passed; returns how many.
+    /// Drops up to `max` entries whose TTL has passed (and forgets the deletes remembered
+    /// past their hold); returns how many entries.
     pub fn expire_due(&mut self, max: usize) -> usize {
         let now = self.now();
+        self.tombstones.forget_expired(now);
         let mut n = 0;
         while n < max {
             let Some(slot) = self.index.first_expired(now) else { break };

@@ -32,17 +32,8 @@ pub(super) struct Replication {
     pub(super) last_handed: Instant,
     /// Until when the worker looks for the small writes' answers without sleeping.
     pub(super) look_until: Option<Instant>,
-    /// Keys with writes' copies in flight, how many, and by which replicator: no client
-    /// reads them meanwhile, and a key's later writes go the same way (see
-    /// [`Service::replicate`]).
-    pub(super) keys: FxHashMap<Vec<u8>, (u32, Lane)>,
-}
-
-/// Which of a shard's replicators copies a write.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Lane {
-    SmallWrites,
-    LargeWrites,
+    /// Keys with writes' copies in flight, and how many: no client reads them meanwhile.
+    pub(super) keys: FxHashMap<Vec<u8>, u32>,
 }
 
 /// A committed value's bytes in the arena: `len` of them at `offset`, in the extent at
@@ -103,24 +94,18 @@ impl Service {
             // replicator stops before the arena is freed (field order of `Service`).
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
-        // A key's writes are copied by one replicator while any is in flight, which holds
-        // a delete back behind the writes before it (see `cluster::replication`).
-        let lane = match r.keys.get(key) {
-            Some(&(_, lane)) => lane,
-            None if job_value.as_ref().map_or(0, ArenaValue::len) <= SMALL_COPY_MAX => Lane::SmallWrites,
-            None => Lane::LargeWrites,
-        };
+        let small = job_value.as_ref().map_or(0, ArenaValue::len) <= SMALL_COPY_MAX;
         let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h), to: None };
         // (Only a replicator thread that died refuses: the write stays here, on one replica.)
-        match lane {
-            Lane::SmallWrites => r.small_writes.copy(job)?,
-            Lane::LargeWrites => r.large_writes.copy(job)?,
+        match small {
+            true => r.small_writes.copy(job)?,
+            false => r.large_writes.copy(job)?,
         }
         let pinned = value.map(|(extent, _)| extent.offset);
         if let Some(offset) = pinned {
             self.shard.pin(offset);
         }
-        r.keys.entry(key.to_vec()).or_insert((0, lane)).0 += 1;
+        *r.keys.entry(key.to_vec()).or_insert(0) += 1;
         let (op, received) = match value {
             Some((_, layout)) => (Op::Put, layout.value_len),
             None => (Op::Delete, 0),
@@ -200,7 +185,7 @@ impl Service {
         let done =
             (r.small_writes.next_done()).or_else(|| r.large_writes.next_done()).or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
-        if let Some((n, _)) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
+        if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
             *n -= 1;
             if *n == 0 {
                 r.keys.remove(&c.key);

@@ -180,3 +180,28 @@ fn ttl_expires() {
     assert_eq!(s.expire_due(10), 1);
     assert_eq!(s.stats().keys, 0);
 }
+
+fn import(s: &mut Shard, key: &[u8], value: &[u8], generation: u64) -> Result<u64> {
+    let layout = Layout::aligned_to(key.len(), value.len() as u64, value.as_ptr() as u64);
+    let e = s.reserve(layout.extent_len())?;
+    s.write_put(e, layout, key, value);
+    s.commit_import(e, layout, generation, 0)
+}
+
+/// Copies may land in any order: one of a write older than a delete copied here lately
+/// is refused, as one older than the value held, and a newer one is taken.
+#[test]
+fn an_import_older_than_a_delete_copied_here_is_refused() {
+    let mut s = Shard::new(8 << 20, HugePages::Off, Mode::Store).unwrap();
+    let base = s.last_generation();
+    import(&mut s, b"k", b"old", base + 5).unwrap();
+    assert_eq!(s.delete_unless_newer(b"k", base + 6).unwrap(), Ok(true));
+    // The delete's copy came first, for a key this replica never held.
+    assert_eq!(s.delete_unless_newer(b"never", base + 9).unwrap(), Ok(false));
+    assert_eq!(import(&mut s, b"k", b"late", base + 5).unwrap(), base + 6, "a copy from before the delete");
+    assert_eq!(import(&mut s, b"never", b"late", base + 8).unwrap(), base + 9);
+    assert_eq!((value(&mut s, b"k"), value(&mut s, b"never")), (None, None));
+    assert_eq!(s.stats().used_bytes, 0, "refused copies leave nothing behind");
+    assert_eq!(import(&mut s, b"k", b"new", base + 7).unwrap(), base + 7);
+    assert_eq!(value(&mut s, b"k").as_deref(), Some(&b"new"[..]));
+}
