@@ -342,6 +342,8 @@ struct Turn {
     answers_by: Option<Instant>,
     /// When the next copy waiting between its rounds is due.
     next_round: Option<Instant>,
+    /// Whether connections are being closed, with copies given up on them.
+    closing: bool,
 }
 
 impl Work {
@@ -352,7 +354,11 @@ impl Work {
         while !self.stop.load(Ordering::SeqCst) {
             let turn = self.turn();
             let now = Instant::now();
-            let until_round = turn.next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
+            let mut until_round = turn.next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
+            if turn.closing {
+                // Their copies' outcomes come back as the connections close.
+                until_round = until_round.min(COPY_NAP_MAX);
+            }
             if turn.progressed {
                 nap = COPY_NAP_MIN;
             }
@@ -391,6 +397,7 @@ impl Work {
             progressed,
             answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
             next_round: self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min(),
+            closing: !self.closing.is_empty(),
         }
     }
 
