@@ -122,6 +122,9 @@ pub struct ShardStats {
     /// Heap bytes of the key index (key copies and per-key metadata), and its budget.
     pub index_bytes: usize,
     pub index_budget_bytes: usize,
+    /// Deletes copied here by their keys' primaries that the shard remembers (see
+    /// [`Tombstones`]).
+    pub remembered_deletes: usize,
     #[serde(flatten)]
     pub counters: Counters,
 }
@@ -622,6 +625,7 @@ impl Shard {
             pinned_extents: self.pins.len(),
             index_bytes: self.index.bytes(),
             index_budget_bytes: self.index_budget,
+            remembered_deletes: self.tombstones.len(),
             counters: self.counters.clone(),
         }
     }

@@ -198,6 +198,7 @@ fn an_import_older_than_a_delete_copied_here_is_refused() {
     assert_eq!(s.delete_unless_newer(b"k", base + 6).unwrap(), Ok(true));
     // The delete's copy came first, for a key this replica never held.
     assert_eq!(s.delete_unless_newer(b"never", base + 9).unwrap(), Ok(false));
+    assert_eq!(s.stats().remembered_deletes, 2);
     assert_eq!(import(&mut s, b"k", b"late", base + 5).unwrap(), base + 6, "a copy from before the delete");
     assert_eq!(import(&mut s, b"never", b"late", base + 8).unwrap(), base + 9);
     assert_eq!((value(&mut s, b"k"), value(&mut s, b"never")), (None, None));
