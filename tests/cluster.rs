@@ -1445,7 +1445,7 @@ fn etcd_writers_cannot_redirect_or_detach_members() {
 }
 
 /// 58.2: a member SIGKILLed does not lock new clients out. One of three servers (R = 2)
-/// is killed; a client started 0.5 s later, while the dead member is still in the
+/// is killed while clients connect, which all do; a client started 0.5 s later, while the dead member is still in the
 /// placement, connects to the others and reads every key at once (from the keys' other
 /// replicas); its writes go through once the placement has moved on without the dead
 /// member (its lease, plus the time to propose).
@@ -1463,9 +1463,26 @@ fn a_dead_member_locks_no_new_client_out() {
         c.put(k.as_bytes(), &value_of(i)).unwrap();
     }
     drop(c);
+    // Clients that connect while it dies, too: one whose handshake the dying server
+    // resets connects without it.
+    let connecting = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_millis(400);
+            let mut connected = 0;
+            while Instant::now() < until {
+                Client::connect(&url, ClientOptions::default()).map_err(|e| format!("connect #{connected}: {e}"))?;
+                connected += 1;
+            }
+            Ok::<_, String>(connected)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
     servers[1].kill();
     let killed = Instant::now();
-    std::thread::sleep(Duration::from_millis(500));
+    let connected = connecting.join().unwrap().expect("a client connecting while a member dies is locked out");
+    assert!(connected > 0);
+    std::thread::sleep(Duration::from_millis(500).saturating_sub(killed.elapsed()));
     let mut fresh = Client::connect(&url, ClientOptions { timeout: Duration::from_secs(5), ..Default::default() })
         .expect("a new client is locked out by a dead member");
     for (i, k) in keys.iter().enumerate() {

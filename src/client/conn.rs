@@ -202,7 +202,7 @@ impl Connection {
             joins,
         };
         if conn.link.round_trip_before_use() {
-            conn.round_trip_every_shard(0, opts.connect_timeout)?;
+            conn.round_trip_every_shard(0, opts.connect_timeout, lost.is_some())?;
         }
         Ok(conn)
     }
@@ -244,7 +244,7 @@ impl Connection {
             });
         }
         if self.link.round_trip_before_use() {
-            self.round_trip_every_shard(first, opts.connect_timeout)?;
+            self.round_trip_every_shard(first, opts.connect_timeout, true)?;
         }
         Ok(true)
     }
@@ -252,8 +252,12 @@ impl Connection {
     /// One round trip with every shard worker (of the servers from `first_server` on)
     /// before the connection is handed out, for links that need it (see
     /// [`Link::round_trip_before_use`]). An abort that names no request is the cheapest
-    /// request: the worker answers at once.
-    fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration) -> Result<()> {
+    /// request: the worker answers at once. `in_cluster`: a member that fails meanwhile
+    /// (it died since its handshake) is connected to as lost, as one that did not answer
+    /// the handshake is, so that the keys its replicas hold are served.
+    fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration, in_cluster: bool) -> Result<()> {
+        let lost =
+            |e: &Error| in_cluster && matches!(e.status, Status::Unavailable | Status::Timeout | Status::Transport);
         let mut ids = Vec::new();
         for server in first_server..self.servers.len() {
             if self.servers[server].link_index.is_none() {
@@ -262,11 +266,24 @@ impl Connection {
             for shard in 0..self.servers[server].shards {
                 let mut h = RequestHeader::new(proto::Op::Abort, 0, 0);
                 h.ttl_or_limit = u64::MAX;
-                ids.push(self.submit(server, shard, h, &[], &[])?);
+                match self.submit(server, shard, h, &[], &[]) {
+                    Ok(id) => ids.push((server, id)),
+                    Err(e) if lost(&e) => {
+                        tracing::debug!("connecting without {} for now: {}", self.servers[server].node, e.message)
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
-        for id in ids {
-            let reply = self.link.wait_for(id, timeout)?;
+        for (server, id) in ids {
+            let reply = match self.link.wait_for(id, timeout) {
+                Ok(reply) => reply,
+                Err(e) if lost(&e) => {
+                    tracing::debug!("connecting without {} for now: {}", self.servers[server].node, e.message);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if reply.header.status() != crate::error::Status::Ok {
                 return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
             }
