@@ -111,7 +111,7 @@ impl Connection {
         for addr in addresses {
             let (welcome, stream) = match handshake(addr, opts) {
                 Ok(w) => w,
-                Err(e) if lost.is_some() && matches!(e.status, Status::Unavailable | Status::Timeout) => {
+                Err(e) if lost.is_some() && unreachable(&e) => {
                     tracing::debug!("connecting without cluster member {addr} for now: {}", e.message);
                     unreached.push((addr.clone(), e));
                     continue;
@@ -256,8 +256,7 @@ impl Connection {
     /// (it died since its handshake) is connected to as lost, as one that did not answer
     /// the handshake is, so that the keys its replicas hold are served.
     fn round_trip_every_shard(&mut self, first_server: usize, timeout: Duration, in_cluster: bool) -> Result<()> {
-        let lost =
-            |e: &Error| in_cluster && matches!(e.status, Status::Unavailable | Status::Timeout | Status::Transport);
+        let lost = |e: &Error| in_cluster && unreachable(e);
         let mut ids = Vec::new();
         for server in first_server..self.servers.len() {
             if self.servers[server].link_index.is_none() {
@@ -485,6 +484,12 @@ fn handshake(addr: &str, opts: &ClientOptions) -> Result<(Welcome, TcpStream)> {
         return Err(Error::new(Status::Invalid, format!("server {addr} announced no shards")));
     }
     Ok((welcome, stream))
+}
+
+/// Whether a server failed to answer (gone, stopped, cut off) rather than refused: a
+/// cluster member that does is connected to as lost.
+fn unreachable(e: &Error) -> bool {
+    matches!(e.status, Status::Unavailable | Status::Timeout | Status::Transport)
 }
 
 /// False when the server says it offers shared memory somewhere this client's cannot

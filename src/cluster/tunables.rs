@@ -50,7 +50,7 @@ pub const MOVER_REPORT_EVERY: Duration = Duration::from_millis(500);
 /// A mover's connection to another member gives up on a request after this long.
 pub const MOVER_PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
-// Copying writes to replicas (replication.rs)
+// Copying writes to replicas (replication/)
 
 /// How long the replicator looks for copies without sleeping, and how long it sleeps
 /// when none are waiting (it wakes as soon as one is handed over).

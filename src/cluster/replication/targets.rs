@@ -1,0 +1,118 @@
+//! Where a copy goes under the current placement.
+
+use super::CopyJob;
+use crate::cluster::Routing;
+
+/// Where one copy goes under the current placement.
+pub(super) enum Targets {
+    /// Replicas that must take it, and those the key leaves whose lease lapsed (sent
+    /// where they answer).
+    Copy { required: Vec<String>, leaving: Vec<String> },
+    /// The write may not last: this server is the key's primary no more, and the write
+    /// was taken after the current epoch began.
+    Superseded(String),
+}
+
+/// Where `job`'s copy goes under `routing`, as seen by member `me`; `live`: whether etcd
+/// lists a member as live.
+pub(super) fn targets(me: &str, routing: &Routing, job: &CopyJob, live: impl Fn(&str) -> bool) -> Targets {
+    let key = &job.key;
+    let primary = routing.owner(key) == Some(me) || routing.next_owner(key) == Some(me);
+    // A write taken by a server that is the key's primary no more is copied on only if
+    // it was taken before the current epoch began: at or below the epoch's floor (the
+    // highest generation its old primaries gave out), since the key's new primary gives
+    // out only generations above it. Otherwise (this server lost its lease, or was paused, and the
+    // placement moved on without it) it may be ordered after writes taken since.
+    if !primary && job.generation > routing.placement.generation_floor {
+        return Targets::Superseded(format!(
+            "the placement changed while the write was copied: {me} took it but is no longer the key's primary, so it may not last; read the key to see"
+        ));
+    }
+    let now: Vec<String> = routing.replicas(key).into_iter().map(String::from).collect();
+    let then: Vec<String> = routing.next_replicas(key).into_iter().map(String::from).collect();
+    let mut required: Vec<String> = if then.is_empty() { now.clone() } else { then };
+    // With one replica per key, the one it leaves hands it over itself (the mover).
+    let leaving: Vec<String> =
+        now.iter().filter(|s| now.len() > 1 && !required.contains(s) && *s != me).cloned().collect();
+    // A replica the key leaves still takes the reads that fail over to it until the move
+    // ends, so it must hold every write acknowledged meanwhile; once its lease lapsed it
+    // serves no more (it fenced itself first), and the write does not wait for it.
+    let (live_leaving, lapsed): (Vec<String>, Vec<String>) = leaving.into_iter().partition(|s| live(s));
+    required.extend(live_leaving);
+    let required = required.into_iter().filter(|s| s != me).collect();
+    Targets::Copy { required, leaving: lapsed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Placement;
+
+    /// The last write the old primary took before the seal has the floor's generation:
+    /// it is copied on after the epoch turns; one above the floor may not last.
+    #[test]
+    fn a_write_from_before_the_epoch_is_copied_on_and_one_after_it_is_not() {
+        let members = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = Placement {
+            epoch: 3,
+            members: members(&["b", "c"]),
+            replicas: 2,
+            version: 9,
+            generation_floor: 700,
+            ..Default::default()
+        };
+        let routing = Routing::new(placement);
+        let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0, to: None };
+        let live = |_: &str| true;
+        // "a" left the members: it is the key's primary no more.
+        assert!(matches!(targets("a", &routing, &job(700), live), Targets::Copy { .. }), "taken before the epoch");
+        assert!(matches!(targets("a", &routing, &job(699), live), Targets::Copy { .. }));
+        assert!(matches!(targets("a", &routing, &job(701), live), Targets::Superseded(_)), "taken after it began");
+        let Targets::Copy { required, leaving } = targets("a", &routing, &job(700), live) else { unreachable!() };
+        assert_eq!((sorted(required), leaving), (vec!["b".to_string(), "c".to_string()], Vec::<String>::new()));
+    }
+
+    /// While a key moves, a replica it leaves takes the reads that fail over to it: the
+    /// write waits for it as long as etcd lists it live, and is sent where it answers once
+    /// its lease lapsed.
+    #[test]
+    fn a_write_waits_for_a_live_replica_the_key_leaves_and_not_for_a_lapsed_one() {
+        let members = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = Placement {
+            epoch: 3,
+            members: members(&["a", "b", "c"]),
+            next: Some(members(&["a", "b", "c", "d"])),
+            replicas: 2,
+            version: 9,
+            ..Default::default()
+        };
+        let routing = Routing::new(placement);
+        // A key whose replicas change during the move, one kept and one replaced.
+        let key = (0..10_000u32)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| {
+                let (now, then) = (routing.replicas(k), routing.next_replicas(k));
+                now[0] == then[0] && now[1] != then[1]
+            })
+            .expect("a key whose second replica changes");
+        let (primary, leaving, gaining) = (
+            routing.replicas(&key)[0].to_string(),
+            routing.replicas(&key)[1].to_string(),
+            routing.next_replicas(&key)[1].to_string(),
+        );
+        let job = CopyJob { token: 1, key: key.clone(), value: None, generation: 1, ttl_ms: 0, to: None };
+        let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |_| true) else {
+            unreachable!()
+        };
+        assert_eq!((sorted(required), lapsed), (sorted(vec![gaining.clone(), leaving.clone()]), Vec::<String>::new()));
+        let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |m| m != leaving) else {
+            unreachable!()
+        };
+        assert_eq!((required, lapsed), (vec![gaining], vec![leaving]));
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+}

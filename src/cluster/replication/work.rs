@@ -1,0 +1,430 @@
+//! A replicator's work: the copies waiting for their replicas, and the turns that send
+//! them, take their answers and end them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use tracing::warn;
+
+use super::peers::{breaks, close_off_thread, send, Closing, Peer};
+use super::targets::{targets, Targets};
+use super::{Copied, CopyJob, ReplicatorConfig, Wake, TEST_COPY_DELAY_ENV};
+use crate::client::Client;
+use crate::cluster::tunables::{
+    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_NAP_MAX, COPY_NAP_MIN, COPY_PEER_TIMEOUT,
+    COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE,
+};
+use crate::error::{Error, Result, Status};
+
+/// A copy not yet taken by every replica it must reach.
+pub(super) struct Waiting {
+    pub(super) job: CopyJob,
+    /// Replicas that hold it.
+    holding: Vec<String>,
+    /// Replicas its copy is in flight to (its round of sends ends when none is left).
+    sending: Vec<String>,
+    /// Whether a round of sends is under way.
+    in_round: bool,
+    /// Due, but a replica it goes to has its fill of copies in flight: sent once one of
+    /// those ends.
+    blocked: bool,
+    /// Why a replica it must reach did not take it, in the round of sends under way.
+    missed: Option<String>,
+    /// A replica it must reach refused it for good (no room for the value): the copy ends
+    /// with this once its round does, rather than being sent again until its deadline.
+    refused: Option<Error>,
+    started: Instant,
+    retry_at: Instant,
+    pause: Duration,
+    /// Why the last round fell short.
+    why: String,
+}
+
+pub(super) struct Work {
+    cfg: ReplicatorConfig,
+    jobs: Receiver<CopyJob>,
+    done: Sender<Copied>,
+    wake: Arc<Mutex<Option<Wake>>>,
+    pub(super) stop: Arc<AtomicBool>,
+    /// A connection to each replica copied to, by name.
+    peers: HashMap<String, Peer>,
+    /// Connections being made, off this thread (one to a stopped server takes seconds to
+    /// fail, and copies to every other replica would wait behind it meanwhile).
+    connecting: HashMap<String, Receiver<Result<Client>>>,
+    /// Connections being closed, off this thread.
+    closing: Vec<Closing>,
+    /// Copies not yet ended, by the shard's token.
+    waiting: HashMap<u64, Waiting>,
+    /// See [`TEST_COPY_DELAY_ENV`].
+    delay: Duration,
+}
+
+impl Drop for Work {
+    /// Waits for the connections being closed: until then their transports may read the
+    /// bytes of the copies given up on, in extents the arena frees after.
+    fn drop(&mut self) {
+        for c in self.closing.drain(..) {
+            let _ = c.outcomes.recv();
+        }
+    }
+}
+
+/// What a turn of a replicator left.
+pub(super) struct Turn {
+    pub(super) progressed: bool,
+    /// Until when answers are due (the latest of the copies in flight).
+    pub(super) answers_by: Option<Instant>,
+    /// When the next copy waiting between its rounds is due.
+    pub(super) next_round: Option<Instant>,
+    /// Whether connections are being closed, with copies given up on them.
+    pub(super) closing: bool,
+}
+
+impl Work {
+    pub(super) fn new(
+        cfg: ReplicatorConfig,
+        jobs: Receiver<CopyJob>,
+        done: Sender<Copied>,
+        wake: Arc<Mutex<Option<Wake>>>,
+    ) -> Work {
+        Work {
+            cfg,
+            jobs,
+            done,
+            wake,
+            stop: Arc::new(AtomicBool::new(false)),
+            peers: HashMap::new(),
+            connecting: HashMap::new(),
+            closing: Vec::new(),
+            waiting: HashMap::new(),
+            delay: std::env::var(TEST_COPY_DELAY_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::ZERO, Duration::from_millis),
+        }
+    }
+
+    /// A replicator thread's loop: a turn, then a wait for what comes next (see
+    /// [`Work::turn`]).
+    pub(super) fn run(mut self) {
+        let mut nap = COPY_NAP_MIN;
+        while !self.stop.load(Ordering::SeqCst) {
+            let turn = self.turn();
+            let now = Instant::now();
+            let mut until_round = turn.next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
+            if turn.closing {
+                // Their copies' outcomes come back as the connections close.
+                until_round = until_round.min(COPY_NAP_MAX);
+            }
+            if turn.progressed {
+                nap = COPY_NAP_MIN;
+            }
+            let wait = match turn.answers_by {
+                None => until_round,
+                // Answers are due: look again at once, giving the CPU up between looks.
+                Some(by) if turn.progressed || now < by => Duration::ZERO,
+                // Overdue (a replica slow or stopped): nap, woken by a new copy.
+                Some(_) => {
+                    let n = nap;
+                    nap = (nap * 2).min(COPY_NAP_MAX);
+                    n.min(until_round)
+                }
+            };
+            if wait.is_zero() && !turn.progressed {
+                std::thread::yield_now();
+            }
+            match self.next_job(wait) {
+                Ok(first) => self.take_in(first),
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    /// Takes the answers that came in, sends the copies that are due, ends those every
+    /// replica they must reach took. Each replica's copies go on their own: one that does
+    /// not answer holds up only the writes it must take. Never sleeps.
+    pub(super) fn turn(&mut self) -> Turn {
+        let mut progressed = self.collect();
+        let now = Instant::now();
+        progressed |= self.dispatch(now);
+        self.settle(now);
+        self.report(now);
+        Turn {
+            progressed,
+            answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
+            next_round: self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min(),
+            closing: !self.closing.is_empty(),
+        }
+    }
+
+    /// Takes `first` and the copies handed over behind it.
+    pub(super) fn take_in(&mut self, first: Option<CopyJob>) {
+        let now = Instant::now();
+        for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(COPY_BATCH) {
+            let waiting = Waiting {
+                holding: Vec::new(),
+                sending: Vec::new(),
+                in_round: false,
+                blocked: false,
+                missed: None,
+                refused: None,
+                started: now,
+                retry_at: now + self.delay,
+                pause: COPY_RETRY_MIN,
+                why: String::new(),
+                job,
+            };
+            self.waiting.insert(waiting.job.token, waiting);
+        }
+    }
+
+    /// The next copy handed over within `wait`: looked for without sleeping for up to
+    /// [`COPY_SPIN`] first (giving the CPU up between looks), as copies come right behind each
+    /// other under load and a sleeping thread takes tens of µs to wake.
+    fn next_job(&self, wait: Duration) -> std::result::Result<Option<CopyJob>, RecvTimeoutError> {
+        let started = Instant::now();
+        loop {
+            match self.jobs.try_recv() {
+                Ok(job) => return Ok(Some(job)),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            let spun = started.elapsed();
+            if spun >= wait {
+                return Ok(None);
+            }
+            if spun >= COPY_SPIN {
+                return self.jobs.recv_timeout(wait - spun).map(Some);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Takes the answers that came in; gives up on the connections with a copy past its
+    /// request timeout, or to a replica whose lease lapsed (closed off this thread, see
+    /// [`Closing`]), and takes the outcomes of those closed since. Whether anything ended.
+    fn collect(&mut self) -> bool {
+        let mut progressed = false;
+        let now = Instant::now();
+        let waiting = &mut self.waiting;
+        for (name, peer) in self.peers.iter_mut().filter(|(_, p)| !p.flights.is_empty()) {
+            peer.client.poll_copies();
+            peer.given_up = !self.cfg.role.is_live(name);
+            let mut i = 0;
+            while i < peer.flights.len() && !peer.given_up {
+                let f = &peer.flights[i];
+                if now.duration_since(f.sent) >= COPY_PEER_TIMEOUT {
+                    peer.given_up = true;
+                    break;
+                }
+                if !peer.client.copy_answered(&f.copy) {
+                    i += 1;
+                    continue;
+                }
+                progressed = true;
+                let f = peer.flights.swap_remove(i);
+                // Answered: returns at once.
+                let outcome = peer.client.copy_outcome(f.copy, Duration::ZERO);
+                if outcome.as_ref().is_err_and(|e| breaks(e.status)) {
+                    peer.broken = true;
+                }
+                took(waiting, name, f.token, f.must, outcome);
+            }
+        }
+        // Given-up connections are closed, and broken ones without copies in flight made
+        // anew on the next copy to their replica.
+        let gone: Vec<String> = (self.peers.iter())
+            .filter(|(_, p)| (p.given_up && !p.flights.is_empty()) || (p.broken && p.flights.is_empty()))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            let peer = self.peers.remove(&name).unwrap();
+            progressed |= !peer.flights.is_empty();
+            if let Some(closing) = close_off_thread(name, peer) {
+                self.closing.push(closing);
+            }
+        }
+        let waiting = &mut self.waiting;
+        self.closing.retain(|c| {
+            let outcomes = match c.outcomes.try_recv() {
+                Ok(outcomes) => outcomes,
+                Err(crossbeam_channel::TryRecvError::Empty) => return true,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => Vec::new(),
+            };
+            let mut outcomes = outcomes.into_iter();
+            for &(token, must) in &c.copies {
+                let outcome = outcomes.next().unwrap_or_else(|| {
+                    Err(Error::new(Status::Internal, "closing the connection ended without a word"))
+                });
+                took(waiting, &c.replica, token, must, outcome);
+            }
+            progressed = true;
+            false
+        });
+        progressed
+    }
+
+    /// Starts a round of sends for every copy due; whether any was sent.
+    fn dispatch(&mut self, now: Instant) -> bool {
+        let due: Vec<u64> =
+            self.waiting.iter().filter(|(_, w)| !w.in_round && w.retry_at <= now).map(|(t, _)| *t).collect();
+        if due.is_empty() {
+            return false;
+        }
+        let Some(current) = self.cfg.role.current() else {
+            // Not in a placement yet (or any more): nothing can be copied now.
+            for t in due {
+                let w = self.waiting.get_mut(&t).unwrap();
+                w.why = "this server holds no placement".into();
+                w.retry_at = now + COPY_RETRY_MAX;
+            }
+            return false;
+        };
+        let (me, routing) = (current.0.as_str(), &current.1);
+        let mut sent = false;
+        let mut ended = Vec::new();
+        for token in due {
+            let w = &self.waiting[&token];
+            let targets = match &w.job.to {
+                Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
+                None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
+            };
+            let (required, leaving) = match targets {
+                Targets::Superseded(why) => {
+                    ended.push((token, Err(Error::new(Status::Unavailable, why))));
+                    continue;
+                }
+                Targets::Copy { required, leaving } => (required, leaving),
+            };
+            let lacking: Vec<(String, bool)> = (required.into_iter().map(|r| (r, true)))
+                .chain(leaving.into_iter().map(|r| (r, false)))
+                .filter(|(r, _)| !w.holding.contains(r))
+                .collect();
+            if lacking.is_empty() {
+                ended.push((token, Ok(())));
+                continue;
+            }
+            // A replica with its fill of copies in flight takes this one on a later turn.
+            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
+            let w = self.waiting.get_mut(&token).unwrap();
+            w.blocked = blocked;
+            if blocked {
+                continue;
+            }
+            w.in_round = true;
+            for (replica, must) in lacking {
+                match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, now) {
+                    Ok(()) => {
+                        w.sending.push(replica);
+                        sent = true;
+                    }
+                    Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
+                    Err(_) => {}
+                }
+            }
+        }
+        self.end(ended);
+        sent
+    }
+
+    /// Ends the rounds whose sends all came back: the copy ended if every replica it must
+    /// reach took it (those it leaves were tried once), else it is sent again later.
+    fn settle(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        for (&token, w) in self.waiting.iter_mut().filter(|(_, w)| w.in_round && w.sending.is_empty()) {
+            w.in_round = false;
+            if let Some(e) = w.refused.take() {
+                ended.push((token, Err(e)));
+                continue;
+            }
+            match w.missed.take() {
+                Some(why) => {
+                    w.why = why;
+                    w.retry_at = now + w.pause;
+                    w.pause = (w.pause * 2).min(COPY_RETRY_MAX);
+                }
+                None => ended.push((token, Ok(()))),
+            }
+        }
+        self.end(ended);
+    }
+
+    /// Hands back the copies in `ended` with their outcomes.
+    fn end(&mut self, ended: Vec<(u64, Result<()>)>) {
+        if ended.is_empty() {
+            return;
+        }
+        for (token, result) in ended {
+            self.waiting.remove(&token);
+            let _ = self.done.send(Copied { token, result });
+        }
+        self.wake_worker();
+    }
+
+    fn wake_worker(&self) {
+        if let Some(wake) = &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+            wake();
+        }
+    }
+
+    /// Gives up on copies past their deadline, between rounds: their writers are told.
+    fn report(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        for (&token, w) in self.waiting.iter().filter(|(_, w)| !w.in_round) {
+            let deadline = match w.job.to {
+                Some(_) => MOVE_COPY_DEADLINE,
+                None => COPY_DEADLINE,
+            };
+            if now.duration_since(w.started) < deadline {
+                continue;
+            }
+            let e = match w.job.to {
+                // The mover hears why, and passes over the key again.
+                Some(_) => Error::new(
+                    Status::Unavailable,
+                    format!("a copy out could not reach every member named within {deadline:?}: {}", w.why),
+                ),
+                None => {
+                    warn!("a write's copy to its replicas failed for {deadline:?}: {}; its writer is told", w.why);
+                    Error::new(
+                        Status::Unavailable,
+                        format!(
+                            "the key's primary took the write but could not copy it to every replica within {deadline:?}: {}",
+                            w.why
+                        ),
+                    )
+                }
+            };
+            ended.push((token, Err(e)));
+        }
+        self.end(ended);
+    }
+}
+
+/// Records `replica`'s outcome for the copy `token` (whose key must reach it, or leaves it).
+fn took(waiting: &mut HashMap<u64, Waiting>, replica: &str, token: u64, must: bool, outcome: Result<()>) {
+    let w = waiting.get_mut(&token).expect("a copy in flight is waiting");
+    w.sending.retain(|r| r != replica);
+    match outcome {
+        Ok(()) => w.holding.push(replica.to_string()),
+        Err(e) if must && refuses_for_good(e.status) => {
+            let what = match w.job.to {
+                None => "the key's primary took the write, but replica",
+                Some(_) => "member",
+            };
+            w.refused = Some(Error::new(e.status, format!("{what} {replica} refused it: {}", e.message)));
+        }
+        Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
+        Err(_) => {}
+    }
+}
+
+/// Whether a replica's refusal stands however often the copy is sent: it has no room for
+/// the value (in store mode nothing is evicted to make some).
+fn refuses_for_good(status: Status) -> bool {
+    matches!(status, Status::NoSpace | Status::ValueTooLarge | Status::KeyTooLarge)
+}
