@@ -355,8 +355,22 @@ impl KeepAlive {
         }
     }
 
-    /// Registers this server again under a new lease (its old one lapsed).
+    /// Registers this server again under a new lease (its old one lapsed). If the
+    /// placement changed since the server was fenced, the cluster may have moved on
+    /// without it: it forgets its copies first ([`ServerRole::forget_copies`]), before
+    /// anyone can learn it is back and copy to it.
     async fn register_again(&mut self) -> Result<()> {
+        if self.role.fenced() {
+            let placement = read_state(&mut self.client, &self.url).await?.placement;
+            let before = self.role.fenced_at_version();
+            if let Some(now) = placement.map(|p| p.version).filter(|v| *v != before) {
+                warn!(
+                    "cluster {}: this server's lease lapsed and the placement moved on (version {before} to {now}): it forgets the copies it held, which the cluster may have written or deleted since, and joins as a new member",
+                    self.url
+                );
+                self.role.forget_copies();
+            }
+        }
         let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let new = register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs).await?;
         self.lease.store(new, Ordering::SeqCst);

@@ -206,8 +206,16 @@ impl Service {
             copies: FxHashMap::default(),
             keys: FxHashMap::default(),
         });
-        self.placement =
-            Some(PlacementCheck { role, secret, seen: u64::MAX, current: None, handovers: FxHashMap::default() });
+        self.placement = Some(PlacementCheck {
+            forgotten: role.forgotten(),
+            role,
+            secret,
+            seen: u64::MAX,
+            current: None,
+            handovers: FxHashMap::default(),
+            moves_seen: u64::MAX,
+            last_move: None,
+        });
         Ok(())
     }
 
@@ -482,15 +490,18 @@ impl Service {
             };
             return Ok(ok_reply(h.request_id, generation, existed as u64));
         }
-        // The generation deleted goes back, for the key's other replicas to delete up to.
-        let generation = self.shard.generation_of(key).unwrap_or(0);
-        let existed = self.shard.delete(key, &condition(h))?;
-        let reply = ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64);
-        if existed {
-            self.replicate(h, kind, key, generation, None, reply)
-        } else {
-            Ok(reply)
+        if h.flags & flags::VIEW == 0 || self.placement.is_none() {
+            let generation = self.shard.generation_of(key).unwrap_or(0);
+            let existed = self.shard.delete(key, &condition(h))?;
+            return Ok(ok_reply(h.request_id, if existed { generation } else { 0 }, existed as u64));
         }
+        // A client's delete, taken as the key's primary: copied to the key's other replicas
+        // even when this shard lacked the key (one of them may hold it: a new primary the
+        // mover had not copied it to yet), at a generation of its own that they delete up
+        // to and remember.
+        let (existed, generation) = self.shard.delete_as_primary(key, &condition(h))?;
+        let reply = ok_reply(h.request_id, generation, existed as u64);
+        self.replicate(h, kind, key, generation, None, reply)
     }
 
     fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {

@@ -44,6 +44,10 @@ pub const MIN_TRANSFER_RATE: u64 = 64 << 20;
 /// servers; the server's own mover holds one at a time).
 pub const MAX_HANDOVERS: usize = 1024;
 
+/// Keys a shard deletes at a time while it forgets what it held (see
+/// [`ServerRole::forget_copies`](crate::cluster::placement::ServerRole::forget_copies)).
+pub const FORGET_BATCH: usize = 4096;
+
 /// How long a key is held for a handover that does not end (its mover failed), before
 /// writes to it go ahead here; the handover's delete is conditional on the generation
 /// handed over, so a write in between is never lost.

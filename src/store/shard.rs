@@ -387,6 +387,24 @@ impl Shard {
         Ok(Ok(existed))
     }
 
+    /// Deletes a key as its primary in a cluster: the delete is a write of its own, with a
+    /// generation above every one the key had here, which the shard remembers for a while
+    /// (see [`Tombstones`]) so that no copy of an earlier write brings the value back (the
+    /// mover's, when this shard gains the key in a move). Whether the key existed, and the
+    /// delete's generation, for its replicas to delete up to.
+    pub fn delete_as_primary(&mut self, key: &[u8], cond: &Condition) -> Result<(bool, u64)> {
+        if !self.write_condition_holds(key, cond) {
+            self.counters.condition_failed += 1;
+            return Err(Error::new(Status::ConditionFailed, ""));
+        }
+        let generation = self.next_generation()?;
+        let now = self.now();
+        self.tombstones.remember(key, generation, now);
+        let existed = self.remove_key(key);
+        self.counters.deletes += existed as u64;
+        Ok((existed, generation))
+    }
+
     /// Whether the key holds a live value.
     pub fn contains(&mut self, key: &[u8]) -> bool {
         self.live_slot(key).is_some()
@@ -556,6 +574,17 @@ impl Shard {
         }
         self.counters.deletes += keys.len() as u64;
         (keys.len() as u64, more)
+    }
+
+    /// Drops every key for which `unwanted` says so (copies a cluster member no longer
+    /// keeps: see `Service::check_placement`); returns how many.
+    pub fn drop_keys(&mut self, mut unwanted: impl FnMut(&[u8]) -> bool) -> u64 {
+        let keys: Vec<Vec<u8>> =
+            self.index.range(&[], None).filter(|(k, _)| unwanted(k)).map(|(k, _)| k.to_vec()).collect();
+        for k in &keys {
+            self.remove_key(k);
+        }
+        keys.len() as u64
     }
 
     /// Live keys in `[min, max)` with value sizes, up to `limit` of them and `max_bytes` of

@@ -2,6 +2,8 @@
 //! libfabric.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Once, OnceLock};

@@ -10,7 +10,7 @@ use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Kind, Op, RequestHeader};
-use crate::server::tunables::{HANDOVER_HOLD, MAX_HANDOVERS};
+use crate::server::tunables::{FORGET_BATCH, HANDOVER_HOLD, MAX_HANDOVERS};
 
 /// A cluster member's shard's side of placement: the routing last read from the
 /// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
@@ -21,6 +21,12 @@ pub(super) struct PlacementCheck {
     pub(super) seen: u64,
     pub(super) current: Option<Arc<(String, Routing)>>,
     pub(super) handovers: FxHashMap<Vec<u8>, Instant>,
+    /// The role's placement version, and the placement's epoch and `next`, that
+    /// [`Service::drop_copies_if_a_move_began`] last looked at.
+    pub(super) moves_seen: u64,
+    pub(super) last_move: Option<(u64, Option<Vec<String>>)>,
+    /// The role's [`forgotten`](ServerRole::forgotten) count this shard acted on.
+    pub(super) forgotten: u64,
 }
 
 impl Service {
@@ -60,6 +66,8 @@ impl Service {
     /// fenced; a member's copy ([`Kind::is_import`]) comes without one and is taken only
     /// for a key this server holds, or is to hold, under the placement it holds now.
     pub(super) fn check_placement(&mut self, h: &RequestHeader, kind: Kind, key: &[u8]) -> Result<()> {
+        self.forget_if_stale();
+        self.drop_copies_if_a_move_began();
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
         let write = kind.op() != Op::Get;
         let routed = h.flags & flags::VIEW != 0;
@@ -185,6 +193,60 @@ impl Service {
             return Err(Error::new(Status::KeyMoving, format!("the key is being handed over to {moving_to}")));
         }
         Ok(())
+    }
+
+    /// As a move begins (R ≥ 2), before this shard takes any request under it: drops the
+    /// copies of keys this server is no replica of under the current placement. Nothing
+    /// keeps them up to date (writes and deletes go to a key's replicas), and the move may
+    /// make this server a replica of such a key again: the key's first replica copies it
+    /// here if it still exists, and nothing brings the delete of one that does not, so the
+    /// copy left here would come back with the key. (The mover frees them too once the
+    /// placement moves on, but only between moves.)
+    fn drop_copies_if_a_move_began(&mut self) {
+        let Some(p) = self.placement.as_mut() else { return };
+        let version = p.role.version();
+        if version == p.moves_seen {
+            return;
+        }
+        p.moves_seen = version;
+        let Some(current) = p.role.current() else { return };
+        let placement = &current.1.placement;
+        let this_move = (placement.epoch, placement.next.clone());
+        let before = p.last_move.replace(this_move.clone());
+        if placement.replicas < 2 || placement.next.is_none() || before.is_none_or(|b| b == this_move) {
+            return;
+        }
+        let (me, routing) = (current.0.as_str(), &current.1);
+        let started = Instant::now();
+        let dropped = self.shard.drop_keys(|key| !routing.replicas(key).contains(&me));
+        if dropped > 0 {
+            tracing::info!(
+                "placement version {}: dropped {dropped} copies of keys this server is no replica of before keys move ({:?})",
+                routing.placement.version,
+                started.elapsed()
+            );
+        }
+    }
+
+    /// Forgets every key this shard holds once its server's copies went stale (see
+    /// [`ServerRole::forget_copies`]): before any request under the placement that follows.
+    fn forget_if_stale(&mut self) {
+        let Some(p) = self.placement.as_mut() else { return };
+        let forgotten = p.role.forgotten();
+        if forgotten == p.forgotten {
+            return;
+        }
+        p.forgotten = forgotten;
+        p.handovers.clear();
+        let mut keys = 0;
+        loop {
+            let (deleted, more) = self.shard.delete_range(&[], None, FORGET_BATCH);
+            keys += deleted;
+            if !more {
+                break;
+            }
+        }
+        tracing::warn!("forgot the {keys} keys this shard held: the cluster moved on without this server");
     }
 
     /// Whether `key` is held for a handover now (a lapsed hold is dropped).

@@ -206,3 +206,32 @@ fn an_import_older_than_a_delete_copied_here_is_refused() {
     assert_eq!(import(&mut s, b"k", b"new", base + 7).unwrap(), base + 7);
     assert_eq!(value(&mut s, b"k").as_deref(), Some(&b"new"[..]));
 }
+
+#[test]
+fn a_delete_taken_as_primary_is_a_write_that_refuses_older_copies() {
+    let mut s = Shard::new(8 << 20, HugePages::Off, Mode::Store).unwrap();
+    let next = s.last_generation() + 1;
+    let g = import(&mut s, b"k", b"v", next).unwrap();
+    let (existed, deleted_at) = s.delete_as_primary(b"k", &Condition::default()).unwrap();
+    assert!(existed && deleted_at > g, "a generation of its own, above the key's: {deleted_at} after {g}");
+    // The mover's copy of the value deleted (a move that makes this shard a replica).
+    assert_eq!(import(&mut s, b"k", b"v", g).unwrap(), deleted_at);
+    assert_eq!(value(&mut s, b"k"), None);
+    // A key this shard lacked: still a write, remembered.
+    let (existed, absent_at) = s.delete_as_primary(b"elsewhere", &Condition::default()).unwrap();
+    assert!(!existed && absent_at > deleted_at);
+    assert_eq!(import(&mut s, b"elsewhere", b"old", absent_at - 1).unwrap(), absent_at);
+    assert_eq!(s.stats().used_bytes, 0, "refused copies leave nothing behind");
+}
+
+#[test]
+fn drop_keys_drops_what_it_is_told_and_nothing_else() {
+    let mut s = Shard::new(8 << 20, HugePages::Off, Mode::Store).unwrap();
+    for k in [&b"keep-1"[..], b"drop-1", b"keep-2", b"drop-2"] {
+        let next = s.last_generation() + 1;
+        import(&mut s, k, b"v", next).unwrap();
+    }
+    assert_eq!(s.drop_keys(|k| k.starts_with(b"drop")), 2);
+    let kept: Vec<bool> = [&b"keep-1"[..], b"drop-1", b"keep-2", b"drop-2"].iter().map(|k| s.contains(k)).collect();
+    assert_eq!(kept, [true, false, true, false]);
+}
