@@ -1,6 +1,7 @@
 //! The cluster's chaos soak (`make soak`, not in CI): etcd and `rdram serve --cluster`
 //! members (R = 2) that are SIGKILLed and replaced, paused past their lease, joined and
-//! drained, one change at a time at random, for CHAOS_SECS (default 300; seed CHAOS_SEED),
+//! drained, one change at a time at random, for CHAOS_SECS (default 300; seed CHAOS_SEED;
+//! the members' transport CHAOS_TRANSPORT, as `common::init` takes it, default UCX shm),
 //! under writers of new keys, an overwriter, a deleter, compare-and-swap counters and
 //! readers, each a client of its own given the cluster's `etcd://` string.
 //!
@@ -368,10 +369,11 @@ impl Members {
 #[test]
 #[ignore = "a soak: make soak runs it"]
 fn chaos() {
-    common::init(common::SHM);
+    let transport = std::env::var("CHAOS_TRANSPORT").ok().filter(|t| !t.is_empty());
+    common::init(transport.as_deref().unwrap_or(common::SHM));
     let secs: u64 = std::env::var("CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("chaos: {secs} s, CHAOS_SEED={seed}");
+    eprintln!("chaos: {secs} s, CHAOS_SEED={seed}, over {}", transport.as_deref().unwrap_or(common::SHM));
     let mut rng = SmallRng::seed_from_u64(seed);
     let etcd = Etcd::start();
     let url = etcd.url("chaos");
