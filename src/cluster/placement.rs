@@ -116,8 +116,6 @@ pub struct ServerRole {
     confirmed_ms: AtomicU64,
     lease_limit_ms: AtomicU64,
     fenced: AtomicBool,
-    /// The placement's version when the server was last fenced (see [`ServerRole::forget_copies`]).
-    fenced_at_version: AtomicU64,
     /// Counts the times this server's copies went stale: each shard forgets every key it
     /// holds when it sees the count change (see [`ServerRole::forget_copies`]).
     forgotten: AtomicU64,
@@ -193,29 +191,14 @@ impl ServerRole {
     /// Fences the server when etcd has not confirmed its lease for too long; true when
     /// this call fenced it.
     pub fn fence_unconfirmed_lease(&self) -> bool {
-        let fenced = !self.lease_current(clock()) && !self.fenced.swap(true, Ordering::AcqRel);
-        if fenced {
-            self.note_fenced_at();
-        }
-        fenced
+        !self.lease_current(clock()) && !self.fenced.swap(true, Ordering::AcqRel)
     }
 
-    /// Records the placement's version as the server is fenced.
-    fn note_fenced_at(&self) {
-        let version = self.current().map_or(0, |c| c.1.placement.version);
-        self.fenced_at_version.store(version, Ordering::Release);
-    }
-
-    /// The placement's version when the server was last fenced.
-    pub fn fenced_at_version(&self) -> u64 {
-        self.fenced_at_version.load(Ordering::Acquire)
-    }
-
-    /// The server's lease lapsed while it was fenced, and the placement changed meanwhile:
-    /// the cluster may have moved on without it, writing and deleting keys it holds, so
-    /// every shard forgets what it holds before it takes a request under the placement
-    /// published next. It joins as a new member, and is copied what it is to hold. (Kept,
-    /// a key deleted meanwhile would come back once it is a replica of that key again.)
+    /// The server's lease lapsed while it was fenced, and the placement went on without it:
+    /// the cluster may have written and deleted keys it holds, so every shard forgets what
+    /// it holds before it takes another request. It joins as a new member, and is copied
+    /// what it is to hold. (Kept, a key deleted meanwhile would come back once it is a
+    /// replica of that key again.)
     pub fn forget_copies(&self) {
         self.forgotten.fetch_add(1, Ordering::AcqRel);
     }
@@ -236,9 +219,6 @@ impl ServerRole {
         let (now, last) = (clock(), self.tick_ms.load(Ordering::Acquire));
         let limit = self.pause_limit_ms.load(Ordering::Acquire);
         let paused = limit > 0 && now.saturating_sub(last) > limit && !self.fenced.swap(true, Ordering::AcqRel);
-        if paused {
-            self.note_fenced_at();
-        }
         // Stored after `fenced`: a worker that reads this tick also reads the fence.
         self.tick_ms.store(now, Ordering::Release);
         paused

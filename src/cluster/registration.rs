@@ -356,17 +356,17 @@ impl KeepAlive {
     }
 
     /// Registers this server again under a new lease (its old one lapsed). If the
-    /// placement changed since the server was fenced, the cluster may have moved on
-    /// without it: it forgets its copies first ([`ServerRole::forget_copies`]), before
-    /// anyone can learn it is back and copy to it.
+    /// placement no longer names it, the cluster moved on without it: it forgets its
+    /// copies first ([`ServerRole::forget_copies`]), before anyone can learn it is back
+    /// and copy to it. (While the placement still names it, its keys may still be read
+    /// from it until the move that leaves it out ends, and it keeps them.)
     async fn register_again(&mut self) -> Result<()> {
         if self.role.fenced() {
             let placement = read_state(&mut self.client, &self.url).await?.placement;
-            let before = self.role.fenced_at_version();
-            if let Some(now) = placement.map(|p| p.version).filter(|v| *v != before) {
+            if let Some(p) = placement.filter(|p| !p.members.contains(&self.me)) {
                 warn!(
-                    "cluster {}: this server's lease lapsed and the placement moved on (version {before} to {now}): it forgets the copies it held, which the cluster may have written or deleted since, and joins as a new member",
-                    self.url
+                    "cluster {}: this server's lease lapsed and placement version {} goes on without it: it forgets the copies it held, which the cluster may have written or deleted since, and joins as a new member",
+                    self.url, p.version
                 );
                 self.role.forget_copies();
             }
