@@ -139,8 +139,8 @@ impl Client {
             });
             let outcome = match outcome {
                 // Refused at its first part, so nothing of it is staged: the server holds as
-                // many of this session's staged values as it takes (this batch's values in
-                // flight). The value waits for one of them to end, and the batch keeps at
+                // many values staged by this client's connection as it takes (this batch's
+                // values in flight). The value waits for one of them to end, and the batch keeps at
                 // most that many in flight.
                 Err(e) if e.status == Status::NoRoom && chains[c].next == 0 && !in_flight.is_empty() => {
                     limit = in_flight.len();
