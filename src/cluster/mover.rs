@@ -106,7 +106,9 @@ impl Work {
         let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
             let seen = self.role.version();
-            let Some(current) = self.role.current() else {
+            // A fenced server's copies may be older than what the cluster acknowledged
+            // since (its lease may have lapsed): it copies none out until it is placed again.
+            let Some(current) = self.role.current().filter(|_| !self.role.fenced()) else {
                 self.role.wait_past(seen, MOVER_POLL);
                 continue;
             };

@@ -3,7 +3,7 @@
 
 use super::etcd::{etcd_error, read_settings, read_state, runtime, Connection};
 use super::follower::{Follower, Members};
-use super::tunables::{ETCD_CALL_TIMEOUT, ETCD_RETRY_PAUSE, LEASE_CLOCK_TICK, PLACEMENT_WAIT};
+use super::tunables::{ETCD_CALL_TIMEOUT, ETCD_RETRY_PAUSE, LEASE_CLOCK_TICK, PLACEMENT_WAIT, REJOIN_POLL};
 use super::*;
 
 /// A server's membership: its key under a lease that a background task keeps alive, and
@@ -266,6 +266,54 @@ pub(super) async fn put_record(
     Ok(())
 }
 
+/// Grants a lease of `ttl_secs` and puts the member record under it, in a transaction
+/// that holds only while `placement_key` was last changed at `revision` (0: it does not
+/// exist); the lease, or None when the placement changed (the lease is revoked then).
+async fn register_if_unchanged(
+    client: &mut etcd_client::Client,
+    url: &ClusterUrl,
+    (key, member, secret, ttl_secs): (&str, &Member, &ClusterSecret, i64),
+    (placement_key, revision): (&str, i64),
+) -> Result<Option<i64>> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let lease = client.lease_grant(ttl_secs, None).await.map_err(|e| etcd_error(url, "cannot grant a lease", e))?.id();
+    let unchanged = match revision {
+        0 => Compare::create_revision(placement_key, CompareOp::Equal, 0),
+        revision => Compare::mod_revision(placement_key, CompareOp::Equal, revision),
+    };
+    let put = TxnOp::put(key, member.sealed(secret, lease), Some(PutOptions::new().with_lease(lease)));
+    let txn = Txn::new().when([unchanged]).and_then([put]);
+    let done = client.txn(txn).await.map_err(|e| etcd_error(url, "cannot write this server's member record", e))?;
+    if done.succeeded() {
+        return Ok(Some(lease));
+    }
+    let _ = client.lease_revoke(lease).await;
+    Ok(None)
+}
+
+/// Where a placement stands towards a member whose lease lapsed (see
+/// [`KeepAlive::register_again`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Standing {
+    /// Named, and no move leaves it out: nothing went on without it.
+    Named,
+    /// A member whose keys are moving to the others: writes went on without it.
+    MovedOff,
+    /// Neither a member nor one keys move to: the cluster went on without it.
+    LeftOut,
+}
+
+impl Standing {
+    fn of(me: &str, p: &Placement) -> Standing {
+        let named = |list: &[String]| list.iter().any(|m| m == me);
+        match (named(&p.members), p.next.as_deref().map(named)) {
+            (true, Some(false)) => Standing::MovedOff,
+            (false, None | Some(false)) => Standing::LeftOut,
+            _ => Standing::Named,
+        }
+    }
+}
+
 /// Keeps a registration's lease alive; registers again under a new lease if the old one
 /// expired (etcd was unreachable for longer than the TTL).
 pub(super) struct KeepAlive {
@@ -355,24 +403,62 @@ impl KeepAlive {
         }
     }
 
-    /// Registers this server again under a new lease (its old one lapsed). If the
-    /// placement no longer names it, the cluster moved on without it: it forgets its
-    /// copies first ([`ServerRole::forget_copies`]), before anyone can learn it is back
-    /// and copy to it. (While the placement still names it, its keys may still be read
-    /// from it until the move that leaves it out ends, and it keeps them.)
+    /// Registers this server again under a new lease (its old one lapsed). Once its lease
+    /// lapsed, the cluster may have taken it for dead and gone on without it: writes that
+    /// its keys took meanwhile skipped it, and deletes too. What it does depends on where
+    /// the placement stands ([`Standing`]):
+    /// - the placement no longer names it: it forgets its copies
+    ///   ([`ServerRole::forget_copies`]) before anyone can learn it is back and copy to it,
+    ///   and joins as a new member;
+    /// - a move that leaves it out is under way: it registers only once that move ended
+    ///   (and then forgets), staying fenced meanwhile, so that it serves none of the keys
+    ///   it holds as they were before the cluster went on, and copies none out;
+    /// - the placement names it and no move leaves it out (an etcd outage the cluster
+    ///   waited out): no write skipped it, so it keeps what it holds. It registers in a
+    ///   transaction that holds only while the placement is the one it read, so that a
+    ///   move leaving it out cannot begin between the read and the registration.
     async fn register_again(&mut self) -> Result<()> {
-        if self.role.fenced() {
-            let placement = read_state(&mut self.client, &self.url).await?.placement;
-            if let Some(p) = placement.filter(|p| !p.members.contains(&self.me)) {
-                warn!(
-                    "cluster {}: this server's lease lapsed and placement version {} goes on without it: it forgets the copies it held, which the cluster may have written or deleted since, and joins as a new member",
-                    self.url, p.version
-                );
-                self.role.forget_copies();
-            }
-        }
         let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let new = register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs).await?;
+        let mut waiting = false;
+        let new = loop {
+            let state = read_state(&mut self.client, &self.url).await?;
+            let placement = state.placement.as_ref();
+            match placement.map_or(Standing::Named, |p| Standing::of(&self.me, p)) {
+                Standing::LeftOut => {
+                    warn!(
+                        "cluster {}: this server's lease lapsed and placement version {} goes on without it: it forgets the copies it held, which the cluster may have written or deleted since, and joins as a new member",
+                        self.url,
+                        placement.map_or(0, |p| p.version)
+                    );
+                    self.role.forget_copies();
+                    break register(&mut self.client, &self.url, &self.key, &member, &self.secret, self.ttl_secs)
+                        .await?;
+                }
+                Standing::MovedOff => {
+                    if !std::mem::replace(&mut waiting, true) {
+                        warn!(
+                            "cluster {}: this server's lease lapsed and placement version {} moves its keys to the other members; it serves nothing until that move ends, then joins as a new member",
+                            self.url,
+                            placement.map_or(0, |p| p.version)
+                        );
+                    }
+                    tokio::time::sleep(REJOIN_POLL).await;
+                }
+                Standing::Named => {
+                    let at = state.placement_revision;
+                    let registered = register_if_unchanged(
+                        &mut self.client,
+                        &self.url,
+                        (&self.key, &member, &self.secret, self.ttl_secs),
+                        (&self.url.placement_key(), at),
+                    )
+                    .await?;
+                    if let Some(lease) = registered {
+                        break lease;
+                    }
+                }
+            }
+        };
         self.lease.store(new, Ordering::SeqCst);
         self.role.lease_confirmed();
         self.lift_fence().await;
@@ -432,5 +518,30 @@ impl KeepAlive {
             }
             self.pause(every).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lapsed_member_is_moved_off_while_a_move_leaves_it_out_and_left_out_after() {
+        let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = |members: &[&str], next: Option<&[&str]>| Placement {
+            epoch: 1,
+            members: names(members),
+            next: next.map(names),
+            replicas: 2,
+            version: 1,
+            ..Default::default()
+        };
+        assert_eq!(Standing::of("b", &placement(&["a", "b", "c"], None)), Standing::Named);
+        assert_eq!(Standing::of("b", &placement(&["a", "b", "c"], Some(&["a", "b", "c", "d"]))), Standing::Named);
+        assert_eq!(Standing::of("b", &placement(&["a", "b", "c"], Some(&["a", "c"]))), Standing::MovedOff);
+        assert_eq!(Standing::of("b", &placement(&["a", "c"], None)), Standing::LeftOut);
+        assert_eq!(Standing::of("b", &placement(&["a", "c"], Some(&["a", "c", "d"]))), Standing::LeftOut);
+        // A member keys were moving to when its lease lapsed: no write went on without it.
+        assert_eq!(Standing::of("b", &placement(&["a", "c"], Some(&["a", "b", "c"]))), Standing::Named);
     }
 }

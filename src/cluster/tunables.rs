@@ -14,6 +14,10 @@ pub const ETCD_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How long a joining server waits for the placement to take it in.
 pub const PLACEMENT_WAIT: Duration = Duration::from_secs(5);
 
+/// How often a server whose lease lapsed looks whether the move that leaves it out ended
+/// (it registers again then).
+pub const REJOIN_POLL: Duration = Duration::from_millis(200);
+
 /// Default lease TTL of a server's registration.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
