@@ -520,8 +520,11 @@ fn a_member_back_while_the_move_leaving_it_out_runs_serves_no_older_value() {
     wait_until_placed(&url, 3);
     let placed: Placement = serde_json::from_value(status(&url)["placement"].clone()).unwrap();
     let routing = Routing::new(placed);
-    let hot: Vec<String> =
-        (0..10_000).map(|i| format!("hot{i}")).filter(|k| routing.owner(k.as_bytes()) == Some(&b.addr)).take(20).collect();
+    let hot: Vec<String> = (0..10_000)
+        .map(|i| format!("hot{i}"))
+        .filter(|k| routing.owner(k.as_bytes()) == Some(&b.addr))
+        .take(20)
+        .collect();
     let mut writer = client(&url);
     for k in &hot {
         writer.put(k.as_bytes(), b"before b's pause").unwrap();
@@ -537,7 +540,11 @@ fn a_member_back_while_the_move_leaving_it_out_runs_serves_no_older_value() {
         let names = |v: &serde_json::Value| v.as_array().unwrap().iter().any(|m| m.as_str() == Some(&b.addr));
         names(&p["members"]) && !p["next"].is_null() && !names(&p["next"])
     };
-    assert!(wait_until(Duration::from_secs(30), moving_off_b), "no move leaves the paused member out: {}", status(&url));
+    assert!(
+        wait_until(Duration::from_secs(30), moving_off_b),
+        "no move leaves the paused member out: {}",
+        status(&url)
+    );
     for k in &hot {
         writer.put(k.as_bytes(), b"while b was away").unwrap();
     }

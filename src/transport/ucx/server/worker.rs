@@ -53,6 +53,8 @@ mod puts;
 mod recovery;
 mod replies;
 
+use replies::Orphans;
+
 struct PutInFlight {
     worker: *mut ShardWorker,
     /// The worker it arrives by (see [`Arrival`]).
@@ -184,13 +186,11 @@ pub struct ShardWorker {
     /// Rendezvous puts being received, by (client session, request id): what an abort
     /// names. The boxes are owned by their UCX receive until its callback.
     puts: HashMap<(u64, u64), *mut PutInFlight>,
-    /// Replies to known clients not yet completed, by box address -> client.
+    /// Replies not yet completed, by box address -> client (0: not known).
     sending: HashMap<usize, u64>,
-    /// Replies to departed clients not yet completed, by box address -> worker incarnation:
-    /// they may never complete (over shared memory the client pulls the bytes itself), so
-    /// they keep no worker from being destroyed, and are freed here if the worker's
-    /// destruction did not end them (see [`ShardWorker::reclaim_orphans`]).
-    orphans: HashMap<usize, u64>,
+    /// Replies given up on, not yet completed (see [`ShardWorker::orphan`]); after
+    /// `retired` and `worker`.
+    orphans: Orphans,
     /// Per client: replies whose send is pending, and their owned bytes. A client that
     /// does not receive its replies stops being served at the bounds below.
     backlog: ReplyBacklog,
@@ -248,7 +248,7 @@ impl ShardWorker {
             puts: HashMap::new(),
             deferred: HashMap::new(),
             sending: HashMap::new(),
-            orphans: HashMap::new(),
+            orphans: Orphans::default(),
             stall_timeout,
             closing: Vec::new(),
             reply_eps: ReplyEps::default(),
@@ -351,7 +351,7 @@ impl ShardWorker {
         }
         // SAFETY: reclaim the box leaked above; no callback can run after this point
         // because nothing progresses the worker any more.
-        let w = unsafe { Box::from_raw(this) };
+        let mut w = unsafe { Box::from_raw(this) };
         if !w.puts.is_empty() || w.replies_in_flight.total() > 0 {
             warn!(
                 "shard {}: stopping with {} puts and {} replies still in flight",
@@ -359,6 +359,12 @@ impl ShardWorker {
                 w.puts.len(),
                 w.replies_in_flight.total()
             );
+        }
+        // Replies still unsent (their client stopped taking them) are given up on: their
+        // boxes are freed once the workers are destroyed (`Orphans`).
+        let unsent: Vec<usize> = w.sending.keys().copied().collect();
+        for m in unsent {
+            w.orphan(m);
         }
         drop(w);
     }

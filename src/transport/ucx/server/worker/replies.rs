@@ -105,8 +105,8 @@ impl ShardWorker {
                     self.backlog.charge(client, owned);
                     // SAFETY: as above.
                     unsafe { (*raw).charged = owned };
-                    self.sending.insert(raw as usize, client);
                 }
+                self.sending.insert(raw as usize, client);
                 if let Some(ArenaSlice { extent, .. }) = arena {
                     self.service.pin(extent);
                     // SAFETY: raw is the live box leaked above, owned by the pending send.
@@ -168,20 +168,57 @@ impl ShardWorker {
         self.deferred.retain(|_, d| !departed.contains(&d.client));
         for client in departed {
             self.backlog.forget(client);
-            let orphans: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
-            for m in orphans {
-                self.sending.remove(&m);
-                // SAFETY: boxes in `sending` are alive until their send's callback, which
-                // removes them from `sending` (or `orphans`) first.
-                let msg = unsafe { &mut *(m as *mut ReplyMsg) };
-                if let Some(extent) = msg.pinned.take() {
-                    self.service.unpin(extent);
-                }
-                // Its send may never end (a dead shared-memory peer): uncharged now.
-                self.backlog.discharge(client, std::mem::take(&mut msg.charged));
-                self.replies_in_flight.remove(msg.incarnation);
-                self.orphans.insert(m, msg.incarnation);
+            let sends: Vec<usize> = self.sending.iter().filter(|(_, &c)| c == client).map(|(&m, _)| m).collect();
+            for m in sends {
+                self.orphan(m);
             }
+        }
+    }
+
+    /// Gives up on the reply in box `m` (in `sending`): its send may never end (a departed
+    /// shared-memory client pulls the bytes itself, or the worker stops), so its extent is
+    /// unpinned and its bytes uncharged now, and it keeps no worker from being destroyed.
+    /// The box stays UCX's until its callback, or until its worker is destroyed
+    /// ([`ShardWorker::reclaim_orphans`], or [`Orphans`]' drop when the shard stops).
+    pub(super) fn orphan(&mut self, m: usize) {
+        let Some(client) = self.sending.remove(&m) else { return };
+        // SAFETY: boxes in `sending` are alive until their send's callback, which removes
+        // them from `sending` (or `orphans`) first.
+        let msg = unsafe { &mut *(m as *mut ReplyMsg) };
+        if let Some(extent) = msg.pinned.take() {
+            self.service.unpin(extent);
+        }
+        self.backlog.discharge(client, std::mem::take(&mut msg.charged));
+        self.replies_in_flight.remove(msg.incarnation);
+        self.orphans.insert(m, msg.incarnation);
+    }
+}
+
+/// Replies given up on ([`ShardWorker::orphan`]), by box address -> worker incarnation.
+/// Declared after the UCX workers in [`ShardWorker`]: those left when the shard stops are
+/// freed once every worker is destroyed, when no callback of theirs can come any more.
+#[derive(Default)]
+pub(super) struct Orphans(HashMap<usize, u64>);
+
+impl std::ops::Deref for Orphans {
+    type Target = HashMap<usize, u64>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Orphans {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Orphans {
+    fn drop(&mut self) {
+        for (m, _) in self.0.drain() {
+            // SAFETY: an orphan's box is owned by its send until the callback, which never
+            // comes now that the workers are destroyed (fields dropped before this one).
+            drop(unsafe { Box::from_raw(m as *mut ReplyMsg) });
         }
     }
 }
