@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{node_seed, rendezvous, rendezvous_ranked};
+use crate::proto::{node_seed, rendezvous, rendezvous_among, rendezvous_ranked};
 
 /// The servers keys are placed on, as etcd holds it (`/remote_dram/NAME/placement`).
 /// Each key goes to `replicas` of `members`, ranked by rendezvous hashing: its primary
@@ -84,6 +84,12 @@ impl Routing {
         let Some(next) = &self.placement.next else { return Vec::new() };
         let ranked = rendezvous_ranked(key, &self.next_seeds, self.placement.replicas);
         ranked.into_iter().map(|i| next[i].as_str()).collect()
+    }
+
+    /// Whether the member at `index` of the placement's members holds `key` now (as
+    /// [`Routing::replicas`] says, without listing them).
+    pub fn is_replica_at(&self, index: usize, key: &[u8]) -> bool {
+        index < self.seeds.len() && rendezvous_among(key, &self.seeds, self.placement.replicas, index)
     }
 
     /// Whether `member` holds `key` now, or is to hold it under `next`.
@@ -276,6 +282,20 @@ mod tests {
             assert_ne!(now[0], now[1], "two distinct replicas");
             let survivors: Vec<&str> = now.iter().copied().filter(|m| *m != "a").collect();
             assert_eq!(&then[..survivors.len()], &survivors[..], "survivors keep their rank: {now:?} -> {then:?}");
+        }
+    }
+
+    #[test]
+    fn is_replica_at_agrees_with_the_replica_list() {
+        for replicas in 1..=3 {
+            let r = Routing::new(placement(&["a", "b", "c", "d"], None, replicas));
+            for i in 0..2000 {
+                let key = format!("key-{i}");
+                let listed = r.replicas(key.as_bytes());
+                for (index, member) in r.placement.members.iter().enumerate() {
+                    assert_eq!(r.is_replica_at(index, key.as_bytes()), listed.contains(&member.as_str()));
+                }
+            }
         }
     }
 

@@ -36,3 +36,11 @@ pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
     scored.sort_unstable_by(|a, b| b.cmp(a));
     scored.into_iter().take(n).map(|(_, i)| i).collect()
 }
+
+/// Whether server `i` is among the `n` that rank highest for `key` (as
+/// [`rendezvous_ranked`] ranks them), without ranking them all.
+pub fn rendezvous_among(key: &[u8], seeds: &[u64], n: usize, i: usize) -> bool {
+    let score = |j: usize| (xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[j]), j);
+    let mine = score(i);
+    (0..seeds.len()).filter(|&j| score(j) > mine).count() < n
+}

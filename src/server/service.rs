@@ -22,7 +22,7 @@ use crate::metrics::ShardMetrics;
 use crate::proto::ByteRange;
 use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::reply_backlog::ReplyBudget;
-use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY};
+use crate::server::tunables::{MIN_TRANSFER_RATE, PRESSURE_LOG_EVERY, STALE_SWEEP_BATCH};
 use crate::store::alloc::Extent;
 use crate::store::{Condition, GetOutcome, Layout, Shard};
 use placement::PlacementCheck;
@@ -215,6 +215,7 @@ impl Service {
             handovers: FxHashMap::default(),
             moves_seen: u64::MAX,
             last_move: None,
+            stale: None,
         });
         Ok(())
     }
@@ -306,9 +307,11 @@ impl Service {
         self.shard.release_except(extent, keep)
     }
 
-    /// Drops up to `max` values whose TTL passed; returns how many.
-    pub fn expire_due(&mut self, max: usize) -> usize {
-        self.shard.expire_due(max)
+    /// The worker's periodic chores on its shard: drops up to `max` values whose TTL
+    /// passed, and looks at [`STALE_SWEEP_BATCH`] keys for copies a move made stale.
+    pub fn sweep(&mut self, max: usize) {
+        self.shard.expire_due(max);
+        self.drop_stale_copies(STALE_SWEEP_BATCH);
     }
 
     /// What this shard counts (only its worker writes it).

@@ -576,15 +576,34 @@ impl Shard {
         (keys.len() as u64, more)
     }
 
-    /// Drops every key for which `unwanted` says so (copies a cluster member no longer
-    /// keeps: see `Service::check_placement`); returns how many.
-    pub fn drop_keys(&mut self, mut unwanted: impl FnMut(&[u8]) -> bool) -> u64 {
-        let keys: Vec<Vec<u8>> =
-            self.index.range(&[], None).filter(|(k, _)| unwanted(k)).map(|(k, _)| k.to_vec()).collect();
+    /// Looks at up to `limit` keys from `from` on and drops those `unwanted` says so
+    /// (copies a cluster member no longer keeps: see `Service::drop_copies_if_a_move_began`);
+    /// how many it dropped, and the key to go on from (None: it looked at the last).
+    pub fn drop_keys(
+        &mut self,
+        from: &[u8],
+        limit: usize,
+        mut unwanted: impl FnMut(&[u8]) -> bool,
+    ) -> (u64, Option<Vec<u8>>) {
+        let (mut keys, mut rest) = (Vec::new(), None);
+        for (i, (k, _)) in self.index.range(from, None).enumerate() {
+            if i == limit.max(1) {
+                rest = Some(k.to_vec());
+                break;
+            }
+            if unwanted(k) {
+                keys.push(k.to_vec());
+            }
+        }
         for k in &keys {
             self.remove_key(k);
         }
-        keys.len() as u64
+        (keys.len() as u64, rest)
+    }
+
+    /// Drops `key` (a copy a cluster member no longer keeps); whether it was here.
+    pub fn drop_key(&mut self, key: &[u8]) -> bool {
+        self.remove_key(key)
     }
 
     /// Live keys in `[min, max)` with value sizes, up to `limit` of them and `max_bytes` of

@@ -1,7 +1,7 @@
 //! A cluster member's shard's side of placement: which requests routed with a view it
 //! takes (fencing, redirects, handovers), and which frames only members may send.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Kind, Op, RequestHeader};
-use crate::server::tunables::{FORGET_BATCH, HANDOVER_HOLD, MAX_HANDOVERS};
+use crate::server::tunables::{FORGET_BATCH, HANDOVER_HOLD, MAX_HANDOVERS, STALE_NAMED_MAX, STALE_STEP};
 
 /// A cluster member's shard's side of placement: the routing last read from the
 /// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
@@ -27,6 +27,32 @@ pub(super) struct PlacementCheck {
     pub(super) last_move: Option<(u64, Option<Vec<String>>)>,
     /// The role's [`forgotten`](ServerRole::forgotten) count this shard acted on.
     pub(super) forgotten: u64,
+    /// The copies a move made stale, being dropped (see
+    /// [`Service::drop_copies_if_a_move_began`]).
+    pub(super) stale: Option<StaleCopies>,
+}
+
+/// The copies of keys this server is no replica of under the placement a move began in,
+/// being dropped without holding the shard's requests up for a whole scan: a scan in key
+/// order, a few keys further at each request and a batch at each of the worker's sweeps,
+/// and at once any key a request names before the scan reached it.
+pub(super) struct StaleCopies {
+    current: Arc<(String, Routing)>,
+    /// This server's place among the placement's members (None: not one).
+    me: Option<usize>,
+    /// The next key the scan looks at.
+    from: Vec<u8>,
+    /// Keys from `from` on that requests named first: dropped then if stale, and left be by
+    /// the scan (a copy taken since the move began is current).
+    named: FxHashSet<Vec<u8>>,
+    dropped: u64,
+    started: Instant,
+}
+
+impl StaleCopies {
+    fn is_stale(&self, key: &[u8]) -> bool {
+        !self.me.is_some_and(|i| self.current.1.is_replica_at(i, key))
+    }
 }
 
 impl Service {
@@ -68,6 +94,7 @@ impl Service {
     pub(super) fn check_placement(&mut self, h: &RequestHeader, kind: Kind, key: &[u8]) -> Result<()> {
         self.forget_if_stale();
         self.drop_copies_if_a_move_began();
+        self.drop_if_stale(key);
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
         let write = kind.op() != Op::Get;
         let routed = h.flags & flags::VIEW != 0;
@@ -195,13 +222,13 @@ impl Service {
         Ok(())
     }
 
-    /// As a move begins (R ≥ 2), before this shard takes any request under it: drops the
-    /// copies of keys this server is no replica of under the current placement. Nothing
-    /// keeps them up to date (writes and deletes go to a key's replicas), and the move may
-    /// make this server a replica of such a key again: the key's first replica copies it
-    /// here if it still exists, and nothing brings the delete of one that does not, so the
-    /// copy left here would come back with the key. (The mover frees them too once the
-    /// placement moves on, but only between moves.)
+    /// As a move begins (R ≥ 2), before this shard takes any request under it: starts
+    /// dropping the copies of keys this server is no replica of under the current
+    /// placement ([`StaleCopies`]). Nothing keeps them up to date (writes and deletes go to
+    /// a key's replicas), and the move may make this server a replica of such a key again:
+    /// the key's first replica copies it here if it still exists, and nothing brings the
+    /// delete of one that does not, so the copy left here would come back with the key.
+    /// (The mover frees them too once the placement moved on, but only between moves.)
     fn drop_copies_if_a_move_began(&mut self) {
         let Some(p) = self.placement.as_mut() else { return };
         let version = p.role.version();
@@ -216,15 +243,52 @@ impl Service {
         if placement.replicas < 2 || placement.next.is_none() || before.is_none_or(|b| b == this_move) {
             return;
         }
-        let (me, routing) = (current.0.as_str(), &current.1);
-        let started = Instant::now();
-        let dropped = self.shard.drop_keys(|key| !routing.replicas(key).contains(&me));
-        if dropped > 0 {
-            tracing::info!(
-                "placement version {}: dropped {dropped} copies of keys this server is no replica of before keys move ({:?})",
-                routing.placement.version,
-                started.elapsed()
-            );
+        let me = placement.members.iter().position(|m| *m == current.0);
+        p.stale = Some(StaleCopies {
+            me,
+            current,
+            from: Vec::new(),
+            named: FxHashSet::default(),
+            dropped: 0,
+            started: Instant::now(),
+        });
+    }
+
+    /// Drops `key` first if it is a stale copy the scan has not looked at yet, then moves
+    /// the scan on by [`STALE_STEP`] keys (past [`STALE_NAMED_MAX`] keys named so, to its end).
+    fn drop_if_stale(&mut self, key: &[u8]) {
+        let Some(stale) = self.placement.as_mut().and_then(|p| p.stale.as_mut()) else { return };
+        if key < stale.from.as_slice() || stale.named.contains(key) {
+            return;
+        }
+        if stale.is_stale(key) && self.shard.drop_key(key) {
+            stale.dropped += 1;
+        }
+        stale.named.insert(key.to_vec());
+        let step = if stale.named.len() >= STALE_NAMED_MAX { usize::MAX } else { STALE_STEP };
+        self.drop_stale_copies(step);
+    }
+
+    /// Looks at up to `limit` more keys for stale copies (the worker's sweep).
+    pub(super) fn drop_stale_copies(&mut self, limit: usize) {
+        let Some(p) = self.placement.as_mut() else { return };
+        let Some(stale) = p.stale.as_mut() else { return };
+        let (dropped, rest) =
+            self.shard.drop_keys(&stale.from, limit, |k| !stale.named.contains(k) && stale.is_stale(k));
+        stale.dropped += dropped;
+        match rest {
+            Some(from) => stale.from = from,
+            None => {
+                if stale.dropped > 0 {
+                    tracing::info!(
+                        "placement version {}: dropped {} copies of keys this server is no replica of as keys began to move ({:?})",
+                        stale.current.1.placement.version,
+                        stale.dropped,
+                        stale.started.elapsed()
+                    );
+                }
+                p.stale = None;
+            }
         }
     }
 
@@ -238,6 +302,7 @@ impl Service {
         }
         p.forgotten = forgotten;
         p.handovers.clear();
+        p.stale = None;
         let mut keys = 0;
         loop {
             let (deleted, more) = self.shard.delete_range(&[], None, FORGET_BATCH);

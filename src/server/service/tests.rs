@@ -101,3 +101,52 @@ fn a_sealed_move_holds_writes_to_keys_whose_primary_changes() {
     let _ = a.check_placement(&write, Kind::Put, b"k");
     assert!(a.shard.last_generation() >= 1 << 62, "the floor raised this shard's generations");
 }
+
+fn hold(s: &mut Service, key: &[u8]) {
+    use crate::store::Layout;
+    let layout = Layout::aligned_to(key.len(), 1, 0);
+    let e = s.shard.reserve(layout.extent_len()).unwrap();
+    s.shard.write_put(e, layout, key, b"v");
+    let generation = s.shard.last_generation() + 1;
+    s.shard.commit_import(e, layout, generation, 0).unwrap();
+}
+
+/// As a move begins, a member drops its copies of keys it is no replica of, without
+/// holding requests up for a whole scan: a key a request names is looked at first, a copy
+/// taken since the move began stays, and the scan ends at the worker's sweeps.
+#[test]
+fn a_moves_stale_copies_go_before_any_request_touches_them_and_new_copies_stay() {
+    let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (mut c, role, _) = member_shard("c", &["a", "b"], &["b", "c"]);
+    let at_rest =
+        Placement { epoch: 2, members: names(&["a", "b", "c"]), replicas: 2, version: 4, ..Default::default() };
+    role.set("c", at_rest.clone());
+    let copy = RequestHeader::new(Op::Put, 1, 0);
+    let _ = c.check_placement(&copy, Kind::Get, b"-");
+    let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("key-{i:03}").into_bytes()).collect();
+    for k in &keys {
+        hold(&mut c, k);
+    }
+    let routing = Routing::new(at_rest.clone());
+    let stale: Vec<&Vec<u8>> = keys.iter().filter(|k| !routing.replicas(k).contains(&"c")).collect();
+    assert!(stale.len() > 50, "{} of the keys are copies c does not keep", stale.len());
+
+    // b leaves and d joins: c gains some of b's keys.
+    let moving = Placement { next: Some(names(&["a", "c", "d"])), version: 5, ..at_rest };
+    let gains = Routing::new(moving.clone());
+    role.set("c", moving);
+    // A stale copy late in key order that c is to hold again: named first, it is dropped
+    // at once, before the scan reaches it, and the copy the move sends stays.
+    let last = stale.iter().rev().find(|k| gains.next_replicas(k).contains(&"c")).unwrap().as_slice();
+    let _ = c.check_placement(&copy, Kind::CopyRead, last);
+    assert!(!c.shard.contains(last), "a stale copy was served before the scan dropped it");
+    c.check_placement(&copy, Kind::Import, last).unwrap();
+    hold(&mut c, last);
+    for _ in 0..4 {
+        c.sweep(1);
+    }
+    for k in &keys {
+        let kept = routing.replicas(k).contains(&"c") || k.as_slice() == last;
+        assert_eq!(c.shard.contains(k), kept, "{}", String::from_utf8_lossy(k));
+    }
+}

@@ -231,7 +231,13 @@ fn drop_keys_drops_what_it_is_told_and_nothing_else() {
         let next = s.last_generation() + 1;
         import(&mut s, k, b"v", next).unwrap();
     }
-    assert_eq!(s.drop_keys(|k| k.starts_with(b"drop")), 2);
+    // In key order: drop-1, drop-2, keep-1, keep-2; three at a time, then the rest.
+    let unwanted = |k: &[u8]| k.starts_with(b"drop") || k == b"keep-2";
+    assert_eq!(s.drop_keys(b"", 3, |k| k.starts_with(b"drop")), (2, Some(b"keep-2".to_vec())));
+    assert_eq!(s.drop_keys(b"keep-2", 3, |k| k.starts_with(b"drop")), (0, None));
     let kept: Vec<bool> = [&b"keep-1"[..], b"drop-1", b"keep-2", b"drop-2"].iter().map(|k| s.contains(k)).collect();
     assert_eq!(kept, [true, false, true, false]);
+    assert_eq!(s.drop_keys(b"keep-1", 1, unwanted), (0, Some(b"keep-2".to_vec())));
+    assert_eq!(s.drop_keys(b"keep-2", 1, unwanted), (1, None));
+    assert!(s.drop_key(b"keep-1") && !s.drop_key(b"keep-1") && !s.contains(b"keep-1"));
 }

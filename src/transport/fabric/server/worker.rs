@@ -300,7 +300,7 @@ impl FabricShardWorker {
             // SWEEP_EVERY busy turns, or when the poller says so while idle).
             let clock_due = if did_work { turns % SWEEP_EVERY == 0 } else { poller.clock_due() };
             if clock_due && last_sweep.elapsed() >= SWEEP_INTERVAL {
-                self.service.expire_due(SWEEP_BATCH);
+                self.service.sweep(SWEEP_BATCH);
                 self.forget_departed();
                 self.cut_stalled_reads();
                 self.service.publish_metrics(self.reads.len());

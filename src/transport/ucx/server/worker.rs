@@ -394,7 +394,7 @@ impl ShardWorker {
     /// Nothing here progresses a served UCX worker (the probe's worker has no callback
     /// into this one), so no callback runs meanwhile.
     fn sweep(&mut self, idle: bool) {
-        self.service.expire_due(SWEEP_BATCH);
+        self.service.sweep(SWEEP_BATCH);
         self.forget_departed();
         self.cut_stalled_puts();
         let gone = self.watch_queue(idle);
