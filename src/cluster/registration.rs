@@ -418,9 +418,10 @@ impl KeepAlive {
     ///   transaction that holds only while the placement is the one it read, so that a
     ///   move leaving it out cannot begin between the read and the registration.
     async fn register_again(&mut self) -> Result<()> {
-        let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut waiting = false;
         let new = loop {
+            // Read again each time: a drain may have begun while it waited.
+            let member = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let state = read_state(&mut self.client, &self.url).await?;
             let placement = state.placement.as_ref();
             match placement.map_or(Standing::Named, |p| Standing::of(&self.me, p)) {
