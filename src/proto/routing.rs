@@ -31,8 +31,7 @@ pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
     if n <= 1 {
         return if seeds.is_empty() { Vec::new() } else { vec![rendezvous(key, seeds)] };
     }
-    let mut scored: Vec<(u64, usize)> =
-        seeds.iter().enumerate().map(|(i, &s)| (xxhash_rust::xxh3::xxh3_64_with_seed(key, s), i)).collect();
+    let mut scored: Vec<(u64, usize)> = (0..seeds.len()).map(|i| score(key, seeds, i)).collect();
     scored.sort_unstable_by(|a, b| b.cmp(a));
     scored.into_iter().take(n).map(|(_, i)| i).collect()
 }
@@ -40,7 +39,11 @@ pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
 /// Whether server `i` is among the `n` that rank highest for `key` (as
 /// [`rendezvous_ranked`] ranks them), without ranking them all.
 pub fn rendezvous_among(key: &[u8], seeds: &[u64], n: usize, i: usize) -> bool {
-    let score = |j: usize| (xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[j]), j);
-    let mine = score(i);
-    (0..seeds.len()).filter(|&j| score(j) > mine).count() < n
+    let mine = score(key, seeds, i);
+    (0..seeds.len()).filter(|&j| score(key, seeds, j) > mine).count() < n
+}
+
+/// Server `i`'s rank for `key`: its hash, ties broken by its index.
+fn score(key: &[u8], seeds: &[u64], i: usize) -> (u64, usize) {
+    (xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[i]), i)
 }

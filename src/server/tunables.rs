@@ -49,11 +49,11 @@ pub const MAX_HANDOVERS: usize = 1024;
 pub const FORGET_BATCH: usize = 4096;
 
 /// Keys a shard looks at for copies a move made stale (see `Service::drop_stale_copies`)
-/// at each request while the scan lasts, at each sweep, and at most named by requests
-/// before the scan reached them (past it, the scan ends at once).
+/// at each request while the scan lasts, and at each sweep; and the bytes of the stale
+/// keys requests may name before the scan reached them (past it, the scan ends at once).
 pub const STALE_STEP: usize = 16;
 pub const STALE_SWEEP_BATCH: usize = 8192;
-pub const STALE_NAMED_MAX: usize = 65536;
+pub const STALE_NAMED_BYTES: usize = 4 << 20;
 
 /// How long a key is held for a handover that does not end (its mover failed), before
 /// writes to it go ahead here; the handover's delete is conditional on the generation

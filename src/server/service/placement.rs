@@ -10,7 +10,7 @@ use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::{Routing, ServerRole};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Kind, Op, RequestHeader};
-use crate::server::tunables::{FORGET_BATCH, HANDOVER_HOLD, MAX_HANDOVERS, STALE_NAMED_MAX, STALE_STEP};
+use crate::server::tunables::{FORGET_BATCH, HANDOVER_HOLD, MAX_HANDOVERS, STALE_NAMED_BYTES, STALE_STEP};
 
 /// A cluster member's shard's side of placement: the routing last read from the
 /// server's role, and the keys held for a handover ([`flags::MIGRATE`]) until when.
@@ -42,9 +42,10 @@ pub(super) struct StaleCopies {
     me: Option<usize>,
     /// The next key the scan looks at.
     from: Vec<u8>,
-    /// Keys from `from` on that requests named first: dropped then if stale, and left be by
-    /// the scan (a copy taken since the move began is current).
+    /// Stale keys from `from` on that requests named first: dropped then, and left be by
+    /// the scan (a copy taken since the move began is current); and their bytes.
     named: FxHashSet<Vec<u8>>,
+    named_bytes: usize,
     dropped: u64,
     started: Instant,
 }
@@ -249,23 +250,23 @@ impl Service {
             current,
             from: Vec::new(),
             named: FxHashSet::default(),
+            named_bytes: 0,
             dropped: 0,
             started: Instant::now(),
         });
     }
 
     /// Drops `key` first if it is a stale copy the scan has not looked at yet, then moves
-    /// the scan on by [`STALE_STEP`] keys (past [`STALE_NAMED_MAX`] keys named so, to its end).
+    /// the scan on by [`STALE_STEP`] keys (to its end once the stale keys named so hold
+    /// [`STALE_NAMED_BYTES`]: whoever names keys cannot make the shard hold more).
     fn drop_if_stale(&mut self, key: &[u8]) {
         let Some(stale) = self.placement.as_mut().and_then(|p| p.stale.as_mut()) else { return };
-        if key < stale.from.as_slice() || stale.named.contains(key) {
-            return;
+        if key >= stale.from.as_slice() && !stale.named.contains(key) && stale.is_stale(key) {
+            stale.dropped += self.shard.drop_key(key) as u64;
+            stale.named.insert(key.to_vec());
+            stale.named_bytes += key.len();
         }
-        if stale.is_stale(key) && self.shard.drop_key(key) {
-            stale.dropped += 1;
-        }
-        stale.named.insert(key.to_vec());
-        let step = if stale.named.len() >= STALE_NAMED_MAX { usize::MAX } else { STALE_STEP };
+        let step = if stale.named_bytes >= STALE_NAMED_BYTES { usize::MAX } else { STALE_STEP };
         self.drop_stale_copies(step);
     }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::cluster::{Placement, Routing};
+use crate::server::tunables::STALE_NAMED_BYTES;
 use crate::store::{HugePages, Mode};
 
 /// A shard of member `me` in a cluster with R = 2 whose keys move from `members` to
@@ -111,32 +112,35 @@ fn hold(s: &mut Service, key: &[u8]) {
     s.shard.commit_import(e, layout, generation, 0).unwrap();
 }
 
-/// As a move begins, a member drops its copies of keys it is no replica of, without
-/// holding requests up for a whole scan: a key a request names is looked at first, a copy
-/// taken since the move began stays, and the scan ends at the worker's sweeps.
-#[test]
-fn a_moves_stale_copies_go_before_any_request_touches_them_and_new_copies_stay() {
+/// Member "c" of a cluster at rest on a, b and c (R = 2) holding `keys`, as a move
+/// begins in which b leaves and d joins (c gains some of b's keys); and the routing at rest.
+fn shard_as_a_move_begins(keys: &[Vec<u8>]) -> (Service, Routing, Routing) {
     let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let (mut c, role, _) = member_shard("c", &["a", "b"], &["b", "c"]);
     let at_rest =
         Placement { epoch: 2, members: names(&["a", "b", "c"]), replicas: 2, version: 4, ..Default::default() };
     role.set("c", at_rest.clone());
-    let copy = RequestHeader::new(Op::Put, 1, 0);
-    let _ = c.check_placement(&copy, Kind::Get, b"-");
-    let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("key-{i:03}").into_bytes()).collect();
-    for k in &keys {
+    let _ = c.check_placement(&RequestHeader::new(Op::Put, 1, 0), Kind::Get, b"-");
+    for k in keys {
         hold(&mut c, k);
     }
-    let routing = Routing::new(at_rest.clone());
+    let moving = Placement { next: Some(names(&["a", "c", "d"])), version: 5, ..at_rest.clone() };
+    role.set("c", moving.clone());
+    (c, Routing::new(at_rest), Routing::new(moving))
+}
+
+/// As a move begins, a member drops its copies of keys it is no replica of, without
+/// holding requests up for a whole scan: a key a request names is looked at first, a copy
+/// taken since the move began stays, and the scan ends at the worker's sweeps.
+#[test]
+fn a_moves_stale_copies_go_before_any_request_touches_them_and_new_copies_stay() {
+    let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("key-{i:03}").into_bytes()).collect();
+    let (mut c, routing, gains) = shard_as_a_move_begins(&keys);
     let stale: Vec<&Vec<u8>> = keys.iter().filter(|k| !routing.replicas(k).contains(&"c")).collect();
     assert!(stale.len() > 50, "{} of the keys are copies c does not keep", stale.len());
-
-    // b leaves and d joins: c gains some of b's keys.
-    let moving = Placement { next: Some(names(&["a", "c", "d"])), version: 5, ..at_rest };
-    let gains = Routing::new(moving.clone());
-    role.set("c", moving);
     // A stale copy late in key order that c is to hold again: named first, it is dropped
     // at once, before the scan reaches it, and the copy the move sends stays.
+    let copy = RequestHeader::new(Op::Put, 1, 0);
     let last = stale.iter().rev().find(|k| gains.next_replicas(k).contains(&"c")).unwrap().as_slice();
     let _ = c.check_placement(&copy, Kind::CopyRead, last);
     assert!(!c.shard.contains(last), "a stale copy was served before the scan dropped it");
@@ -149,4 +153,30 @@ fn a_moves_stale_copies_go_before_any_request_touches_them_and_new_copies_stay()
         let kept = routing.replicas(k).contains(&"c") || k.as_slice() == last;
         assert_eq!(c.shard.contains(k), kept, "{}", String::from_utf8_lossy(k));
     }
+}
+
+/// Keys requests name before the scan reached them are remembered only while they are
+/// stale, and up to a bound of bytes: past it, the scan ends at once, so whoever sends
+/// requests cannot make the shard hold more.
+#[test]
+fn keys_named_during_a_stale_scan_are_bounded() {
+    let keys: Vec<Vec<u8>> = (0..1000).map(|i| format!("held-{i:04}").into_bytes()).collect();
+    let (mut c, routing, _) = shard_as_a_move_begins(&keys);
+    let copy = RequestHeader::new(Op::Put, 1, 0);
+    let scanning = |c: &Service| c.placement.as_ref().unwrap().stale.is_some();
+    let mut named = 0;
+    for i in 0.. {
+        // Long keys past every held one, so that the scan's own steps do not end it first.
+        let key = format!("{}{i}", "z".repeat(200_000)).into_bytes();
+        let _ = c.check_placement(&copy, Kind::Get, &key);
+        if routing.replicas(&key).contains(&"c") {
+            continue;
+        }
+        named += key.len();
+        if !scanning(&c) {
+            break;
+        }
+        assert!(named <= STALE_NAMED_BYTES, "{named} bytes of named keys and the scan goes on");
+    }
+    assert!(named >= STALE_NAMED_BYTES, "the scan ended after {named} bytes of named keys");
 }
