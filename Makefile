@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-peers device-bundle bench-python redis soak fuzz lint
+.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-peers device-bundle device-visit bench-python redis soak fuzz lint
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -60,6 +60,10 @@ target/release/am-shapes: bench/am_shapes/am_shapes.c
 # machine): packs .device-bundle for `bench/compare --device-bundle` (see bench/device-bundle).
 device-bundle: deps redis
 	bench/device-bundle
+
+# Everything bench/device-visit runs on that machine in one call, compressed to fit it.
+device-visit: deps redis
+	bench/device-bundle --visit
 
 # The Python client next to rdram-bench and redis-py (bench/python_client.py).
 bench-python: build redis
