@@ -48,6 +48,10 @@ pub const MOVE_DEPTH: usize = 32;
 /// at a change).
 pub const MOVER_POLL: Duration = Duration::from_millis(50);
 
+/// The longest nap of a mover keeping to `--rebalance-rate`, between its looks at whether
+/// it must stop.
+pub const MOVER_PACE_NAP: Duration = Duration::from_millis(20);
+
 /// How often the mover reports its progress.
 pub const MOVER_REPORT_EVERY: Duration = Duration::from_millis(500);
 
