@@ -26,18 +26,38 @@ pub(super) struct Follower {
 /// lease; others are ignored, with one warning each. A record that went (deleted, or
 /// rewritten off its lease or seal) while the lease of the one last taken lives still
 /// counts, as that record: whoever may write to etcd cannot take a live server out of
-/// the placement, and the server puts its record back.
+/// the placement, and the server puts its record back. A server's follower also keeps a
+/// member whose lease lapsed while its own judge says lapses may be etcd's outage rather
+/// than deaths ([`ServerRole::lapses_judged_in`]), and reads the state again once they
+/// are not.
 #[derive(Default)]
 pub(super) struct Members {
     secret: Option<ClusterSecret>,
     /// The records last taken, by address.
     taken: BTreeMap<String, Member>,
     warned: std::collections::HashSet<(String, i64, String)>,
+    judge: Option<LapseJudge>,
+    /// When the state is to be read again: members are kept past their lease until then.
+    recheck: Option<Duration>,
 }
+
+/// How long until a lapsed lease may be taken for its member's death (None: now).
+pub(super) type LapseJudge = Box<dyn Fn() -> Option<Duration> + Send>;
 
 impl Members {
     pub(super) fn checked_with(secret: ClusterSecret) -> Members {
         Members { secret: Some(secret), ..Default::default() }
+    }
+
+    /// Keeps members whose lease lapsed while `judge` says lapses are not yet deaths.
+    pub(super) fn judging_lapses(self, judge: LapseJudge) -> Members {
+        Members { judge: Some(judge), ..self }
+    }
+
+    /// When the last [`Members::settle`] kept a member past its lease: how soon to read
+    /// the state again.
+    pub(super) fn recheck(&self) -> Option<Duration> {
+        self.recheck
     }
 
     /// Replaces `state.members` with the live servers' records.
@@ -62,6 +82,7 @@ impl Members {
                 }
             }
         }
+        self.recheck = None;
         for (address, m) in &self.taken {
             if live.contains_key(address) {
                 continue;
@@ -69,6 +90,10 @@ impl Members {
             if kv.lease_lives(m.lease).await {
                 live.insert(address.clone(), m.clone());
                 state.stood_in.push(address.clone());
+            } else if let Some(wait) = self.judge.as_ref().and_then(|judge| judge()) {
+                live.insert(address.clone(), m.clone());
+                state.lapsed_in_outage.push(address.clone());
+                self.recheck = Some(wait);
             }
         }
         state.members = live.values().cloned().collect();
@@ -120,9 +145,16 @@ impl Follower {
         let replaced = etcd.replaced_since(number);
         tokio::pin!(replaced);
         loop {
+            let recheck = self.members.recheck();
             let event = tokio::select! {
                 event = events.message() => event,
                 () = &mut replaced => return Stopped::Replaced,
+                () = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {
+                    match settle(client, &self.url, &mut self.members, &mut self.on_state).await {
+                        Ok(_) => continue,
+                        Err(e) => return Stopped::Failed(e),
+                    }
+                }
             };
             let failure = match event {
                 Ok(Some(reply)) if reply.canceled() => etcd_error(&self.url, "watch", "canceled"),

@@ -213,6 +213,10 @@ pub struct ClusterState {
     pub drains: Vec<String>,
     /// Live members whose record in etcd went or was spoilt: their last good one stands in.
     pub stood_in: Vec<String>,
+    /// Members whose lease lapsed while etcd may have been out of reach of everyone: kept,
+    /// as their last record, until they may be taken for dead
+    /// ([`ServerRole::lapses_judged_in`]).
+    pub lapsed_in_outage: Vec<String>,
 }
 
 /// What a client routes on: the placement at one etcd revision.

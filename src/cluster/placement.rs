@@ -121,6 +121,13 @@ pub struct ServerRole {
     /// clients) fences it too, before the lease can have lapsed at etcd.
     confirmed_ms: AtomicU64,
     lease_limit_ms: AtomicU64,
+    /// When etcd confirmed the lease after going longer than `outage_ms` without (etcd
+    /// was out of reach of this server, and perhaps of everyone), and for how long after
+    /// that another member's lapsed lease is not taken for its death (see
+    /// [`ServerRole::lapses_judged_in`]).
+    outage_ms: AtomicU64,
+    back_from_outage_ms: AtomicU64,
+    outage_hold_ms: AtomicU64,
     fenced: AtomicBool,
     /// Counts the times this server's copies went stale: each shard forgets every key it
     /// holds when it sees the count change (see [`ServerRole::forget_copies`]).
@@ -180,18 +187,50 @@ impl ServerRole {
         self.current().map_or(0, |c| c.1.placement.epoch)
     }
 
-    /// Starts fencing: a pause longer than `pause_limit` (see `tick_ms`), or a lease etcd
-    /// has not confirmed for `lease_limit` (see `confirmed_ms`), fences the server.
-    pub fn start_fencing(&self, pause_limit: std::time::Duration, lease_limit: std::time::Duration) {
+    /// Starts fencing for a lease of `ttl`, kept alive every third of it: a pause longer
+    /// than half the TTL (see `tick_ms`), or a lease etcd has not confirmed for two thirds
+    /// of it (see `confirmed_ms`), fences the server.
+    pub fn start_fencing(&self, ttl: std::time::Duration) {
+        let ms = |d: std::time::Duration| d.as_millis().max(1) as u64;
         self.tick_ms.store(clock(), Ordering::Release);
         self.confirmed_ms.store(clock(), Ordering::Release);
-        self.lease_limit_ms.store(lease_limit.as_millis().max(1) as u64, Ordering::Release);
-        self.pause_limit_ms.store(pause_limit.as_millis().max(1) as u64, Ordering::Release);
+        self.lease_limit_ms.store(ms(ttl * 2 / 3), Ordering::Release);
+        self.pause_limit_ms.store(ms(ttl / 2), Ordering::Release);
+        // A member's lease lapses in an outage of two thirds of the TTL at least (it was
+        // kept alive a third of a TTL before): this server then went half a TTL without a
+        // confirmation too.
+        self.outage_ms.store(ms(ttl / 2), Ordering::Release);
+        self.outage_hold_ms.store(ms(ttl), Ordering::Release);
     }
 
     /// etcd confirmed this server's lease (a keep-alive answered, or a new lease).
     pub fn lease_confirmed(&self) {
-        self.confirmed_ms.store(clock(), Ordering::Release);
+        let now = clock();
+        let before = self.confirmed_ms.swap(now, Ordering::AcqRel);
+        let outage = self.outage_ms.load(Ordering::Acquire);
+        if outage > 0 && now.saturating_sub(before) > outage {
+            self.back_from_outage_ms.store(now, Ordering::Release);
+        }
+    }
+
+    /// How long until another member's lapsed lease may be taken for its death; None:
+    /// now. Not while this server goes without its own lease confirmed for long, nor for a
+    /// lease TTL after etcd confirmed it again: an etcd out of reach of everyone lets
+    /// every lease lapse, those of live members too, and they register again as this
+    /// server did. (Taken for dead, a live member's keys would be moved off it without it,
+    /// and with one replica lost.)
+    pub fn lapses_judged_in(&self) -> Option<std::time::Duration> {
+        let (hold, outage) = (self.outage_hold_ms.load(Ordering::Acquire), self.outage_ms.load(Ordering::Acquire));
+        let now = clock();
+        let back = self.back_from_outage_ms.load(Ordering::Acquire);
+        let waited = if now.saturating_sub(self.confirmed_ms.load(Ordering::Acquire)) > outage {
+            0
+        } else if back == 0 {
+            hold
+        } else {
+            now.saturating_sub(back)
+        };
+        (outage > 0 && waited < hold).then(|| std::time::Duration::from_millis(hold - waited))
     }
 
     /// Fences the server when etcd has not confirmed its lease for too long; true when
@@ -259,6 +298,22 @@ impl ServerRole {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lapses are deaths while etcd confirms this server's lease steadily; not while it
+    /// goes unconfirmed for half a TTL, nor for a TTL after it is confirmed again.
+    #[test]
+    fn lapses_are_judged_deaths_only_a_lease_ttl_after_an_outage() {
+        let role = ServerRole::default();
+        assert_eq!(role.lapses_judged_in(), None, "not fencing: nothing to hold");
+        let ttl = std::time::Duration::from_secs(3);
+        role.start_fencing(ttl);
+        assert_eq!(role.lapses_judged_in(), None, "confirmed at the start");
+        std::thread::sleep(ttl / 2 + std::time::Duration::from_millis(100));
+        assert_eq!(role.lapses_judged_in(), Some(ttl), "unconfirmed for half a TTL: etcd may be out of reach");
+        role.lease_confirmed();
+        let wait = role.lapses_judged_in().expect("just back from an outage");
+        assert!(wait <= ttl && wait > ttl / 2, "{wait:?}");
+    }
 
     fn placement(members: &[&str], next: Option<&[&str]>, replicas: usize) -> Placement {
         let names = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -60,7 +60,7 @@ impl Registration {
         // lease lapses at etcd no sooner than a TTL after that confirmation, so the server
         // stops serving keys before the cluster can have moved them elsewhere.
         let ttl = Duration::from_secs(ttl_secs as u64);
-        role.start_fencing(ttl / 2, ttl * 2 / 3);
+        role.start_fencing(ttl);
         let ticking = Arc::new(AtomicBool::new(true));
         let clock = {
             let (role, ticking, url) = (role.clone(), ticking.clone(), url.clone());
@@ -98,7 +98,16 @@ impl Registration {
         let me = member.address.clone();
         let seen = state.clone();
         let mut warned_about = -1;
+        let judge = role.clone();
+        let mut kept: Vec<String> = Vec::new();
         let steward = move |s: &ClusterState| {
+            let others: Vec<String> = s.lapsed_in_outage.iter().filter(|a| **a != me).cloned().collect();
+            if others != kept {
+                kept = others;
+                if !kept.is_empty() {
+                    warn!("cluster: the lease of {kept:?} lapsed while etcd was out of reach of this server too; they stay members for a lease TTL, to register again");
+                }
+            }
             if s.stood_in.contains(&me) {
                 // Deleted or rewritten by someone else while this server lives: put back.
                 reregister.store(true, Ordering::SeqCst);
@@ -130,7 +139,7 @@ impl Registration {
             url: url.clone(),
             on_state: Box::new(steward),
             what: "serving on the last view",
-            members: Members::checked_with(secret.clone()),
+            members: Members::checked_with(secret.clone()).judging_lapses(Box::new(move || judge.lapses_judged_in())),
         };
         runtime.spawn(follower.run());
         // Returns once the placement has this server (as a member, or as one keys move

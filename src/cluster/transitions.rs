@@ -123,6 +123,13 @@ impl Follower {
         Follower { etcd: etcd.clone(), members: Members::checked_with(secret.clone()), on_state }
     }
 
+    /// A server's follower, which keeps members whose lease lapsed while `hold` says.
+    fn judging_lapses(mut self, hold: &Arc<Mutex<Option<Duration>>>) -> Follower {
+        let hold = hold.clone();
+        self.members = self.members.judging_lapses(Box::new(move || *hold.lock().unwrap()));
+        self
+    }
+
     /// Reads and proposes until nothing more is due; the state it ended on.
     fn settle(&mut self, url: &ClusterUrl) -> ClusterState {
         runtime().unwrap().block_on(async {
@@ -311,4 +318,39 @@ fn a_spoilt_placement_is_written_back_one_version_on() {
     a.settle(&c.url);
     let again = c.placement();
     assert_eq!((again.epoch, again.version), (held.epoch, held.version + 2));
+}
+
+/// Every lease lapses with an etcd that was out of reach of everyone: the member that
+/// registers again first keeps the others in the placement while its judge holds (a
+/// lease TTL after its own came back), so their keys are not moved off them; one that
+/// does not come back in that time is moved out then.
+#[test]
+fn leases_lapsed_in_an_etcd_outage_move_no_member_out_until_the_hold_ends() {
+    let mut c = Cluster::new(1);
+    for m in ["a", "b", "c"] {
+        c.join(m);
+    }
+    let hold = Arc::new(Mutex::new(None));
+    let mut a = c.follower().judging_lapses(&hold);
+    a.settle(&c.url);
+    let placed = c.placement();
+    assert_eq!(placed.members, names(&["a", "b", "c"]));
+
+    for m in ["a", "b", "c"] {
+        c.etcd.lapse(c.leases[m]);
+    }
+    *hold.lock().unwrap() = Some(Duration::from_secs(5));
+    c.join("a");
+    let state = a.settle(&c.url);
+    assert_eq!(c.placement(), placed, "no move while the others may still register again");
+    assert_eq!(state.lapsed_in_outage, ["b", "c"]);
+    assert_eq!(a.members.recheck(), Some(Duration::from_secs(5)), "the state is read again when the hold ends");
+    c.join("b");
+    let state = a.settle(&c.url);
+    assert_eq!((c.placement(), state.lapsed_in_outage), (placed.clone(), names(&["c"])));
+
+    *hold.lock().unwrap() = None;
+    a.settle(&c.url);
+    assert_eq!(c.placement().next, Some(names(&["a", "b"])), "c did not come back within the hold");
+    assert_eq!(a.members.recheck(), None);
 }
