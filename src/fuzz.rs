@@ -141,7 +141,7 @@ fn with_service(f: impl FnOnce(&mut Service)) {
             );
             // The fuzzer knows no secret: the tickets it makes up must all be refused.
             let secret = crate::auth::ClusterSecret::new(b"fuzz target cluster secret").unwrap();
-            s.set_cluster_role(role, secret, None, Vec::new()).expect("a replicator thread");
+            s.set_cluster_role(role, secret, None, Vec::new(), false).expect("a replicator thread");
             s
         });
         f(service)

@@ -693,9 +693,24 @@ fn a_write_no_replica_has_room_for_is_refused_at_once() {
 /// Large values reach a key's other replicas through its primary, singly and in
 /// batches: every key ends on exactly two servers with one generation and the same bytes;
 /// a refused conditional write leaves nothing staged, and once the keys are deleted the
-/// servers hold no bytes.
+/// servers hold no bytes. Over UCX's shared memory the replica pulls a copy's bytes, and
+/// the primary's worker sends large copies itself.
 #[test]
 fn large_values_reach_every_replica() {
+    large_values_reach_every_replica_over(&[], false);
+}
+
+/// The same over libfabric `tcp;ofi_rxm`, where a replicator thread sends the copies of
+/// large writes (each costs its sender a registration and the provider's socket writes).
+#[test]
+fn large_values_reach_every_replica_over_libfabric_tcp() {
+    large_values_reach_every_replica_over(&["--transport", "fabric", "--provider", "tcp;ofi_rxm"], true);
+}
+
+/// See [`large_values_reach_every_replica`]: members started with `transport` (arguments
+/// of `rdram serve`), whose large writes' copies have a thread of their own if
+/// `copy_thread`.
+fn large_values_reach_every_replica_over(transport: &[&str], copy_thread: bool) {
     use remote_dram::client::{PutOptions, WriteCondition};
     common::init(common::SHM);
     let etcd = Etcd::start();
@@ -704,11 +719,14 @@ fn large_values_reach_every_replica() {
     // The first one's worker is pinned: its replicators must not share its core.
     let allowed = cores_allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
     let core = allowed[0];
-    let servers = [member_with(&url, &["--cores", &core.to_string()]), member(&url), member(&url)];
+    let core_arg = core.to_string();
+    let pinned: Vec<&str> = [&["--cores", core_arg.as_str()][..], transport].concat();
+    let servers = [member_with(&url, &pinned), member_with(&url, transport), member_with(&url, transport)];
     wait_until_placed(&url, 3);
     let threads = thread_cores(servers[0].child.id());
     assert_eq!(threads["rdram-shard-0"], vec![core], "{threads:?}");
-    for replicator in ["rdram-copy-0", "rdram-move-0"] {
+    assert_eq!(threads.contains_key("rdram-copy-0"), copy_thread, "{threads:?}");
+    for replicator in ["rdram-copy-0", "rdram-move-0"].into_iter().filter(|r| threads.contains_key(*r)) {
         let on = &threads[replicator];
         let apart = allowed.len() == 1 || !on.contains(&core);
         assert!(apart && !on.is_empty(), "{replicator} runs off the worker's core: {threads:?}");

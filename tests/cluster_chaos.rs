@@ -55,8 +55,9 @@ fn version_of(id: u64, v: &[u8]) -> Option<u64> {
     (claimed == id && v[16..] == pattern(id.wrapping_mul(1_000_003) ^ version, v.len() - 16)).then_some(version)
 }
 
-/// A hot key's size, taking each of a write's ways: copied by the shard's worker (up to
-/// 16 KiB), by its replicator thread, and a value sent in more than one fragment.
+/// A hot key's size, taking each of a write's ways: small and large copies (the latter
+/// by a replicator thread over libfabric and UCX tcp, by the shard's worker over shared
+/// memory), and a value sent in more than one fragment.
 fn hot_size(rng: &mut impl Rng) -> usize {
     match rng.gen_range(0..20) {
         0 => 1 << 20,

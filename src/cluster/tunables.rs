@@ -67,10 +67,12 @@ pub const COPY_SPIN: Duration = Duration::from_micros(50);
 /// See [`COPY_SPIN`].
 pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 
-/// A write's value up to this size is copied by its shard's worker itself, between
-/// requests (two hand-offs between threads are most of a small copy's cost); a larger one
-/// by the shard's replicator thread, so that the worker never waits on a large transfer's
-/// progress or registration.
+/// Where sending a large copy costs the sender (UCX's tcp transport, libfabric), a write's
+/// value up to this size is copied by its shard's worker itself, between requests (two
+/// hand-offs between threads are most of a small copy's cost), and a larger one by a
+/// replicator thread of the shard's, so that the worker does not spend its time on it.
+/// Elsewhere the worker sends every copy itself (see `Service::set_cluster_role` in
+/// src/server/service.rs).
 pub const SMALL_COPY_MAX: usize = 16 * 1024;
 
 /// Copies in flight to one replica, at most.

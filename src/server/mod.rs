@@ -449,11 +449,16 @@ impl Server {
                     // Built on this thread, which then runs it.
                     let mut service = Service::new(index, cfg.workers, membership, shard, reply_budget);
                     if let (Some(role), Some(secret)) = (&cfg.cluster_role, &cfg.cluster_secret) {
+                        // UCX without its tcp transport moves values by shared memory or RDMA:
+                        // the replica pulls a copy's bytes.
+                        let copies_cost_the_sender =
+                            !matches!(transport, TransportChoice::Ucx) || ucx_tcp != ucx::Tcp::Off;
                         if let Err(e) = service.set_cluster_role(
                             role.clone(),
                             secret.clone(),
                             cfg.auth_token.clone(),
                             helper_cores.clone(),
+                            copies_cost_the_sender,
                         ) {
                             return drop(tx.send(Err(e)));
                         }

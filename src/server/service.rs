@@ -185,20 +185,31 @@ impl Service {
     /// Makes this shard a cluster member's: requests routed with a view are checked
     /// against the placement `role` holds, and the writes it takes as their keys' primary
     /// are copied to the keys' other replicas (as a member: with `secret`, and the
-    /// cluster's `auth_token`) before they are answered: small ones by this shard's
-    /// worker, large ones and the mover's by replicator threads that run on
-    /// `helper_cores` (empty: where this thread may).
+    /// cluster's `auth_token`) before they are answered, by this shard's worker; the
+    /// mover's copies by a replicator thread that runs on `helper_cores` (empty: where this
+    /// thread may). Where sending a large copy costs the sender (`copies_cost_the_sender`:
+    /// UCX's tcp transport writes its bytes into the socket, libfabric registers its range
+    /// for the replica to read, per copy), writes larger than
+    /// [`SMALL_COPY_MAX`](crate::cluster::tunables::SMALL_COPY_MAX) are copied by a
+    /// replicator thread of their own, so that the worker does not spend its time on
+    /// them; elsewhere (UCX over shared memory or RDMA) the replica pulls the bytes, and a
+    /// large copy costs the worker no more than a small one.
     pub fn set_cluster_role(
         &mut self,
         role: Arc<ServerRole>,
         secret: ClusterSecret,
         auth_token: Option<String>,
         helper_cores: Vec<usize>,
+        copies_cost_the_sender: bool,
     ) -> Result<()> {
         let cfg = ReplicatorConfig { role: role.clone(), secret: secret.clone(), auth_token, cores: helper_cores };
+        let large_writes = match copies_cost_the_sender {
+            true => Some(Replicator::start(self.index, "copy", cfg.clone())?),
+            false => None,
+        };
         self.replication = Some(Replication {
-            small_writes: Replicator::inline(cfg.clone()),
-            large_writes: Replicator::start(self.index, "copy", cfg.clone())?,
+            writes: Replicator::inline(cfg.clone()),
+            large_writes,
             mover: Replicator::start(self.index, "move", cfg)?,
             look_until: None,
             next_token: 1,

@@ -12,10 +12,12 @@
 //! A shard's replicators ([`Replicator`]) send its copies, many in flight, over the real
 //! transport to the replicas, as a cluster member (each copy carries a ticket made with
 //! the cluster's secret, which clients never hold), and hand the outcomes back. The
-//! shard's worker drives the one for small writes itself, between requests (a hand-off to
-//! another thread and back was most of a small copy's cost); threads of the shard's copy
-//! large writes and keys that move. The value is read straight from the shard's arena
-//! ([`ArenaValue`]): the shard keeps its extent pinned until it hears the copy ended.
+//! shard's worker drives the one for writes itself, between requests (a hand-off to
+//! another thread and back was most of a small copy's cost); a thread of the shard's
+//! copies keys that move, and another large writes where sending one costs the sender
+//! (see `Service::set_cluster_role` in src/server/service.rs). The value is read
+//! straight from the shard's arena ([`ArenaValue`]): the shard keeps its extent pinned
+//! until it hears the copy ended.
 //! Copies stream: each is sent as soon as it is handed over, and each replica's answers
 //! are taken as they come, so a replica that stops answering holds up only the writes it
 //! must take (until the placement moves on without it). Nothing a replicator does

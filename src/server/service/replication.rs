@@ -17,11 +17,12 @@ use crate::store::Layout;
 
 /// A cluster member's shard's copies in flight (see [`crate::cluster::replication`]).
 pub(super) struct Replication {
-    /// Copies the small writes this shard takes as their keys' primary, driven by the
-    /// shard's worker ([`Service::drive_copies`]).
-    pub(super) small_writes: Replicator,
-    /// Copies the large ones, on a thread of its own.
-    pub(super) large_writes: Replicator,
+    /// Copies the writes this shard takes as their keys' primary, driven by the shard's
+    /// worker ([`Service::drive_copies`]).
+    pub(super) writes: Replicator,
+    /// Where sending a large copy costs the sender (see [`Service::set_cluster_role`]):
+    /// copies the writes larger than [`SMALL_COPY_MAX`] instead, on a thread of its own.
+    pub(super) large_writes: Option<Replicator>,
     /// Copies keys out for the mover ([`Kind::CopyOut`]): apart from the writes' copies,
     /// so that neither waits behind the other (a paused replica holds a write's copy up
     /// for a request's timeout; the move goes on without it).
@@ -94,12 +95,12 @@ impl Service {
             // replicator stops before the arena is freed (field order of `Service`).
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
-        let small = job_value.as_ref().map_or(0, ArenaValue::len) <= SMALL_COPY_MAX;
+        let large = job_value.as_ref().map_or(0, ArenaValue::len) > SMALL_COPY_MAX;
         let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h), to: None };
         // (Only a replicator thread that died refuses: the write stays here, on one replica.)
-        match small {
-            true => r.small_writes.copy(job)?,
-            false => r.large_writes.copy(job)?,
+        match r.large_writes.as_ref().filter(|_| large) {
+            Some(thread) => thread.copy(job)?,
+            None => r.writes.copy(job)?,
         }
         let pinned = value.map(|(extent, _)| extent.offset);
         if let Some(offset) = pinned {
@@ -182,8 +183,9 @@ impl Service {
         if r.copies.is_empty() {
             return None;
         }
-        let done =
-            (r.small_writes.next_done()).or_else(|| r.large_writes.next_done()).or_else(|| r.mover.next_done())?;
+        let done = (r.writes.next_done())
+            .or_else(|| r.large_writes.as_ref().and_then(Replicator::next_done))
+            .or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
         if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
             *n -= 1;
@@ -217,16 +219,18 @@ impl Service {
     /// How the replicator threads wake this shard's worker when copies end.
     pub fn set_copy_wake(&self, wake: impl Fn() + Clone + Send + Sync + 'static) {
         if let Some(r) = &self.replication {
-            r.large_writes.set_wake(Box::new(wake.clone()));
+            if let Some(thread) = &r.large_writes {
+                thread.set_wake(Box::new(wake.clone()));
+            }
             r.mover.set_wake(Box::new(wake));
         }
     }
 
-    /// The worker's turn at the small writes' copies ([`Replicator::drive`]): whether any
+    /// The worker's turn at the writes' copies ([`Replicator::drive`]): whether any
     /// was sent or ended. Never sleeps.
     pub fn drive_copies(&mut self) -> bool {
         let Some(r) = self.replication.as_mut() else { return false };
-        let drive = r.small_writes.drive();
+        let drive = r.writes.drive();
         r.look_until = drive.look_until;
         drive.progressed
     }

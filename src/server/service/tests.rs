@@ -26,7 +26,7 @@ fn member_shard(me: &str, members: &[&str], next: &[&str]) -> (Service, Arc<Serv
     let role = Arc::new(ServerRole::default());
     role.set(me, placement);
     service
-        .set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None, Vec::new())
+        .set_cluster_role(role.clone(), ClusterSecret::new(b"a test cluster secret").unwrap(), None, Vec::new(), false)
         .unwrap();
     (service, role, key)
 }
