@@ -550,34 +550,21 @@ fn a_member_back_while_the_move_leaving_it_out_runs_serves_no_older_value() {
     }
     signal(&b, "CONT");
     // Reads while `b` is back and the move is still under way: a client that routed
-    // before, and new ones.
-    // A read that fails is no read back in time: failures are counted (a client may be
-    // refused while members come and go, as the chaos soak counts failed calls), and most
-    // reads must succeed.
+    // before, and new ones. Each must succeed, and be current.
     let until = Instant::now() + Duration::from_secs(3);
-    let (mut rounds, mut read, mut failed) = (0, 0, Vec::new());
+    let mut rounds = 0;
     while Instant::now() < until {
         let mut fresh = client(&url);
         for c in [&mut writer, &mut fresh] {
             for k in &hot {
-                match c.get(k.as_bytes()) {
-                    Ok(got) => {
-                        let got = got.map(|v| v.data);
-                        let want = Some(&b"while b was away"[..]);
-                        assert_eq!(got.as_deref(), want, "{k} read back in time (round {rounds})");
-                        read += 1;
-                    }
-                    Err(e) => failed.push(format!("{k} (round {rounds}): {e:?}")),
-                }
+                let got = c.get(k.as_bytes()).unwrap_or_else(|e| panic!("{k} (round {rounds}): {e:?}")).map(|v| v.data);
+                assert_eq!(got.as_deref(), Some(&b"while b was away"[..]), "{k} read back in time (round {rounds})");
             }
         }
         rounds += 1;
     }
     assert!(moving_off_b(), "the move ended before the reads: the test saw nothing; copy slower");
-    assert!(rounds > 0 && read > 4 * failed.len(), "{read} reads, {} failed: {failed:?}", failed.len());
-    if !failed.is_empty() {
-        eprintln!("{} of {} reads failed while b was back: {:?}", failed.len(), read + failed.len(), &failed[..1]);
-    }
+    assert!(rounds > 0);
     let back = wait_until(Duration::from_secs(60), || {
         let (_, members, settled) = placement(&url);
         settled && members.contains(&b.addr)

@@ -4,8 +4,14 @@
 //!
 //! Buffer ownership: a request's header bytes live in its pooled `Pending` box and its
 //! payload in the caller's slice, both untouched until the send completes; `wait` does not
-//! return before both the send and the reply have completed (or the endpoint was closed,
-//! which completes everything in flight with an error).
+//! return before both the send and the reply have completed, or the request's server
+//! failed. A box goes back to the pool only once UCX called its send complete: closing an
+//! endpoint does not end its sends when UCX cannot close it by force (shared memory
+//! without failure detection, see [`Worker::ep_lacks_failure_detection`]), and such a send
+//! goes out once the peer drains its queue (a paused server that resumes), from the box
+//! as it is then. A put's value sent that way is read from the caller's slice after the
+//! call failed; the server keeps no such put (its abort follows it: `give_up`), and only
+//! destroying the worker would cancel it.
 
 mod callbacks;
 
@@ -115,7 +121,10 @@ struct ServerEps {
 }
 
 pub struct UcxLink {
-    // Field order matters for Drop: endpoints are closed in Drop, then `state`, then `worker`.
+    // Field order matters for Drop: endpoints are closed in Drop, then the worker is
+    // destroyed (UCX may then complete sends it still held, writing into their boxes),
+    // then `state` and the boxes go.
+    worker: Box<Worker>,
     state: StatePtr,
     servers: Vec<ServerEps>,
     #[allow(clippy::vec_box)] // boxed: UCX holds their addresses while in flight
@@ -127,7 +136,6 @@ pub struct UcxLink {
     liveness: Liveness,
     /// The longest request header UCX can carry ([`Worker::max_am_header`]).
     max_header: usize,
-    worker: Box<Worker>,
 }
 
 // SAFETY: the worker is made in serialized mode (`UCS_THREAD_MODE_SERIALIZED`), which
@@ -264,7 +272,7 @@ impl UcxLink {
             }
         }
         for p in self.state.pending.values_mut().filter(|p| p.server == server) {
-            p.sent = true;
+            // Not `sent`: only UCX says when it let go of the box (see the module's docs).
             if p.receiving {
                 // Closing the endpoint should have completed the receive; if UCX still
                 // holds the buffer, leak it rather than free memory it may write.
@@ -357,6 +365,13 @@ impl UcxLink {
                 self.zombies.push(p);
             }
         }
+    }
+
+    /// Whether a request's caller may have its answer: the reply is in (and done being
+    /// written), and its send completed, or its server failed (then the send, if UCX still
+    /// holds it, keeps the box: see the module's docs).
+    fn finished(&self, p: &Pending) -> bool {
+        p.reply.is_some() && !p.receiving && (p.sent || self.servers[p.server].dead.is_some())
     }
 
     fn reclaim_zombies(&mut self) {
@@ -484,13 +499,17 @@ impl Link for UcxLink {
         let mut deadline = Deadline::new(timeout);
         loop {
             let (done, server) = match self.state.pending.get(&id) {
-                Some(p) => (p.sent && p.reply.is_some() && !p.receiving, p.server),
+                Some(p) => (self.finished(p), p.server),
                 None => return Err(Error::new(Status::Internal, format!("unknown request {id}"))),
             };
             if done {
                 let mut p = self.state.pending.remove(&id).unwrap();
                 let reply = p.reply.take().unwrap();
-                self.pool.push(p);
+                if p.sent {
+                    self.pool.push(p);
+                } else {
+                    self.zombies.push(p);
+                }
                 return reply;
             }
             if let Some(why) = self.state.failed[server].clone() {
@@ -535,7 +554,7 @@ impl Link for UcxLink {
     }
 
     fn answered(&self, id: u64) -> bool {
-        self.state.pending.get(&id).is_none_or(|p| p.sent && p.reply.is_some() && !p.receiving)
+        self.state.pending.get(&id).is_none_or(|p| self.finished(p))
     }
 
     fn add_servers(
