@@ -420,7 +420,7 @@ fn replicated_keys_stay_writable_while_servers_join_and_drain() {
 struct Failover {
     reads: u64,
     misses: Vec<String>,
-    written: Vec<usize>,
+    written: std::collections::BTreeSet<usize>,
     increments: u64,
     /// Increments whose call failed: applied or not, the caller cannot tell.
     unsure: u64,
@@ -877,17 +877,22 @@ fn one_server_fails_under_load(pause: bool) {
         let (stop, load, url, since_kill) = (stop.clone(), load.clone(), url.clone(), since_kill.clone());
         threads.push(std::thread::spawn(move || {
             let mut c = client(&url);
-            let mut i = preload + 100_000 * (t + 1);
+            // A window of keys written over and over: the servers' memory holds them
+            // however fast the writes go.
+            const WINDOW: usize = 5_000;
+            let first = preload + 100_000 * (t + 1);
+            let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
+                let i = first + n % WINDOW;
                 let started = Instant::now();
                 let result = c.put(format!("k{i}").as_bytes(), &value_of(i));
                 let mut l = load.lock().unwrap();
                 l.longest_write = l.longest_write.max(started.elapsed());
                 match result {
-                    Ok(_) => l.written.push(i),
+                    Ok(_) => drop(l.written.insert(i)),
                     Err(e) => l.errors.push((since_kill(), format!("put k{i}: {e}"))),
                 }
-                i += 1;
+                n += 1;
             }
         }));
     }
