@@ -9,9 +9,10 @@
 //! endpoint does not end its sends when UCX cannot close it by force (shared memory
 //! without failure detection, see [`Worker::ep_lacks_failure_detection`]), and such a send
 //! goes out once the peer drains its queue (a paused server that resumes), from the box
-//! as it is then. A put's value sent that way is read from the caller's slice after the
-//! call failed; the server keeps no such put (its abort follows it: `give_up`), and only
-//! destroying the worker would cancel it.
+//! as it is then. A put's value sent that way would be read from the caller's slice after
+//! the call returned: a link left with such a put makes no progress again (`abandoned`),
+//! every server counts as lost, and the next call connects anew; dropping the link
+//! destroys the worker, which cancels the put unsent.
 
 mod callbacks;
 
@@ -136,6 +137,9 @@ pub struct UcxLink {
     liveness: Liveness,
     /// The longest request header UCX can carry ([`Worker::max_am_header`]).
     max_header: usize,
+    /// Why this link makes no progress again: UCX holds a put's value, in memory the
+    /// caller has back (see the module's docs).
+    abandoned: Option<String>,
 }
 
 // SAFETY: the worker is made in serialized mode (`UCS_THREAD_MODE_SERIALIZED`), which
@@ -218,6 +222,7 @@ impl UcxLink {
             poller: Poller::new(poll.poll, poll.spin),
             liveness,
             worker,
+            abandoned: None,
         };
         link.connect_servers(welcomes)?;
         Ok(link)
@@ -266,6 +271,10 @@ impl UcxLink {
         let conn = &mut self.servers[server];
         if conn.dead.is_none() {
             conn.dead = Some(why.clone());
+            if self.abandoned.is_some() {
+                // Closing progresses the worker; the endpoints go with it instead.
+                return;
+            }
             for &ep in &conn.eps {
                 // SAFETY: each endpoint is closed once: `dead` is set just before.
                 unsafe { self.worker.close_ep(ep) };
@@ -291,9 +300,10 @@ impl UcxLink {
 impl UcxLink {
     /// Ends request `id` for a caller who stops waiting, so that once this returns nothing
     /// reads or writes the caller's memory again: a put the server may still be pulling is
-    /// aborted (the server answers once its receive has ended, and discards the value); a
-    /// reply still arriving into the caller's buffer is let finish. Whatever the server
-    /// does not confirm within [`ABORT_GRACE`] is cut off by closing its endpoints.
+    /// aborted (the server discards the value) and waited for until UCX completed its send;
+    /// a reply still arriving into the caller's buffer is let finish. What does not end
+    /// within [`ABORT_GRACE`] is cut off by closing the server's endpoints (and a put UCX
+    /// still holds abandons the link: see the module's docs).
     fn give_up(&mut self, id: u64, err: Error) -> Error {
         let Some(p) = self.state.pending.get(&id) else { return err };
         let server = p.server;
@@ -301,10 +311,7 @@ impl UcxLink {
             let (abort_id, header) = abort_request(id, &p.msg);
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
             let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], Receive::Owned).is_ok()
-                && self.progress_until(server, ABORT_GRACE, |st| {
-                    st.pending.get(&id).is_some_and(|p| p.sent)
-                        || st.pending.get(&abort_id).is_some_and(|p| p.reply.is_some())
-                });
+                && self.progress_until(server, ABORT_GRACE, |st| st.pending.get(&id).is_some_and(|p| p.sent));
             self.forget_request(abort_id);
             if !confirmed {
                 let why = format!(
@@ -343,7 +350,7 @@ impl UcxLink {
             if Instant::now() >= deadline || self.state.failed[server].is_some() {
                 return done(&self.state);
             }
-            if self.worker.progress() == 0 {
+            if !self.progress() {
                 std::thread::yield_now();
             }
         }
@@ -359,12 +366,37 @@ impl UcxLink {
                 // fail_server closed the endpoint, which completes the receive; if UCX
                 // still holds the buffer, leak it rather than free memory it may write.
                 std::mem::forget(p);
-            } else if p.sent {
-                self.pool.push(p);
             } else {
-                self.zombies.push(p);
+                self.retire(p);
             }
         }
+    }
+
+    /// Takes back the box of a request nobody waits for any more: to the pool once its
+    /// send completed, else kept until it does; a put whose value UCX still holds
+    /// abandons the link (see the module's docs).
+    fn retire(&mut self, p: Box<Pending>) {
+        if p.sent {
+            self.pool.push(p);
+            return;
+        }
+        if p.is_put && self.abandoned.is_none() {
+            let why = format!(
+                "a put's value is still queued by UCX for {}, which was given up; the connection is made anew",
+                self.servers[p.server].node
+            );
+            tracing::warn!("{why}");
+            self.abandoned = Some(why.clone());
+            for server in 0..self.servers.len() {
+                self.fail_server(server, Status::Unavailable, why.clone());
+            }
+        }
+        self.zombies.push(p);
+    }
+
+    /// Progresses the worker, unless the link was abandoned; whether anything happened.
+    fn progress(&self) -> bool {
+        self.abandoned.is_none() && self.worker.progress() != 0
     }
 
     /// Whether a request's caller may have its answer: the reply is in (and done being
@@ -505,11 +537,7 @@ impl Link for UcxLink {
             if done {
                 let mut p = self.state.pending.remove(&id).unwrap();
                 let reply = p.reply.take().unwrap();
-                if p.sent {
-                    self.pool.push(p);
-                } else {
-                    self.zombies.push(p);
-                }
+                self.retire(p);
                 return reply;
             }
             if let Some(why) = self.state.failed[server].clone() {
@@ -530,7 +558,7 @@ impl Link for UcxLink {
                     continue;
                 }
             }
-            let did = self.worker.progress() != 0;
+            let did = self.progress();
             self.poller.after_progress(&*self.worker, did, deadline.max_sleep())?;
         }
     }
@@ -550,7 +578,7 @@ impl Link for UcxLink {
                 }
             }
         }
-        self.worker.progress();
+        self.progress();
     }
 
     fn answered(&self, id: u64) -> bool {
@@ -593,7 +621,8 @@ impl Drop for UcxLink {
             unsafe { self.worker.mem_unmap(memh) };
         }
         for conn in &mut self.servers {
-            if conn.dead.is_none() {
+            // An abandoned link's endpoints go with its worker (closing progresses it).
+            if conn.dead.is_none() && self.abandoned.is_none() {
                 conn.dead = Some("closed".into());
                 for &ep in &conn.eps {
                     // SAFETY: each endpoint is closed once: `dead` is set just before.
