@@ -121,13 +121,12 @@ pub struct ServerRole {
     /// clients) fences it too, before the lease can have lapsed at etcd.
     confirmed_ms: AtomicU64,
     lease_limit_ms: AtomicU64,
-    /// When etcd confirmed the lease after going longer than `outage_ms` without (etcd
-    /// was out of reach of this server, and perhaps of everyone), and for how long after
-    /// that another member's lapsed lease is not taken for its death (see
+    /// The lease's TTL, and when etcd confirmed the lease after going half of it without
+    /// (etcd was out of reach of this server, and perhaps of everyone): for a TTL after
+    /// that, another member's lapsed lease is not taken for its death (see
     /// [`ServerRole::lapses_judged_in`]).
-    outage_ms: AtomicU64,
+    lease_ttl_ms: AtomicU64,
     back_from_outage_ms: AtomicU64,
-    outage_hold_ms: AtomicU64,
     fenced: AtomicBool,
     /// Counts the times this server's copies went stale: each shard forgets every key it
     /// holds when it sees the count change (see [`ServerRole::forget_copies`]).
@@ -196,18 +195,23 @@ impl ServerRole {
         self.confirmed_ms.store(clock(), Ordering::Release);
         self.lease_limit_ms.store(ms(ttl * 2 / 3), Ordering::Release);
         self.pause_limit_ms.store(ms(ttl / 2), Ordering::Release);
-        // A member's lease lapses in an outage of two thirds of the TTL at least (it was
-        // kept alive a third of a TTL before): this server then went half a TTL without a
-        // confirmation too.
-        self.outage_ms.store(ms(ttl / 2), Ordering::Release);
-        self.outage_hold_ms.store(ms(ttl), Ordering::Release);
+        self.lease_ttl_ms.store(ms(ttl), Ordering::Release);
+    }
+
+    /// How long without a confirmation of its own lease means etcd was out of this
+    /// server's reach long enough for others' leases to lapse: a member's lease lapses in
+    /// an outage of two thirds of the TTL at least (it was kept alive a third of a TTL
+    /// before), and this server then went half a TTL without a confirmation too. 0 before
+    /// fencing starts.
+    fn outage_ms(&self) -> u64 {
+        self.lease_ttl_ms.load(Ordering::Acquire) / 2
     }
 
     /// etcd confirmed this server's lease (a keep-alive answered, or a new lease).
     pub fn lease_confirmed(&self) {
         let now = clock();
         let before = self.confirmed_ms.swap(now, Ordering::AcqRel);
-        let outage = self.outage_ms.load(Ordering::Acquire);
+        let outage = self.outage_ms();
         if outage > 0 && now.saturating_sub(before) > outage {
             self.back_from_outage_ms.store(now, Ordering::Release);
         }
@@ -220,7 +224,7 @@ impl ServerRole {
     /// server did. (Taken for dead, a live member's keys would be moved off it without it,
     /// and with one replica lost.)
     pub fn lapses_judged_in(&self) -> Option<std::time::Duration> {
-        let (hold, outage) = (self.outage_hold_ms.load(Ordering::Acquire), self.outage_ms.load(Ordering::Acquire));
+        let (hold, outage) = (self.lease_ttl_ms.load(Ordering::Acquire), self.outage_ms());
         let now = clock();
         let back = self.back_from_outage_ms.load(Ordering::Acquire);
         let waited = if now.saturating_sub(self.confirmed_ms.load(Ordering::Acquire)) > outage {

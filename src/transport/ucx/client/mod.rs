@@ -271,13 +271,12 @@ impl UcxLink {
         let conn = &mut self.servers[server];
         if conn.dead.is_none() {
             conn.dead = Some(why.clone());
-            if self.abandoned.is_some() {
-                // Closing progresses the worker; the endpoints go with it instead.
-                return;
-            }
-            for &ep in &conn.eps {
-                // SAFETY: each endpoint is closed once: `dead` is set just before.
-                unsafe { self.worker.close_ep(ep) };
+            // An abandoned link's endpoints go with its worker (closing progresses it).
+            if self.abandoned.is_none() {
+                for &ep in &conn.eps {
+                    // SAFETY: each endpoint is closed once: `dead` is set just before.
+                    unsafe { self.worker.close_ep(ep) };
+                }
             }
         }
         for p in self.state.pending.values_mut().filter(|p| p.server == server) {
