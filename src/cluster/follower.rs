@@ -146,27 +146,27 @@ impl Follower {
         tokio::pin!(replaced);
         loop {
             let recheck = self.members.recheck();
-            let event = tokio::select! {
-                event = events.message() => event,
+            // Whether the state must be read again (a change, or a member kept past its
+            // lease whose hold ended), or why the watch ended.
+            let read_again = tokio::select! {
+                event = events.message() => match event {
+                    Ok(Some(reply)) if reply.canceled() => Err(etcd_error(&self.url, "watch", "canceled")),
+                    Ok(Some(reply)) => Ok(!reply.events().is_empty()),
+                    Ok(None) => Err(etcd_error(&self.url, "watch", "stream ended")),
+                    Err(e) => Err(etcd_error(&self.url, "watch", e)),
+                },
                 () = &mut replaced => return Stopped::Replaced,
-                () = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {
-                    match settle(client, &self.url, &mut self.members, &mut self.on_state).await {
-                        Ok(_) => continue,
-                        Err(e) => return Stopped::Failed(e),
+                () = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => Ok(true),
+            };
+            match read_again {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Err(e) = settle(client, &self.url, &mut self.members, &mut self.on_state).await {
+                        return Stopped::Failed(e);
                     }
                 }
-            };
-            let failure = match event {
-                Ok(Some(reply)) if reply.canceled() => etcd_error(&self.url, "watch", "canceled"),
-                Ok(Some(reply)) if reply.events().is_empty() => continue,
-                Ok(Some(_)) => match settle(client, &self.url, &mut self.members, &mut self.on_state).await {
-                    Ok(_) => continue,
-                    Err(e) => e,
-                },
-                Ok(None) => etcd_error(&self.url, "watch", "stream ended"),
-                Err(e) => etcd_error(&self.url, "watch", e),
-            };
-            return Stopped::Failed(failure);
+                Err(e) => return Stopped::Failed(e),
+            }
         }
     }
 }
