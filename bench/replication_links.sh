@@ -8,10 +8,11 @@
 #   bench/replication_links.sh [SIZES]     SIZES: rdram-bench --sizes (default 8,1MiB)
 #   env: RATE (each link's speed, each way; tc tbf, default 1gbit), TRANSPORT (fabric:
 #        libfabric tcp;ofi_rxm, default | ucx-tcp: UCX tcp), DEPTHS (default "1 8 16"),
-#        ROUNDS (default 3), SECONDS_EACH (default 4), BIN (default target/release), KEEP
+#        ROUNDS (default 3), SECONDS_EACH (default 4), SERVERS (default 3), BIN (default
+#        target/release), KEEP
 #
-# The hosts are network namespaces of this script's own (etcd, the client and three
-# servers a, b, c), each with one veth pair to a bridge in a "switch" namespace; tc's
+# The hosts are network namespaces of this script's own (etcd, the client and SERVERS
+# servers, default 3), each with one veth pair to a bridge in a "switch" namespace; tc's
 # token bucket limits each host's link to RATE both ways (the host's side sends, the
 # switch's side receives). Each server host runs two members: one of an R = 1 cluster and
 # one of an R = 2 cluster (one worker each, sleeping when idle); one is measured at a
@@ -27,7 +28,9 @@ ROUNDS=${ROUNDS:-3}
 work=$(mktemp -d)
 [ -n "${KEEP:-}" ] && echo "logs in $work"
 prefix=rdram-links-$$
-hosts=(etcd client a b c)
+servers=()
+for i in $(seq "${SERVERS:-3}"); do servers+=("s$i"); done
+hosts=(etcd client "${servers[@]}")
 pids=()
 cleanup() {
   kill "${pids[@]}" 2>/dev/null || true
@@ -50,6 +53,8 @@ chmod 600 "$work/cluster-secret"
 export RDRAM_CLUSTER_SECRET_FILE=$work/cluster-secret
 
 # The net: a bridge in the switch namespace, a host namespace per name with eth0 on it.
+# on HOST CMD...: runs CMD on HOST. Started in the background, a function's command is the
+# child of a subshell that a kill of $! does not reach: those use `ip netns exec` directly.
 on() { local host=$1; shift; ip netns exec "$prefix-$host" "$@"; }
 addr() {
   local i
@@ -77,7 +82,7 @@ for host in "${hosts[@]}"; do
 done
 
 etcd_url=http://$(addr etcd):2379
-on etcd etcd --name t --data-dir "$work/etcd" --log-level error \
+ip netns exec "$prefix-etcd" etcd --name t --data-dir "$work/etcd" --log-level error \
   --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
   --listen-peer-urls "http://$(addr etcd):2380" --initial-advertise-peer-urls "http://$(addr etcd):2380" \
   --initial-cluster "t=http://$(addr etcd):2380" >"$work/etcd.log" 2>&1 &
@@ -86,15 +91,15 @@ for _ in $(seq 200); do on client bash -c "exec 3<>/dev/tcp/$(addr etcd)/2379" 2
 for r in 1 2; do
   on client "$BIN/rdram" cluster create "etcd://$(addr etcd):2379/r$r" --replicas $r >/dev/null
 done
-for host in a b c; do
+for host in "${servers[@]}"; do
   for r in 1 2; do
     log=$work/server-$host-r$r.log
-    on "$host" "$BIN/rdram" serve --listen "$(addr "$host"):700$r" "${serve_transport[@]}" --workers 1 \
+    ip netns exec "$prefix-$host" "$BIN/rdram" serve --listen "$(addr "$host"):700$r" "${serve_transport[@]}" --workers 1 \
       --memory 512MiB --hugepages off --spin-us 0 --cluster "etcd://$(addr etcd):2379/r$r" >"$log" 2>&1 &
     pids+=($!)
   done
 done
-for host in a b c; do
+for host in "${servers[@]}"; do
   for r in 1 2; do
     until grep -qs "^listening on" "$work/server-$host-r$r.log"; do sleep 0.1; done
   done
@@ -103,11 +108,11 @@ settled() {
   on client "$BIN/rdram" cluster status "etcd://$(addr etcd):2379/r$1" | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["placement"]
-sys.exit(0 if p and len(p["members"]) == 3 and p["next"] is None else 1)'
+sys.exit(0 if p and len(p["members"]) == int(sys.argv[1]) and p["next"] is None else 1)' "${#servers[@]}"
 }
 for r in 1 2; do
   for _ in $(seq 300); do settled $r && break; sleep 0.1; done
-  settled $r || { echo "the R = $r cluster never placed its three members"; exit 1; }
+  settled $r || { echo "the R = $r cluster never placed its ${#servers[@]} members"; exit 1; }
 done
 
 measure() {
@@ -125,7 +130,7 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     print("%s %s %s %.1f %.1f" % (r["op"], r["size"], r["mb_per_s"], r["p50_us"], r["p99_us"]))' "$out"
 }
-echo "links of $RATE each way, $TRANSPORT, three servers, one client; medians of $ROUNDS rounds:"
+echo "links of $RATE each way, $TRANSPORT, ${#servers[@]} servers, one client; medians of $ROUNDS rounds:"
 for depth in ${DEPTHS:-1 8 16}; do
   : >"$work/results"
   for round in $(seq "$ROUNDS"); do
