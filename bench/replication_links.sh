@@ -32,6 +32,7 @@ servers=()
 for i in $(seq "${SERVERS:-3}"); do servers+=("s$i"); done
 hosts=(etcd client "${servers[@]}")
 pids=()
+declare -A server_pid
 cleanup() {
   kill "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
@@ -97,11 +98,13 @@ for host in "${servers[@]}"; do
     ip netns exec "$prefix-$host" "$BIN/rdram" serve --listen "$(addr "$host"):700$r" "${serve_transport[@]}" --workers 1 \
       --memory 512MiB --hugepages off --spin-us 0 --cluster "etcd://$(addr etcd):2379/r$r" >"$log" 2>&1 &
     pids+=($!)
+    server_pid[$log]=$!
   done
 done
-for host in "${servers[@]}"; do
-  for r in 1 2; do
-    until grep -qs "^listening on" "$work/server-$host-r$r.log"; do sleep 0.1; done
+for log in "${!server_pid[@]}"; do
+  until grep -qs "^listening on" "$log"; do
+    kill -0 "${server_pid[$log]}" 2>/dev/null || { echo "a server did not start:" >&2; tail -5 "$log" >&2; exit 1; }
+    sleep 0.1
   done
 done
 settled() {

@@ -889,7 +889,9 @@ fn one_server_fails_under_load(pause: bool) {
                 let mut l = load.lock().unwrap();
                 l.longest_write = l.longest_write.max(started.elapsed());
                 match result {
-                    Ok(_) => drop(l.written.insert(i)),
+                    Ok(_) => {
+                        l.written.insert(i);
+                    }
                     Err(e) => l.errors.push((since_kill(), format!("put k{i}: {e}"))),
                 }
                 n += 1;
