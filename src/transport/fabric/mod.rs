@@ -41,9 +41,14 @@ const API_VERSION: u32 = (1 << 16) | 17;
 /// addresses and provider-chosen keys for RMA, allocated memory only.
 const MR_MODES_SUPPORTED: u32 = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
 
-/// How long posting an operation may wait for the provider to take it (see
-/// `Endpoint::retry_on_eagain`).
+/// How long posting an operation may wait for the provider to take it, unless the owner
+/// sets another limit (see `Endpoint::retry_on_eagain`): a server's worker gives up on a
+/// client after this.
 pub const POST_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// A post retries at once for this long (a peer mapping us, a queue draining), then naps
+/// `POST_NAP` between tries.
+const POST_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
+const POST_NAP: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// A peer's index in the endpoint's address vector.
 pub type PeerAddr = sys::fi_addr_t;
@@ -92,6 +97,8 @@ pub struct Endpoint {
     /// shm only: the claim on this endpoint's region name, released once the endpoint is
     /// closed (see `Drop`: possibly later than the endpoint's drop).
     shm_region: Option<RegionClaim>,
+    /// How long a post waits for the provider to take it (see `retry_on_eagain`).
+    post_stall_limit: std::time::Duration,
 }
 
 /// What peers may do to a registered region.
@@ -280,6 +287,7 @@ impl Endpoint {
             key_bits: 64,
             reads: Default::default(),
             shm_region,
+            post_stall_limit: POST_STALL_LIMIT,
         };
         if ep.shm_region.is_some() {
             closing::shm_endpoint_opened();
@@ -567,9 +575,16 @@ impl Endpoint {
         unsafe { sys::rdram_fi_cancel(&mut (*self.ep).fid, ctx.cast()) };
     }
 
+    /// Sets how long a post waits for the provider to take it: a client waits as long as
+    /// it waits for an answer, since a server may be held up for about a second (releasing
+    /// a dead peer's shm lock, replacing its endpoints) without being gone.
+    pub fn set_post_stall_limit(&mut self, limit: std::time::Duration) {
+        self.post_stall_limit = limit;
+    }
+
     /// FI_EAGAIN means the provider cannot take the operation until it makes progress
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
-    /// too): drive our side and retry, for at most [`POST_STALL_LIMIT`]. A peer that died
+    /// too): drive our side and retry, for at most `post_stall_limit`. A peer that died
     /// or stopped never drains its queue: retrying for good wedged a server that answered
     /// a client killed with requests in flight.
     fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
@@ -579,11 +594,18 @@ impl Endpoint {
             if rc != -(sys::FI_EAGAIN as i64) {
                 return check(what, rc);
             }
-            if since.get_or_insert_with(std::time::Instant::now).elapsed() >= POST_STALL_LIMIT {
+            let limit = self.post_stall_limit;
+            let waited = since.get_or_insert_with(std::time::Instant::now).elapsed();
+            if waited >= limit {
                 return Err(Error::new(
                     Status::Unavailable,
-                    format!("{what}: the peer took nothing for {POST_STALL_LIMIT:?} (it stopped making progress)"),
+                    format!("{what}: the peer took nothing for {limit:?} (it stopped making progress)"),
                 ));
+            }
+            if waited >= POST_SPIN {
+                // A peer held up this long is not coming back within microseconds: nap
+                // instead of spinning a core for the rest of the limit.
+                std::thread::sleep(POST_NAP);
             }
             // SAFETY: a zero-count read only drives progress for providers that need it.
             unsafe { sys::rdram_fi_cq_read(self.cq, ptr::null_mut(), 0) };

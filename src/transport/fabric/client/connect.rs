@@ -35,7 +35,10 @@ impl FabricLink {
     ) -> Result<FabricLink> {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
-        let rails = Rails::open(provider, local_ip, first_shard.len())?;
+        let mut rails = Rails::open(provider, local_ip, first_shard.len())?;
+        for ep in &mut rails.eps {
+            ep.set_post_stall_limit(opts.timeout.max(crate::transport::fabric::POST_STALL_LIMIT));
+        }
         let mut link = FabricLink {
             servers: Vec::new(),
             pending: Requests::default(),
