@@ -6,6 +6,7 @@ use std::time::Duration;
 
 // The rest of the link's impl, in a file of its own: everything of the parent is in scope.
 use super::*;
+use crate::transport::fabric::POST_STALL_LIMIT;
 
 impl FabricLink {
     /// `elsewhere`: a server that offers shared memory this client cannot map, which a
@@ -36,8 +37,14 @@ impl FabricLink {
         let provider = &welcomes[0].provider;
         let first_shard = crate::proto::fabric::decode_addresses(&welcomes[0].shards[0])?;
         let mut rails = Rails::open(provider, local_ip, first_shard.len())?;
+        // An application's call waits for a server held up for a while (see
+        // `Endpoint::set_post_stall_limit`) as long as for its answer. A server's own
+        // connections (a replicator's, the mover's), driven between requests, give up
+        // as its workers do: what they send is sent again on a new connection.
+        let member = opts.cluster_secret.is_some();
+        let stall_limit = if member { POST_STALL_LIMIT } else { opts.timeout.max(POST_STALL_LIMIT) };
         for ep in &mut rails.eps {
-            ep.set_post_stall_limit(opts.timeout.max(crate::transport::fabric::POST_STALL_LIMIT));
+            ep.set_post_stall_limit(stall_limit);
         }
         let mut link = FabricLink {
             servers: Vec::new(),
