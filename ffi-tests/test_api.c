@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
   const char *addr = argv[1], *auth_addr = argv[2], *dead = argv[3];
 
   /* Library-level functions. */
-  CHECK(strstr(rdram_version(), "protocol 13") != NULL);
+  CHECK(strstr(rdram_version(), "protocol 14") != NULL);
   CHECK(strcmp(rdram_strerror(RDRAM_MISSING), "key not found") == 0);
   CHECK(strcmp(rdram_strerror(12345), "unknown status code") == 0);
 

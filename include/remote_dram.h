@@ -313,7 +313,7 @@ int32_t rdram_status_grpc_code(int32_t code);
 const char *rdram_last_error_message(void);
 
 /**
- * The library version, e.g. "0.1.0 (protocol 13)". Static; never NULL.
+ * The library version, e.g. "0.1.0 (protocol 14)". Static; never NULL.
  */
 const char *rdram_version(void);
 

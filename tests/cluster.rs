@@ -688,7 +688,9 @@ fn large_values_reach_every_replica() {
 }
 
 /// The same over libfabric `tcp;ofi_rxm`, where a replicator thread sends the copies of
-/// large writes (each costs its sender a registration and the provider's socket writes).
+/// large writes (each costs its sender a registration and the provider's socket writes),
+/// and a value of 256 KiB or more is staged on its replicas as it reaches its primary,
+/// then installed there: every such write was streamed, and installed on its replica.
 #[test]
 fn large_values_reach_every_replica_over_libfabric_tcp() {
     large_values_reach_every_replica_over(&["--transport", "fabric", "--provider", "tcp;ofi_rxm"], true);
@@ -743,8 +745,13 @@ fn large_values_reach_every_replica_over(transport: &[&str], copy_thread: bool) 
     assert!(matches!(refused, remote_dram::client::WriteResult::ConditionFailed), "{refused:?}");
 
     let mut holders = std::collections::BTreeMap::<String, Vec<u64>>::new();
+    let (mut streamed, mut installed) = (0, 0);
     for server in &servers {
         let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        let stats = direct.stats().unwrap();
+        let shards = stats["servers"][0]["shards"].as_array().unwrap().clone();
+        streamed += shards.iter().map(|s| s["streamed_writes"].as_u64().unwrap()).sum::<u64>();
+        installed += shards.iter().map(|s| s["installed_streamed"].as_u64().unwrap()).sum::<u64>();
         for (key, &generation) in &generations {
             if let Some(v) = direct.get(key.as_bytes()).unwrap() {
                 let i: usize = key[3..].parse().unwrap();
@@ -765,12 +772,82 @@ fn large_values_reach_every_replica_over(transport: &[&str], copy_thread: bool) 
     for key in generations.keys() {
         assert_eq!(holders.get(key).map(Vec::len), Some(2), "{key} is held by two servers");
     }
+    // 20 values of 256 KiB or more, each with its key inline (the long key's is not).
+    let expected = if copy_thread { 20 } else { 0 };
+    assert_eq!((streamed, installed), (expected, expected), "writes streamed to their replicas, and installed");
     for key in generations.keys() {
         assert!(c.delete(key.as_bytes()).unwrap());
     }
     for server in &servers {
         let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
         assert_eq!(direct.stats().unwrap()["used_bytes"].as_u64(), Some(0), "{} holds no bytes", server.addr);
+    }
+}
+
+/// A write whose value its primary streams to the replica as it arrives, given up midway
+/// (its writer killed once the replica staged a part): the primary frees the value and
+/// the replica what it staged of it, at once; the key reads as before the write.
+#[test]
+fn a_streamed_write_given_up_midway_leaves_nothing_staged() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("given-up");
+    create(&url, 2);
+    let args = ["--transport", "fabric", "--provider", "tcp;ofi_rxm", "--memory", "512MiB"];
+    let servers = [member_with(&url, &args), member_with(&url, &args), member_with(&url, &args)];
+    wait_until_placed(&url, 3);
+    let mut direct: Vec<Client> =
+        servers.iter().map(|s| Client::connect(&s.addr, ClientOptions::default()).unwrap()).collect();
+    let mut sum = |field: &str| -> Vec<u64> {
+        let stats = direct.iter_mut().map(|d| d.stats().unwrap());
+        stats
+            .map(|s| s["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s[field].as_u64().unwrap()).sum())
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("value");
+    // Within what a replica stages for one connection (an eighth of its memory).
+    let value = common::pattern(7, 60 << 20);
+    std::fs::write(&file, &value).unwrap();
+    let mut c = client(&url);
+    let mut caught = false;
+    for attempt in 0..8 {
+        let key = format!("given-up/{attempt}");
+        c.put(key.as_bytes(), b"before").unwrap();
+        let mut writer = Command::new(RDRAM)
+            .args(["put", "--server", &url, &key, "--file", file.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let staging = wait_until(Duration::from_secs(5), || {
+            sum("staged_bytes").iter().any(|&n| n > 0) || writer.try_wait().unwrap().is_some()
+        });
+        writer.kill().ok();
+        if writer.wait().unwrap().success() {
+            assert!(c.delete(key.as_bytes()).unwrap(), "{key}: written whole before the kill");
+            continue;
+        }
+        // Killed before its primary took all of the value (the write was given up), or
+        // after (the primary copies it on, and it lasts): never anything between.
+        let data = c.get(key.as_bytes()).unwrap().expect("the key keeps a value").data;
+        let given_up = data == b"before";
+        assert!(given_up || data == value, "{key}: {} bytes, neither value", data.len());
+        if !given_up {
+            assert!(c.delete(key.as_bytes()).unwrap());
+        } else if staging {
+            caught = true;
+            break;
+        }
+    }
+    assert!(caught, "no writer was killed while its value was staged on a replica");
+    assert!(sum("streamed_writes").iter().sum::<u64>() >= 1);
+    let freed = wait_until(Duration::from_secs(5), || sum("staged_bytes").iter().all(|&n| n == 0));
+    assert!(freed, "a replica kept what it staged of the write given up on: {:?}", sum("staged_bytes"));
+    // Every key holds its small value alone: the primary freed the large one.
+    for (server, d) in servers.iter().zip(&mut direct) {
+        let used = d.stats().unwrap()["used_bytes"].as_u64().unwrap();
+        assert!(used < 1 << 20, "{} holds {used} bytes", server.addr);
     }
 }
 
@@ -1386,13 +1463,20 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
         let (status, _) =
             stager.raw_request(0, &frame(&stage), b"staged by a client", Duration::from_secs(10)).unwrap();
         assert_eq!(status, Status::Invalid, "only parts of a value are staged");
+        let part = b"staged by a client";
+        let staged_id = stager.raw_session().1;
+        (stage.request_id, stage.flags) = (staged_id, flags::STAGE | flags::HAS_RANGE);
+        (stage.range_start, stage.range_end) = (0, part.len() as i64);
+        let (status, message) = stager.raw_request(0, &frame(&stage), part, Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::Ok, "a value staged in parts: {message}");
         let mut publish = remote_dram::proto::RequestHeader::new(Op::Put, stager.raw_session().1, session);
         publish.flags = flags::STAGE | flags::IMPORT;
-        publish.if_not_equal = id;
+        publish.if_not_equal = staged_id;
         publish.if_equal = u64::MAX - 1;
         publish.key_len = key.len() as u32;
         let (status, message) = stager.raw_request(0, &frame(&publish), b"", Duration::from_secs(10)).unwrap();
-        assert_eq!(status, Status::Invalid, "a publish of a staged value: {message}");
+        assert_eq!(status, Status::AuthFailed, "a publish of a staged value: {message}");
+        assert!(message.contains("ticket"), "a publish of a staged value: {message}");
         let held = Client::connect(&server.addr, ClientOptions::default()).unwrap().get(key).unwrap().unwrap();
         assert_eq!((held.data.as_slice(), held.generation), (&b"given by the primary"[..], g1), "{}", server.addr);
     }

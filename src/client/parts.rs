@@ -254,7 +254,7 @@ impl<'a> PartChain<'a> {
 
 /// The part at `offset` of a value of `total` bytes staged under `stage_id` (none: the
 /// first part, which stages it under its own request id).
-fn part_header(offset: usize, total: usize, stage_id: Option<u64>) -> RequestHeader {
+pub(super) fn part_header(offset: usize, total: usize, stage_id: Option<u64>) -> RequestHeader {
     let mut h = RequestHeader::new(Op::Put, 0, 0);
     h.flags |= flags::STAGE | flags::HAS_RANGE;
     (h.range_start, h.range_end, h.if_not_equal) = (offset as i64, total as i64, stage_id.unwrap_or(0));

@@ -174,6 +174,54 @@ impl Client {
         Ok(CopyInFlight { id, _joined: joined })
     }
 
+    /// Stages a part of a write's value on one of the key's other replicas (this
+    /// connection's server) while the rest still reaches its primary: `bytes` at `offset`
+    /// of a value of `total`, under `stage_id` (None: the first part, staged under its own
+    /// request id, [`CopyInFlight::id`]). Parts to one replica go in order, one at a time.
+    /// An ordinary staged put: reachable by no one until
+    /// [`Client::send_replica_commit`] installs it.
+    ///
+    /// # Safety
+    /// As for [`Client::send_replica_copy`], for `key` and `bytes`.
+    #[doc(hidden)]
+    pub unsafe fn send_replica_part(
+        &mut self,
+        key: &[u8],
+        bytes: &[u8],
+        offset: usize,
+        total: usize,
+        stage_id: Option<u64>,
+    ) -> Result<CopyInFlight> {
+        if key.len() > INLINE_KEY_MAX {
+            return Err(Error::new(Status::Invalid, "a value staged in parts has its key inline"));
+        }
+        let (id, joined) = self.submit_member(super::parts::part_header(offset, total, stage_id), key, bytes)?;
+        Ok(CopyInFlight { id, _joined: joined })
+    }
+
+    /// Installs on a replica, as [`Client::send_replica_copy`] would, the value staged
+    /// there whole under `stage_id` ([`Client::send_replica_part`]).
+    #[doc(hidden)]
+    pub fn send_replica_commit(&mut self, c: &ReplicaCopy<'_>, stage_id: u64) -> Result<CopyInFlight> {
+        let len = c.value.map_or(0, <[u8]>::len);
+        let mut h = self.import_header(c.key, len, c.generation, c.ttl_ms)?;
+        h.flags |= flags::STAGE;
+        h.if_not_equal = stage_id;
+        let (id, joined) = self.submit_member(h, c.key, &[])?;
+        Ok(CopyInFlight { id, _joined: joined })
+    }
+
+    /// Frees what a replica staged under `stage_id` of a write that failed
+    /// ([`Client::send_replica_part`]).
+    #[doc(hidden)]
+    pub fn send_replica_discard(&mut self, key: &[u8], stage_id: u64) -> Result<CopyInFlight> {
+        let mut h = RequestHeader::new(Op::Delete, 0, 0);
+        h.flags |= flags::STAGE;
+        h.if_not_equal = stage_id;
+        let (id, joined) = self.submit_member(h, key, &[])?;
+        Ok(CopyInFlight { id, _joined: joined })
+    }
+
     /// One pass of the transport's progress, without sleeping: copies in flight move on,
     /// and their answers come in.
     #[doc(hidden)]
@@ -270,6 +318,13 @@ pub struct CopyInFlight {
     id: u64,
     /// A long key joined with the value, which the transport sends from here.
     _joined: Option<Vec<u8>>,
+}
+
+impl CopyInFlight {
+    /// The request's id: a first part's is the id its value is staged under.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 /// A key a mover copies from its server to the members it gains ([`Client::copy_out_many`]).

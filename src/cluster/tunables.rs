@@ -75,6 +75,18 @@ pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 /// src/server/service.rs).
 pub const SMALL_COPY_MAX: usize = 16 * 1024;
 
+/// Where a replicator thread copies large writes (see [`SMALL_COPY_MAX`]), a write's value
+/// at least this long is staged on its replicas in parts as it reaches its primary (see
+/// `cluster::replication`), where the transport reports its progress (libfabric).
+pub const STREAM_MIN: usize = 256 << 10;
+
+/// A streamed value's next part goes to a replica once this much more of it landed (or
+/// its rest, once all did), at most [`STREAM_PART_MAX`] in one part.
+pub const STREAM_PART_MIN: usize = 64 << 10;
+
+/// See [`STREAM_PART_MIN`].
+pub const STREAM_PART_MAX: usize = 1 << 20;
+
 /// Copies in flight to one replica, at most.
 pub const COPY_DEPTH: usize = 32;
 

@@ -158,10 +158,10 @@ pub extern "C" fn rdram_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The library version, e.g. "0.1.0 (protocol 13)". Static; never NULL.
+/// The library version, e.g. "0.1.0 (protocol 14)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn rdram_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), " (protocol 13)\0").as_ptr() as *const c_char
+    concat!(env!("CARGO_PKG_VERSION"), " (protocol 14)\0").as_ptr() as *const c_char
 }
 
 #[cfg(test)]

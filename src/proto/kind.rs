@@ -25,6 +25,10 @@ pub enum Kind {
     /// mover's copy of a key, installed under the generation it brings
     /// ([`flags::IMPORT`] put).
     Import,
+    /// Members only, with a ticket: [`Kind::Import`] of a value the sender's session
+    /// staged in parts ([`Kind::StagePart`]) as it reached the key's primary
+    /// ([`flags::IMPORT`] put with [`flags::STAGE`], no range).
+    ImportStaged,
     /// Members only, with a ticket: a delete copied to a replica, of the generation its
     /// primary deleted ([`flags::IMPORT`] delete).
     ImportDelete,
@@ -72,6 +76,7 @@ impl Kind {
             (Op::Stats, 0, false) => Kind::Stats,
             (Op::Abort, 0, false) => Kind::Abort,
             (Op::Put, flags::IMPORT, false) => Kind::Import,
+            (Op::Put, flags::IMPORT, true) if !ranged => Kind::ImportStaged,
             (Op::Delete, flags::IMPORT, false) => Kind::ImportDelete,
             (Op::Get, flags::IMPORT, false) => Kind::CopyRead,
             (Op::Get, flags::MIGRATE, false) => Kind::HandoverHold,
@@ -87,7 +92,7 @@ impl Kind {
 
     pub fn op(self) -> Op {
         match self {
-            Kind::Put | Kind::StagePart | Kind::Import => Op::Put,
+            Kind::Put | Kind::StagePart | Kind::Import | Kind::ImportStaged => Op::Put,
             Kind::Get | Kind::CopyRead | Kind::HandoverHold | Kind::CopyOut | Kind::HandOut => Op::Get,
             Kind::Delete | Kind::StageDiscard | Kind::ImportDelete | Kind::HandoverEnd => Op::Delete,
             Kind::DeleteRange => Op::DeleteRange,
@@ -102,6 +107,7 @@ impl Kind {
         matches!(
             self,
             Kind::Import
+                | Kind::ImportStaged
                 | Kind::ImportDelete
                 | Kind::CopyRead
                 | Kind::HandoverHold
@@ -119,7 +125,7 @@ impl Kind {
     /// A copy between members of a write its primary decided: it carries the generation
     /// the primary gave it, never a condition.
     pub fn is_import(self) -> bool {
-        matches!(self, Kind::Import | Kind::ImportDelete)
+        matches!(self, Kind::Import | Kind::ImportStaged | Kind::ImportDelete)
     }
 
     /// A write a client asks of the key's primary (a whole value, or a staged value's
@@ -150,7 +156,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(seen.len(), 16, "every kind comes from some combination: {seen:?}");
+        assert_eq!(seen.len(), 17, "every kind comes from some combination: {seen:?}");
     }
 
     #[test]
@@ -162,6 +168,8 @@ mod tests {
         assert!(Kind::of(Op::List, flags::IMPORT).is_err());
         assert!(Kind::of(Op::Get, flags::IMPORT | flags::MIGRATE).is_err());
         assert_eq!(Kind::of(Op::Put, flags::IMPORT), Ok(Kind::Import));
+        assert_eq!(Kind::of(Op::Put, flags::IMPORT | flags::STAGE), Ok(Kind::ImportStaged));
+        assert!(Kind::of(Op::Delete, flags::IMPORT | flags::STAGE).is_err(), "only a put is committed so");
         assert!(Kind::of(Op::Get, flags::FORWARD).is_err(), "a client's read is never forwarded");
         assert!(Kind::of(Op::Put, flags::IMPORT | flags::FORWARD).is_err());
         assert!(Kind::of(Op::Get, flags::IMPORT | flags::FORWARD | flags::HAS_RANGE).is_err(), "only whole values");

@@ -59,8 +59,10 @@ use crate::error::Status;
 /// values or handovers answers `NoRoom`, not `Unavailable`. 12: UCX tcp moves segments of
 /// 1 MiB (a peer receiving into smaller ones has its heap overrun by UCX; see
 /// `transport::ucx::transports::SPEED`), so peers of 11 must not meet it. 13: a mover's
-/// copies go from its server's memory straight to their targets ([`flags::FORWARD`]).
-pub const PROTOCOL_VERSION: u8 = 13;
+/// copies go from its server's memory straight to their targets ([`flags::FORWARD`]). 14: a
+/// primary stages a large write's value on its replicas in parts as it arrives, and commits
+/// it there as an import ([`Kind::ImportStaged`]).
+pub const PROTOCOL_VERSION: u8 = 14;
 pub const MAGIC: u16 = 0x5244; // "RD"
 /// Where an encoded request keeps its id, in the full and the short form alike.
 const REQUEST_ID_AT: std::ops::Range<usize> = 8..16;
@@ -157,7 +159,10 @@ pub mod flags {
     /// TTL in the header). Delete: discards the value the session staged under the id in
     /// `if_not_equal`. Staged values are reachable by no one, bounded per shard, lapse,
     /// and go when their session ends (see `server/staging.rs`). A client copying a value
-    /// out of GPU memory sends it so.
+    /// out of GPU memory sends it so, and a key's primary a large write's value to its
+    /// replicas as it arrives. Put with [`IMPORT`] and no range (between members only):
+    /// commits the value the session staged under the id in `if_not_equal` as an
+    /// [`IMPORT`] of the generation in `if_equal`, with an import's ticket.
     pub const STAGE: u32 = 1 << 14;
     /// Between a cluster's members only, on a get with [`IMPORT`] or [`MIGRATE`] (a
     /// mover's read for a copy or a handover, on its own server), the key inline: instead

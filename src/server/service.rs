@@ -13,7 +13,7 @@ mod puts;
 pub use puts::PendingPut;
 mod replication;
 
-use super::staging::Staging;
+use super::staging::{Staged, Staging};
 use crate::auth::{ClusterSecret, Grant};
 use crate::cluster::placement::ServerRole;
 use crate::cluster::replication::{Replicator, ReplicatorConfig};
@@ -216,6 +216,8 @@ impl Service {
             last_handed: Instant::now(),
             copies: FxHashMap::default(),
             keys: FxHashMap::default(),
+            streamed: 0,
+            installed_streamed: 0,
         });
         self.placement = Some(PlacementCheck {
             forgotten: role.forgotten(),
@@ -387,7 +389,9 @@ impl Service {
         }
         let kind = req.kind;
         let result = match kind {
-            Kind::Put | Kind::StagePart | Kind::Import => self.eager_put(h, kind, req.inline, payload),
+            Kind::Put | Kind::StagePart | Kind::Import | Kind::ImportStaged => {
+                self.eager_put(h, kind, req.inline, payload)
+            }
             Kind::Get | Kind::CopyRead | Kind::HandoverHold | Kind::CopyOut | Kind::HandOut => {
                 return self.get(h, kind, req.inline, payload, out)
             }
@@ -515,7 +519,7 @@ impl Service {
         // to and remember.
         let (existed, generation) = self.shard.delete_as_primary(key, &condition(h))?;
         let reply = ok_reply(h.request_id, generation, existed as u64);
-        self.replicate(h, kind, key, generation, None, reply)
+        self.replicate(h, kind, key, generation, None, None, reply)
     }
 
     fn range_op(&mut self, h: &RequestHeader, op: Op, payload: &[u8], out: &mut Vec<u8>) -> Result<ReplyHeader> {
@@ -566,6 +570,10 @@ impl Service {
         let (staged, staged_bytes) = self.staging.held();
         stats["staged_values"] = staged.into();
         stats["staged_bytes"] = staged_bytes.into();
+        if let Some(r) = &self.replication {
+            stats["streamed_writes"] = r.streamed.into();
+            stats["installed_streamed"] = r.installed_streamed.into();
+        }
         if let Some(p) = &self.placement {
             // The server's, not the shard's: the same on every shard.
             let moves = &p.role.moves;

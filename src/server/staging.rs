@@ -168,6 +168,11 @@ impl Staging {
         Err(self.take(session, id))
     }
 
+    /// The length of the value staged for `(session, id)`, left where it is.
+    pub fn value_len(&self, session: u64, id: u64) -> Option<u64> {
+        self.held.get(&(session, id)).map(|s| s.layout.value_len)
+    }
+
     /// Takes the value staged for `(session, id)` out (to publish or discard it). A value
     /// with a part arriving stays until the part ends, and goes then.
     pub fn take(&mut self, session: u64, id: u64) -> Option<Staged> {

@@ -22,12 +22,21 @@
 //! are taken as they come, so a replica that stops answering holds up only the writes it
 //! must take (until the placement moves on without it). Nothing a replicator does
 //! sleeps: connections are made, and those given up on closed, on threads of their own.
+//!
+//! A large write's value can go to the replicas while it still reaches the primary
+//! ([`StreamStart`]): the replicator stages what has landed on each replica in parts, in
+//! order, and once the primary commits the write ([`CopyJob::streamed`]) installs the
+//! staged value there under its generation ([`Kind::ImportStaged`]), so that one write
+//! crosses the two links nearly at once instead of one after the other. A replica whose
+//! staging failed (no room, a lost connection) gets the whole value instead, as any copy.
+//!
+//! [`Kind::ImportStaged`]: crate::proto::Kind::ImportStaged
 
 mod peers;
 mod targets;
 mod work;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -96,6 +105,31 @@ pub struct CopyJob {
     /// again over what failed). None: a write's copy, to the key's replicas under the
     /// placement, tried for up to [`COPY_DEADLINE`](super::tunables::COPY_DEADLINE).
     pub to: Option<Vec<String>>,
+    /// The write's value was streamed to the replicas as it arrived, under this copy's
+    /// token ([`Replicator::stream`]): where that staged it whole, it is installed there.
+    pub streamed: bool,
+}
+
+/// A large write's value on its way into the primary's arena: staged on the key's
+/// replicas as it lands, until the write is committed ([`CopyJob::streamed`]) or
+/// given up ([`Replicator::abort_stream`]).
+pub struct StreamStart {
+    /// The write's copy's token, which its [`CopyJob`] then carries.
+    pub token: u64,
+    pub key: Vec<u8>,
+    /// The whole value's place, of which the first `landed` bytes have arrived.
+    pub value: ArenaValue,
+    /// Bytes of the value that arrived, from its start; set by the shard's worker.
+    pub landed: Arc<AtomicU64>,
+}
+
+/// What a shard hands its replicator.
+enum Handed {
+    Copy(CopyJob),
+    Stream(StreamStart),
+    /// The streamed write with this token failed: its staging ends, and its outcome
+    /// (an error) says that the replicator reads its value no more.
+    Abort(u64),
 }
 
 /// A copy's outcome: Ok once every replica the key must have holds it.
@@ -124,7 +158,7 @@ pub type Wake = Box<dyn Fn() + Send + Sync>;
 /// ([`Replicator::start`]), or driven by the shard's worker between requests
 /// ([`Replicator::inline`]), which saves a small write's copy two hand-offs between threads.
 pub struct Replicator {
-    jobs: Option<Sender<CopyJob>>,
+    jobs: Option<Sender<Handed>>,
     done: Receiver<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     runs: Runs,
@@ -181,7 +215,24 @@ impl Replicator {
 
     /// Hands a copy over; its outcome comes back through [`Replicator::next_done`].
     pub fn copy(&self, job: CopyJob) -> Result<()> {
-        let sent = self.jobs.as_ref().map(|j| j.send(job).is_ok()).unwrap_or(false);
+        self.hand(Handed::Copy(job))
+    }
+
+    /// Starts staging a write's value on its replicas as it lands (see the module's
+    /// doc). One outcome comes back under its token: the [`CopyJob`] that follows once
+    /// the write is committed, or the abort's.
+    pub fn stream(&self, start: StreamStart) -> Result<()> {
+        self.hand(Handed::Stream(start))
+    }
+
+    /// The streamed write `token` failed; its outcome comes back once no part of its
+    /// value is read any more.
+    pub fn abort_stream(&self, token: u64) -> Result<()> {
+        self.hand(Handed::Abort(token))
+    }
+
+    fn hand(&self, handed: Handed) -> Result<()> {
+        let sent = self.jobs.as_ref().map(|j| j.send(handed).is_ok()).unwrap_or(false);
         match sent {
             true => Ok(()),
             false => Err(Error::new(Status::Internal, "this shard's replicator stopped")),

@@ -62,7 +62,15 @@ mod tests {
             ..Default::default()
         };
         let routing = Routing::new(placement);
-        let job = |generation| CopyJob { token: 1, key: b"k".to_vec(), value: None, generation, ttl_ms: 0, to: None };
+        let job = |generation| CopyJob {
+            token: 1,
+            key: b"k".to_vec(),
+            value: None,
+            generation,
+            ttl_ms: 0,
+            to: None,
+            streamed: false,
+        };
         let live = |_: &str| true;
         // "a" left the members: it is the key's primary no more.
         assert!(matches!(targets("a", &routing, &job(700), live), Targets::Copy { .. }), "taken before the epoch");
@@ -100,7 +108,8 @@ mod tests {
             routing.replicas(&key)[1].to_string(),
             routing.next_replicas(&key)[1].to_string(),
         );
-        let job = CopyJob { token: 1, key: key.clone(), value: None, generation: 1, ttl_ms: 0, to: None };
+        let job =
+            CopyJob { token: 1, key: key.clone(), value: None, generation: 1, ttl_ms: 0, to: None, streamed: false };
         let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |_| true) else {
             unreachable!()
         };

@@ -2,20 +2,20 @@
 //! them, take their answers and end them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::warn;
 
-use super::peers::{breaks, close_off_thread, send, Closing, Peer};
+use super::peers::{breaks, close_off_thread, send, send_discard, send_part, Closing, Peer};
 use super::targets::{targets, Targets};
-use super::{Copied, CopyJob, ReplicatorConfig, Wake, TEST_COPY_DELAY_ENV};
+use super::{ArenaValue, Copied, CopyJob, Handed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
 use crate::client::Client;
 use crate::cluster::tunables::{
     COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_NAP_MAX, COPY_NAP_MIN, COPY_PEER_TIMEOUT,
-    COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE,
+    COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE, STREAM_PART_MAX, STREAM_PART_MIN,
 };
 use crate::error::{Error, Result, Status};
 
@@ -43,9 +43,50 @@ pub(super) struct Waiting {
     why: String,
 }
 
+/// A write's value staged on its replicas as it lands (see [`StreamStart`]).
+struct Stream {
+    key: Vec<u8>,
+    value: ArenaValue,
+    landed: Arc<AtomicU64>,
+    /// Each replica it is staged on, and how far.
+    to: Vec<StagedOn>,
+    /// The write failed: its outcome goes once no part is in flight.
+    aborted: bool,
+}
+
+/// How far a streamed value is staged on one replica.
+struct StagedOn {
+    replica: String,
+    /// The id the replica stages it under: its first part's request id.
+    stage_id: Option<u64>,
+    /// Bytes the replica took, from the value's start.
+    staged: usize,
+    /// A part is in flight.
+    sending: bool,
+    /// Staging failed, or its commit was sent: the write's copy sends the replica the
+    /// whole value (again).
+    over: bool,
+}
+
+impl Stream {
+    /// Whether a part is in flight, or one is still to go to a replica.
+    fn staging(&self) -> bool {
+        self.to.iter().any(|t| t.sending || (!t.over && t.staged < self.value.len()))
+    }
+
+    /// The id under which `replica` holds the whole value staged, if it does (then
+    /// taken: a commit installs it once).
+    fn take_whole(&mut self, replica: &str) -> Option<u64> {
+        let len = self.value.len();
+        let t = self.to.iter_mut().find(|t| t.replica == replica && !t.over && !t.sending && t.staged == len)?;
+        t.over = true;
+        t.stage_id
+    }
+}
+
 pub(super) struct Work {
     cfg: ReplicatorConfig,
-    jobs: Receiver<CopyJob>,
+    jobs: Receiver<Handed>,
     done: Sender<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     pub(super) stop: Arc<AtomicBool>,
@@ -58,6 +99,8 @@ pub(super) struct Work {
     closing: Vec<Closing>,
     /// Copies not yet ended, by the shard's token.
     waiting: HashMap<u64, Waiting>,
+    /// Values staged as they land, by their write's token.
+    streams: HashMap<u64, Stream>,
     /// See [`TEST_COPY_DELAY_ENV`].
     delay: Duration,
 }
@@ -86,7 +129,7 @@ pub(super) struct Turn {
 impl Work {
     pub(super) fn new(
         cfg: ReplicatorConfig,
-        jobs: Receiver<CopyJob>,
+        jobs: Receiver<Handed>,
         done: Sender<Copied>,
         wake: Arc<Mutex<Option<Wake>>>,
     ) -> Work {
@@ -100,6 +143,7 @@ impl Work {
             connecting: HashMap::new(),
             closing: Vec::new(),
             waiting: HashMap::new(),
+            streams: HashMap::new(),
             delay: std::env::var(TEST_COPY_DELAY_ENV)
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -150,21 +194,41 @@ impl Work {
     pub(super) fn turn(&mut self) -> Turn {
         let mut progressed = self.collect();
         let now = Instant::now();
+        progressed |= self.stream_parts(now);
         progressed |= self.dispatch(now);
         self.settle(now);
         self.report(now);
+        self.end_aborted_streams(now);
+        // Values still landing are looked at again soon: nothing wakes the replicator as
+        // their bytes arrive.
+        let landing = self.streams.values().any(|s| !s.aborted && s.staging()).then(|| now + COPY_NAP_MIN);
+        let between_rounds = self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at);
         Turn {
             progressed,
             answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
-            next_round: self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at).min(),
+            next_round: between_rounds.chain(landing).min(),
             closing: !self.closing.is_empty(),
         }
     }
 
-    /// Takes `first` and the copies handed over behind it.
-    pub(super) fn take_in(&mut self, first: Option<CopyJob>) {
+    /// Takes `first` and what was handed over behind it.
+    pub(super) fn take_in(&mut self, first: Option<Handed>) {
         let now = Instant::now();
-        for job in first.into_iter().chain(std::iter::from_fn(|| self.jobs.try_recv().ok())).take(COPY_BATCH) {
+        let jobs = self.jobs.clone();
+        for handed in first.into_iter().chain(std::iter::from_fn(|| jobs.try_recv().ok())).take(COPY_BATCH) {
+            let job = match handed {
+                Handed::Copy(job) => job,
+                Handed::Stream(start) => {
+                    self.open_stream(start);
+                    continue;
+                }
+                Handed::Abort(token) => {
+                    if let Some(s) = self.streams.get_mut(&token) {
+                        s.aborted = true;
+                    }
+                    continue;
+                }
+            };
             let waiting = Waiting {
                 holding: Vec::new(),
                 sending: Vec::new(),
@@ -185,7 +249,7 @@ impl Work {
     /// The next copy handed over within `wait`: looked for without sleeping for up to
     /// [`COPY_SPIN`] first (giving the CPU up between looks), as copies come right behind each
     /// other under load and a sleeping thread takes tens of µs to wake.
-    fn next_job(&self, wait: Duration) -> std::result::Result<Option<CopyJob>, RecvTimeoutError> {
+    fn next_job(&self, wait: Duration) -> std::result::Result<Option<Handed>, RecvTimeoutError> {
         let started = Instant::now();
         loop {
             match self.jobs.try_recv() {
@@ -232,7 +296,7 @@ impl Work {
                 if outcome.as_ref().is_err_and(|e| breaks(e.status)) {
                     peer.broken = true;
                 }
-                took(waiting, name, f.token, f.must, outcome);
+                took(waiting, &mut self.streams, name, (f.token, f.must, f.part), outcome);
             }
         }
         // Given-up connections are closed, and broken ones without copies in flight made
@@ -248,7 +312,7 @@ impl Work {
                 self.closing.push(closing);
             }
         }
-        let waiting = &mut self.waiting;
+        let (waiting, streams) = (&mut self.waiting, &mut self.streams);
         self.closing.retain(|c| {
             let outcomes = match c.outcomes.try_recv() {
                 Ok(outcomes) => outcomes,
@@ -256,16 +320,104 @@ impl Work {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => Vec::new(),
             };
             let mut outcomes = outcomes.into_iter();
-            for &(token, must) in &c.copies {
+            for &sent in &c.copies {
                 let outcome = outcomes.next().unwrap_or_else(|| {
                     Err(Error::new(Status::Internal, "closing the connection ended without a word"))
                 });
-                took(waiting, &c.replica, token, must, outcome);
+                took(waiting, streams, &c.replica, sent, outcome);
             }
             progressed = true;
             false
         });
         progressed
+    }
+
+    /// Opens the staging of a value as it lands, on the replicas the key has (or moves
+    /// to) under the placement now. A replica it does not reach gets the whole value
+    /// once the write is committed, as any copy.
+    fn open_stream(&mut self, start: StreamStart) {
+        let replicas: Vec<String> = match self.cfg.role.current() {
+            Some(current) => {
+                let (me, routing) = (current.0.as_str(), &current.1);
+                let next = routing.next_replicas(&start.key);
+                let set = if next.is_empty() { routing.replicas(&start.key) } else { next };
+                set.into_iter().filter(|r| *r != me).map(String::from).collect()
+            }
+            None => Vec::new(),
+        };
+        let to = replicas
+            .into_iter()
+            .map(|replica| StagedOn { replica, stage_id: None, staged: 0, sending: false, over: false })
+            .collect();
+        let stream = Stream { key: start.key, value: start.value, landed: start.landed, to, aborted: false };
+        self.streams.insert(start.token, stream);
+    }
+
+    /// Sends each replica the next part of the streamed values that landed, one part in
+    /// flight per value and replica, in order; whether any was sent.
+    fn stream_parts(&mut self, now: Instant) -> bool {
+        let mut sent = false;
+        for (&token, s) in self.streams.iter_mut().filter(|(_, s)| !s.aborted) {
+            let len = s.value.len();
+            let landed = (s.landed.load(Ordering::Acquire) as usize).min(len);
+            for t in s.to.iter_mut().filter(|t| !t.over && !t.sending && t.staged < landed) {
+                let ready = landed - t.staged;
+                if ready < STREAM_PART_MIN && landed < len {
+                    continue;
+                }
+                let part = &s.value.bytes()[t.staged..][..ready.min(STREAM_PART_MAX)];
+                // SAFETY: the key is the stream's, and the part's bytes landed (nothing
+                // writes them again) in an extent the shard keeps pinned until this
+                // stream's outcome goes, which waits for every part in flight.
+                let posted = unsafe {
+                    let what = (&s.key[..], part, t.staged, len);
+                    send_part(
+                        &mut self.peers,
+                        &mut self.connecting,
+                        &self.cfg,
+                        &t.replica,
+                        token,
+                        what,
+                        t.stage_id,
+                        now,
+                    )
+                };
+                match posted {
+                    Ok(stage_id) => {
+                        (t.stage_id, t.sending) = (Some(stage_id), true);
+                        sent = true;
+                    }
+                    // Connecting, or its fill in flight: on a later turn.
+                    Err(_) if self.connecting.contains_key(&t.replica) => {}
+                    Err(_)
+                        if self.peers.get(&t.replica).is_some_and(|p| !p.broken && p.flights.len() >= COPY_DEPTH) => {}
+                    Err(_) => t.over = true,
+                }
+            }
+        }
+        sent
+    }
+
+    /// Hands back the outcome of each failed write's stream once no part of it is in
+    /// flight (the shard frees its value then), and has its replicas free what they
+    /// staged of it (else held until it lapses).
+    fn end_aborted_streams(&mut self, now: Instant) {
+        let over: Vec<u64> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.aborted && !s.to.iter().any(|t| t.sending))
+            .map(|(t, _)| *t)
+            .collect();
+        for token in &over {
+            let s = &self.streams[token];
+            for t in &s.to {
+                if let Some(stage_id) = t.stage_id {
+                    send_discard(&mut self.peers, &t.replica, *token, &s.key, stage_id, now);
+                }
+            }
+        }
+        let why = || Err(Error::new(Status::Transport, "the write failed before its value had arrived"));
+        self.end(over.into_iter().map(|t| (t, why())).collect());
     }
 
     /// Starts a round of sends for every copy due; whether any was sent.
@@ -289,6 +441,11 @@ impl Work {
         let mut ended = Vec::new();
         for token in due {
             let w = &self.waiting[&token];
+            if w.job.streamed && self.streams.get(&token).is_some_and(Stream::staging) {
+                // Its last parts are on their way: then the replicas that staged the whole
+                // value install it, and only the others are sent it.
+                continue;
+            }
             let targets = match &w.job.to {
                 Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
                 None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
@@ -317,7 +474,8 @@ impl Work {
             }
             w.in_round = true;
             for (replica, must) in lacking {
-                match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, now) {
+                let staged = self.streams.get_mut(&token).and_then(|s| s.take_whole(&replica));
+                match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, staged, now) {
                     Ok(()) => {
                         w.sending.push(replica);
                         sent = true;
@@ -360,6 +518,7 @@ impl Work {
         }
         for (token, result) in ended {
             self.waiting.remove(&token);
+            self.streams.remove(&token);
             let _ = self.done.send(Copied { token, result });
         }
         self.wake_worker();
@@ -374,7 +533,8 @@ impl Work {
     /// Gives up on copies past their deadline, between rounds: their writers are told.
     fn report(&mut self, now: Instant) {
         let mut ended = Vec::new();
-        for (&token, w) in self.waiting.iter().filter(|(_, w)| !w.in_round) {
+        let parts_in_flight = |t: &u64| self.streams.get(t).is_some_and(|s| s.to.iter().any(|t| t.sending));
+        for (&token, w) in self.waiting.iter().filter(|(t, w)| !w.in_round && !parts_in_flight(t)) {
             let deadline = match w.job.to {
                 Some(_) => MOVE_COPY_DEADLINE,
                 None => COPY_DEADLINE,
@@ -405,8 +565,26 @@ impl Work {
     }
 }
 
-/// Records `replica`'s outcome for the copy `token` (whose key must reach it, or leaves it).
-fn took(waiting: &mut HashMap<u64, Waiting>, replica: &str, token: u64, must: bool, outcome: Result<()>) {
+/// Records `replica`'s outcome for the copy `token` (whose key must reach it, or leaves
+/// it), or for a part of `token`'s streamed value.
+fn took(
+    waiting: &mut HashMap<u64, Waiting>,
+    streams: &mut HashMap<u64, Stream>,
+    replica: &str,
+    (token, must, part): (u64, bool, Option<usize>),
+    outcome: Result<()>,
+) {
+    if let Some(len) = part {
+        // A stream stays open while a part of it is in flight.
+        if let Some(t) = streams.get_mut(&token).and_then(|s| s.to.iter_mut().find(|t| t.replica == replica)) {
+            t.sending = false;
+            match outcome {
+                Ok(()) => t.staged += len,
+                Err(_) => t.over = true,
+            }
+        }
+        return;
+    }
     let w = waiting.get_mut(&token).expect("a copy in flight is waiting");
     w.sending.retain(|r| r != replica);
     match outcome {

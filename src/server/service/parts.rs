@@ -101,6 +101,31 @@ impl Service {
     /// condition holds.
     fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
         self.check_placement(h, Kind::StagePart, key)?;
+        let staged = self.take_whole(h, key, h.range_end as u64)?;
+        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
+        let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
+        self.replicate(h, Kind::StagePart, key, generation, Some((staged.extent, staged.layout)), None, reply)
+    }
+
+    /// A replica's side of [`Kind::ImportStaged`]: installs the value the key's primary
+    /// staged here in parts under the generation it gave it, as an import would.
+    pub(super) fn commit_staged_import(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
+        self.check_placement(h, Kind::ImportStaged, key)?;
+        // The ticket first: a frame without one leaves what is staged alone.
+        let len = self.staging.value_len(h.session, h.if_not_equal).unwrap_or(0);
+        let generation = h.if_equal;
+        self.check_ticket(h, key, Grant::Put { generation, len, ttl_ms: ttl(h) })?;
+        let staged = self.take_whole(h, key, len)?;
+        let generation = self.shard.commit_import(staged.extent, staged.layout, generation, ttl(h))?;
+        if let Some(r) = self.replication.as_mut() {
+            r.installed_streamed += 1;
+        }
+        Ok(ok_reply(h.request_id, generation, len))
+    }
+
+    /// Takes the value `h`'s session staged under the id in `if_not_equal`, whole, of
+    /// `key` and `len` bytes long; it is freed if not.
+    fn take_whole(&mut self, h: &RequestHeader, key: &[u8], len: u64) -> Result<Staged> {
         let id = h.if_not_equal;
         let staged = self.staging.take(h.session, id).ok_or_else(|| {
             Error::new(
@@ -108,9 +133,8 @@ impl Service {
                 format!("no value is staged in parts under request id {id} (it lapsed, or was discarded)"),
             )
         })?;
-        let whole = staged
-            .assembly
-            .is_some_and(|a| a.received == staged.layout.value_len && staged.layout.value_len == h.range_end as u64);
+        let value_len = staged.layout.value_len;
+        let whole = staged.assembly.is_some_and(|a| a.received == value_len && len == value_len);
         if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
             self.shard.release(staged.extent);
             return Err(Error::new(
@@ -118,9 +142,7 @@ impl Service {
                 format!("the value staged under request id {id} is not whole, or is another key's"),
             ));
         }
-        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
-        let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
-        self.replicate(h, Kind::StagePart, key, generation, Some((staged.extent, staged.layout)), reply)
+        Ok(staged)
     }
 }
 

@@ -149,7 +149,7 @@ impl Service {
                 format!("request routed with placement version {}, this server holds version {held}", h.view),
             ));
         }
-        let replica_copy = matches!(kind, Kind::Import | Kind::ImportDelete | Kind::CopyRead);
+        let replica_copy = matches!(kind, Kind::Import | Kind::ImportStaged | Kind::ImportDelete | Kind::CopyRead);
         if replica_copy || (h.flags & flags::ASKING != 0 && !write) {
             // A read asked of a replica other than the primary (its client lost the
             // primary) is taken where every acknowledged write is: on a replica under the

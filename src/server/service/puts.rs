@@ -22,6 +22,9 @@ pub struct PendingPut {
     /// A part of a value staged in parts: the id the value is staged under. The extent
     /// is the staged value's, which this transfer owns until it ends.
     pub part: Option<u64>,
+    /// The value is streamed to the key's replicas as it lands, under this copy token
+    /// ([`Service::stream_put`]); the extent is pinned meanwhile.
+    pub stream: Option<u64>,
 }
 
 impl PendingPut {
@@ -44,6 +47,7 @@ impl PendingPut {
             cut: None,
             arrived,
             part,
+            stream: None,
         }
     }
 }
@@ -128,6 +132,7 @@ impl Service {
             for part in held {
                 self.shard.release(part);
             }
+            self.abort_stream(p.stream);
             return error_reply(
                 id,
                 &Error::new(Status::Timeout, "value transfer stalled past its deadline; cut by the server"),
@@ -137,6 +142,7 @@ impl Service {
         if !arrived {
             info!("shard {}: a put of {} bytes was aborted in transfer (its client failed or went away); its space is freed", self.index, p.layout.value_len);
             self.shard.release(p.extent);
+            self.abort_stream(p.stream);
             return error_reply(id, &Error::new(Status::Transport, "value transfer failed"), out);
         }
         let key_len = p.header.key_len as u64;
@@ -150,6 +156,7 @@ impl Service {
         }
         if let Err(e) = checked {
             self.shard.release(p.extent);
+            self.abort_stream(p.stream);
             return error_reply(id, &e, out);
         }
         match self.commit(p.extent, p.layout, &p.header, p.kind) {
@@ -157,12 +164,15 @@ impl Service {
                 let reply = ok_reply(id, generation, p.layout.value_len);
                 match &key {
                     Some(key) => self
-                        .replicate(&p.header, p.kind, key, generation, Some((p.extent, p.layout)), reply)
+                        .replicate(&p.header, p.kind, key, generation, Some((p.extent, p.layout)), p.stream, reply)
                         .unwrap_or_else(|e| error_reply(id, &e, out)),
                     None => reply,
                 }
             }
-            Err(e) => error_reply(id, &e, out),
+            Err(e) => {
+                self.abort_stream(p.stream);
+                error_reply(id, &e, out)
+            }
         }
     }
 
@@ -175,8 +185,11 @@ impl Service {
     ) -> Result<ReplyHeader> {
         let key = self.key_of(h, inline, payload)?;
         let value = if h.flags & flags::KEY_IN_PAYLOAD != 0 { &payload[key.len()..] } else { payload };
-        if kind == Kind::StagePart {
-            return self.eager_part(h, key, value);
+        match kind {
+            Kind::StagePart => return self.eager_part(h, key, value),
+            Kind::ImportStaged if value.is_empty() => return self.commit_staged_import(h, key),
+            Kind::ImportStaged => return Err(Error::new(Status::Invalid, "a staged value's commit carries no bytes")),
+            _ => {}
         }
         self.check_placement(h, kind, key)?;
         if kind != Kind::Import {
@@ -188,7 +201,7 @@ impl Service {
         self.shard.write_put(extent, layout, key, value);
         let generation = self.commit(extent, layout, h, kind)?;
         let reply = ok_reply(h.request_id, generation, value.len() as u64);
-        self.replicate(h, kind, key, generation, Some((extent, layout)), reply)
+        self.replicate(h, kind, key, generation, Some((extent, layout)), None, reply)
     }
 
     /// Publishes a put's key and value, written into `extent`: under a new generation if

@@ -4,11 +4,14 @@
 //! keys from this shard's memory to the members that gain them ([`Kind::CopyOut`]).
 
 use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
+use super::PendingPut;
 use super::{error_reply, ttl, Service};
-use crate::cluster::replication::{ArenaValue, CopyJob, Replicator};
-use crate::cluster::tunables::SMALL_COPY_MAX;
+use crate::cluster::replication::{ArenaValue, CopyJob, Replicator, StreamStart};
+use crate::cluster::tunables::{SMALL_COPY_MAX, STREAM_MIN};
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
 use crate::server::tunables::COPY_SPIN;
@@ -35,6 +38,10 @@ pub(super) struct Replication {
     pub(super) look_until: Option<Instant>,
     /// Keys with writes' copies in flight, and how many: no client reads them meanwhile.
     pub(super) keys: FxHashMap<Vec<u8>, u32>,
+    /// Writes whose values were streamed to their replicas as they arrived, and values
+    /// streamed here that were installed ([`Kind::ImportStaged`]).
+    pub(super) streamed: u64,
+    pub(super) installed_streamed: u64,
 }
 
 /// A committed value's bytes in the arena: `len` of them at `offset`, in the extent at
@@ -54,13 +61,26 @@ pub(super) struct Copying {
     op: Op,
     arrived: Option<Instant>,
     received: u64,
+    /// A write whose value is streamed to the replicas as it arrives.
+    stream: Option<Streamed>,
+}
+
+/// A write's value streamed to its replicas as it arrives ([`Service::stream_put`]).
+pub(super) struct Streamed {
+    /// How much of it landed (see [`StreamStart::landed`]).
+    landed: Arc<AtomicU64>,
+    /// Where it starts in the arena.
+    value_at: u64,
+    /// Whether the write is committed: before that no one waits for its answer, and no
+    /// read for its key.
+    committed: bool,
 }
 
 impl Copying {
-    /// A write's copy, counted in [`Replication::keys`]; a mover's copy out (recorded as
-    /// the get it is) is not.
+    /// A committed write's copy, counted in [`Replication::keys`]; a mover's copy out
+    /// (recorded as the get it is) is not, nor a value still arriving.
     fn gates_reads(&self) -> bool {
-        self.op != Op::Get
+        self.op != Op::Get && self.stream.as_ref().is_none_or(|s| s.committed)
     }
 }
 
@@ -70,6 +90,9 @@ impl Service {
     /// None for a delete) to the replicator, and defers `reply` until every replica holds
     /// it. Otherwise (one replica and nothing moving, or not a client's write) `reply`
     /// goes at once.
+    /// `stream`: the token under which the value was streamed to the replicas as it
+    /// arrived ([`Service::stream_put`]), which the copy goes on under.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn replicate(
         &mut self,
         h: &RequestHeader,
@@ -77,15 +100,18 @@ impl Service {
         key: &[u8],
         generation: u64,
         value: Option<(Extent, Layout)>,
+        stream: Option<u64>,
         reply: ReplyHeader,
     ) -> Result<ReplyHeader> {
         let client_write = h.flags & flags::VIEW != 0 && kind.is_client_write();
-        let copied = self
-            .placement
-            .as_ref()
-            .and_then(|p| p.current.as_deref())
-            .is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some());
-        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else { return Ok(reply) };
+        let copied = self.copies_writes();
+        let Some(r) = self.replication.as_mut().filter(|_| client_write && copied) else {
+            self.abort_stream(stream);
+            return Ok(reply);
+        };
+        if let Some(token) = stream {
+            return self.replicate_streamed(token, key, generation, ttl(h), reply);
+        }
         let token = r.next_token;
         r.next_token += 1;
         let job_value = value.map(|(extent, layout)| {
@@ -96,7 +122,15 @@ impl Service {
             unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) }
         });
         let large = job_value.as_ref().map_or(0, ArenaValue::len) > SMALL_COPY_MAX;
-        let job = CopyJob { token, key: key.to_vec(), value: job_value, generation, ttl_ms: ttl(h), to: None };
+        let job = CopyJob {
+            token,
+            key: key.to_vec(),
+            value: job_value,
+            generation,
+            ttl_ms: ttl(h),
+            to: None,
+            streamed: false,
+        };
         // (Only a replicator thread that died refuses: the write stays here, on one replica.)
         match r.large_writes.as_ref().filter(|_| large) {
             Some(thread) => thread.copy(job)?,
@@ -111,10 +145,109 @@ impl Service {
             Some((_, layout)) => (Op::Put, layout.value_len),
             None => (Op::Delete, 0),
         };
-        r.copies.insert(token, Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received });
+        let copying = Copying { reply, key: key.to_vec(), pinned, op, arrived: None, received, stream: None };
+        r.copies.insert(token, copying);
         r.last_handed = Instant::now();
         self.deferred = Some(token);
         Ok(reply)
+    }
+
+    /// Whether this shard's writes are copied to other replicas under its placement now.
+    fn copies_writes(&self) -> bool {
+        self.placement
+            .as_ref()
+            .and_then(|p| p.current.as_deref())
+            .is_some_and(|c| c.1.placement.replicas > 1 || c.1.placement.next.is_some())
+    }
+
+    /// As a large write's primary, where a replicator thread copies large writes: starts
+    /// staging its value on the key's replicas as it lands (see
+    /// [`crate::cluster::replication`]). The transport sets the counter returned to how
+    /// many bytes of the value landed, from its start; [`Service::finish_put`] then
+    /// commits the copy or ends it. None: the value is copied once it is whole, as usual.
+    pub fn stream_put(&mut self, p: &mut PendingPut) -> Option<Arc<AtomicU64>> {
+        let h = &p.header;
+        let whole_put = p.kind == Kind::Put && p.part.is_none() && h.flags & flags::KEY_IN_PAYLOAD == 0;
+        let value_at = u64::from(p.layout.value_at);
+        let eligible = whole_put
+            && h.flags & flags::VIEW != 0
+            && p.dest_offset == value_at
+            && p.layout.value_len >= STREAM_MIN as u64
+            && self.copies_writes();
+        let r = self.replication.as_mut().filter(|_| eligible)?;
+        let thread = r.large_writes.as_ref()?;
+        let key = self.shard.arena().slice(p.extent.offset, u64::from(p.layout.key_len)).to_vec();
+        let at = p.extent.offset + value_at;
+        // SAFETY: the reserved extent's value bytes, of which the replicator reads only
+        // those landed (each written once, never again); the extent is pinned below until
+        // `next_copied` hears the stream's copy ended, and the replicator stops before the
+        // arena is freed (field order of `Service`).
+        let value = unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), p.layout.value_len as usize) };
+        let landed = Arc::new(AtomicU64::new(0));
+        let token = r.next_token;
+        thread.stream(StreamStart { token, key: key.clone(), value, landed: landed.clone() }).ok()?;
+        r.next_token += 1;
+        let copying = Copying {
+            reply: ReplyHeader::default(),
+            key,
+            pinned: Some(p.extent.offset),
+            op: Op::Put,
+            arrived: None,
+            received: p.layout.value_len,
+            stream: Some(Streamed { landed: landed.clone(), value_at: at, committed: false }),
+        };
+        r.copies.insert(token, copying);
+        r.streamed += 1;
+        self.shard.pin(p.extent.offset);
+        p.stream = Some(token);
+        Some(landed)
+    }
+
+    /// The copy of a committed write whose value was streamed under `token`: the
+    /// replicas that staged it whole install it, the others are sent it.
+    fn replicate_streamed(
+        &mut self,
+        token: u64,
+        key: &[u8],
+        generation: u64,
+        ttl_ms: u64,
+        reply: ReplyHeader,
+    ) -> Result<ReplyHeader> {
+        let r = self.replication.as_mut().expect("a streamed write's shard has a replicator");
+        let c = r.copies.get_mut(&token).expect("a streamed write's copy is open until it ends");
+        let streamed = c.stream.as_mut().expect("a streamed write's copy");
+        streamed.committed = true;
+        // Every byte is in: the last part goes.
+        streamed.landed.store(c.received, Ordering::Release);
+        c.reply = reply;
+        // SAFETY: as in `stream_put`: the committed value's bytes, which nothing writes
+        // again, its extent pinned until the copy ends.
+        let value =
+            unsafe { ArenaValue::new(self.shard.arena().base().add(streamed.value_at as usize), c.received as usize) };
+        let job =
+            CopyJob { token, key: key.to_vec(), value: Some(value), generation, ttl_ms, to: None, streamed: true };
+        if let Err(e) = r.large_writes.as_ref().expect("streamed through the large writes' replicator").copy(job) {
+            // Its replicator stopped: the write stays here, on one replica.
+            if let Some(offset) = r.copies.remove(&token).and_then(|c| c.pinned) {
+                self.shard.unpin(offset);
+            }
+            return Err(e);
+        }
+        *r.keys.entry(key.to_vec()).or_insert(0) += 1;
+        r.last_handed = Instant::now();
+        self.deferred = Some(token);
+        Ok(reply)
+    }
+
+    /// Ends a stream whose write failed (its value is freed once the replicator hears).
+    pub(super) fn abort_stream(&mut self, stream: Option<u64>) {
+        let (Some(token), Some(r)) = (stream, self.replication.as_mut()) else { return };
+        let stopped = r.large_writes.as_ref().is_none_or(|t| t.abort_stream(token).is_err());
+        if stopped {
+            if let Some(offset) = r.copies.remove(&token).and_then(|c| c.pinned) {
+                self.shard.unpin(offset);
+            }
+        }
     }
 
     /// A mover's [`Kind::CopyOut`] or [`Kind::HandOut`] of `key`, whose committed value is
@@ -165,10 +298,18 @@ impl Service {
             generation: reply.generation,
             ttl_ms,
             to: Some(targets),
+            streamed: false,
         };
         r.mover.copy(job)?;
-        let copying =
-            Copying { reply, key: key.to_vec(), pinned: Some(value.extent), op: Op::Get, arrived: None, received: 0 };
+        let copying = Copying {
+            reply,
+            key: key.to_vec(),
+            pinned: Some(value.extent),
+            op: Op::Get,
+            arrived: None,
+            received: 0,
+            stream: None,
+        };
         r.copies.insert(token, copying);
         r.last_handed = Instant::now();
         self.shard.pin(value.extent);
@@ -197,6 +338,10 @@ impl Service {
             self.shard.unpin(offset);
         }
         out.clear();
+        if c.stream.as_ref().is_some_and(|s| !s.committed) {
+            // A failed write's stream: its writer was answered when it failed.
+            return Some((done.token, c.reply));
+        }
         let header = match done.result {
             Ok(()) => c.reply,
             Err(e) => error_reply(c.reply.request_id, &e, out),

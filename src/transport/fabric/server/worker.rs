@@ -32,8 +32,8 @@ use crate::proto::{flags, Kind, Op, ReplyHeader, RequestHeader, REPLY_HEADER_LEN
 use crate::server::reply_backlog::ReplyBacklog;
 use crate::server::service::{self, Answer, PendingPut, Request, Service};
 use crate::server::tunables::{
-    COPY_WAIT_MAX, FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN, SWEEP_BATCH,
-    SWEEP_EVERY, SWEEP_INTERVAL,
+    COPY_WAIT_MAX, FABRIC_RETIRED_GRACE, READ_CHUNK, READ_WINDOW_PER_RAIL, RECV_BUFS, SHUTDOWN_DRAIN,
+    STREAM_READ_CHUNK, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL,
 };
 use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
 use crate::transport::fabric::ops::{Finished, Progress};
@@ -67,6 +67,9 @@ struct ReadPlan {
     deadline: Instant,
     /// Chunks posted and not yet back.
     in_flight: BTreeSet<usize>,
+    /// A put whose value is streamed to its replicas as it lands: set to the bytes
+    /// landed from its start (see `Service::stream_put`).
+    landed: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Rails given up on, and what their peers may still read through them: reply buffers
@@ -290,7 +293,7 @@ impl FabricShardWorker {
                 match self.ops.progress(c) {
                     Progress::Finished(f) => self.finished(f),
                     Progress::Part { id, part, failed } => {
-                        self.chunk_back(id, part);
+                        self.chunk_back(id, part, failed);
                         self.pump_reads(id, failed)
                     }
                     Progress::Nothing => {}
@@ -346,7 +349,7 @@ impl FabricShardWorker {
                     Progress::Finished(f) => self.finished(f),
                     // No new chunk is read once stopping: the put fails and its extent is freed.
                     Progress::Part { id, part, .. } => {
-                        self.chunk_back(id, part);
+                        self.chunk_back(id, part, true);
                         self.pump_reads(id, true)
                     }
                     Progress::Nothing => {}

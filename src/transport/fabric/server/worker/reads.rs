@@ -3,6 +3,7 @@
 //! the client stops progressing.
 
 use super::*;
+use std::sync::atomic::AtomicU64;
 
 impl ReadPlan {
     fn new(
@@ -12,8 +13,11 @@ impl ReadPlan {
         remote: Vec<(u64, u64)>,
         len: usize,
         stall_timeout: Duration,
+        landed: Option<Arc<AtomicU64>>,
     ) -> ReadPlan {
-        let chunk = stripe_len(len, peer.len()).clamp(1, READ_CHUNK);
+        // A value streamed on as it lands is read in smaller chunks, which it follows.
+        let max_chunk = if landed.is_some() { STREAM_READ_CHUNK } else { READ_CHUNK };
+        let chunk = stripe_len(len, peer.len()).clamp(1, max_chunk);
         let deadline = service::transfer_deadline(stall_timeout, len as u64);
         ReadPlan {
             dest,
@@ -28,6 +32,7 @@ impl ReadPlan {
             abort: None,
             deadline,
             in_flight: BTreeSet::new(),
+            landed,
         }
     }
 }
@@ -41,8 +46,9 @@ impl FabricShardWorker {
         let op_value = if kind.op() == Op::Put {
             let req = Request { header: h, kind, inline: &inline };
             match self.service.begin_put(&req, rv.len) {
-                Ok(put) => {
+                Ok(mut put) => {
                     let dest = self.service.put_destination(&put);
+                    let landed = self.service.stream_put(&mut put);
                     let plan = ReadPlan::new(
                         dest,
                         self.arena_mr.iter().map(|m| m.desc).collect(),
@@ -50,6 +56,7 @@ impl FabricShardWorker {
                         rv.rails,
                         len,
                         self.stall_timeout,
+                        landed,
                     );
                     WorkerOp::ReadPut { to, put, plan }
                 }
@@ -72,7 +79,7 @@ impl FabricShardWorker {
             let descs = temp_mr
                 .as_ref()
                 .map_or(vec![std::ptr::null_mut(); self.rails.eps.len()], |m| m.iter().map(|r| r.desc).collect());
-            let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout);
+            let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout, None);
             WorkerOp::ReadPayload { to, header: h, kind, inline, buf, temp_mr, plan }
         };
         let chunks = match &op_value {
@@ -102,8 +109,9 @@ impl FabricShardWorker {
             warn!("shard {}: a read of client memory made no progress before its deadline; cut", self.service.index());
             plan.failed = true;
             // Keep only what the reads still in flight write into: the rest of the
-            // extent is free again now, even if they never come back.
-            if let Some(put) = put.filter(|p| p.cut.is_none()) {
+            // extent is free again now, even if they never come back. (A streamed value's
+            // extent stays whole: its replicator may be reading what landed.)
+            if let Some(put) = put.filter(|p| p.cut.is_none() && p.stream.is_none()) {
                 let keep: Vec<(u64, u64)> = plan
                     .in_flight
                     .iter()
@@ -116,10 +124,16 @@ impl FabricShardWorker {
         }
     }
 
-    /// Chunk `part` of read `id` is back (done or failed).
-    pub(super) fn chunk_back(&mut self, id: u32, part: usize) {
+    /// Chunk `part` of read `id` is back (done, or `failed`). A streamed value's landed
+    /// bytes are those of every chunk before the first still in flight, while none failed.
+    pub(super) fn chunk_back(&mut self, id: u32, part: usize, failed: bool) {
         if let Some(WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. }) = self.ops.value_mut(id) {
             plan.in_flight.remove(&part);
+            plan.failed |= failed;
+            if let Some(landed) = plan.landed.as_ref().filter(|_| !plan.failed) {
+                let before = plan.in_flight.first().copied().unwrap_or(plan.next);
+                landed.store((before * plan.chunk).min(plan.len) as u64, Ordering::Release);
+            }
         }
     }
 
