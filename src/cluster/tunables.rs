@@ -82,7 +82,7 @@ pub const STREAM_MIN: usize = 256 << 10;
 
 /// A streamed value's next part goes to a replica once this much more of it landed (or
 /// its rest, once all did), at most [`STREAM_PART_MAX`] in one part.
-pub const STREAM_PART_MIN: usize = 64 << 10;
+pub const STREAM_PART_MIN: usize = 32 << 10;
 
 /// See [`STREAM_PART_MIN`].
 pub const STREAM_PART_MAX: usize = 1 << 20;

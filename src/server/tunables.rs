@@ -146,7 +146,7 @@ pub const READ_CHUNK: usize = 4 << 20;
 
 /// Chunk of a one-sided read of a put's value that is streamed to its replicas as it lands
 /// (see `cluster::replication`): they follow it chunk by chunk.
-pub const STREAM_READ_CHUNK: usize = 128 << 10;
+pub const STREAM_READ_CHUNK: usize = 64 << 10;
 
 /// Chunks of one value's read in flight per rail.
 pub const READ_WINDOW_PER_RAIL: usize = 2;
