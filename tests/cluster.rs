@@ -696,6 +696,13 @@ fn large_values_reach_every_replica_over_libfabric_tcp() {
     large_values_reach_every_replica_over(&["--transport", "fabric", "--provider", "tcp;ofi_rxm"], true);
 }
 
+/// The same over libfabric's shared memory, where a streamed value's reads keep as many
+/// bytes in flight as any read (over tcp, two chunks).
+#[test]
+fn large_values_reach_every_replica_over_libfabric_shm() {
+    large_values_reach_every_replica_over(&["--transport", "fabric", "--provider", "shm"], true);
+}
+
 /// See [`large_values_reach_every_replica`]: members started with `transport` (arguments
 /// of `rdram serve`), whose large writes' copies have a thread of their own if
 /// `copy_thread`.

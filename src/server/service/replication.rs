@@ -213,9 +213,11 @@ impl Service {
         ttl_ms: u64,
         reply: ReplyHeader,
     ) -> Result<ReplyHeader> {
-        let r = self.replication.as_mut().expect("a streamed write's shard has a replicator");
-        let c = r.copies.get_mut(&token).expect("a streamed write's copy is open until it ends");
-        let streamed = c.stream.as_mut().expect("a streamed write's copy");
+        let lost = || Error::new(Status::Internal, "the copy of a write streamed to its replicas was lost");
+        let r = self.replication.as_mut().ok_or_else(lost)?;
+        let thread = r.large_writes.as_ref().ok_or_else(lost)?;
+        let c = r.copies.get_mut(&token).ok_or_else(lost)?;
+        let streamed = c.stream.as_mut().ok_or_else(lost)?;
         streamed.committed = true;
         // Every byte is in: the last part goes.
         streamed.landed.store(c.received, Ordering::Release);
@@ -226,7 +228,7 @@ impl Service {
             unsafe { ArenaValue::new(self.shard.arena().base().add(streamed.value_at as usize), c.received as usize) };
         let job =
             CopyJob { token, key: key.to_vec(), value: Some(value), generation, ttl_ms, to: None, streamed: true };
-        if let Err(e) = r.large_writes.as_ref().expect("streamed through the large writes' replicator").copy(job) {
+        if let Err(e) = thread.copy(job) {
             // Its replicator stopped: the write stays here, on one replica.
             if let Some(offset) = r.copies.remove(&token).and_then(|c| c.pinned) {
                 self.shard.unpin(offset);

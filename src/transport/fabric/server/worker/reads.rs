@@ -82,13 +82,20 @@ impl FabricShardWorker {
             let plan = ReadPlan::new(buf.as_mut_ptr(), descs, peer, rv.rails, len, self.stall_timeout, None);
             WorkerOp::ReadPayload { to, header: h, kind, inline, buf, temp_mr, plan }
         };
-        let chunks = match &op_value {
-            WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => plan.chunks,
+        let (chunks, streamed) = match &op_value {
+            WorkerOp::ReadPut { plan, .. } | WorkerOp::ReadPayload { plan, .. } => (plan.chunks, plan.landed.is_some()),
             _ => unreachable!(),
+        };
+        // A streamed value's smaller chunks keep as many bytes in flight as any read's, as
+        // a fast NIC needs; over a TCP socket, which serves reads one after the other, more
+        // in flight only end later together, and the replicas follow later.
+        let window = match streamed && !self.rails.provider().contains("tcp") {
+            true => READ_WINDOW_PER_RAIL * READ_CHUNK / STREAM_READ_CHUNK,
+            false => READ_WINDOW_PER_RAIL,
         };
         let op_id = self.ops.start(op_value, chunks);
         self.reads.insert((to.id, id), op_id);
-        for _ in 0..READ_WINDOW_PER_RAIL * self.rails.eps.len() {
+        for _ in 0..window * self.rails.eps.len() {
             self.pump_reads(op_id, false);
         }
     }
