@@ -286,8 +286,8 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     assert_eq!(send(&mut c, 1000, 3000, stage + 99, &part).0, Status::Missing, "no such value");
     let mut other = server.client();
     assert_eq!(send(&mut other, 1000, 3000, stage, &part).0, Status::Missing, "another session's value");
-    // An import names no value staged in parts (its bytes may not all have arrived): no
-    // such request exists.
+    // Installing a value staged in parts as an import is for a cluster's members, with a
+    // ticket: this server is in no cluster.
     let (session, id) = c.raw_session();
     let mut h = RequestHeader::new(Op::Put, id, session);
     h.flags = flags::STAGE | flags::IMPORT;
@@ -297,7 +297,7 @@ fn puts_in_parts_fall_back_and_refuse_what_is_out_of_order() {
     buf.extend_from_slice(key);
     assert_eq!(
         c.raw_request(shard, &buf, &[], Duration::from_secs(10)).unwrap().0,
-        Status::Invalid,
+        Status::AuthFailed,
         "an import of a value staged in parts"
     );
     // Refused at the door, it left the value staged: discarded, as a client does.
