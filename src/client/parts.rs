@@ -217,10 +217,7 @@ impl Client {
     pub(super) fn discard_parts_if_answered(&mut self, key: &[u8], e: &Error, stage_id: Option<u64>) {
         let answered = !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport);
         if let (true, Some(id)) = (answered, stage_id) {
-            let mut h = RequestHeader::new(Op::Delete, 0, 0);
-            h.flags |= flags::STAGE;
-            h.if_not_equal = id;
-            let _ = self.call_key(key, h, &[]);
+            let _ = self.call_key(key, discard_header(id), &[]);
         }
     }
 }
@@ -258,6 +255,14 @@ pub(super) fn part_header(offset: usize, total: usize, stage_id: Option<u64>) ->
     let mut h = RequestHeader::new(Op::Put, 0, 0);
     h.flags |= flags::STAGE | flags::HAS_RANGE;
     (h.range_start, h.range_end, h.if_not_equal) = (offset as i64, total as i64, stage_id.unwrap_or(0));
+    h
+}
+
+/// Discards the value staged in parts under `stage_id`.
+pub(super) fn discard_header(stage_id: u64) -> RequestHeader {
+    let mut h = RequestHeader::new(Op::Delete, 0, 0);
+    h.flags |= flags::STAGE;
+    h.if_not_equal = stage_id;
     h
 }
 

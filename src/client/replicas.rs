@@ -215,10 +215,7 @@ impl Client {
     /// ([`Client::send_replica_part`]).
     #[doc(hidden)]
     pub fn send_replica_discard(&mut self, key: &[u8], stage_id: u64) -> Result<CopyInFlight> {
-        let mut h = RequestHeader::new(Op::Delete, 0, 0);
-        h.flags |= flags::STAGE;
-        h.if_not_equal = stage_id;
-        let (id, joined) = self.submit_member(h, key, &[])?;
+        let (id, joined) = self.submit_member(super::parts::discard_header(stage_id), key, &[])?;
         Ok(CopyInFlight { id, _joined: joined })
     }
 
