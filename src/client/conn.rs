@@ -392,6 +392,16 @@ impl Connection {
         self.link.answered(id)
     }
 
+    /// See [`Link::wait_fd`].
+    pub fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.wait_fd()
+    }
+
+    /// See [`Link::arm`].
+    pub fn arm(&self) -> bool {
+        self.link.arm()
+    }
+
     /// Waits for the reply to request `id`.
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
         self.link.wait_for(id, self.timeout)

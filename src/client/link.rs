@@ -4,6 +4,7 @@
 //! connections show it.
 
 use std::net::TcpStream;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,12 @@ pub(crate) trait Link: Send {
     fn answered(&self, id: u64) -> bool;
     /// Sets how long a wait spins before it sleeps (see [`crate::ClientOptions::spin`]).
     fn set_spin(&mut self, spin: Duration);
+    /// The fd that turns readable when this connection has progress to make, for callers
+    /// that sleep on several things at once ([`Link::arm`] first); None where the
+    /// transport has none (libfabric's shm).
+    fn wait_fd(&self) -> Option<RawFd>;
+    /// Prepares a sleep on [`Link::wait_fd`]: false when progress is pending already.
+    fn arm(&self) -> bool;
     /// Whether requests may go with their header in its short form (see
     /// [`crate::proto::flags::SHORT_FORM`]). Not over libfabric, whose link writes fields of
     /// the full form in place (the credential, a read's limit).

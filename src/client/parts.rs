@@ -1,7 +1,8 @@
-//! Values sent in parts ([`flags::STAGE`] with a range): staged on the server in order,
-//! then committed as one ordinary put. The device path sends GPU memory so, a part at a
-//! time through pinned buffers; [`Client::put_parts`] sends a value that lies in several
-//! of the caller's buffers (a header and a body) without copying them together.
+//! Values sent in parts ([`flags::STAGE`] with a range): staged on the server in order
+//! (this client sends one at a time), then committed as one ordinary put. The device path
+//! sends GPU memory so, a part at a time through pinned buffers; [`Client::put_parts`]
+//! sends a value that lies in several of the caller's buffers (a header and a body)
+//! without copying them together.
 
 use std::collections::VecDeque;
 

@@ -177,8 +177,8 @@ impl Client {
     /// Stages a part of a write's value on one of the key's other replicas (this
     /// connection's server) while the rest still reaches its primary: `bytes` at `offset`
     /// of a value of `total`, under `stage_id` (None: the first part, staged under its own
-    /// request id, [`CopyInFlight::id`]). Parts to one replica go in order, one at a time.
-    /// An ordinary staged put: reachable by no one until
+    /// request id, [`CopyInFlight::id`]). Parts to one replica go in order, at most 8 in
+    /// flight. An ordinary staged put: reachable by no one until
     /// [`Client::send_replica_commit`] installs it.
     ///
     /// # Safety
@@ -224,6 +224,21 @@ impl Client {
     #[doc(hidden)]
     pub fn poll_copies(&mut self) {
         self.conn.poll();
+    }
+
+    /// The fd that turns readable when this connection has progress to make (copies'
+    /// answers, or a replica reading a copy's bytes), armed for a sleep on it; None when
+    /// progress is pending already, or the transport has no fd (libfabric's shm).
+    #[doc(hidden)]
+    pub fn copies_wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        let fd = self.conn.wait_fd()?;
+        self.conn.arm().then_some(fd)
+    }
+
+    /// Whether the connection's transport has an fd to sleep on ([`Client::copies_wait_fd`]).
+    #[doc(hidden)]
+    pub fn copies_can_sleep(&self) -> bool {
+        self.conn.wait_fd().is_some()
     }
 
     /// Whether a copy's answer is in: [`Client::copy_outcome`] returns at once.

@@ -154,7 +154,7 @@ pub mod flags {
     /// A value staged in parts. Put with [`HAS_RANGE`] (never with `IMPORT`), the key
     /// inline: bytes `[range_start, range_start + payload)` of a value of `range_end`
     /// bytes. The first part (at 0) stages the value under the request's id, the later
-    /// ones name it in `if_not_equal` and come in order, one at a time. The empty part at
+    /// ones name it in `if_not_equal` and come in order, at most 8 arriving at once. The empty part at
     /// `range_start == range_end` commits the value as an ordinary put (its condition and
     /// TTL in the header). Delete: discards the value the session staged under the id in
     /// `if_not_equal`. Staged values are reachable by no one, bounded per shard, lapse,

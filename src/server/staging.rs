@@ -1,6 +1,7 @@
-//! Values a client stages in parts before they are committed ([`flags::STAGE`]): in
-//! order, one part in flight at a time, then committed as an ordinary put. A client
-//! copying a value out of GPU memory sends one part while the GPU copies the next.
+//! Values a client stages in parts before they are committed ([`flags::STAGE`]): admitted
+//! in order, up to [`STAGE_PARTS_IN_FLIGHT`] arriving at once, then committed as an
+//! ordinary put. A client copying a value out of GPU memory sends one part while the GPU
+//! copies the next; a primary streaming a write to its replicas keeps several in flight.
 //!
 //! A staged value is reachable by no reader or writer; it is bounded in count and bytes
 //! per shard and per session, held for at most [`STAGE_HOLD`], and freed when its
@@ -12,7 +13,7 @@ use rustc_hash::FxHashMap;
 use std::time::Instant;
 
 use crate::error::{Error, Result, Status};
-use crate::server::tunables::{MAX_STAGED, MAX_STAGED_PER_SESSION, STAGE_HOLD};
+use crate::server::tunables::{MAX_STAGED, MAX_STAGED_PER_SESSION, STAGE_HOLD, STAGE_PARTS_IN_FLIGHT};
 use crate::store::alloc::Extent;
 use crate::store::Layout;
 
@@ -28,10 +29,12 @@ pub struct Staged {
 /// The state of a value staged in parts.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Assembly {
-    /// Bytes of the value received, from its start.
+    /// Bytes of the value received (the parts that ended, arrived).
     pub received: u64,
-    /// A part is arriving into the extent: until it ends, its transfer owns the extent.
-    in_flight: bool,
+    /// Bytes of the value admitted, from its start: where the next part begins.
+    admitted: u64,
+    /// Parts arriving into the extent: until they end, their transfers own the extent.
+    in_flight: u32,
     /// Lapsed, discarded or its session ended while a part was arriving: it goes when
     /// the part ends.
     doomed: bool,
@@ -111,16 +114,17 @@ impl Staging {
     }
 
     /// Holds `extent` for a value staged in parts under `(session, id)`, its first part
-    /// arriving; as [`Staging::hold`] otherwise.
+    /// of `len` bytes arriving; as [`Staging::hold`] otherwise.
     pub fn begin_assembly(
         &mut self,
         session: u64,
         id: u64,
-        extent: Extent,
-        layout: Layout,
+        (extent, layout): (Extent, Layout),
+        len: u64,
     ) -> std::result::Result<(), (Extent, Error)> {
         self.hold(session, id, extent, layout)?;
-        self.held.get_mut(&(session, id)).unwrap().assembly = Some(Assembly { in_flight: true, ..Assembly::default() });
+        let assembly = Assembly { admitted: len, in_flight: 1, ..Assembly::default() };
+        self.held.get_mut(&(session, id)).unwrap().assembly = Some(assembly);
         Ok(())
     }
 
@@ -135,14 +139,18 @@ impl Staging {
         };
         let staged = self.held.get_mut(&(session, id)).ok_or_else(missing)?;
         let assembly = staged.assembly.as_mut().filter(|a| !a.doomed).ok_or_else(missing)?;
-        if assembly.in_flight || offset != assembly.received || total != staged.layout.value_len || offset + len > total
+        if assembly.in_flight as usize >= STAGE_PARTS_IN_FLIGHT
+            || offset != assembly.admitted
+            || total != staged.layout.value_len
+            || offset + len > total
         {
             return Err(Error::new(
                 Status::Invalid,
-                format!("part [{offset}, {}) of {total} bytes: the value staged under request id {id} has {} of {} bytes, and takes its parts in order, one at a time", offset + len, assembly.received, staged.layout.value_len),
+                format!("part [{offset}, {}) of {total} bytes: the value staged under request id {id} admitted {} of {} bytes and has {} parts arriving; it takes its parts in order, at most {STAGE_PARTS_IN_FLIGHT} at once", offset + len, assembly.admitted, staged.layout.value_len, assembly.in_flight),
             ));
         }
-        assembly.in_flight = true;
+        assembly.admitted += len;
+        assembly.in_flight += 1;
         Ok((staged.extent, staged.layout))
     }
 
@@ -160,7 +168,7 @@ impl Staging {
         let Some(assembly) = self.held.get_mut(&(session, id)).and_then(|s| s.assembly.as_mut()) else {
             return Err(None);
         };
-        assembly.in_flight = false;
+        assembly.in_flight -= 1;
         if arrived && !assembly.doomed {
             assembly.received += len;
             return Ok(assembly.received);
@@ -174,10 +182,10 @@ impl Staging {
     }
 
     /// Takes the value staged for `(session, id)` out (to publish or discard it). A value
-    /// with a part arriving stays until the part ends, and goes then.
+    /// with parts arriving stays until they ended, and goes then.
     pub fn take(&mut self, session: u64, id: u64) -> Option<Staged> {
         let staged = self.held.get_mut(&(session, id))?;
-        if let Some(a) = staged.assembly.as_mut().filter(|a| a.in_flight) {
+        if let Some(a) = staged.assembly.as_mut().filter(|a| a.in_flight > 0) {
             a.doomed = true;
             return None;
         }
@@ -195,13 +203,13 @@ impl Staging {
         let mut gone = Vec::new();
         self.held.retain(|&(session, _), s| {
             let keep = s.until > now && !ended(session);
-            match s.assembly.as_mut().filter(|a| a.in_flight) {
-                // Its part's transfer still writes into the extent.
+            match s.assembly.as_mut().filter(|a| a.in_flight > 0) {
+                // Its parts' transfers still write into the extent.
                 Some(a) if !keep => a.doomed = true,
                 _ if !keep => gone.push((session, s.extent)),
                 _ => {}
             }
-            keep || s.assembly.is_some_and(|a| a.in_flight)
+            keep || s.assembly.is_some_and(|a| a.in_flight > 0)
         });
         for &(session, extent) in &gone {
             self.count(session, extent.len, false);
@@ -257,8 +265,8 @@ mod tests {
     fn parts_arrive_in_order_and_a_part_in_flight_keeps_its_extent() {
         let mut s = Staging::new(1 << 20);
         let layout = Layout::packed(1, 300);
-        s.begin_assembly(1, 7, extent(0, 400), layout).map_err(|(_, e)| e).unwrap();
-        assert_eq!(s.next_part(1, 7, 0, 100, 300).unwrap_err().status, Status::Invalid, "one part in flight at a time");
+        s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
+        assert_eq!(s.next_part(1, 7, 0, 100, 300).unwrap_err().status, Status::Invalid, "parts come in order");
         assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(100));
         assert_eq!(s.next_part(1, 7, 150, 100, 300).unwrap_err().status, Status::Invalid, "parts come in order");
         assert_eq!(s.next_part(1, 7, 100, 201, 300).unwrap_err().status, Status::Invalid, "parts end within the value");
@@ -272,8 +280,48 @@ mod tests {
         assert_eq!(over.map(|v| v.extent.offset), Some(0), "the part ended: the extent is the caller's to free");
         assert!(s.is_empty() && s.held() == (0, 0));
         // A failed part ends the value.
-        s.begin_assembly(1, 8, extent(0, 400), layout).map_err(|(_, e)| e).unwrap();
+        s.begin_assembly(1, 8, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
         assert!(s.part_ended(1, 8, 100, false).unwrap_err().is_some());
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn parts_arrive_side_by_side_and_the_value_is_whole_once_each_ended() {
+        let mut s = Staging::new(1 << 20);
+        let layout = Layout::packed(1, 300);
+        s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
+        assert!(s.next_part(1, 7, 100, 100, 300).is_ok());
+        assert!(s.next_part(1, 7, 200, 100, 300).is_ok());
+        // They may end in any order; the value is whole once each arrived.
+        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(100));
+        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(200));
+        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(300));
+        assert_eq!(s.take(1, 7).and_then(|v| v.assembly).map(|a| a.received), Some(300));
+        // Taken with parts arriving: it goes once they ended.
+        s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
+        assert!(s.next_part(1, 7, 100, 100, 300).is_ok());
+        assert!(s.take(1, 7).is_none());
+        assert!(s.part_ended(1, 7, 100, true).unwrap_err().is_none(), "a part still arrives");
+        assert_eq!(s.part_ended(1, 7, 100, true).unwrap_err().map(|v| v.extent.offset), Some(0));
+        assert!(s.is_empty());
+        // A part that failed while others arrive ends the value once the last ended.
+        s.begin_assembly(1, 8, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
+        assert!(s.next_part(1, 8, 100, 100, 300).is_ok());
+        assert_eq!(s.part_ended(1, 8, 100, false).unwrap_err().map(|v| v.extent.offset), None, "a part still arrives");
+        assert_eq!(
+            s.next_part(1, 8, 200, 100, 300).unwrap_err().status,
+            Status::Missing,
+            "a failed value takes no parts"
+        );
+        assert_eq!(s.part_ended(1, 8, 100, true).unwrap_err().map(|v| v.extent.offset), Some(0));
+        assert!(s.is_empty() && s.held() == (0, 0));
+        // The parts arriving at once are bounded.
+        let layout = Layout::packed(1, 100);
+        s.begin_assembly(1, 9, (extent(0, 200), layout), 1).map_err(|(_, e)| e).unwrap();
+        for i in 1..STAGE_PARTS_IN_FLIGHT as u64 {
+            assert!(s.next_part(1, 9, i, 1, 100).is_ok());
+        }
+        let more = STAGE_PARTS_IN_FLIGHT as u64;
+        assert_eq!(s.next_part(1, 9, more, 1, 100).unwrap_err().status, Status::Invalid, "too many parts at once");
     }
 }

@@ -72,6 +72,10 @@ pub const MAX_STAGED: usize = 4096;
 /// replica and call, and publishes it before its next call.
 pub const MAX_STAGED_PER_SESSION: usize = 16;
 
+/// Parts of one value staged in parts that may arrive at once: a primary streaming a write
+/// to a replica keeps the link busy while each part's answer comes back.
+pub const STAGE_PARTS_IN_FLIGHT: usize = 8;
+
 /// How long a staged value waits for its publish (a client that sent it and then stalled
 /// or lost its primary); then it is freed and a publish for it is refused.
 pub const STAGE_HOLD: Duration = Duration::from_secs(30);

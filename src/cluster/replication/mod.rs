@@ -32,6 +32,7 @@
 //!
 //! [`Kind::ImportStaged`]: crate::proto::Kind::ImportStaged
 
+mod doorbell;
 mod peers;
 mod targets;
 mod work;
@@ -47,6 +48,7 @@ use super::tunables::COPY_SPIN;
 use super::ServerRole;
 use crate::auth::ClusterSecret;
 use crate::error::{Error, Result, Status};
+use doorbell::Doorbell;
 use work::Work;
 
 /// Tests only: holds every copy this many milliseconds before it is sent, so that a test
@@ -119,8 +121,27 @@ pub struct StreamStart {
     pub key: Vec<u8>,
     /// The whole value's place, of which the first `landed` bytes have arrived.
     pub value: ArenaValue,
-    /// Bytes of the value that arrived, from its start; set by the shard's worker.
-    pub landed: Arc<AtomicU64>,
+    pub landed: Landed,
+}
+
+/// How many bytes of a streamed value arrived, from its start: set by the shard's worker
+/// as they land, each advance waking the replicator thread that sends them on.
+#[derive(Clone)]
+pub struct Landed {
+    bytes: Arc<AtomicU64>,
+    doorbell: Arc<Doorbell>,
+}
+
+impl Landed {
+    pub fn advance_to(&self, bytes: u64) {
+        if self.bytes.swap(bytes, Ordering::Release) != bytes {
+            self.doorbell.ring();
+        }
+    }
+
+    pub(super) fn get(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
 }
 
 /// What a shard hands its replicator.
@@ -159,6 +180,8 @@ pub type Wake = Box<dyn Fn() + Send + Sync>;
 /// ([`Replicator::inline`]), which saves a small write's copy two hand-offs between threads.
 pub struct Replicator {
     jobs: Option<Sender<Handed>>,
+    /// A thread's: rung with each hand-over (an inline replicator's worker looks itself).
+    doorbell: Option<Arc<Doorbell>>,
     done: Receiver<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     runs: Runs,
@@ -180,7 +203,7 @@ impl Replicator {
     /// Starts shard `shard`'s replicator thread, `rdram-{role}-{shard}`.
     pub fn start(shard: usize, role: &str, cfg: ReplicatorConfig) -> Result<Replicator> {
         let cores = cfg.cores.clone();
-        let (work, replicator) = Replicator::parts(cfg);
+        let (work, replicator) = Replicator::parts(cfg, Some(Arc::new(Doorbell::new()?)));
         let stop = work.stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("rdram-{role}-{shard}"))
@@ -194,17 +217,24 @@ impl Replicator {
 
     /// A replicator its caller drives ([`Replicator::drive`]) on its own thread.
     pub fn inline(cfg: ReplicatorConfig) -> Replicator {
-        let (work, replicator) = Replicator::parts(cfg);
+        let (work, replicator) = Replicator::parts(cfg, None);
         replicator(Runs::Inline(Box::new(work)))
     }
 
     /// The work, and what makes the replicator once the work runs somewhere.
-    fn parts(cfg: ReplicatorConfig) -> (Work, impl FnOnce(Runs) -> Replicator) {
+    fn parts(cfg: ReplicatorConfig, doorbell: Option<Arc<Doorbell>>) -> (Work, impl FnOnce(Runs) -> Replicator) {
         let (jobs_tx, jobs) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
         let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
-        let work = Work::new(cfg, jobs, done_tx, wake.clone());
-        (work, move |runs| Replicator { jobs: Some(jobs_tx), done, wake, runs })
+        let work = Work::new(cfg, jobs, doorbell.clone(), done_tx, wake.clone());
+        (work, move |runs| Replicator { jobs: Some(jobs_tx), doorbell, done, wake, runs })
+    }
+
+    /// A counter of a streamed value's landed bytes for [`StreamStart::landed`]; None for
+    /// an inline replicator, which streams nothing.
+    pub fn landed(&self) -> Option<Landed> {
+        let doorbell = self.doorbell.clone()?;
+        Some(Landed { bytes: Arc::default(), doorbell })
     }
 
     /// How the shard's worker is woken when a thread's copies end (without it, the worker
@@ -233,6 +263,9 @@ impl Replicator {
 
     fn hand(&self, handed: Handed) -> Result<()> {
         let sent = self.jobs.as_ref().map(|j| j.send(handed).is_ok()).unwrap_or(false);
+        if let Some(doorbell) = &self.doorbell {
+            doorbell.ring();
+        }
         match sent {
             true => Ok(()),
             false => Err(Error::new(Status::Internal, "this shard's replicator stopped")),
@@ -267,6 +300,9 @@ impl Drop for Replicator {
         self.jobs = None;
         if let Runs::Thread { stop, thread } = &mut self.runs {
             stop.store(true, Ordering::SeqCst);
+            if let Some(doorbell) = &self.doorbell {
+                doorbell.ring();
+            }
             if let Some(t) = thread.take() {
                 let _ = t.join();
             }

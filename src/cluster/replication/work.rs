@@ -2,22 +2,24 @@
 //! them, take their answers and end them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::warn;
 
+use super::doorbell::{sleep_on, Doorbell};
 use super::peers::{breaks, close_off_thread, send, send_discard, send_part, Closing, Peer};
 use super::targets::{targets, Targets};
-use super::{ArenaValue, Copied, CopyJob, Handed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
+use super::{ArenaValue, Copied, CopyJob, Handed, Landed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
 use crate::client::Client;
 use crate::cluster::tunables::{
     COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_NAP_MAX, COPY_NAP_MIN, COPY_PEER_TIMEOUT,
     COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE, STREAM_PART_MAX, STREAM_PART_MIN,
 };
 use crate::error::{Error, Result, Status};
+use crate::server::tunables::STAGE_PARTS_IN_FLIGHT;
 
 /// A copy not yet taken by every replica it must reach.
 pub(super) struct Waiting {
@@ -47,7 +49,7 @@ pub(super) struct Waiting {
 struct Stream {
     key: Vec<u8>,
     value: ArenaValue,
-    landed: Arc<AtomicU64>,
+    landed: Landed,
     /// Each replica it is staged on, and how far.
     to: Vec<StagedOn>,
     /// The write failed: its outcome goes once no part is in flight.
@@ -59,10 +61,12 @@ struct StagedOn {
     replica: String,
     /// The id the replica stages it under: its first part's request id.
     stage_id: Option<u64>,
-    /// Bytes the replica took, from the value's start.
+    /// Bytes of the value sent in parts, from its start.
+    sent: usize,
+    /// Bytes of them the replica took.
     staged: usize,
-    /// A part is in flight.
-    sending: bool,
+    /// Parts in flight.
+    parts: usize,
     /// Staging failed, or its commit was sent: the write's copy sends the replica the
     /// whole value (again).
     over: bool,
@@ -71,14 +75,14 @@ struct StagedOn {
 impl Stream {
     /// Whether a part is in flight, or one is still to go to a replica.
     fn staging(&self) -> bool {
-        self.to.iter().any(|t| t.sending || (!t.over && t.staged < self.value.len()))
+        self.to.iter().any(|t| t.parts > 0 || (!t.over && t.sent < self.value.len()))
     }
 
     /// The id under which `replica` holds the whole value staged, if it does (then
     /// taken: a commit installs it once).
     fn take_whole(&mut self, replica: &str) -> Option<u64> {
         let len = self.value.len();
-        let t = self.to.iter_mut().find(|t| t.replica == replica && !t.over && !t.sending && t.staged == len)?;
+        let t = self.to.iter_mut().find(|t| t.replica == replica && !t.over && t.parts == 0 && t.staged == len)?;
         t.over = true;
         t.stage_id
     }
@@ -87,6 +91,8 @@ impl Stream {
 pub(super) struct Work {
     cfg: ReplicatorConfig,
     jobs: Receiver<Handed>,
+    /// A thread's: rung as copies are handed over and streamed values land.
+    doorbell: Option<Arc<Doorbell>>,
     done: Sender<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     pub(super) stop: Arc<AtomicBool>,
@@ -130,12 +136,14 @@ impl Work {
     pub(super) fn new(
         cfg: ReplicatorConfig,
         jobs: Receiver<Handed>,
+        doorbell: Option<Arc<Doorbell>>,
         done: Sender<Copied>,
         wake: Arc<Mutex<Option<Wake>>>,
     ) -> Work {
         Work {
             cfg,
             jobs,
+            doorbell,
             done,
             wake,
             stop: Arc::new(AtomicBool::new(false)),
@@ -156,6 +164,10 @@ impl Work {
     pub(super) fn run(mut self) {
         let mut nap = COPY_NAP_MIN;
         while !self.stop.load(Ordering::SeqCst) {
+            // Cleared before the turn looks: a ring meanwhile ends the wait below at once.
+            if let Some(doorbell) = &self.doorbell {
+                doorbell.clear();
+            }
             let turn = self.turn();
             let now = Instant::now();
             let mut until_round = turn.next_round.map_or(COPY_IDLE_WAIT, |at| at.saturating_duration_since(now));
@@ -170,6 +182,9 @@ impl Work {
                 None => until_round,
                 // Answers are due: look again at once, giving the CPU up between looks.
                 Some(by) if turn.progressed || now < by => Duration::ZERO,
+                // Overdue, but the replicas' answers and reads wake this thread (see
+                // `next_job`): it sleeps until then, a millisecond at most.
+                Some(_) if self.replicas_wake_it() => until_round.min(COPY_NAP_MAX),
                 // Overdue (a replica slow or stopped): nap, woken by a new copy.
                 Some(_) => {
                     let n = nap;
@@ -199,14 +214,11 @@ impl Work {
         self.settle(now);
         self.report(now);
         self.end_aborted_streams(now);
-        // Values still landing are looked at again soon: nothing wakes the replicator as
-        // their bytes arrive.
-        let landing = self.streams.values().any(|s| !s.aborted && s.staging()).then(|| now + COPY_NAP_MIN);
         let between_rounds = self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at);
         Turn {
             progressed,
             answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
-            next_round: between_rounds.chain(landing).min(),
+            next_round: between_rounds.min(),
             closing: !self.closing.is_empty(),
         }
     }
@@ -246,9 +258,19 @@ impl Work {
         }
     }
 
+    /// Whether every connection with copies in flight wakes this thread when it has
+    /// progress to make (it has an fd to sleep on).
+    fn replicas_wake_it(&self) -> bool {
+        self.doorbell.is_some()
+            && self.peers.values().filter(|p| !p.flights.is_empty()).all(|p| p.client.copies_can_sleep())
+    }
+
     /// The next copy handed over within `wait`: looked for without sleeping for up to
     /// [`COPY_SPIN`] first (giving the CPU up between looks), as copies come right behind each
-    /// other under load and a sleeping thread takes tens of µs to wake.
+    /// other under load and a sleeping thread takes tens of µs to wake. The sleep ends
+    /// early when the doorbell rings (a copy handed over, more of a streamed value landed)
+    /// or a connection with copies in flight has progress to make: over libfabric tcp, a
+    /// copy's bytes move only while this thread drives its connection.
     fn next_job(&self, wait: Duration) -> std::result::Result<Option<Handed>, RecvTimeoutError> {
         let started = Instant::now();
         loop {
@@ -262,7 +284,25 @@ impl Work {
                 return Ok(None);
             }
             if spun >= COPY_SPIN {
-                return self.jobs.recv_timeout(wait - spun).map(Some);
+                let Some(doorbell) = &self.doorbell else {
+                    return self.jobs.recv_timeout(wait - spun).map(Some);
+                };
+                let mut fds = vec![doorbell.fd()];
+                for peer in self.peers.values().filter(|p| !p.flights.is_empty()) {
+                    match peer.client.copies_wait_fd() {
+                        Some(fd) => fds.push(fd),
+                        // Progress is pending: made on the next turn.
+                        None if peer.client.copies_can_sleep() => return Ok(None),
+                        // No fd (shm): `wait` bounds the nap.
+                        None => {}
+                    }
+                }
+                sleep_on(&fds, wait - spun);
+                return match self.jobs.try_recv() {
+                    Ok(job) => Ok(Some(job)),
+                    Err(crossbeam_channel::TryRecvError::Empty) => Ok(None),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                };
             }
             std::thread::yield_now();
         }
@@ -347,30 +387,33 @@ impl Work {
         };
         let to = replicas
             .into_iter()
-            .map(|replica| StagedOn { replica, stage_id: None, staged: 0, sending: false, over: false })
+            .map(|replica| StagedOn { replica, stage_id: None, sent: 0, staged: 0, parts: 0, over: false })
             .collect();
         let stream = Stream { key: start.key, value: start.value, landed: start.landed, to, aborted: false };
         self.streams.insert(start.token, stream);
     }
 
-    /// Sends each replica the next part of the streamed values that landed, one part in
-    /// flight per value and replica, in order; whether any was sent.
+    /// Sends each replica the next parts of the streamed values that landed, in order, up
+    /// to [`STAGE_PARTS_IN_FLIGHT`] in flight per value and replica; whether any was sent.
     fn stream_parts(&mut self, now: Instant) -> bool {
         let mut sent = false;
         for (&token, s) in self.streams.iter_mut().filter(|(_, s)| !s.aborted) {
             let len = s.value.len();
-            let landed = (s.landed.load(Ordering::Acquire) as usize).min(len);
-            for t in s.to.iter_mut().filter(|t| !t.over && !t.sending && t.staged < landed) {
-                let ready = landed - t.staged;
+            let landed = (s.landed.get() as usize).min(len);
+            for t in s.to.iter_mut() {
+                if t.over || t.parts >= STAGE_PARTS_IN_FLIGHT || t.sent >= landed {
+                    continue;
+                }
+                let ready = landed - t.sent;
                 if ready < STREAM_PART_MIN && landed < len {
                     continue;
                 }
-                let part = &s.value.bytes()[t.staged..][..ready.min(STREAM_PART_MAX)];
+                let part = &s.value.bytes()[t.sent..][..ready.min(STREAM_PART_MAX)];
                 // SAFETY: the key is the stream's, and the part's bytes landed (nothing
                 // writes them again) in an extent the shard keeps pinned until this
                 // stream's outcome goes, which waits for every part in flight.
                 let posted = unsafe {
-                    let what = (&s.key[..], part, t.staged, len);
+                    let what = (&s.key[..], part, t.sent, len);
                     send_part(
                         &mut self.peers,
                         &mut self.connecting,
@@ -384,7 +427,8 @@ impl Work {
                 };
                 match posted {
                     Ok(stage_id) => {
-                        (t.stage_id, t.sending) = (Some(stage_id), true);
+                        t.stage_id = Some(stage_id);
+                        (t.sent, t.parts) = (t.sent + part.len(), t.parts + 1);
                         sent = true;
                     }
                     // Connecting, or its fill in flight: on a later turn.
@@ -405,7 +449,7 @@ impl Work {
         let over: Vec<u64> = self
             .streams
             .iter()
-            .filter(|(_, s)| s.aborted && !s.to.iter().any(|t| t.sending))
+            .filter(|(_, s)| s.aborted && !s.to.iter().any(|t| t.parts > 0))
             .map(|(t, _)| *t)
             .collect();
         for token in &over {
@@ -533,7 +577,7 @@ impl Work {
     /// Gives up on copies past their deadline, between rounds: their writers are told.
     fn report(&mut self, now: Instant) {
         let mut ended = Vec::new();
-        let parts_in_flight = |t: &u64| self.streams.get(t).is_some_and(|s| s.to.iter().any(|t| t.sending));
+        let parts_in_flight = |t: &u64| self.streams.get(t).is_some_and(|s| s.to.iter().any(|t| t.parts > 0));
         for (&token, w) in self.waiting.iter().filter(|(t, w)| !w.in_round && !parts_in_flight(t)) {
             let deadline = match w.job.to {
                 Some(_) => MOVE_COPY_DEADLINE,
@@ -577,7 +621,7 @@ fn took(
     if let Some(len) = part {
         // A stream stays open while a part of it is in flight.
         if let Some(t) = streams.get_mut(&token).and_then(|s| s.to.iter_mut().find(|t| t.replica == replica)) {
-            t.sending = false;
+            t.parts -= 1;
             match outcome {
                 Ok(()) => t.staged += len,
                 Err(_) => t.over = true,

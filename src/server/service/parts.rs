@@ -47,7 +47,7 @@ impl Service {
         self.staging.admit(h.session, layout.extent_len())?;
         let extent = self.shard.reserve_for_put(key, layout.extent_len())?;
         self.shard.extent_mut(extent)[..key.len()].copy_from_slice(key);
-        self.staging.begin_assembly(h.session, h.request_id, extent, layout).map_err(|(extent, e)| {
+        self.staging.begin_assembly(h.session, h.request_id, (extent, layout), len).map_err(|(extent, e)| {
             self.shard.release(extent);
             e
         })?;

@@ -4,13 +4,11 @@
 //! keys from this shard's memory to the members that gain them ([`Kind::CopyOut`]).
 
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::PendingPut;
 use super::{error_reply, ttl, Service};
-use crate::cluster::replication::{ArenaValue, CopyJob, Replicator, StreamStart};
+use crate::cluster::replication::{ArenaValue, CopyJob, Landed, Replicator, StreamStart};
 use crate::cluster::tunables::{SMALL_COPY_MAX, STREAM_MIN};
 use crate::error::{Error, Result, Status};
 use crate::proto::{self, flags, Kind, Op, ReplyHeader, RequestHeader};
@@ -68,7 +66,7 @@ pub(super) struct Copying {
 /// A write's value streamed to its replicas as it arrives ([`Service::stream_put`]).
 pub(super) struct Streamed {
     /// How much of it landed (see [`StreamStart::landed`]).
-    landed: Arc<AtomicU64>,
+    landed: Landed,
     /// Where it starts in the arena.
     value_at: u64,
     /// Whether the write is committed: before that no one waits for its answer, and no
@@ -165,7 +163,7 @@ impl Service {
     /// [`crate::cluster::replication`]). The transport sets the counter returned to how
     /// many bytes of the value landed, from its start; [`Service::finish_put`] then
     /// commits the copy or ends it. None: the value is copied once it is whole, as usual.
-    pub fn stream_put(&mut self, p: &mut PendingPut) -> Option<Arc<AtomicU64>> {
+    pub fn stream_put(&mut self, p: &mut PendingPut) -> Option<Landed> {
         let h = &p.header;
         let whole_put = p.kind == Kind::Put && p.part.is_none() && h.flags & flags::KEY_IN_PAYLOAD == 0;
         let value_at = u64::from(p.layout.value_at);
@@ -183,7 +181,7 @@ impl Service {
         // `next_copied` hears the stream's copy ended, and the replicator stops before the
         // arena is freed (field order of `Service`).
         let value = unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), p.layout.value_len as usize) };
-        let landed = Arc::new(AtomicU64::new(0));
+        let landed = thread.landed()?;
         let token = r.next_token;
         thread.stream(StreamStart { token, key: key.clone(), value, landed: landed.clone() }).ok()?;
         r.next_token += 1;
@@ -220,7 +218,7 @@ impl Service {
         let streamed = c.stream.as_mut().ok_or_else(lost)?;
         streamed.committed = true;
         // Every byte is in: the last part goes.
-        streamed.landed.store(c.received, Ordering::Release);
+        streamed.landed.advance_to(c.received);
         c.reply = reply;
         // SAFETY: as in `stream_put`: the committed value's bytes, which nothing writes
         // again, its extent pinned until the copy ends.

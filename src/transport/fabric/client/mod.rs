@@ -622,6 +622,15 @@ impl Link for FabricLink {
         self.connect_servers(welcomes, timeout)
     }
 
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        let fd = crate::transport::Transport::event_fd(&*self.rails);
+        (fd >= 0).then_some(fd)
+    }
+
+    fn arm(&self) -> bool {
+        crate::transport::Transport::arm(&*self.rails).unwrap_or(false)
+    }
+
     fn set_spin(&mut self, spin: Duration) {
         // Without an fd to sleep on (shm), an idle wait naps a millisecond at a time once
         // its spin is spent: a spin shorter than the one it was made with would make

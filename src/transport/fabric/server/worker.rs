@@ -69,7 +69,7 @@ struct ReadPlan {
     in_flight: BTreeSet<usize>,
     /// A put whose value is streamed to its replicas as it lands: set to the bytes
     /// landed from its start (see `Service::stream_put`).
-    landed: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    landed: Option<crate::cluster::replication::Landed>,
 }
 
 /// Rails given up on, and what their peers may still read through them: reply buffers

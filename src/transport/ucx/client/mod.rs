@@ -596,6 +596,15 @@ impl Link for UcxLink {
         self.connect_servers(welcomes)
     }
 
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        let fd = crate::transport::Transport::event_fd(&*self.worker);
+        (fd >= 0).then_some(fd)
+    }
+
+    fn arm(&self) -> bool {
+        crate::transport::Transport::arm(&*self.worker).unwrap_or(false)
+    }
+
     fn set_spin(&mut self, spin: Duration) {
         self.poller.set_spin(spin);
     }

@@ -3,7 +3,7 @@
 //! the client stops progressing.
 
 use super::*;
-use std::sync::atomic::AtomicU64;
+use crate::cluster::replication::Landed;
 
 impl ReadPlan {
     fn new(
@@ -13,7 +13,7 @@ impl ReadPlan {
         remote: Vec<(u64, u64)>,
         len: usize,
         stall_timeout: Duration,
-        landed: Option<Arc<AtomicU64>>,
+        landed: Option<Landed>,
     ) -> ReadPlan {
         // A value streamed on as it lands is read in smaller chunks, which it follows.
         let max_chunk = if landed.is_some() { STREAM_READ_CHUNK } else { READ_CHUNK };
@@ -139,7 +139,7 @@ impl FabricShardWorker {
             plan.failed |= failed;
             if let Some(landed) = plan.landed.as_ref().filter(|_| !plan.failed) {
                 let before = plan.in_flight.first().copied().unwrap_or(plan.next);
-                landed.store((before * plan.chunk).min(plan.len) as u64, Ordering::Release);
+                landed.advance_to((before * plan.chunk).min(plan.len) as u64);
             }
         }
     }
