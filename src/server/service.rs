@@ -218,6 +218,7 @@ impl Service {
             keys: FxHashMap::default(),
             streamed: 0,
             installed_streamed: 0,
+            streamed_sent_whole: 0,
         });
         self.placement = Some(PlacementCheck {
             forgotten: role.forgotten(),
@@ -573,6 +574,7 @@ impl Service {
         if let Some(r) = &self.replication {
             stats["streamed_writes"] = r.streamed.into();
             stats["installed_streamed"] = r.installed_streamed.into();
+            stats["streamed_sent_whole"] = r.streamed_sent_whole.into();
         }
         if let Some(p) = &self.placement {
             // The server's, not the shard's: the same on every shard.

@@ -157,6 +157,9 @@ enum Handed {
 pub struct Copied {
     pub token: u64,
     pub result: Result<()>,
+    /// Replicas that a streamed write's copy sent the whole value to, their staging of it
+    /// having failed (no room, a lost connection, a placement that changed meanwhile).
+    pub sent_whole: u32,
 }
 
 /// What a replicator copies as.

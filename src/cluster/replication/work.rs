@@ -43,6 +43,8 @@ pub(super) struct Waiting {
     pause: Duration,
     /// Why the last round fell short.
     why: String,
+    /// See [`Copied::sent_whole`].
+    sent_whole: u32,
 }
 
 /// A write's value staged on its replicas as it lands (see [`StreamStart`]).
@@ -252,6 +254,7 @@ impl Work {
                 retry_at: now + self.delay,
                 pause: COPY_RETRY_MIN,
                 why: String::new(),
+                sent_whole: 0,
                 job,
             };
             self.waiting.insert(waiting.job.token, waiting);
@@ -521,6 +524,7 @@ impl Work {
                 let staged = self.streams.get_mut(&token).and_then(|s| s.take_whole(&replica));
                 match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, staged, now) {
                     Ok(()) => {
+                        w.sent_whole += u32::from(w.job.streamed && staged.is_none());
                         w.sending.push(replica);
                         sent = true;
                     }
@@ -561,9 +565,9 @@ impl Work {
             return;
         }
         for (token, result) in ended {
-            self.waiting.remove(&token);
+            let sent_whole = self.waiting.remove(&token).map_or(0, |w| w.sent_whole);
             self.streams.remove(&token);
-            let _ = self.done.send(Copied { token, result });
+            let _ = self.done.send(Copied { token, result, sent_whole });
         }
         self.wake_worker();
     }

@@ -40,6 +40,9 @@ pub(super) struct Replication {
     /// streamed here that were installed ([`Kind::ImportStaged`]).
     pub(super) streamed: u64,
     pub(super) installed_streamed: u64,
+    /// Replicas that streamed writes' copies sent the whole value to after all
+    /// ([`crate::cluster::replication::Copied::sent_whole`]).
+    pub(super) streamed_sent_whole: u64,
 }
 
 /// A committed value's bytes in the arena: `len` of them at `offset`, in the extent at
@@ -328,6 +331,7 @@ impl Service {
             .or_else(|| r.large_writes.as_ref().and_then(Replicator::next_done))
             .or_else(|| r.mover.next_done())?;
         let c = r.copies.remove(&done.token)?;
+        r.streamed_sent_whole += u64::from(done.sent_whole);
         if let Some(n) = r.keys.get_mut(&c.key).filter(|_| c.gates_reads()) {
             *n -= 1;
             if *n == 0 {
