@@ -55,17 +55,16 @@ impl Service {
     }
 
     /// A part's transfer ended: the bytes of the value received so far, or the value is
-    /// over (the part failed or was cut, or the value was discarded meanwhile) and freed.
+    /// over (the part failed, or the value was discarded meanwhile) and freed once no
+    /// other part arrives into it. (A stalled part is never cut: the extent is the staged
+    /// value's, which its other parts in flight may be writing into.)
     pub(super) fn end_part(&mut self, p: PendingPut, stage_id: u64, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
         let (h, id) = (p.header, p.header.request_id);
-        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived && p.cut.is_none()) {
+        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived) {
             Ok(received) => ok_reply(id, 0, received),
             Err(over) => {
-                match (p.cut, over) {
-                    // A cut transfer freed the extent but what it still writes into.
-                    (Some(held), _) => held.into_iter().for_each(|part| self.shard.release(part)),
-                    (None, Some(staged)) => self.shard.release(staged.extent),
-                    (None, None) => {}
+                if let Some(staged) = over {
+                    self.shard.release(staged.extent);
                 }
                 let why = if arrived {
                     "the value staged in parts lapsed or was discarded while a part arrived"

@@ -117,8 +117,10 @@ impl FabricShardWorker {
             plan.failed = true;
             // Keep only what the reads still in flight write into: the rest of the
             // extent is free again now, even if they never come back. (A streamed value's
-            // extent stays whole: its replicator may be reading what landed.)
-            if let Some(put) = put.filter(|p| p.cut.is_none() && p.stream.is_none()) {
+            // extent stays whole: its replicator may be reading what landed. So does a
+            // value staged in parts: its other parts may be arriving into it, and it is
+            // freed once the last of them ended, within its session's staging bounds.)
+            if let Some(put) = put.filter(|p| p.cut.is_none() && p.stream.is_none() && p.part.is_none()) {
                 let keep: Vec<(u64, u64)> = plan
                     .in_flight
                     .iter()
