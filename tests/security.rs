@@ -12,7 +12,7 @@ use common::{pattern, rdram, ServerProc};
 use remote_dram::client::KeyRange;
 use remote_dram::proto::bootstrap::{client_handshake, Welcome};
 use remote_dram::proto::fabric::{self as wire, decode_addresses};
-use remote_dram::proto::{Op, RequestHeader, REQUEST_HEADER_LEN};
+use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
 use remote_dram::transport::fabric::{Completion, Endpoint, OpContext, RemoteAccess};
 use remote_dram::{Client, ClientOptions, Status};
 
@@ -428,7 +428,8 @@ fn a_client_that_never_receives_small_replies_is_bounded_over_fabric_tcp() {
 /// cut, the space comes back, and the server goes on serving everyone else. When the
 /// client resumes, its put has either failed or stored exactly its bytes.
 fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
-    let mut args = vec!["--workers", "1", "--memory", "128MiB", "--stall-timeout-ms", "1000"];
+    let mut args =
+        vec!["--workers", "1", "--memory", "128MiB", "--stall-timeout-ms", "1000", "--metrics", "127.0.0.1:0"];
     args.extend_from_slice(transport);
     let server = ServerProc::start(&args);
     let mut c = server.client();
@@ -478,6 +479,7 @@ fn stalled_put_is_cut_at_its_deadline(transport: &[&str]) {
     );
     assert_eq!(c.get(b"other").unwrap().map(|v| v.data).as_deref(), Some(&other[..]));
     assert!(used(&mut c) < 60 << 20, "the cut put's extent was not released: {} bytes used", used(&mut c));
+    assert!(server.shard_metric("rdram_transfers_cut_total", 0) >= 1, "the cut is not counted");
 
     // The writer resumes: its put failed, or stored exactly its bytes; nothing else.
     common::signal(writer.id(), common::SIGCONT);
@@ -503,6 +505,105 @@ fn a_stalled_put_is_cut_at_its_deadline_over_ucx_tcp() {
 fn a_stalled_put_is_cut_at_its_deadline_over_fabric_tcp() {
     common::init(common::TCP);
     stalled_put_is_cut_at_its_deadline(&FABRIC_TCP);
+}
+
+/// The helper of `a_value_staged_in_parts_outlives_its_stalled_parts`: sends two parts of
+/// one staged value side by side, says so, then never drives them (it is stopped).
+const PARTS_SENDER_ENV: &str = "RDRAM_TEST_PARTS_SENDER";
+const STALLED_PART: usize = 8 << 20;
+
+#[test]
+#[ignore = "a helper process of a_value_staged_in_parts_outlives_its_stalled_parts"]
+fn parts_sender() {
+    let Ok(addr) = std::env::var(PARTS_SENDER_ENV) else { return };
+    let mut c =
+        Client::connect(&addr, ClientOptions { timeout: Duration::from_secs(60), ..common::options() }).unwrap();
+    let part = pattern(21, STALLED_PART);
+    let total = 2 * STALLED_PART as i64;
+    let mut stage = 0;
+    for start in [0, STALLED_PART as i64] {
+        let (session, id) = c.raw_session();
+        let mut h = RequestHeader::new(Op::Put, id, session);
+        h.flags = flags::STAGE | flags::HAS_RANGE;
+        h.key_len = 6;
+        (h.range_start, h.range_end, h.if_not_equal) = (start, total, stage);
+        let mut buf = [0u8; REQUEST_HEADER_LEN].to_vec();
+        h.encode((&mut buf[..]).try_into().unwrap());
+        buf.extend_from_slice(b"staged");
+        c.raw_submit(0, &buf, &part).unwrap();
+        if start == 0 {
+            stage = id;
+        }
+    }
+    println!("SENT");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// A client sends two parts of one staged value side by side over libfabric tcp, then
+/// stops (SIGSTOP: alive, silent). Both parts' reads are given up at their deadline; the
+/// value keeps its whole extent while the reads may still write into it (a cut once freed
+/// it under them, and then again), the server serves everyone else, and when the client
+/// dies the value goes and the shard's memory is exactly as before.
+#[test]
+fn a_value_staged_in_parts_outlives_its_stalled_parts() {
+    common::init(common::TCP);
+    let mut args =
+        vec!["--workers", "1", "--memory", "256MiB", "--stall-timeout-ms", "500", "--metrics", "127.0.0.1:0"];
+    args.extend_from_slice(&FABRIC_TCP);
+    let mut server = ServerProc::start(&args);
+    let mut c = server.client();
+    let kept = pattern(22, 3 << 20);
+    c.put(b"kept", &kept).unwrap();
+    let stats = |c: &mut Client| {
+        let s = c.stats().unwrap();
+        (s["used_bytes"].as_u64().unwrap(), s["servers"][0]["shards"][0]["staged_values"].as_u64().unwrap())
+    };
+    let before = stats(&mut c);
+
+    let mut sender = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "parts_sender", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(PARTS_SENDER_ENV, &server.addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(sender.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("SENT") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the helper ended before sending");
+    }
+    common::stop_process(sender.id());
+
+    let cut = || server.shard_metric("rdram_transfers_cut_total", 0);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || cut() == 2),
+        "both parts' reads were not given up at their deadline: {} cut (did they land before the helper stopped?)",
+        cut()
+    );
+    let (used, staged) = stats(&mut c);
+    assert_eq!(staged, 1, "the value is still staged");
+    assert!(used >= before.0 + 2 * STALLED_PART as u64, "the staged value's extent is held whole: {used} bytes used");
+    // Everyone else is served meanwhile.
+    c.put(b"meanwhile", &pattern(23, 1 << 20)).unwrap();
+    assert_eq!(c.get(b"kept").unwrap().unwrap().data, kept);
+    assert!(c.delete(b"meanwhile").unwrap());
+
+    common::signal(sender.id(), common::SIGKILL);
+    let _ = sender.wait();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || stats(&mut c) == before),
+        "the dead client's staged value did not go, or went twice: (used, staged) {:?}, before {before:?}",
+        stats(&mut c)
+    );
+    assert_eq!(c.get(b"staged").unwrap(), None, "the value was never committed");
+    // The whole arena is usable again: a value of most of it fits and reads back.
+    let big = pattern(24, 200 << 20);
+    c.put(b"big", &big).unwrap();
+    assert_eq!(c.get(b"big").unwrap().unwrap().data, big);
+    assert_eq!(c.get(b"kept").unwrap().unwrap().data, kept);
+    drop(c);
+    assert!(server.stop().is_some_and(|s| s.success()), "the server exits 0");
 }
 
 /// Clients SIGKILLed at every moment of their connection set-up (bootstrap, UCX wireup,
@@ -600,7 +701,6 @@ fn clients_of_another_user_cannot_reach_a_server_over_shared_memory() {
 /// the next write's generation follows on from it.
 #[test]
 fn a_server_outside_a_cluster_takes_no_frame_only_members_send() {
-    use remote_dram::proto::flags;
     common::init(common::TCP);
     let server = ServerProc::start(&["--workers", "1"]);
     let mut c = server.client();

@@ -248,6 +248,13 @@ impl Collector for ServerCollector {
             MetricType::Counter,
             each_counter(&g(|g| &g.worker_recycles)),
         )?;
+        family(
+            &mut e,
+            "rdram_transfers_cut",
+            "Transfers of a client's value cut at their stall deadline because the client stopped driving them (UCX counts the client endpoints it closed; libfabric the reads it gave up)",
+            MetricType::Counter,
+            each_counter(&g(|g| &g.transfers_cut)),
+        )?;
 
         family(
             &mut e,

@@ -97,6 +97,10 @@ pub struct Gauges {
     /// UCX workers recycled: new clients handed a fresh one because departed
     /// shared-memory clients' endpoints piled up on the old (`transport::ucx::server::ReplyEps`).
     pub worker_recycles: AtomicU64,
+    /// Transfers of a client's value cut at their stall deadline: the client stopped
+    /// driving them (UCX counts the client endpoints it closed; libfabric the reads it
+    /// gave up).
+    pub transfers_cut: AtomicU64,
 }
 
 /// Adds `n` to a counter only this thread writes.
@@ -165,6 +169,11 @@ impl ShardMetrics {
 
     pub fn worker_recycled(&self) {
         bump(&self.gauges.worker_recycles, 1);
+    }
+
+    /// Counts `n` transfers cut at their stall deadline.
+    pub fn transfers_cut(&self, n: u64) {
+        bump(&self.gauges.transfers_cut, n);
     }
 
     /// Publishes the shard's state for scrapes.

@@ -115,6 +115,7 @@ impl FabricShardWorker {
             }
             warn!("shard {}: a read of client memory made no progress before its deadline; cut", self.service.index());
             plan.failed = true;
+            self.service.metrics().transfers_cut(1);
             // Keep only what the reads still in flight write into: the rest of the
             // extent is free again now, even if they never come back. (A streamed value's
             // extent stays whole: its replicator may be reading what landed. So does a

@@ -25,7 +25,9 @@ impl ShardWorker {
     pub(super) fn cut_stalled_puts(&mut self) {
         self.reap_closed();
         let now = Instant::now();
-        if self.cut_puts(|p| p.deadline <= now) > 0 {
+        let cut = self.cut_puts(|p| p.deadline <= now);
+        if cut > 0 {
+            self.service.metrics().transfers_cut(cut as u64);
             warn!(
                 "shard {}: a put made no progress before its deadline; its client's endpoint is closed",
                 self.service.index()
