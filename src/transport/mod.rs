@@ -9,6 +9,7 @@
 //! what a request does for both shard workers (`ucx::server`, `fabric::server`), and the client's
 //! `Connection` drives either link through its `Link` trait.
 
+pub(crate) mod doorbell;
 pub mod fabric;
 pub mod ucx;
 
@@ -127,6 +128,8 @@ pub struct Poller {
     /// Until when a transfer this side posted may still be under way (see
     /// [`Poller::expect_transfer`]).
     transfer_until: Option<Instant>,
+    /// Rung by other threads with work for this one: a sleep ends when it rings.
+    doorbell: Option<std::sync::Arc<doorbell::Doorbell>>,
 }
 
 /// The copy rate assumed for [`Poller::expect_transfer`] (1 GB/s): well below what shared
@@ -137,7 +140,24 @@ const TRANSFER_SPIN_MAX: Duration = Duration::from_millis(20);
 
 impl Poller {
     pub fn new(mode: PollMode, spin: Duration) -> Self {
-        Poller { mode, spin, idle_since: None, idle_turns: 0, naps: 0, turns: 0, slept: false, transfer_until: None }
+        Poller {
+            mode,
+            spin,
+            idle_since: None,
+            idle_turns: 0,
+            naps: 0,
+            turns: 0,
+            slept: false,
+            transfer_until: None,
+            doorbell: None,
+        }
+    }
+
+    /// Makes each sleep end when `doorbell` rings too (the transport has no way to wake
+    /// this thread for work that another thread finished). It is cleared after each sleep,
+    /// before the caller looks for that work.
+    pub(crate) fn wake_on(&mut self, doorbell: std::sync::Arc<doorbell::Doorbell>) {
+        self.doorbell = Some(doorbell);
     }
 
     /// Changes how long an idle wait spins before it sleeps (adaptive mode), from its next
@@ -210,13 +230,24 @@ impl Poller {
             // while idle, without spinning again in between.
             let nap = NAP * (1 << self.naps.min(2));
             self.naps += 1;
-            std::thread::sleep(nap.min(max_sleep));
+            match &self.doorbell {
+                Some(bell) => {
+                    doorbell::sleep_on(&[bell.fd()], nap.min(max_sleep));
+                    bell.clear();
+                }
+                None => std::thread::sleep(nap.min(max_sleep)),
+            }
             self.idle_turns = CLOCK_EVERY - 1;
             return Ok(());
         }
         self.slept = true;
         if t.arm()? {
-            wait_readable(fd, max_sleep);
+            let fds = [fd, self.doorbell.as_ref().map_or(-1, |bell| bell.fd())];
+            let fds = if fds[1] < 0 { &fds[..1] } else { &fds[..] };
+            doorbell::sleep_on(fds, max_sleep.max(Duration::from_millis(1)));
+            if let Some(bell) = &self.doorbell {
+                bell.clear();
+            }
         }
         self.idle_since = None;
         Ok(())
@@ -232,13 +263,6 @@ const YIELD_EVERY: u32 = 8 * CLOCK_EVERY;
 
 /// How long an idle loop first naps when the transport has no fd to sleep on.
 const NAP: Duration = Duration::from_millis(1);
-
-fn wait_readable(fd: RawFd, timeout: Duration) {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd on the stack; EINTR and errors just end the wait early.
-    unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
-}
 
 #[cfg(test)]
 mod tests {
@@ -278,6 +302,47 @@ mod tests {
         std::thread::sleep(TRANSFER_SPIN_MAX);
         assert!(passes_before_nap(&mut waiting, CLOCK_EVERY).is_some(), "the spin a transfer buys is bounded");
         assert!(waiting.transfer_until.is_none());
+    }
+
+    /// A transport with an fd that never becomes readable: no traffic.
+    struct Quiet(doorbell::Doorbell);
+    impl Transport for Quiet {
+        fn arm(&self) -> Result<bool> {
+            Ok(true)
+        }
+        fn event_fd(&self) -> RawFd {
+            self.0.fd()
+        }
+    }
+
+    /// Idle passes until the poller sleeps once; how long that pass took.
+    fn sleep_once(p: &mut Poller, t: &Quiet, max_sleep: Duration) -> Duration {
+        loop {
+            let started = Instant::now();
+            p.after_progress(t, false, max_sleep).unwrap();
+            if p.slept {
+                return started.elapsed();
+            }
+        }
+    }
+
+    #[test]
+    fn a_doorbell_ends_a_sleep_on_the_transport_and_is_cleared_after() {
+        let quiet = Quiet(doorbell::Doorbell::new().unwrap());
+        let bell = std::sync::Arc::new(doorbell::Doorbell::new().unwrap());
+        let mut p = Poller::new(PollMode::Adaptive, Duration::ZERO);
+        p.wake_on(bell.clone());
+        let ringer = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                bell.ring();
+            })
+        };
+        assert!(sleep_once(&mut p, &quiet, Duration::from_secs(30)) < Duration::from_secs(20), "the ring woke it");
+        ringer.join().unwrap();
+        let slept = sleep_once(&mut p, &quiet, Duration::from_millis(30));
+        assert!(slept >= Duration::from_millis(29), "cleared, the bell no longer ends a sleep ({slept:?})");
     }
 
     #[test]

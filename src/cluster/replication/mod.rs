@@ -32,7 +32,6 @@
 //!
 //! [`Kind::ImportStaged`]: crate::proto::Kind::ImportStaged
 
-mod doorbell;
 mod peers;
 mod targets;
 mod work;
@@ -48,7 +47,7 @@ use super::tunables::COPY_SPIN;
 use super::ServerRole;
 use crate::auth::ClusterSecret;
 use crate::error::{Error, Result, Status};
-use doorbell::Doorbell;
+use crate::transport::doorbell::Doorbell;
 use work::Work;
 
 /// Tests only: holds every copy this many milliseconds before it is sent, so that a test

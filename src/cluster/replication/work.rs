@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::warn;
 
-use super::doorbell::{sleep_on, Doorbell};
 use super::peers::{breaks, close_off_thread, send, send_discard, send_part, Closing, Peer};
 use super::targets::{targets, Targets};
 use super::{ArenaValue, Copied, CopyJob, Handed, Landed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
@@ -20,6 +19,7 @@ use crate::cluster::tunables::{
 };
 use crate::error::{Error, Result, Status};
 use crate::server::tunables::STAGE_PARTS_IN_FLIGHT;
+use crate::transport::doorbell::{sleep_on, Doorbell};
 
 /// A copy not yet taken by every replica it must reach.
 pub(super) struct Waiting {

@@ -36,6 +36,7 @@ use crate::server::tunables::{
     STREAM_READ_CHUNK, SWEEP_BATCH, SWEEP_EVERY, SWEEP_INTERVAL,
 };
 use crate::server::{FreedMemory, RetryBackoff, WorkerInfo};
+use crate::transport::doorbell::Doorbell;
 use crate::transport::fabric::ops::{Finished, Progress};
 use crate::transport::fabric::rails::{stripe_len, stripes};
 use crate::transport::fabric::{Completion, InFlight, MemoryRegion, PeerAddr, Rails, RemoteAccess};
@@ -274,6 +275,17 @@ impl FabricShardWorker {
     /// Serves until `stop` is set; notices it within [`SWEEP_INTERVAL`].
     pub fn run(mut self: Box<Self>, mode: PollMode, spin: Duration, stop: Arc<AtomicBool>) {
         let mut poller = Poller::new(mode, spin);
+        // Rung by the replicator threads as their copies end: libfabric has no way to
+        // wake this thread for them.
+        match Doorbell::new() {
+            Ok(bell) => {
+                let bell = Arc::new(bell);
+                let ring = bell.clone();
+                self.service.set_copy_wake(move || ring.ring());
+                poller.wake_on(bell);
+            }
+            Err(e) => warn!("shard {}: {e}; copies' ends are looked for every millisecond", self.service.index()),
+        }
         let mut last_sweep = Instant::now();
         let mut turns = 0u32;
         let mut done: Vec<Completion> = Vec::with_capacity(64);
@@ -332,8 +344,8 @@ impl FabricShardWorker {
             if self.sent_payload > 0 {
                 poller.expect_transfer(std::mem::take(&mut self.sent_payload));
             }
-            // No wake reaches this worker in its sleep: while copies are in flight it sleeps
-            // a millisecond at most.
+            // The answers to this worker's own copies come on connections it does not sleep
+            // on: while copies are in flight it sleeps a millisecond at most.
             let sleep = if copying { COPY_WAIT_MAX } else { SWEEP_INTERVAL };
             if let Err(e) = poller.after_progress(&self.rails, did_work, sleep) {
                 warn!("worker: {e}");

@@ -1,30 +1,31 @@
-//! What wakes a replicator thread from its sleep: a copy handed over, or more of a
-//! streamed value landed. An eventfd, so that the thread sleeps on it and on its
-//! connections' fds at once (over libfabric tcp a copy's bytes move only while its sender
-//! drives progress, so the thread must wake when a replica reads them).
+//! What wakes a sleeping thread when work reaches it from another thread: an eventfd, so
+//! that the thread sleeps on it and on its transports' fds at once. A replicator thread's
+//! rings when a copy is handed over or more of a streamed value landed (over libfabric tcp
+//! a copy's bytes move only while its sender drives progress, so the thread sleeps on its
+//! connections too); a libfabric shard worker's, when a replicator thread's copy ended.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::error::{Error, Result, Status};
 
-pub(super) struct Doorbell {
+pub(crate) struct Doorbell {
     fd: OwnedFd,
 }
 
 impl Doorbell {
-    pub(super) fn new() -> Result<Doorbell> {
+    pub(crate) fn new() -> Result<Doorbell> {
         // SAFETY: a plain syscall; the fd it returns is ours alone.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
             let why = std::io::Error::last_os_error();
-            return Err(Error::new(Status::Internal, format!("cannot make a replicator's eventfd: {why}")));
+            return Err(Error::new(Status::Internal, format!("cannot make an eventfd to wake a thread: {why}")));
         }
         // SAFETY: a valid fd that nothing else owns.
         Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
     /// Makes the fd readable until [`Doorbell::clear`].
-    pub(super) fn ring(&self) {
+    pub(crate) fn ring(&self) {
         let one = 1u64.to_ne_bytes();
         // SAFETY: an 8-byte write to our own eventfd. It fails only with EAGAIN, when the
         // counter is near its limit, and then the fd is readable already.
@@ -33,19 +34,19 @@ impl Doorbell {
 
     /// Makes the fd unreadable again. Call before looking for what rang it: a ring after
     /// the look then ends the next sleep at once.
-    pub(super) fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let mut count = [0u8; 8];
         // SAFETY: an 8-byte read from our own nonblocking eventfd (EAGAIN when not rung).
         unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
     }
 
-    pub(super) fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
 
 /// Sleeps until one of `fds` is readable, or `timeout` passed.
-pub(super) fn sleep_on(fds: &[RawFd], timeout: std::time::Duration) {
+pub(crate) fn sleep_on(fds: &[RawFd], timeout: std::time::Duration) {
     let mut pfds: Vec<libc::pollfd> =
         fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let timeout = timeout.min(std::time::Duration::from_secs(3600));
