@@ -561,6 +561,14 @@ fn a_value_staged_in_parts_outlives_its_stalled_parts() {
     };
     let before = stats(&mut c);
 
+    // Killed when dropped: a failed assertion leaves no stopped helper behind.
+    struct Helper(std::process::Child);
+    impl Drop for Helper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut sender = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "parts_sender", "--ignored", "--nocapture", "--test-threads=1"])
         .env(PARTS_SENDER_ENV, &server.addr)
@@ -568,12 +576,13 @@ fn a_value_staged_in_parts_outlives_its_stalled_parts() {
         .spawn()
         .unwrap();
     let mut out = std::io::BufReader::new(sender.stdout.take().unwrap());
+    let sender = Helper(sender);
     let mut line = String::new();
     while !line.contains("SENT") {
         line.clear();
         assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the helper ended before sending");
     }
-    common::stop_process(sender.id());
+    common::stop_process(sender.0.id());
 
     // Both parts' reads are given up (one may have landed while the helper sent the other).
     let cut = || server.shard_metric("rdram_transfers_cut_total", 0);
@@ -589,8 +598,7 @@ fn a_value_staged_in_parts_outlives_its_stalled_parts() {
     assert_eq!(c.get(b"kept").unwrap().unwrap().data, kept);
     assert!(c.delete(b"meanwhile").unwrap());
 
-    common::signal(sender.id(), common::SIGKILL);
-    let _ = sender.wait();
+    drop(sender); // SIGKILL
     assert!(
         common::wait_until(Duration::from_secs(20), || stats(&mut c) == before),
         "the dead client's staged value did not go, or went twice: (used, staged) {:?}, before {before:?}",

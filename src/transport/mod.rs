@@ -242,9 +242,9 @@ impl Poller {
         }
         self.slept = true;
         if t.arm()? {
-            let fds = [fd, self.doorbell.as_ref().map_or(-1, |bell| bell.fd())];
-            let fds = if fds[1] < 0 { &fds[..1] } else { &fds[..] };
-            doorbell::sleep_on(fds, max_sleep.max(Duration::from_millis(1)));
+            // poll(2) skips a negative fd: without a doorbell, the transport's alone.
+            let bell = self.doorbell.as_ref().map_or(-1, |bell| bell.fd());
+            doorbell::sleep_on(&[fd, bell], max_sleep.max(Duration::from_millis(1)));
             if let Some(bell) = &self.doorbell {
                 bell.clear();
             }
