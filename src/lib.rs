@@ -55,6 +55,6 @@ pub mod server;
 pub mod store;
 pub mod transport;
 
-pub use client::{Client, ClientOptions};
+pub use client::{Client, ClientOptions, DevicePath};
 pub use error::{Error, Result, Status};
 pub use server::{Server, ServerConfig, TransportChoice};

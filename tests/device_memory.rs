@@ -13,7 +13,7 @@ use common::{pattern, wait_until, ServerProc, SHM};
 use remote_dram::client::{ByteRange, GetInto, GetOptions, PutOptions, WriteCondition, WriteResult, DEVICE_CHUNK};
 use remote_dram::gpu::posing::{self, Posing};
 use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
-use remote_dram::{Client, ClientOptions, Status};
+use remote_dram::{Client, ClientOptions, DevicePath, Status};
 
 /// The posing device is the process's; its counters are read by one test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -177,6 +177,50 @@ fn device_values_round_trip_through_staging() {
     drop(c);
     assert_eq!(posing.streams.load(Ordering::Relaxed), 0, "the client's stream went with it");
     assert_eq!(posing.host_buffers.load(Ordering::Relaxed), 0, "the client's pinned buffers went with it");
+}
+
+/// With `DevicePath::Transport`, UCX is handed the device memory itself: a put's value
+/// and a large get's destination move without a copy of the client's (here UCX moves the
+/// posing memory as the host memory it is; on a GPU host, as CUDA memory), and a small
+/// reply, which UCX delivers into its own memory, is copied in on the stream. A value
+/// longer than the destination writes nothing.
+#[test]
+fn device_values_round_trip_through_the_transport() {
+    let (_one, posing) = setup();
+    let server = ServerProc::start(&["--memory", "256MiB"]);
+    let opts = ClientOptions { device_path: DevicePath::Transport, ..common::options() };
+    let mut c = Client::connect(&server.addr, opts).unwrap();
+    for (i, len) in [0, 1, 4095, 65_543, (1 << 20) + 3, 3 * DEVICE_CHUNK + 5].into_iter().enumerate() {
+        let key = format!("dev/transport/{len}");
+        let value = pattern(100 + i as u64, len);
+        let copies = posing.copies.load(Ordering::Relaxed);
+        let g = generation(DeviceBuffer::with(posing, &value).put(&mut c, key.as_bytes()).unwrap());
+        assert_eq!(posing.copies.load(Ordering::Relaxed), copies, "{len} bytes: the put staged nothing");
+        let stored = c.get(key.as_bytes()).unwrap().unwrap();
+        assert_eq!((stored.data == value, stored.generation), (true, g), "{len} bytes put from device memory");
+
+        let mut dst = DeviceBuffer::new(posing, len, 0xEE);
+        let got = dst.get(&mut c, key.as_bytes(), &GetOptions::default()).unwrap();
+        assert_eq!(got, GetInto::Value { len, generation: g, size: len as u64 });
+        assert!(dst.memory == value, "{len} bytes read into device memory differ");
+        let copied = posing.copies.load(Ordering::Relaxed) - copies;
+        match len {
+            0 => assert_eq!(copied, 0, "an empty value needs no copy"),
+            1 | 4095 => assert_eq!(copied, 1, "{len} bytes arrive eagerly: one copy in"),
+            l if l > DEVICE_CHUNK => assert_eq!(copied, 0, "{len} bytes arrive by rendezvous, into the buffer"),
+            _ => assert!(copied <= 1, "{len} bytes: {copied} copies"),
+        }
+        assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
+    }
+
+    let value = pattern(120, 5000);
+    c.put(b"dev/transport/long", &value).unwrap();
+    for short in [100, 4999] {
+        let mut dst = DeviceBuffer::new(posing, short, 0xAB);
+        let got = dst.get(&mut c, b"dev/transport/long", &GetOptions::default()).unwrap();
+        assert_eq!(got, GetInto::TooSmall { needed: 5000 });
+        assert!(dst.memory.iter().all(|&b| b == 0xAB), "a value longer than the buffer wrote into it");
+    }
 }
 
 /// A failed device copy fails the call and stores nothing; a get whose network request

@@ -161,9 +161,10 @@ static int bench(rdram_client *c, const char *prefix, size_t size) {
     double d2h = median_secs(c, key, D2H, pinned, d, size, reps);
     double h2d = median_secs(c, key, H2D, d, pinned, size, reps);
     double gb = size / 1e9;
-    printf("{\"size\": %zu, \"reps\": %d, \"put_device_GBps\": %.2f, \"get_device_GBps\": %.2f, \"put_host_GBps\": %.2f, "
-           "\"get_host_GBps\": %.2f, \"d2h_pinned_GBps\": %.2f, \"h2d_pinned_GBps\": %.2f}\n",
-           size, reps, gb / put_dev, gb / get_dev, gb / put_host, gb / get_host, gb / d2h, gb / h2d);
+    const char *path = getenv("RDRAM_DEVICE_PATH");
+    printf("{\"size\": %zu, \"reps\": %d, \"device_path\": \"%s\", \"put_device_GBps\": %.2f, \"get_device_GBps\": %.2f, "
+           "\"put_host_GBps\": %.2f, \"get_host_GBps\": %.2f, \"d2h_pinned_GBps\": %.2f, \"h2d_pinned_GBps\": %.2f}\n",
+           size, reps, path ? path : "staged", gb / put_dev, gb / get_dev, gb / put_host, gb / get_host, gb / d2h, gb / h2d);
     rdram_delete(c, (const uint8_t *)key, strlen(key));
     CU(cuMemFree(dev));
     CU(cuMemFreeHost(pinned));

@@ -66,7 +66,7 @@ impl Client {
                 };
                 let Ok((h, key, payload, receive)) = item(i) else { continue };
                 if turned_back {
-                    *result = check_key(key).and_then(|()| self.call_key_into(key, h, payload, receive));
+                    *result = check_key(key).and_then(|()| self.call_key_into(key, h, payload.into(), receive));
                 }
             }
         }
@@ -148,6 +148,6 @@ impl Client {
         }
         h.key_len = key.len() as u32;
         let (server, shard) = self.conn.route(key);
-        self.conn.submit_into(server, shard, h, key, payload, receive)
+        self.conn.submit_into(server, shard, h, key, payload.into(), receive)
     }
 }

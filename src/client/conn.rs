@@ -6,7 +6,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::link::{Link, Liveness, Receive, Reply};
+use super::link::{Link, Liveness, Payload, Receive, Reply};
 use super::options::ClientOptions;
 use crate::cluster::LostServers;
 use crate::error::{Error, Result, Status};
@@ -299,7 +299,7 @@ impl Connection {
         header_tail: &[u8],
         payload: &[u8],
     ) -> Result<u64> {
-        self.submit_into(server, shard, h, header_tail, payload, Receive::Owned)
+        self.submit_into(server, shard, h, header_tail, payload.into(), Receive::Owned)
     }
 
     /// Like `submit`; a successful reply's payload goes where `receive` says.
@@ -309,7 +309,7 @@ impl Connection {
         shard: usize,
         mut h: RequestHeader,
         header_tail: &[u8],
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<u64> {
         h.request_id = self.next_id;
@@ -335,7 +335,7 @@ impl Connection {
         shard: usize,
         header: &[u8],
         header_tail: &[u8],
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<u64> {
         let Some(linked) = self.servers[server].link_index else {
@@ -372,6 +372,12 @@ impl Connection {
 
     pub fn next_request_id(&self) -> u64 {
         self.next_id
+    }
+
+    /// Whether device memory may be handed to this connection's transport (see
+    /// [`Link::takes_device_memory`]).
+    pub fn takes_device_memory(&self) -> bool {
+        self.link.takes_device_memory()
     }
 
     pub fn is_dead(&self, server: usize) -> bool {

@@ -16,11 +16,19 @@
 //!
 //! Every call synchronizes the stream before it returns, whatever happened: no copy
 //! touches the caller's device memory afterwards.
+//!
+//! With [`super::DevicePath::Transport`], a connection whose transport moves device memory
+//! itself ([`super::link::Link::takes_device_memory`]: UCX with its CUDA transports) is
+//! given the caller's device memory instead, as a put's value and a get's destination; a
+//! reply UCX delivers eagerly arrives in host memory and is copied in on the stream. Off
+//! by default until measured against staging on a GPU host (docs/gpu.md).
 
 use super::device_staging::DeviceStaging;
-use super::link::{Receive, Sink};
+use super::link::{Payload, Receive, Sink};
 use super::tunables::{DEVICE_CHUNK, READ_ATTEMPTS};
-use super::{check_key, error_of, get_header, get_into_result, Client, GetInto, GetOptions, PutOptions, WriteResult};
+use super::{
+    check_key, error_of, get_header, get_into_result, Client, DevicePath, GetInto, GetOptions, PutOptions, WriteResult,
+};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{self, MemoryKind};
 use crate::proto::ByteRange;
@@ -92,6 +100,12 @@ impl Client {
         check_key(key)?;
         if len as u64 > MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{len} bytes > limit {MAX_VALUE_LEN}")));
+        }
+        if self.device_memory_by_transport(key) {
+            // SAFETY: `len` bytes of the caller's device memory, unchanged until the call
+            // returns (`put_from`'s contract), which only the transport reads.
+            let value = unsafe { Payload::device(addr as *const u8, len) };
+            return self.put_payload(key, value, opts);
         }
         let mut staging = self.staging()?;
         let mut result = Err(Error::new(Status::Unavailable, "not sent in parts"));
@@ -165,6 +179,9 @@ impl Client {
         ordinal: i32,
     ) -> Result<GetInto> {
         check_key(key)?;
+        if self.device_memory_by_transport(key) {
+            return self.get_into_device_by_transport(key, opts, addr, len, ordinal);
+        }
         let mut staging = self.staging()?;
         let mut result = Ok(Chunked::Changed);
         for _ in 0..READ_ATTEMPTS {
@@ -185,6 +202,38 @@ impl Client {
         }
     }
 
+    /// Whether `key`'s device memory goes to the transport itself (see the module's doc).
+    fn device_memory_by_transport(&self, key: &[u8]) -> bool {
+        self.opts.device_path == DevicePath::Transport && key.len() <= INLINE_KEY_MAX && self.conn.takes_device_memory()
+    }
+
+    /// A get whose transport receives the value into the caller's device memory itself;
+    /// a value it delivered eagerly (into host memory) is copied in on the stream.
+    fn get_into_device_by_transport(
+        &mut self,
+        key: &[u8],
+        opts: &GetOptions,
+        addr: usize,
+        len: usize,
+        ordinal: i32,
+    ) -> Result<GetInto> {
+        // SAFETY: `len` bytes of the caller's device memory, ours until the call returns
+        // (`get_into_ptr`'s contract), which only the transport writes.
+        let sink = unsafe { Sink::device(addr as *mut u8, len) };
+        let reply = self.call_key_into(key, get_header(opts), Payload::empty(), Receive::Into(sink))?;
+        if reply.header.status() == Status::Ok && !reply.withheld && !reply.payload.is_empty() {
+            let mut staging = self.staging()?;
+            let stream = staging.stream(ordinal);
+            // SAFETY: the reply's bytes, `reply.len <= len` of them (a longer one is
+            // withheld), into the caller's device range; synchronized before the return.
+            let copied = stream.and_then(|s| unsafe { s.to_device(addr, reply.payload.as_ptr(), reply.payload.len()) });
+            let synchronized = staging.stream(ordinal).and_then(|s| s.synchronize());
+            self.device_staging = Some(staging);
+            copied.and(synchronized)?;
+        }
+        get_into_result(reply)
+    }
+
     /// One read of a value into device memory: the first request learns its generation
     /// and length (and carries the value when it fits in a chunk); longer values follow in
     /// ranges pinned to that generation.
@@ -198,8 +247,12 @@ impl Client {
         ordinal: i32,
     ) -> Result<Chunked> {
         let DeviceStaging { chunks, .. } = &mut *staging;
-        let first =
-            self.call_key_into(key, get_header(opts), &[], Receive::Into(Sink::new(chunks[0].as_mut_slice())))?;
+        let first = self.call_key_into(
+            key,
+            get_header(opts),
+            Payload::empty(),
+            Receive::Into(Sink::new(chunks[0].as_mut_slice())),
+        )?;
         if first.header.status() != Status::Ok {
             return get_into_result(first).map(Chunked::Done);
         }
@@ -232,7 +285,7 @@ impl Client {
             let reply = self.call_key_into(
                 key,
                 get_header(&pinned),
-                &[],
+                Payload::empty(),
                 Receive::Into(Sink::new(&mut chunk.as_mut_slice()[..n])),
             )?;
             match reply.header.status() {

@@ -3,6 +3,7 @@
 //! deadlines, the abort protocol's constants, and the servers' liveness as their bootstrap
 //! connections show it.
 
+use std::marker::PhantomData;
 use std::net::TcpStream;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -35,13 +36,87 @@ impl Reply {
 pub struct Sink {
     pub(crate) ptr: *mut u8,
     pub(crate) cap: usize,
+    /// CUDA device memory, which only the transport writes: a payload that arrives in
+    /// the link's own memory (UCX's eager data) is handed back in [`Reply::payload`]
+    /// instead, for the caller to copy in with the GPU.
+    pub(crate) device: bool,
 }
 
 impl Sink {
     /// The buffer must stay valid, and unused by anyone else, until the request's
     /// `wait` returns.
     pub fn new(buf: &mut [u8]) -> Sink {
-        Sink { ptr: buf.as_mut_ptr(), cap: buf.len() }
+        Sink { ptr: buf.as_mut_ptr(), cap: buf.len(), device: false }
+    }
+
+    /// `cap` bytes of device memory at `ptr`, for a link that takes it
+    /// ([`Link::takes_device_memory`]).
+    ///
+    /// # Safety
+    /// The range is device memory that stays valid, and unused by anyone else, until the
+    /// request's `wait` returns.
+    pub unsafe fn device(ptr: *mut u8, cap: usize) -> Sink {
+        Sink { ptr, cap, device: true }
+    }
+}
+
+/// A request's payload: host memory, or CUDA device memory that only a link that takes it
+/// ([`Link::takes_device_memory`]) is given, and that nothing on the CPU reads.
+#[derive(Clone, Copy)]
+pub struct Payload<'a> {
+    ptr: *const u8,
+    len: usize,
+    device: bool,
+    _borrow: PhantomData<&'a [u8]>,
+}
+
+impl<'a> Payload<'a> {
+    pub fn empty() -> Payload<'a> {
+        Payload::host(&[])
+    }
+
+    pub fn host(bytes: &'a [u8]) -> Payload<'a> {
+        Payload { ptr: bytes.as_ptr(), len: bytes.len(), device: false, _borrow: PhantomData }
+    }
+
+    /// `len` bytes of device memory at `ptr`.
+    ///
+    /// # Safety
+    /// The range is device memory that stays valid and unchanged until the request's
+    /// `wait` returns.
+    pub unsafe fn device(ptr: *const u8, len: usize) -> Payload<'a> {
+        Payload { ptr, len, device: true, _borrow: PhantomData }
+    }
+
+    /// The bytes, when they are host memory.
+    pub fn host_bytes(&self) -> Option<&'a [u8]> {
+        if self.device {
+            return None;
+        }
+        // SAFETY: made by `host` from a slice borrowed for 'a.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn is_device(&self) -> bool {
+        self.device
+    }
+}
+
+impl<'a> From<&'a [u8]> for Payload<'a> {
+    fn from(bytes: &'a [u8]) -> Payload<'a> {
+        Payload::host(bytes)
     }
 }
 
@@ -102,7 +177,7 @@ pub(crate) trait Link: Send {
         shard: usize,
         header: &[u8],
         header_tail: &[u8],
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<()>;
     /// Waits for request `id` to complete; a server that does not answer in `timeout` is
@@ -138,6 +213,11 @@ pub(crate) trait Link: Send {
     }
     /// Whether a connection makes one round trip with every shard before it is used.
     fn round_trip_before_use(&self) -> bool {
+        false
+    }
+    /// Whether device memory may be given to this link as a request's payload or sink
+    /// ([`Payload::device`], [`Sink::device`]): its transport moves it itself.
+    fn takes_device_memory(&self) -> bool {
         false
     }
 }

@@ -30,7 +30,7 @@ use crate::error::{Error, Result, Status};
 pub use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use conn::Connection;
-use link::{Receive, Reply, Sink};
+use link::{Payload, Receive, Reply, Sink};
 pub use options::*;
 pub use replicas::{CopiedOut, CopyInFlight, CopyOut, ReplicaCopy};
 pub use tunables::DEVICE_CHUNK;
@@ -158,6 +158,12 @@ impl Client {
     /// # Ok::<(), remote_dram::Error>(())
     /// ```
     pub fn put_with(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Result<WriteResult> {
+        self.put_payload(key, value.into(), opts)
+    }
+
+    /// [`Client::put_with`] of a value in host memory, or in device memory that the
+    /// connection's transport moves itself.
+    fn put_payload(&mut self, key: &[u8], value: Payload, opts: &PutOptions) -> Result<WriteResult> {
         check_key(key)?;
         if value.len() as u64 > MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
@@ -177,10 +183,13 @@ impl Client {
     }
 
     /// Sends a put; a key too long to travel inline goes at the front of the payload.
-    fn call_put(&mut self, key: &[u8], value: &[u8], h: RequestHeader) -> Result<Reply> {
+    fn call_put(&mut self, key: &[u8], value: Payload, h: RequestHeader) -> Result<Reply> {
         if key.len() <= INLINE_KEY_MAX {
-            return self.call_key(key, h, value);
+            return self.call_key_into(key, h, value, Receive::Owned);
         }
+        let value = value
+            .host_bytes()
+            .ok_or_else(|| Error::new(Status::Invalid, "a value in device memory takes a key that travels inline"))?;
         let mut payload = Vec::with_capacity(key.len() + value.len());
         payload.extend_from_slice(key);
         payload.extend_from_slice(value);
@@ -207,7 +216,7 @@ impl Client {
     /// value's size.
     pub fn get_at_most(&mut self, key: &[u8], opts: &GetOptions, max_len: usize) -> Result<GetAtMost> {
         check_key(key)?;
-        let reply = self.call_key_into(key, get_header(opts), &[], Receive::OwnedAtMost(max_len))?;
+        let reply = self.call_key_into(key, get_header(opts), Payload::empty(), Receive::OwnedAtMost(max_len))?;
         if reply.withheld {
             let h = &reply.header;
             return Ok(GetAtMost::TooLong { len: reply.len, generation: h.generation, size: h.value_size });
@@ -221,7 +230,7 @@ impl Client {
     pub fn get_into(&mut self, key: &[u8], opts: &GetOptions, buf: &mut [u8]) -> Result<GetInto> {
         check_key(key)?;
         let h = get_header(opts);
-        get_into_result(self.call_key_into(key, h, &[], Receive::Into(Sink::new(buf)))?)
+        get_into_result(self.call_key_into(key, h, Payload::empty(), Receive::Into(Sink::new(buf)))?)
     }
 
     /// Registers `[base, base+len)` with the transport so that puts from it and gets into
@@ -402,7 +411,7 @@ impl Client {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<(Status, String)> {
-        let id = self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)?;
+        let id = self.conn.submit_raw(0, shard, header, &[], payload.into(), Receive::Owned)?;
         let reply = self.conn.wait_for(id, timeout)?;
         Ok((reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()))
     }
@@ -411,7 +420,7 @@ impl Client {
     /// never read): for tests that play a client that does not receive.
     #[doc(hidden)]
     pub fn raw_submit(&mut self, shard: usize, header: &[u8], payload: &[u8]) -> Result<u64> {
-        self.conn.submit_raw(0, shard, header, &[], payload, Receive::Owned)
+        self.conn.submit_raw(0, shard, header, &[], payload.into(), Receive::Owned)
     }
 
     /// This client's session with server `node`, while connected to it (tests: whether a

@@ -26,7 +26,35 @@ pub struct ClientOptions {
     /// leave it None: they send no copies.
     #[doc(hidden)]
     pub cluster_secret: Option<crate::auth::ClusterSecret>,
+    /// How device (GPU) memory moves: staged through pinned host buffers (the default), or
+    /// handed to the transport where it moves device memory itself. The default is
+    /// `RDRAM_DEVICE_PATH` (`staged` or `transport`). See docs/gpu.md.
+    pub device_path: DevicePath,
 }
+
+/// How a client moves device memory (see [`ClientOptions::device_path`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DevicePath {
+    /// Through the client's pinned host buffers, with the GPU's copies: every transport.
+    #[default]
+    Staged,
+    /// Given to the transport as device memory, where it moves it itself (UCX with its
+    /// CUDA transports; same-host connections then include them); staged elsewhere.
+    Transport,
+}
+
+impl DevicePath {
+    /// `RDRAM_DEVICE_PATH`: `transport`, else staged.
+    pub fn from_env() -> DevicePath {
+        match std::env::var(DEVICE_PATH_ENV) {
+            Ok(v) if v == "transport" => DevicePath::Transport,
+            _ => DevicePath::Staged,
+        }
+    }
+}
+
+/// The environment variable that gives [`ClientOptions::device_path`]'s default.
+pub const DEVICE_PATH_ENV: &str = "RDRAM_DEVICE_PATH";
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -38,6 +66,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             local_shared_memory: true,
             cluster_secret: None,
+            device_path: DevicePath::from_env(),
         }
     }
 }

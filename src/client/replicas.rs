@@ -13,7 +13,7 @@ impl Client {
         &mut self,
         key: &[u8],
         h: RequestHeader,
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
         started: std::time::Instant,
         first: Option<Result<(Reply, usize)>>,
@@ -297,10 +297,10 @@ impl Client {
         check_key(key)?;
         let server = self.conn.route(key).0;
         if key.len() <= INLINE_KEY_MAX || payload.is_empty() {
-            return Ok((self.submit_key(key, h, payload, Receive::Owned, server)?, None));
+            return Ok((self.submit_key(key, h, payload.into(), Receive::Owned, server)?, None));
         }
         let joined = [key, payload].concat();
-        let id = self.submit_key(key, h, &joined, Receive::Owned, server)?;
+        let id = self.submit_key(key, h, joined.as_slice().into(), Receive::Owned, server)?;
         Ok((id, Some(joined)))
     }
 

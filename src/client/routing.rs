@@ -156,7 +156,7 @@ impl Client {
         &mut self,
         key: &[u8],
         mut h: RequestHeader,
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
         asked: Option<&str>,
     ) -> Result<(Reply, usize)> {
@@ -205,7 +205,7 @@ impl Client {
         &mut self,
         key: &[u8],
         mut h: RequestHeader,
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
         server: usize,
     ) -> Result<u64> {
@@ -215,7 +215,7 @@ impl Client {
             self.conn.submit_into(server, shard, h, key, payload, receive)
         } else {
             h.flags |= flags::KEY_IN_PAYLOAD;
-            let payload = if payload.is_empty() { key } else { payload };
+            let payload = if payload.is_empty() { Payload::host(key) } else { payload };
             self.conn.submit_into(server, shard, h, &[], payload, receive)
         }
     }
@@ -262,7 +262,7 @@ impl Client {
     /// Sends a single-key request to the key's shard; the key goes inline in the header
     /// when short, else the caller has put it at the front of `payload`.
     pub(super) fn call_key(&mut self, key: &[u8], h: RequestHeader, payload: &[u8]) -> Result<Reply> {
-        self.call_key_into(key, h, payload, Receive::Owned)
+        self.call_key_into(key, h, payload.into(), Receive::Owned)
     }
 
     /// Sends a single-key request and waits for its reply. In a cluster, it settles what
@@ -274,7 +274,7 @@ impl Client {
         &mut self,
         key: &[u8],
         h: RequestHeader,
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<Reply> {
         if self.cluster.is_none() {

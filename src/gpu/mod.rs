@@ -37,6 +37,11 @@ pub trait Device: Send + Sync {
     fn stream(&'static self, ordinal: i32) -> Result<Box<dyn Stream>>;
     /// `len` bytes of host memory the GPU copies to and from at full speed (pinned).
     fn host_buffer(&'static self, len: usize) -> Result<HostBuffer>;
+    /// Whether what this device calls device memory is host memory (tests' posing
+    /// device), which a transport moves as host memory.
+    fn poses_host_memory(&self) -> bool {
+        false
+    }
     /// Waits for the work queued on a stream of another library's (given as its CUDA
     /// handle; 1 is the legacy default stream) on GPU `ordinal`.
     fn wait_for_stream(&self, ordinal: i32, stream: usize) -> Result<()>;
@@ -131,6 +136,12 @@ pub fn device() -> Option<&'static dyn Device> {
 #[doc(hidden)]
 pub fn install(device: &'static dyn Device) -> bool {
     DEVICE.set(Some(device)).is_ok()
+}
+
+/// Whether the process's device, once fixed, calls host memory device memory (see
+/// [`Device::poses_host_memory`]). Loads no driver.
+pub fn device_memory_is_host_memory() -> bool {
+    DEVICE.get().copied().flatten().is_some_and(|d| d.poses_host_memory())
 }
 
 /// The kind of memory at `addr`: host memory when no driver is loaded.

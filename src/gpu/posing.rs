@@ -119,6 +119,10 @@ impl Device for Posing {
         // SAFETY: a leaked boxed slice of `len` bytes, owned by the buffer alone.
         Ok(unsafe { HostBuffer::new(memory.as_mut_ptr(), len, free) })
     }
+
+    fn poses_host_memory(&self) -> bool {
+        true
+    }
 }
 
 struct Copy {

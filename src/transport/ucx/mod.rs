@@ -16,7 +16,8 @@ use std::ptr;
 use crate::error::{Error, Result, Status};
 use sys::*;
 pub use transports::{
-    env_allows_only_shared_memory, env_enables_tcp, offers_shared_memory, shared_memory_scope, Tcp, LOCAL_SHARED_MEMORY,
+    env_allows_only_shared_memory, env_enables_tcp, offers_shared_memory, shared_memory_scope, Tcp,
+    LOCAL_SHARED_MEMORY, LOCAL_SHARED_MEMORY_WITH_CUDA,
 };
 use transports::{shared_memory_only, HARDENING, POOL_SEGMENT, SPEED};
 
@@ -85,6 +86,24 @@ fn log_to_stderr_once() {
     });
 }
 
+/// Where a buffer handed to UCX lives. Device memory is said to be so, so that UCX moves
+/// it with its CUDA transports and never reads it on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    Host,
+    Cuda,
+}
+
+impl Memory {
+    /// The request parameter's field mask and memory type for a buffer of this kind.
+    fn param(self) -> (u32, ucs_memory_type_t) {
+        match self {
+            Memory::Host => (0, UCS_MEMORY_TYPE_HOST),
+            Memory::Cuda => (UCP_OP_ATTR_FIELD_MEMORY_TYPE, UCS_MEMORY_TYPE_CUDA),
+        }
+    }
+}
+
 /// The outcome of starting a non-blocking operation.
 pub enum Started {
     /// Completed inside the call; the callback will not run.
@@ -119,24 +138,27 @@ impl WorkerHandle {
         unsafe { ucp_worker_progress(self.0) }
     }
 
-    /// Receives a rendezvous active message's data into `dest`.
+    /// Receives a rendezvous active message's data into `dest`, memory of kind `memory`.
     ///
     /// # Safety
     /// The worker is alive and this is its thread; `desc` is a rendezvous descriptor from
     /// this worker's AM callback; `memh` (or null) is a mapping of this worker's context;
     /// `dest` stays valid and untouched by anyone else until the receive completes.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn am_recv_data(
         self,
         desc: *mut c_void,
         dest: *mut u8,
         len: usize,
+        memory: Memory,
         cb: ucp_am_recv_data_nbx_callback_t,
         user_data: *mut c_void,
         memh: ucp_mem_h,
     ) -> Result<Started> {
         // SAFETY: the caller keeps this function's documented contract.
         unsafe {
-            let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            let (memory_mask, memory_type) = memory.param();
+            let mut mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | memory_mask;
             if !memh.is_null() {
                 mask |= UCP_OP_ATTR_FIELD_MEMH;
             }
@@ -145,6 +167,7 @@ impl WorkerHandle {
                 cb: ucp_request_param_t__bindgen_ty_1 { recv_am: cb },
                 user_data,
                 memh,
+                memory_type,
                 ..Default::default()
             };
             let p = ucp_am_recv_data_nbx(self.0, desc, dest as *mut c_void, len, &param);
@@ -245,6 +268,15 @@ impl Worker {
 
     pub fn context(&self) -> ucp_context_h {
         self.context
+    }
+
+    /// Whether this worker's context moves CUDA device memory itself (UCX's CUDA
+    /// transports loaded: a CUDA driver and a GPU, and a transport list that allows them).
+    pub fn moves_cuda_memory(&self) -> bool {
+        let mut attr = ucp_context_attr_t { field_mask: UCP_ATTR_FIELD_MEMORY_TYPES as u64, ..Default::default() };
+        // SAFETY: the context is valid; attr is an in/out parameter.
+        let ok = unsafe { ucp_context_query(self.context, &mut attr) } == UCS_OK;
+        ok && attr.memory_types & (1u64 << UCS_MEMORY_TYPE_CUDA) != 0
     }
 
     /// The worker's address, to be handed to peers out of band.
@@ -479,8 +511,9 @@ impl Worker {
         unsafe { ucp_mem_unmap(self.context, memh) };
     }
 
-    /// Sends an active message. `header` and `payload` must stay valid and unchanged until
-    /// the send completes (`Started::Done`, or `cb` called).
+    /// Sends an active message: `header`, then the `payload_len` bytes at `payload` of kind
+    /// `memory`. Both must stay valid and unchanged until the send completes
+    /// (`Started::Done`, or `cb` called).
     ///
     /// # Safety
     /// `ep` is a live endpoint of this worker; the buffers outlive the operation as above.
@@ -490,7 +523,7 @@ impl Worker {
         ep: ucp_ep_h,
         id: u16,
         header: &[u8],
-        payload: &[u8],
+        (payload, payload_len, memory): (*const u8, usize, Memory),
         flags: u32,
         cb: ucp_send_nbx_callback_t,
         user_data: *mut c_void,
@@ -498,7 +531,9 @@ impl Worker {
     ) -> Result<Started> {
         // SAFETY: the caller keeps this function's documented contract (handles from this worker, buffers valid until completion).
         unsafe {
-            let mut mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            let (memory_mask, memory_type) = memory.param();
+            let mut mask =
+                UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | memory_mask;
             if !memh.is_null() {
                 mask |= UCP_OP_ATTR_FIELD_MEMH;
             }
@@ -508,6 +543,7 @@ impl Worker {
                 cb: ucp_request_param_t__bindgen_ty_1 { send: cb },
                 user_data,
                 memh,
+                memory_type,
                 ..Default::default()
             };
             let p = ucp_am_send_nbx(
@@ -515,8 +551,8 @@ impl Worker {
                 id as u32,
                 header.as_ptr() as *const c_void,
                 header.len(),
-                payload.as_ptr() as *const c_void,
-                payload.len(),
+                payload as *const c_void,
+                payload_len,
                 &param,
             );
             started(p, "ucp_am_send_nbx")

@@ -30,6 +30,10 @@ pub fn env_allows_only_shared_memory() -> bool {
 /// once) saves a third of a command's page faults; cma moves large values.
 pub const LOCAL_SHARED_MEMORY: &[(&str, &str)] = &[("TLS", "posix,cma,self")];
 
+/// The same for a client that hands device memory to UCX ([`crate::client::DevicePath`]):
+/// with UCX's CUDA transports, which move it between processes of one host.
+pub const LOCAL_SHARED_MEMORY_WITH_CUDA: &[(&str, &str)] = &[("TLS", "posix,cma,cuda_copy,cuda_ipc,self")];
+
 /// UCX settings every worker of this crate has (unless the environment says otherwise).
 ///
 /// UCX carries out a peer's puts and gets on this process's memory without a key that

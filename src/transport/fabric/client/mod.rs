@@ -19,7 +19,7 @@ use crate::client::requests::Requests;
 use std::time::{Duration, Instant};
 
 use crate::client::link::{
-    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink,
+    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Payload, Receive, Reply, Sink,
 };
 use crate::client::tunables::{ABORT_GRACE, CANCEL_DRAIN};
 use crate::client::ClientOptions;
@@ -490,9 +490,13 @@ impl Link for FabricLink {
         shard: usize,
         header: &[u8],
         header_tail: &[u8],
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<()> {
+        // Device memory is staged by the caller: this link moves host memory only.
+        let (Some(payload), false) = (payload.host_bytes(), receive.sink().is_some_and(|s| s.device)) else {
+            return Err(Error::new(Status::Invalid, "a libfabric link takes no device memory"));
+        };
         if let Some(why) = &self.servers[server].dead {
             return Err(Error::new(
                 Status::Unavailable,

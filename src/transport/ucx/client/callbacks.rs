@@ -52,8 +52,11 @@ pub(super) unsafe extern "C" fn on_reply(
                 p.reply = Some(Ok(Reply { header: h, payload: Vec::new(), len: length, withheld: true }));
                 return sys::UCS_OK;
             }
-            let (dest, buf) = match p.sink {
-                Some(sink) if h.status() == Status::Ok => (sink.ptr, Vec::new()),
+            let sink = p.sink.filter(|_| h.status() == Status::Ok);
+            let (dest, buf) = match sink {
+                // Eager data into device memory: handed back for the caller to copy in
+                // with the GPU (the CPU cannot write device memory).
+                Some(sink) if !sink.device || info.rendezvous => (sink.ptr, Vec::new()),
                 _ if !info.rendezvous => {
                     let payload = if length == 0 {
                         Vec::new()
@@ -81,11 +84,15 @@ pub(super) unsafe extern "C" fn on_reply(
             // SAFETY: dest is the caller's sink or the Vec now owned by the pending reply; it is
             // neither read nor freed while `receiving` is set (fail_server closes the endpoint
             // first, which completes this receive).
-            let memh = state.memh_for(dest, length);
+            let (memory, memh) = match sink {
+                Some(sink) if sink.device => (state.device_memory, ptr::null_mut()),
+                _ => (Memory::Host, state.memh_for(dest, length)),
+            };
             match (*state.worker).handle().am_recv_data(
                 data,
                 dest,
                 length,
+                memory,
                 Some(on_reply_data),
                 tag as *mut c_void,
                 memh,

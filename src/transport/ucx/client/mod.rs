@@ -25,14 +25,14 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use crate::client::link::{
-    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Receive, Reply, Sink,
+    abort_request, gone_reason, shares_no_memory, Deadline, Link, Liveness, Payload, Receive, Reply, Sink,
 };
 use crate::client::tunables::ABORT_GRACE;
-use crate::client::ClientOptions;
+use crate::client::{ClientOptions, DevicePath};
 use crate::error::{Error, Result, Status};
 use crate::proto::bootstrap::{hex_decode, Welcome};
 use crate::proto::{self, ReplyHeader};
-use crate::transport::ucx::{self, sys, Started, Worker};
+use crate::transport::ucx::{self, sys, Memory, Started, Worker};
 use crate::transport::Poller;
 
 struct Pending {
@@ -69,6 +69,9 @@ struct State {
     failed: Vec<Option<String>>,
     /// Caller memory registered with UCX: (base, len, handle).
     registered: Vec<(usize, usize, sys::ucp_mem_h)>,
+    /// What UCX is told a caller's device memory is: CUDA memory where its CUDA
+    /// transports run, else host memory (tests' posing device memory is).
+    device_memory: Memory,
 }
 
 impl State {
@@ -140,6 +143,8 @@ pub struct UcxLink {
     /// Why this link makes no progress again: UCX holds a put's value, in memory the
     /// caller has back (see the module's docs).
     abandoned: Option<String>,
+    /// Whether UCX's CUDA transports run in this link's context ([`Worker::moves_cuda_memory`]).
+    moves_cuda: bool,
 }
 
 // SAFETY: the worker is made in serialized mode (`UCS_THREAD_MODE_SERIALIZED`), which
@@ -198,15 +203,19 @@ impl UcxLink {
             Some(ip) if welcomes.iter().all(|w| w.ucx_tcp) => ucx::Tcp::on_interface_of(ip),
             _ => ucx::Tcp::Off,
         };
-        let worker = Box::new(Worker::with_settings(
-            &tcp,
-            if poll.local_shared_memory { ucx::LOCAL_SHARED_MEMORY } else { &[] },
-        )?);
+        let settings = match (poll.local_shared_memory, poll.device_path) {
+            (false, _) => &[][..],
+            (true, DevicePath::Staged) => ucx::LOCAL_SHARED_MEMORY,
+            (true, DevicePath::Transport) => ucx::LOCAL_SHARED_MEMORY_WITH_CUDA,
+        };
+        let worker = Box::new(Worker::with_settings(&tcp, settings)?);
+        let moves_cuda = worker.moves_cuda_memory();
         let state = StatePtr::new(State {
             worker: &*worker,
             pending: Requests::default(),
             failed: Vec::new(),
             registered: Vec::new(),
+            device_memory: if moves_cuda { Memory::Cuda } else { Memory::Host },
         });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
@@ -223,6 +232,7 @@ impl UcxLink {
             liveness,
             worker,
             abandoned: None,
+            moves_cuda,
         };
         link.connect_servers(welcomes)?;
         Ok(link)
@@ -309,8 +319,9 @@ impl UcxLink {
         if p.is_put && !p.sent && self.servers[server].dead.is_none() {
             let (abort_id, header) = abort_request(id, &p.msg);
             let shard = self.servers[server].eps.iter().position(|&e| e == p.ep).unwrap_or(0);
-            let confirmed = self.submit(abort_id, server, shard, &header, &[], &[], Receive::Owned).is_ok()
-                && self.progress_until(server, ABORT_GRACE, |st| st.pending.get(&id).is_some_and(|p| p.sent));
+            let confirmed =
+                self.submit(abort_id, server, shard, &header, &[], Payload::empty(), Receive::Owned).is_ok()
+                    && self.progress_until(server, ABORT_GRACE, |st| st.pending.get(&id).is_some_and(|p| p.sent));
             self.forget_request(abort_id);
             if !confirmed {
                 let why = format!(
@@ -426,9 +437,12 @@ impl Link for UcxLink {
         shard: usize,
         header: &[u8],
         header_tail: &[u8],
-        payload: &[u8],
+        payload: Payload,
         receive: Receive,
     ) -> Result<()> {
+        if (payload.is_device() || receive.sink().is_some_and(|s| s.device)) && !self.takes_device_memory() {
+            return Err(Error::new(Status::Invalid, "this UCX link does not move device memory (no CUDA transports)"));
+        }
         let conn = &self.servers[server];
         if let Some(why) = &conn.dead {
             return Err(Error::new(Status::Unavailable, format!("connection to {} lost: {why}", conn.node)));
@@ -477,18 +491,24 @@ impl Link for UcxLink {
         // eager, so the server gets them inside the callback.
         let is_put = header.get(3) == Some(&(proto::Op::Put as u8));
         let am_flags = sys::UCP_AM_SEND_FLAG_REPLY | if is_put { 0 } else { sys::UCP_AM_SEND_FLAG_EAGER };
+        let (memory, memh) = if payload.is_device() {
+            (self.state.device_memory, ptr::null_mut())
+        } else {
+            (Memory::Host, self.state.memh_for(payload.as_ptr(), payload.len()))
+        };
         // SAFETY: the header lives in the boxed Pending (stable address) and the payload in
-        // the caller's buffer; both stay untouched until `sent` is set (see module docs).
+        // the caller's buffer (host memory, or device memory told to UCX as such); both stay
+        // untouched until `sent` is set (see module docs).
         let started = unsafe {
             self.worker.am_send(
                 ep,
                 proto::AM_REQUEST,
                 &p.msg,
-                payload,
+                (payload.as_ptr(), payload.len(), memory),
                 am_flags,
                 Some(on_sent),
                 user,
-                self.state.memh_for(payload.as_ptr(), payload.len()),
+                memh,
             )
         };
         match started {
@@ -607,6 +627,10 @@ impl Link for UcxLink {
 
     fn set_spin(&mut self, spin: Duration) {
         self.poller.set_spin(spin);
+    }
+
+    fn takes_device_memory(&self) -> bool {
+        self.moves_cuda || crate::gpu::device_memory_is_host_memory()
     }
 
     fn takes_short_headers(&self) -> bool {

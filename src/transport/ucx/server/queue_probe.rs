@@ -126,7 +126,7 @@ impl QueueProbe {
                 self.ep,
                 AM_PROBE,
                 &*header,
-                &[],
+                (ptr::null(), 0, ucx::Memory::Host),
                 0,
                 Some(on_probe_sent),
                 header as *mut c_void,

@@ -93,7 +93,15 @@ impl ShardWorker {
         // finish_put runs.
         // The descriptor is received through the worker it came by, which may be a retired one.
         let started = unsafe {
-            came_by.worker.am_recv_data(desc, dest, length, Some(on_put_received), pending as *mut c_void, came_by.memh)
+            came_by.worker.am_recv_data(
+                desc,
+                dest,
+                length,
+                ucx::Memory::Host,
+                Some(on_put_received),
+                pending as *mut c_void,
+                came_by.memh,
+            )
         };
         match started {
             Ok(Started::Pending) => drop(self.puts.insert(key, pending)),

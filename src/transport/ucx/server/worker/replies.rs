@@ -92,7 +92,16 @@ impl ShardWorker {
                 None => ((*raw).payload.as_slice(), ptr::null_mut()),
             };
             let header = &(&(*raw).header)[..(*raw).header_len];
-            self.worker.am_send(ep, proto::AM_REPLY, header, payload, 0, Some(on_reply_sent), raw as *mut c_void, memh)
+            self.worker.am_send(
+                ep,
+                proto::AM_REPLY,
+                header,
+                (payload.as_ptr(), payload.len(), ucx::Memory::Host),
+                0,
+                Some(on_reply_sent),
+                raw as *mut c_void,
+                memh,
+            )
         };
         // SAFETY: raw came from Box::into_raw above and is reclaimed exactly once: here when
         // the send finished (or failed) inside the call, else in on_reply_sent.
