@@ -76,6 +76,25 @@ fn generation(w: WriteResult) -> u64 {
     }
 }
 
+/// Puts `value` from device memory under `key`, reads it back from host memory and into
+/// device memory, each byte-exact with the put's generation, no copy running after either
+/// call: the device copies the put and the get made.
+fn round_trip(c: &mut Client, posing: &'static Posing, key: &[u8], value: &[u8]) -> (u64, u64) {
+    let len = value.len();
+    let copies = posing.copies.load(Ordering::Relaxed);
+    let g = generation(DeviceBuffer::with(posing, value).put(c, key).unwrap());
+    let put = posing.copies.load(Ordering::Relaxed) - copies;
+    assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the put returned");
+    let stored = c.get(key).unwrap().unwrap();
+    assert_eq!((stored.data == value, stored.generation), (true, g), "{len} bytes put from device memory");
+    let mut dst = DeviceBuffer::new(posing, len, 0xEE);
+    let got = dst.get(c, key, &GetOptions::default()).unwrap();
+    assert_eq!(got, GetInto::Value { len, generation: g, size: len as u64 });
+    assert!(dst.memory == value, "{len} bytes read into device memory differ");
+    assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
+    (put, posing.copies.load(Ordering::Relaxed) - copies - put)
+}
+
 /// Values of 0 B to several chunks go device → server → device byte-exact, through the
 /// device's copies only, and cross between device and host memory either way; ranges,
 /// a too-small buffer and a missing key answer as for host memory.
@@ -87,23 +106,12 @@ fn device_values_round_trip_through_staging() {
     let sizes = [0, 1, 4095, DEVICE_CHUNK - 1, DEVICE_CHUNK, DEVICE_CHUNK + 1, 3 * DEVICE_CHUNK + 12_345];
     for (i, &len) in sizes.iter().enumerate() {
         let key = format!("dev/{len}");
-        let value = pattern(i as u64, len);
-        let copies = posing.copies.load(Ordering::Relaxed);
-        let g = generation(DeviceBuffer::with(posing, &value).put(&mut c, key.as_bytes()).unwrap());
-        assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the put returned");
-        // Device → host: the stored bytes are the device buffer's.
-        let stored = c.get(key.as_bytes()).unwrap().unwrap();
-        assert_eq!((stored.data == value, stored.generation), (true, g), "{len} bytes put from device memory");
         // Host → device, in chunks when longer than one.
-        let mut dst = DeviceBuffer::new(posing, len, 0xEE);
-        let got = dst.get(&mut c, key.as_bytes(), &GetOptions::default()).unwrap();
-        assert_eq!(got, GetInto::Value { len, generation: g, size: len as u64 });
-        assert!(dst.memory == value, "{len} bytes read into device memory differ");
-        assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
-        let per_chunk = 2 * len.div_ceil(DEVICE_CHUNK) as u64;
+        let (put, get) = round_trip(&mut c, posing, key.as_bytes(), &pattern(i as u64, len));
+        let per_chunk = len.div_ceil(DEVICE_CHUNK) as u64;
         assert_eq!(
-            posing.copies.load(Ordering::Relaxed) - copies,
-            per_chunk,
+            (put, get),
+            (per_chunk, per_chunk),
             "{len} bytes: one copy per chunk for the put (in parts), and for the get"
         );
     }
@@ -192,25 +200,14 @@ fn device_values_round_trip_through_the_transport() {
     let mut c = Client::connect(&server.addr, opts).unwrap();
     for (i, len) in [0, 1, 4095, 65_543, (1 << 20) + 3, 3 * DEVICE_CHUNK + 5].into_iter().enumerate() {
         let key = format!("dev/transport/{len}");
-        let value = pattern(100 + i as u64, len);
-        let copies = posing.copies.load(Ordering::Relaxed);
-        let g = generation(DeviceBuffer::with(posing, &value).put(&mut c, key.as_bytes()).unwrap());
-        assert_eq!(posing.copies.load(Ordering::Relaxed), copies, "{len} bytes: the put staged nothing");
-        let stored = c.get(key.as_bytes()).unwrap().unwrap();
-        assert_eq!((stored.data == value, stored.generation), (true, g), "{len} bytes put from device memory");
-
-        let mut dst = DeviceBuffer::new(posing, len, 0xEE);
-        let got = dst.get(&mut c, key.as_bytes(), &GetOptions::default()).unwrap();
-        assert_eq!(got, GetInto::Value { len, generation: g, size: len as u64 });
-        assert!(dst.memory == value, "{len} bytes read into device memory differ");
-        let copied = posing.copies.load(Ordering::Relaxed) - copies;
+        let (put, copied) = round_trip(&mut c, posing, key.as_bytes(), &pattern(100 + i as u64, len));
+        assert_eq!(put, 0, "{len} bytes: the put staged nothing");
         match len {
             0 => assert_eq!(copied, 0, "an empty value needs no copy"),
             1 | 4095 => assert_eq!(copied, 1, "{len} bytes arrive eagerly: one copy in"),
             l if l > DEVICE_CHUNK => assert_eq!(copied, 0, "{len} bytes arrive by rendezvous, into the buffer"),
             _ => assert!(copied <= 1, "{len} bytes: {copied} copies"),
         }
-        assert_eq!(posing.in_flight.load(Ordering::Relaxed), 0, "no copy runs after the get returned");
     }
 
     let value = pattern(120, 5000);

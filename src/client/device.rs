@@ -180,7 +180,10 @@ impl Client {
     ) -> Result<GetInto> {
         check_key(key)?;
         if self.device_memory_by_transport(key) {
-            return self.get_into_device_by_transport(key, opts, addr, len, ordinal);
+            // SAFETY: `len` bytes of the caller's device memory, ours until the call
+            // returns (`get_into_ptr`'s contract), which only the transport writes.
+            let sink = unsafe { Sink::device(addr as *mut u8, len) };
+            return self.get_into_device_by_transport(key, opts, sink, ordinal);
         }
         let mut staging = self.staging()?;
         let mut result = Ok(Chunked::Changed);
@@ -213,20 +216,17 @@ impl Client {
         &mut self,
         key: &[u8],
         opts: &GetOptions,
-        addr: usize,
-        len: usize,
+        sink: Sink,
         ordinal: i32,
     ) -> Result<GetInto> {
-        // SAFETY: `len` bytes of the caller's device memory, ours until the call returns
-        // (`get_into_ptr`'s contract), which only the transport writes.
-        let sink = unsafe { Sink::device(addr as *mut u8, len) };
         let reply = self.call_key_into(key, get_header(opts), Payload::empty(), Receive::Into(sink))?;
         if reply.header.status() == Status::Ok && !reply.withheld && !reply.payload.is_empty() {
             let mut staging = self.staging()?;
             let stream = staging.stream(ordinal);
-            // SAFETY: the reply's bytes, `reply.len <= len` of them (a longer one is
+            // SAFETY: the reply's bytes, no more than the sink holds (a longer reply is
             // withheld), into the caller's device range; synchronized before the return.
-            let copied = stream.and_then(|s| unsafe { s.to_device(addr, reply.payload.as_ptr(), reply.payload.len()) });
+            let copied = stream
+                .and_then(|s| unsafe { s.to_device(sink.ptr as usize, reply.payload.as_ptr(), reply.payload.len()) });
             let synchronized = staging.stream(ordinal).and_then(|s| s.synchronize());
             self.device_staging = Some(staging);
             copied.and(synchronized)?;
