@@ -86,9 +86,9 @@ def prefix(request):
     return f"{request.node.name}/"
 
 
-def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs `code` in a separate Python process (same interpreter and environment)."""
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+def run_python(code: str, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `code` in a separate Python process (same interpreter; this environment, or `env`)."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def free_port() -> int:

@@ -7,6 +7,9 @@ its own: the posing device must be installed before the client first asks for a 
 
 from __future__ import annotations
 
+import os
+
+import pytest
 from conftest import run_python
 
 PRELUDE = r"""
@@ -52,12 +55,16 @@ c = rd.Client(sys.argv[1])
 """
 
 
-def run(server, body: str):
-    r = run_python(PRELUDE + body + "\nprint('done')\n", server.address)
+def run(server, body: str, device_path: str = "staged"):
+    r = run_python(PRELUDE + body + "\nprint('done')\n", server.address, env={**os.environ, "RDRAM_DEVICE_PATH": device_path})
     assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stdout + r.stderr
 
 
-def test_cuda_array_interface_round_trips(server, prefix):
+# "transport": the device memory is handed to UCX itself (docs/gpu.md), which moves the
+# posing memory as the host memory it is.
+@pytest.mark.parametrize("device_path", ["staged", "transport"])
+def test_cuda_array_interface_round_trips(server, prefix, device_path):
+    prefix += device_path + "/"
     run(
         server,
         f"""
@@ -83,6 +90,7 @@ try:
 except rd.BufferTooSmall as e:
     assert e.needed == 100 and (small.host == 3).all()
 """,
+        device_path,
     )
 
 
