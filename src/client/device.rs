@@ -222,14 +222,15 @@ impl Client {
         let reply = self.call_key_into(key, get_header(opts), Payload::empty(), Receive::Into(sink))?;
         if reply.header.status() == Status::Ok && !reply.withheld && !reply.payload.is_empty() {
             let mut staging = self.staging()?;
-            let stream = staging.stream(ordinal);
-            // SAFETY: the reply's bytes, no more than the sink holds (a longer reply is
-            // withheld), into the caller's device range; synchronized before the return.
-            let copied = stream
-                .and_then(|s| unsafe { s.to_device(sink.ptr as usize, reply.payload.as_ptr(), reply.payload.len()) });
-            let synchronized = staging.stream(ordinal).and_then(|s| s.synchronize());
+            let copied = staging.stream(ordinal).and_then(|s| {
+                // SAFETY: the reply's bytes, no more than the sink holds (a longer reply is
+                // withheld), into the caller's device range; synchronized right after,
+                // whether the copy was queued or not.
+                let queued = unsafe { s.to_device(sink.ptr as usize, reply.payload.as_ptr(), reply.payload.len()) };
+                queued.and(s.synchronize())
+            });
             self.device_staging = Some(staging);
-            copied.and(synchronized)?;
+            copied?;
         }
         get_into_result(reply)
     }

@@ -143,8 +143,6 @@ pub struct UcxLink {
     /// Why this link makes no progress again: UCX holds a put's value, in memory the
     /// caller has back (see the module's docs).
     abandoned: Option<String>,
-    /// Whether UCX's CUDA transports run in this link's context ([`Worker::moves_cuda_memory`]).
-    moves_cuda: bool,
 }
 
 // SAFETY: the worker is made in serialized mode (`UCS_THREAD_MODE_SERIALIZED`), which
@@ -209,13 +207,12 @@ impl UcxLink {
             (true, DevicePath::Transport) => ucx::LOCAL_SHARED_MEMORY_WITH_CUDA,
         };
         let worker = Box::new(Worker::with_settings(&tcp, settings)?);
-        let moves_cuda = worker.moves_cuda_memory();
         let state = StatePtr::new(State {
             worker: &*worker,
             pending: Requests::default(),
             failed: Vec::new(),
             registered: Vec::new(),
-            device_memory: if moves_cuda { Memory::Cuda } else { Memory::Host },
+            device_memory: if worker.moves_cuda_memory() { Memory::Cuda } else { Memory::Host },
         });
         let state_ptr: *mut State = state.0;
         // SAFETY: state is boxed and outlives the worker's callbacks (Drop closes every
@@ -232,7 +229,6 @@ impl UcxLink {
             liveness,
             worker,
             abandoned: None,
-            moves_cuda,
         };
         link.connect_servers(welcomes)?;
         Ok(link)
@@ -630,7 +626,7 @@ impl Link for UcxLink {
     }
 
     fn takes_device_memory(&self) -> bool {
-        self.moves_cuda || crate::gpu::device_memory_is_host_memory()
+        self.state.device_memory == Memory::Cuda || crate::gpu::device_memory_is_host_memory()
     }
 
     fn takes_short_headers(&self) -> bool {
