@@ -409,6 +409,15 @@ impl Connection {
     }
 
     /// Waits for the reply to request `id`.
+    /// Whether a cluster's large writes go to their primaries in parts (see
+    /// `Client::put_streamed`): over UCX between hosts with its tcp transport, where a
+    /// put's value reaches the server whole or not at all and the server streams staged
+    /// values to the replicas. (libfabric servers read a value in chunks and stream it
+    /// as it lands; over shared memory the copies share the memory's bandwidth.)
+    pub fn stages_large_writes(&self) -> bool {
+        self.joins.transport == "ucx" && self.joins.ucx_tcp && self.joins.shared_memory_only.is_none()
+    }
+
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
         self.link.wait_for(id, self.timeout)
     }

@@ -168,6 +168,9 @@ impl Client {
         if value.len() as u64 > MAX_VALUE_LEN {
             return Err(Error::new(Status::ValueTooLarge, format!("{} bytes > limit {MAX_VALUE_LEN}", value.len())));
         }
+        if let Some(streamed) = value.host_bytes().and_then(|bytes| self.put_streamed(key, bytes, opts)) {
+            return streamed;
+        }
         let mut h = RequestHeader::new(Op::Put, 0, 0);
         apply_write_condition(&mut h, opts.condition);
         if let Some(ttl) = opts.ttl {

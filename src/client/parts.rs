@@ -2,13 +2,15 @@
 //! (this client sends one at a time), then committed as one ordinary put. The device path
 //! sends GPU memory so, a part at a time through pinned buffers; [`Client::put_parts`]
 //! sends a value that lies in several of the caller's buffers (a header and a body)
-//! without copying them together.
+//! without copying them together; in a cluster over UCX between hosts, a large write goes
+//! to its primary so, its parts in flight together, for the primary to stream it on to
+//! the key's other replicas as it lands.
 
 use std::collections::VecDeque;
 
-use super::link::{Receive, Reply};
-use super::tunables::GATHER_COPY_MAX;
-use super::{apply_write_condition, check_key, error_of, Client, PutOptions, WriteResult};
+use super::link::{Payload, Receive, Reply};
+use super::tunables::{GATHER_COPY_MAX, STREAM_PUT_MIN, STREAM_PUT_PART, STREAM_PUT_PARTS_IN_FLIGHT};
+use super::{apply_write_condition, check_key, error_of, Client, PutOptions, WriteCondition, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
 
@@ -164,6 +166,88 @@ impl Client {
         for (item, stage_id, e) in refused {
             self.discard_parts_if_answered(items[item].0, &e, stage_id);
         }
+    }
+
+    /// In a cluster over UCX between hosts ([`Connection::stages_large_writes`]): an
+    /// unconditional put of a large value for a key with other replicas goes to its primary
+    /// in parts, [`STREAM_PUT_PARTS_IN_FLIGHT`] in flight, then its commit; the primary
+    /// sends each part on to the replicas as it lands (over UCX a value sent whole
+    /// reaches the primary whole, and only then could its copy start). None: the value
+    /// goes whole instead (not such a put, or its parts were refused before it was
+    /// committed: the view changed, the primary had no staging room, a connection broke).
+    ///
+    /// [`Connection::stages_large_writes`]: super::conn::Connection::stages_large_writes
+    pub(super) fn put_streamed(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Option<Result<WriteResult>> {
+        let streams = self.cluster.is_some()
+            && opts.condition == WriteCondition::None
+            && value.len() >= STREAM_PUT_MIN
+            && key.len() <= INLINE_KEY_MAX
+            && self.live().is_ok_and(|c| c.stages_large_writes() && c.replicas_of(key).0.len() > 1)
+            && self.failover_target(key, false).is_none();
+        if !streams {
+            return None;
+        }
+        let server = self.conn.route(key).0;
+        let total = value.len();
+        let (mut offset, mut stage_id, mut failed) = (0, None, None);
+        let mut in_flight: VecDeque<u64> = VecDeque::new();
+        while failed.is_none() && (offset < total || !in_flight.is_empty()) {
+            while failed.is_none() && offset < total && in_flight.len() < STREAM_PUT_PARTS_IN_FLIGHT {
+                let part = &value[offset..][..STREAM_PUT_PART.min(total - offset)];
+                let h = part_header(offset, total, stage_id);
+                match self.submit_key(key, h, part.into(), Receive::Owned, server) {
+                    Ok(id) => {
+                        // The value is staged under its first part's request id.
+                        stage_id.get_or_insert(id);
+                        in_flight.push_back(id);
+                        offset += part.len();
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            let Some(id) = in_flight.pop_front() else { break };
+            match self.conn.wait(id) {
+                Ok(r) if r.header.status() == Status::Ok => {}
+                Ok(r) => failed = Some(part_refused(&r)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        // Every part's request ends (answered, or given up on at its timeout) before the
+        // value goes whole or the call returns: none reads the caller's value after.
+        for id in in_flight {
+            let _ = self.conn.wait(id);
+        }
+        let outcome = match failed {
+            None => self
+                .submit_key(key, commit_header(total, stage_id, opts), Payload::empty(), Receive::Owned, server)
+                .and_then(|id| self.conn.wait(id))
+                .and_then(|reply| match reply.header.status() {
+                    Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
+                    _ => Err(part_refused(&reply)),
+                }),
+            Some(e) => Err(e),
+        };
+        let e = match outcome {
+            Ok(written) => return Some(Ok(written)),
+            Err(e) => e,
+        };
+        let answered = !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport);
+        if let (true, Some(id)) = (answered, stage_id) {
+            // Freed at once on the server that staged it (else it lapses there).
+            let discard = self.submit_key(key, discard_header(id), Payload::empty(), Receive::Owned, server);
+            let _ = discard.and_then(|id| self.conn.wait(id));
+        }
+        let not_committed = matches!(
+            e.status,
+            Status::Moved | Status::ViewChanged | Status::KeyMoving | Status::NoRoom | Status::Missing
+        );
+        // A lost server's write may have been taken: sent again whole, as any write is.
+        let lost = matches!(e.status, Status::Unavailable | Status::Transport);
+        if not_committed || lost {
+            tracing::debug!("a streamed put of {total} bytes goes whole: {e}");
+            return None;
+        }
+        Some(Err(e))
     }
 
     /// Sends a value's next part, or once every part is there its commit.

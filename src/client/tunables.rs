@@ -56,3 +56,17 @@ pub const KEEP_PUT_BUFFER: usize = 64 << 20;
 
 /// Reads of a value that keeps changing under a chunked get.
 pub const READ_ATTEMPTS: usize = 3;
+
+// Large cluster writes streamed in parts (parts.rs)
+
+/// In a cluster over UCX with its tcp transport, a value of at least this many bytes for a
+/// key with other replicas goes to its primary in parts, which the primary sends on to the
+/// replicas as they land (the size from which a primary streams a write).
+pub const STREAM_PUT_MIN: usize = crate::cluster::tunables::STREAM_MIN;
+
+/// The size of those parts: the last one reaches the replicas this much behind the
+/// value's end, and each costs a request.
+pub const STREAM_PUT_PART: usize = 128 << 10;
+
+/// Those parts in flight at once (a server takes up to 8 of a value at once).
+pub const STREAM_PUT_PARTS_IN_FLIGHT: usize = 4;

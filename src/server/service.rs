@@ -216,6 +216,7 @@ impl Service {
             last_handed: Instant::now(),
             copies: FxHashMap::default(),
             keys: FxHashMap::default(),
+            staged_streams: FxHashMap::default(),
             streamed: 0,
             installed_streamed: 0,
             streamed_sent_whole: 0,
@@ -260,6 +261,7 @@ impl Service {
         for extent in self.staging.drain(Instant::now(), |session| !sessions.contains_key(&session)) {
             self.shard.release(extent);
         }
+        self.end_orphaned_streams();
     }
 
     /// The client a session belongs to, if that client is still connected. A session
@@ -493,6 +495,7 @@ impl Service {
             if let Some(s) = staged {
                 self.shard.release(s.extent);
             }
+            self.end_orphaned_streams();
             return Ok(ok_reply(h.request_id, 0, found as u64));
         }
         self.check_placement(h, kind, key)?;

@@ -27,10 +27,15 @@ pub struct Staged {
 }
 
 /// The state of a value staged in parts.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Assembly {
     /// Bytes of the value received (the parts that ended, arrived).
     pub received: u64,
+    /// Bytes of the value received from its start, with no gap: what a primary streaming
+    /// the value to its replicas may send on (parts may end out of order).
+    landed: u64,
+    /// Parts that arrived beyond `landed` (offset, length), while one before them arrives.
+    ahead: Vec<(u64, u64)>,
     /// Bytes of the value admitted, from its start: where the next part begins.
     admitted: u64,
     /// Parts arriving into the extent: until they end, their transfers own the extent.
@@ -154,24 +159,33 @@ impl Staging {
         Ok((staged.extent, staged.layout))
     }
 
-    /// A part of the value staged in parts under `(session, id)` ended: received
-    /// (`arrived`) or failed. Ok: the bytes of the value received so far. Err: the value
-    /// is over (the part failed, or the value lapsed or was discarded meanwhile), and
-    /// taken out: its extent is the caller's to free.
+    /// The part `(offset, len)` of the value staged in parts under `(session, id)` ended:
+    /// received (`arrived`) or failed. Ok: the bytes of the value received so far, and
+    /// of them those from its start with no gap. Err: the value is over (the part failed,
+    /// or the value lapsed or was discarded meanwhile), and taken out: its extent is the
+    /// caller's to free.
     pub fn part_ended(
         &mut self,
         session: u64,
         id: u64,
-        len: u64,
+        (offset, len): (u64, u64),
         arrived: bool,
-    ) -> std::result::Result<u64, Option<Staged>> {
-        let Some(assembly) = self.held.get_mut(&(session, id)).and_then(|s| s.assembly.as_mut()) else {
+    ) -> std::result::Result<(u64, u64), Option<Staged>> {
+        let Some(a) = self.held.get_mut(&(session, id)).and_then(|s| s.assembly.as_mut()) else {
             return Err(None);
         };
-        assembly.in_flight -= 1;
-        if arrived && !assembly.doomed {
-            assembly.received += len;
-            return Ok(assembly.received);
+        a.in_flight -= 1;
+        if arrived && !a.doomed {
+            a.received += len;
+            if len > 0 {
+                a.ahead.push((offset, len));
+            }
+            // Parts are admitted in order and never overlap: each one that starts where
+            // the gapless bytes end extends them.
+            while let Some(i) = a.ahead.iter().position(|&(at, _)| at == a.landed) {
+                a.landed += a.ahead.swap_remove(i).1;
+            }
+            return Ok((a.received, a.landed));
         }
         Err(self.take(session, id))
     }
@@ -209,7 +223,7 @@ impl Staging {
                 _ if !keep => gone.push((session, s.extent)),
                 _ => {}
             }
-            keep || s.assembly.is_some_and(|a| a.in_flight > 0)
+            keep || s.assembly.as_ref().is_some_and(|a| a.in_flight > 0)
         });
         for &(session, extent) in &gone {
             self.count(session, extent.len, false);
@@ -267,7 +281,7 @@ mod tests {
         let layout = Layout::packed(1, 300);
         s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
         assert_eq!(s.next_part(1, 7, 0, 100, 300).unwrap_err().status, Status::Invalid, "parts come in order");
-        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(100));
+        assert_eq!(s.part_ended(1, 7, (0, 100), true).ok(), Some((100, 100)));
         assert_eq!(s.next_part(1, 7, 150, 100, 300).unwrap_err().status, Status::Invalid, "parts come in order");
         assert_eq!(s.next_part(1, 7, 100, 201, 300).unwrap_err().status, Status::Invalid, "parts end within the value");
         assert_eq!(s.next_part(2, 7, 100, 100, 300).unwrap_err().status, Status::Missing, "another session's value");
@@ -276,12 +290,12 @@ mod tests {
         assert!(s.take(1, 7).is_none());
         assert!(s.drain(Instant::now() + STAGE_HOLD, |_| true).is_empty());
         assert_eq!(s.held().0, 1);
-        let over = s.part_ended(1, 7, 100, true).unwrap_err();
+        let over = s.part_ended(1, 7, (100, 100), true).unwrap_err();
         assert_eq!(over.map(|v| v.extent.offset), Some(0), "the part ended: the extent is the caller's to free");
         assert!(s.is_empty() && s.held() == (0, 0));
         // A failed part ends the value.
         s.begin_assembly(1, 8, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
-        assert!(s.part_ended(1, 8, 100, false).unwrap_err().is_some());
+        assert!(s.part_ended(1, 8, (0, 100), false).unwrap_err().is_some());
         assert!(s.is_empty());
     }
 
@@ -292,28 +306,33 @@ mod tests {
         s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
         assert!(s.next_part(1, 7, 100, 100, 300).is_ok());
         assert!(s.next_part(1, 7, 200, 100, 300).is_ok());
-        // They may end in any order; the value is whole once each arrived.
-        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(100));
-        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(200));
-        assert_eq!(s.part_ended(1, 7, 100, true).ok(), Some(300));
+        // They may end in any order; the value is whole once each arrived, and the bytes
+        // from its start with no gap grow only as the gaps close.
+        assert_eq!(s.part_ended(1, 7, (200, 100), true).ok(), Some((100, 0)));
+        assert_eq!(s.part_ended(1, 7, (100, 100), true).ok(), Some((200, 0)));
+        assert_eq!(s.part_ended(1, 7, (0, 100), true).ok(), Some((300, 300)));
         assert_eq!(s.take(1, 7).and_then(|v| v.assembly).map(|a| a.received), Some(300));
         // Taken with parts arriving: it goes once they ended.
         s.begin_assembly(1, 7, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
         assert!(s.next_part(1, 7, 100, 100, 300).is_ok());
         assert!(s.take(1, 7).is_none());
-        assert!(s.part_ended(1, 7, 100, true).unwrap_err().is_none(), "a part still arrives");
-        assert_eq!(s.part_ended(1, 7, 100, true).unwrap_err().map(|v| v.extent.offset), Some(0));
+        assert!(s.part_ended(1, 7, (0, 100), true).unwrap_err().is_none(), "a part still arrives");
+        assert_eq!(s.part_ended(1, 7, (100, 100), true).unwrap_err().map(|v| v.extent.offset), Some(0));
         assert!(s.is_empty());
         // A part that failed while others arrive ends the value once the last ended.
         s.begin_assembly(1, 8, (extent(0, 400), layout), 100).map_err(|(_, e)| e).unwrap();
         assert!(s.next_part(1, 8, 100, 100, 300).is_ok());
-        assert_eq!(s.part_ended(1, 8, 100, false).unwrap_err().map(|v| v.extent.offset), None, "a part still arrives");
+        assert_eq!(
+            s.part_ended(1, 8, (0, 100), false).unwrap_err().map(|v| v.extent.offset),
+            None,
+            "a part still arrives"
+        );
         assert_eq!(
             s.next_part(1, 8, 200, 100, 300).unwrap_err().status,
             Status::Missing,
             "a failed value takes no parts"
         );
-        assert_eq!(s.part_ended(1, 8, 100, true).unwrap_err().map(|v| v.extent.offset), Some(0));
+        assert_eq!(s.part_ended(1, 8, (100, 100), true).unwrap_err().map(|v| v.extent.offset), Some(0));
         assert!(s.is_empty() && s.held() == (0, 0));
         // The parts arriving at once are bounded.
         let layout = Layout::packed(1, 100);

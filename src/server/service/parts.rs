@@ -32,7 +32,7 @@ impl Service {
             let (extent, layout) = self.staging.next_part(h.session, h.if_not_equal, offset, len, total)?;
             if self.shard.arena().slice(extent.offset, key.len() as u64) != key || layout.key_len as usize != key.len()
             {
-                self.staging.part_ended(h.session, h.if_not_equal, 0, true).ok();
+                self.staging.part_ended(h.session, h.if_not_equal, (offset, 0), true).ok();
                 return Err(Error::new(
                     Status::Invalid,
                     format!("the value staged under request id {} is another key's", h.if_not_equal),
@@ -51,6 +51,7 @@ impl Service {
             self.shard.release(extent);
             e
         })?;
+        self.stream_staged(h, extent, layout);
         Ok((extent, layout, h.request_id))
     }
 
@@ -60,12 +61,16 @@ impl Service {
     /// value's, which its other parts in flight may be writing into.)
     pub(super) fn end_part(&mut self, p: PendingPut, stage_id: u64, arrived: bool, out: &mut Vec<u8>) -> ReplyHeader {
         let (h, id) = (p.header, p.header.request_id);
-        match self.staging.part_ended(h.session, stage_id, p.arriving, arrived) {
-            Ok(received) => ok_reply(id, 0, received),
+        match self.staging.part_ended(h.session, stage_id, (h.range_start as u64, p.arriving), arrived) {
+            Ok((received, landed)) => {
+                self.staged_landed(h.session, stage_id, landed);
+                ok_reply(id, 0, received)
+            }
             Err(over) => {
                 if let Some(staged) = over {
                     self.shard.release(staged.extent);
                 }
+                self.end_staged_stream(h.session, stage_id);
                 let why = if arrived {
                     "the value staged in parts lapsed or was discarded while a part arrived"
                 } else {
@@ -85,25 +90,34 @@ impl Service {
         let (extent, layout, stage_id) = self.begin_part(h, key, part.len() as u64)?;
         let at = layout.value_at as usize + h.range_start as usize;
         self.shard.extent_mut(extent)[at..][..part.len()].copy_from_slice(part);
-        match self.staging.part_ended(h.session, stage_id, part.len() as u64, true) {
-            Ok(received) => Ok(ok_reply(h.request_id, 0, received)),
+        match self.staging.part_ended(h.session, stage_id, (h.range_start as u64, part.len() as u64), true) {
+            Ok((received, landed)) => {
+                self.staged_landed(h.session, stage_id, landed);
+                Ok(ok_reply(h.request_id, 0, received))
+            }
             Err(over) => {
                 if let Some(staged) = over {
                     self.shard.release(staged.extent);
                 }
+                self.end_staged_stream(h.session, stage_id);
                 Err(Error::new(Status::Missing, "the value staged in parts lapsed"))
             }
         }
     }
 
     /// Publishes a value whose parts all arrived, as a put under a new generation if its
-    /// condition holds.
+    /// condition holds. A value streamed to the key's replicas as it arrived is installed
+    /// there, or its stream ends.
     fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
-        self.check_placement(h, Kind::StagePart, key)?;
-        let staged = self.take_whole(h, key, h.range_end as u64)?;
-        let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
+        let stream = self.take_staged_stream(h.session, h.if_not_equal);
+        let committed = self.check_placement(h, Kind::StagePart, key).and_then(|()| {
+            let staged = self.take_whole(h, key, h.range_end as u64)?;
+            let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
+            Ok((staged, generation))
+        });
+        let (staged, generation) = committed.inspect_err(|_| self.abort_stream(stream))?;
         let reply = ok_reply(h.request_id, generation, staged.layout.value_len);
-        self.replicate(h, Kind::StagePart, key, generation, Some((staged.extent, staged.layout)), None, reply)
+        self.replicate(h, Kind::StagePart, key, generation, Some((staged.extent, staged.layout)), stream, reply)
     }
 
     /// A replica's side of [`Kind::ImportStaged`]: installs the value the key's primary
@@ -133,7 +147,7 @@ impl Service {
             )
         })?;
         let value_len = staged.layout.value_len;
-        let whole = staged.assembly.is_some_and(|a| a.received == value_len && len == value_len);
+        let whole = staged.assembly.as_ref().is_some_and(|a| a.received == value_len && len == value_len);
         if !whole || self.shard.arena().slice(staged.extent.offset, u64::from(staged.layout.key_len)) != key {
             self.shard.release(staged.extent);
             return Err(Error::new(

@@ -36,6 +36,9 @@ pub(super) struct Replication {
     pub(super) look_until: Option<Instant>,
     /// Keys with writes' copies in flight, and how many: no client reads them meanwhile.
     pub(super) keys: FxHashMap<Vec<u8>, u32>,
+    /// Values staged in parts by clients (by session and stage id) that are streamed to
+    /// their keys' replicas as the parts land, and their copies' tokens.
+    pub(super) staged_streams: FxHashMap<(u64, u64), u64>,
     /// Writes whose values were streamed to their replicas as they arrived, and values
     /// streamed here that were installed ([`Kind::ImportStaged`]).
     pub(super) streamed: u64,
@@ -169,21 +172,78 @@ impl Service {
     pub fn stream_put(&mut self, p: &mut PendingPut) -> Option<Landed> {
         let h = &p.header;
         let whole_put = p.kind == Kind::Put && p.part.is_none() && h.flags & flags::KEY_IN_PAYLOAD == 0;
-        let value_at = u64::from(p.layout.value_at);
-        let eligible = whole_put
-            && h.flags & flags::VIEW != 0
-            && p.dest_offset == value_at
-            && p.layout.value_len >= STREAM_MIN as u64
-            && self.copies_writes();
+        if !whole_put || p.dest_offset != u64::from(p.layout.value_at) {
+            return None;
+        }
+        let (token, landed) = self.open_stream(h, p.extent, p.layout)?;
+        p.stream = Some(token);
+        Some(landed)
+    }
+
+    /// As the key's primary, where a replicator thread copies large writes: streams a
+    /// value a client stages in parts (its first part's extent and layout) to the key's
+    /// replicas as the parts land ([`Service::staged_landed`]); its commit then installs
+    /// it there ([`Service::take_staged_stream`]).
+    pub(super) fn stream_staged(&mut self, h: &RequestHeader, extent: Extent, layout: Layout) {
+        if let Some((token, _)) = self.open_stream(h, extent, layout) {
+            let r = self.replication.as_mut().expect("a stream was opened");
+            r.staged_streams.insert((h.session, h.request_id), token);
+        }
+    }
+
+    /// The bytes of a value staged in parts that arrived from its start with no gap: sent
+    /// on to the replicas, where it is streamed.
+    pub(super) fn staged_landed(&mut self, session: u64, stage_id: u64, landed: u64) {
+        let Some(r) = self.replication.as_ref() else { return };
+        let Some(token) = r.staged_streams.get(&(session, stage_id)) else { return };
+        if let Some(s) = r.copies.get(token).and_then(|c| c.stream.as_ref()) {
+            s.landed.advance_to(landed);
+        }
+    }
+
+    /// The stream of a value staged in parts, taken for its commit.
+    pub(super) fn take_staged_stream(&mut self, session: u64, stage_id: u64) -> Option<u64> {
+        self.replication.as_mut()?.staged_streams.remove(&(session, stage_id))
+    }
+
+    /// Ends the stream of a value staged in parts that is over (a part failed, or it was
+    /// discarded or lapsed).
+    pub(super) fn end_staged_stream(&mut self, session: u64, stage_id: u64) {
+        let stream = self.take_staged_stream(session, stage_id);
+        self.abort_stream(stream);
+    }
+
+    /// Ends the streams of values staged in parts that are no longer staged (discarded,
+    /// lapsed, or their session ended).
+    pub(super) fn end_orphaned_streams(&mut self) {
+        let Some(r) = self.replication.as_mut().filter(|r| !r.staged_streams.is_empty()) else { return };
+        let staging = &self.staging;
+        let mut over = Vec::new();
+        r.staged_streams.retain(|&(session, id), token| {
+            let staged = staging.value_len(session, id).is_some();
+            if !staged {
+                over.push(*token);
+            }
+            staged
+        });
+        for token in over {
+            self.abort_stream(Some(token));
+        }
+    }
+
+    /// Opens a stream of a client's write of a large value into `extent` (see
+    /// [`Service::stream_put`]): its token, and the counter of its landed bytes.
+    fn open_stream(&mut self, h: &RequestHeader, extent: Extent, layout: Layout) -> Option<(u64, Landed)> {
+        let eligible = h.flags & flags::VIEW != 0 && layout.value_len >= STREAM_MIN as u64 && self.copies_writes();
         let r = self.replication.as_mut().filter(|_| eligible)?;
         let thread = r.large_writes.as_ref()?;
-        let key = self.shard.arena().slice(p.extent.offset, u64::from(p.layout.key_len)).to_vec();
-        let at = p.extent.offset + value_at;
+        let key = self.shard.arena().slice(extent.offset, u64::from(layout.key_len)).to_vec();
+        let at = extent.offset + u64::from(layout.value_at);
         // SAFETY: the reserved extent's value bytes, of which the replicator reads only
         // those landed (each written once, never again); the extent is pinned below until
         // `next_copied` hears the stream's copy ended, and the replicator stops before the
         // arena is freed (field order of `Service`).
-        let value = unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), p.layout.value_len as usize) };
+        let value = unsafe { ArenaValue::new(self.shard.arena().base().add(at as usize), layout.value_len as usize) };
         let landed = thread.landed()?;
         let token = r.next_token;
         thread.stream(StreamStart { token, key: key.clone(), value, landed: landed.clone() }).ok()?;
@@ -191,17 +251,16 @@ impl Service {
         let copying = Copying {
             reply: ReplyHeader::default(),
             key,
-            pinned: Some(p.extent.offset),
+            pinned: Some(extent.offset),
             op: Op::Put,
             arrived: None,
-            received: p.layout.value_len,
+            received: layout.value_len,
             stream: Some(Streamed { landed: landed.clone(), value_at: at, committed: false }),
         };
         r.copies.insert(token, copying);
         r.streamed += 1;
-        self.shard.pin(p.extent.offset);
-        p.stream = Some(token);
-        Some(landed)
+        self.shard.pin(extent.offset);
+        Some((token, landed))
     }
 
     /// The copy of a committed write whose value was streamed under `token`: the

@@ -44,13 +44,26 @@ impl PerIncarnation {
 /// memory, 3 mappings; every `rdram get` from a shell left that behind for good). Those a
 /// departed client leaves are counted as stranded on their worker, whose replacement
 /// after [`crate::server::ServerConfig::stranded_endpoint_limit`] of them bounds the total.
+///
+/// It also keeps the endpoints that failed, or that the shard closed: UCX destroys an
+/// endpoint it made for a peer as soon as the peer fails (ucp_ep_set_failed), while
+/// replies to it may still be due (a rendezvous put's failure, a deferred answer), so
+/// nothing is sent on them again.
 #[derive(Default)]
 pub(super) struct ReplyEps {
     by_ep: FxHashMap<usize, ReplyEp>,
     /// The endpoint of the last request: most requests come from the same one as the
     /// request before, and need no lookup.
     last: usize,
+    /// Endpoints failed or closed, oldest first, at most [`FAILED_EPS_KEPT`], with the
+    /// client each served (0: not known). UCX may still hand over a request that came by
+    /// one; a request of another client at its address comes by a new endpoint there.
+    failed: std::collections::VecDeque<(usize, u64)>,
 }
+
+/// Failed endpoints remembered: a reply is due to one for at most a transfer's deadline
+/// or a copy's, while this many other endpoints fail.
+const FAILED_EPS_KEPT: usize = 1 << 16;
 
 #[derive(Clone, Copy)]
 struct ReplyEp {
@@ -64,13 +77,40 @@ impl ReplyEps {
     /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `incarnation`.
     pub(super) fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, incarnation: u64) {
         let key = ep as usize;
-        if key == self.last || client == 0 || self.by_ep.contains_key(&key) {
+        if key == self.last {
+            return;
+        }
+        if !self.failed.is_empty() {
+            // Another client's request: a new endpoint at the address of one that failed.
+            self.failed.retain(|&(f, of)| f != key || (of == client && of != 0));
+        }
+        if client == 0 || self.by_ep.contains_key(&key) {
             return;
         }
         // SAFETY: UCX handed ep to the request callback running now: it is live.
         let stranded_when_left = unsafe { worker.ep_lacks_failure_detection(ep) };
         self.by_ep.insert(key, ReplyEp { client, incarnation, stranded_when_left });
         self.last = key;
+    }
+
+    /// `ep` failed (a transfer or reply on it failed) or was closed: nothing is sent on
+    /// it again.
+    pub(super) fn fail(&mut self, ep: sys::ucp_ep_h) {
+        let key = ep as usize;
+        if key == 0 || self.failed(ep) {
+            return;
+        }
+        if self.failed.len() == FAILED_EPS_KEPT {
+            self.failed.pop_front();
+        }
+        let client = self.by_ep.get(&key).map_or(0, |e| e.client);
+        self.failed.push_back((key, client));
+        self.last = 0;
+    }
+
+    /// Whether `ep` failed or was closed (see [`ReplyEps::fail`]).
+    pub(super) fn failed(&self, ep: sys::ucp_ep_h) -> bool {
+        !self.failed.is_empty() && self.failed.iter().any(|&(f, _)| f == ep as usize)
     }
 
     /// Forgets the endpoints of clients that left; returns the incarnations of those left

@@ -59,6 +59,8 @@ impl ShardWorker {
                 // SAFETY: as above; the endpoint is never used again once closed.
                 unsafe { (*p).reply_ep = ptr::null_mut() };
             }
+            // Nor by the answers deferred to it.
+            self.reply_eps.fail(ep);
             // SAFETY: ep is a live endpoint (no put referred to a closed one). Closing goes
             // through the endpoint's own worker whichever `Worker` value starts it.
             if let Some(request) = unsafe { self.worker.close_ep_nb(ep) } {
@@ -122,6 +124,9 @@ impl ShardWorker {
                 self.service.index(),
                 ucx::status_string(status)
             );
+            // A receive fails when its endpoint did (or was closed): no reply goes on it,
+            // nor on any later (UCX destroys an endpoint of a failed peer it made).
+            self.reply_eps.fail(p.reply_ep);
         }
         // Published only if every byte arrived while the client still wanted it: not
         // after it gave up (abort) or went away (its session revoked).

@@ -75,7 +75,7 @@ impl ShardWorker {
         mut m: Box<ReplyMsg>,
         arena: Option<ArenaSlice>,
     ) {
-        if ep.is_null() {
+        if ep.is_null() || self.reply_eps.failed(ep) {
             self.finish_reply(m);
             return;
         }
@@ -125,6 +125,8 @@ impl ShardWorker {
             Ok(Started::Done) => self.finish_reply(unsafe { Box::from_raw(raw) }),
             Err(e) => {
                 debug!("reply not sent: {e}");
+                // The endpoint failed: UCX may destroy it at any time now.
+                self.reply_eps.fail(ep);
                 self.finish_reply(unsafe { Box::from_raw(raw) })
             }
         }
