@@ -55,10 +55,12 @@ pub(super) struct ReplyEps {
     /// The endpoint of the last request: most requests come from the same one as the
     /// request before, and need no lookup.
     last: usize,
-    /// Endpoints failed or closed, oldest first, at most [`FAILED_EPS_KEPT`], with the
-    /// client each served (0: not known). UCX may still hand over a request that came by
-    /// one; a request of another client at its address comes by a new endpoint there.
-    failed: std::collections::VecDeque<(usize, u64)>,
+    /// Endpoints failed or closed, with the client each served (0: not known), at most
+    /// [`FAILED_EPS_KEPT`] (the oldest go first, `failed_order`). UCX may still hand over
+    /// a request that came by one; a request of another client at its address comes by
+    /// a new endpoint there.
+    failed: FxHashMap<usize, u64>,
+    failed_order: std::collections::VecDeque<usize>,
 }
 
 /// Failed endpoints remembered: a reply is due to one for at most a transfer's deadline
@@ -80,9 +82,11 @@ impl ReplyEps {
         if key == self.last {
             return;
         }
-        if !self.failed.is_empty() {
-            // Another client's request: a new endpoint at the address of one that failed.
-            self.failed.retain(|&(f, of)| f != key || (of == client && of != 0));
+        if let Some(&of) = self.failed.get(&key) {
+            if of != client || of == 0 {
+                // Another client's request: a new endpoint at the address of one that failed.
+                self.failed.remove(&key);
+            }
         }
         if client == 0 || self.by_ep.contains_key(&key) {
             return;
@@ -100,17 +104,23 @@ impl ReplyEps {
         if key == 0 || self.failed(ep) {
             return;
         }
-        if self.failed.len() == FAILED_EPS_KEPT {
-            self.failed.pop_front();
+        // Entries already gone (an endpoint at the same address came back) leave the
+        // order as it is passed over.
+        while self.failed.len() >= FAILED_EPS_KEPT || self.failed_order.len() >= 2 * FAILED_EPS_KEPT {
+            match self.failed_order.pop_front() {
+                Some(oldest) => drop(self.failed.remove(&oldest)),
+                None => break,
+            }
         }
         let client = self.by_ep.get(&key).map_or(0, |e| e.client);
-        self.failed.push_back((key, client));
+        self.failed.insert(key, client);
+        self.failed_order.push_back(key);
         self.last = 0;
     }
 
     /// Whether `ep` failed or was closed (see [`ReplyEps::fail`]).
     pub(super) fn failed(&self, ep: sys::ucp_ep_h) -> bool {
-        !self.failed.is_empty() && self.failed.iter().any(|&(f, _)| f == ep as usize)
+        !self.failed.is_empty() && self.failed.contains_key(&(ep as usize))
     }
 
     /// Forgets the endpoints of clients that left; returns the incarnations of those left
@@ -148,7 +158,25 @@ impl ReplyEps {
 
 #[cfg(test)]
 mod tests {
-    use super::PerIncarnation;
+    use super::{PerIncarnation, ReplyEps, FAILED_EPS_KEPT};
+    use crate::transport::ucx::sys;
+
+    #[test]
+    fn failed_endpoints_are_kept_up_to_a_bound() {
+        let ep = |n: usize| (n * 64) as sys::ucp_ep_h;
+        let mut eps = ReplyEps::default();
+        eps.fail(std::ptr::null_mut());
+        assert!(!eps.failed(std::ptr::null_mut()), "a null endpoint is no endpoint");
+        eps.fail(ep(1));
+        eps.fail(ep(1));
+        assert!(eps.failed(ep(1)) && !eps.failed(ep(2)));
+        for n in 2..=FAILED_EPS_KEPT + 1 {
+            eps.fail(ep(n));
+        }
+        assert!(!eps.failed(ep(1)), "the oldest goes beyond the bound");
+        assert!(eps.failed(ep(2)) && eps.failed(ep(FAILED_EPS_KEPT + 1)));
+        assert_eq!(eps.failed.len(), FAILED_EPS_KEPT);
+    }
 
     #[test]
     fn operations_in_flight_are_counted_per_worker() {
