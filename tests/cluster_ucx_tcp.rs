@@ -37,3 +37,75 @@ fn a_write_streamed_from_parts_given_up_midway_leaves_nothing_staged() {
             .unwrap()
     });
 }
+
+/// An authenticated client stages a value in parts by hand on its key's primary, then
+/// lies: a part past a gap, then a commit of a value that is not whole. Its first part
+/// opened a stream, which staged the part on the replica; both lies are refused, the
+/// stream ends, nothing stays staged on either server, and the key keeps its value.
+#[test]
+fn a_client_lying_about_its_parts_leaves_nothing_staged() {
+    use remote_dram::proto::{flags, Op, RequestHeader, MAX_REQUEST_HEADER_LEN};
+    use remote_dram::{Client, ClientOptions, Status};
+    use std::time::Duration;
+
+    use common::cluster::*;
+    use common::wait_until;
+
+    common::init(common::TCP);
+    let etcd = Etcd::start();
+    let url = etcd.url("lying-parts");
+    create(&url, 2);
+    let servers = [member_with(&url, &["--ucx-tcp"]), member_with(&url, &["--ucx-tcp"])];
+    wait_until_placed(&url, 2);
+    let key = b"staged-by-hand";
+    let mut c = client(&url);
+    c.put(key, b"before").unwrap();
+    let view = status(&url)["placement"]["version"].as_u64().unwrap();
+    let stat = |addr: &str, field: &str| -> u64 {
+        let stats = Client::connect(addr, ClientOptions::default()).unwrap().stats().unwrap();
+        stats["servers"][0]["shards"].as_array().unwrap().iter().map(|s| s[field].as_u64().unwrap()).sum()
+    };
+    let (total, part) = (1i64 << 20, common::pattern(3, 256 << 10));
+    let request = |raw: &mut Client, edit: &dyn Fn(&mut RequestHeader), payload: &[u8]| {
+        let (session, id) = raw.raw_session();
+        let mut h = RequestHeader::new(Op::Put, id, session);
+        h.flags = flags::STAGE | flags::HAS_RANGE | flags::VIEW;
+        (h.view, h.key_len, h.range_end) = (view, key.len() as u32, total);
+        edit(&mut h);
+        let mut header = [0u8; MAX_REQUEST_HEADER_LEN];
+        let len = h.encode_with_view(false, &mut header);
+        let (status, message) =
+            raw.raw_request(0, &[&header[..len], &key[..]].concat(), payload, Duration::from_secs(10)).unwrap();
+        (status, message, id)
+    };
+    // The first part, to each server: the key's primary stages it, the other refuses.
+    let mut staged = None;
+    for (i, server) in servers.iter().enumerate() {
+        let mut raw = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        let (status, message, id) = request(&mut raw, &|_| {}, &part);
+        if status == Status::Ok {
+            staged = Some((i, raw, id));
+        } else {
+            assert!(matches!(status, Status::Moved | Status::ViewChanged), "{}: {status:?} {message}", server.addr);
+        }
+    }
+    let (primary, mut raw, stage_id) = staged.expect("the key's primary staged the first part");
+    let (primary, replica) = (&servers[primary].addr, &servers[1 - primary].addr);
+    assert_eq!(stat(primary, "streamed_writes"), 1, "the first part opened a stream");
+    assert!(
+        wait_until(Duration::from_secs(5), || stat(replica, "staged_bytes") > 0),
+        "the stream staged the landed part on the replica"
+    );
+
+    let past_a_gap = |h: &mut RequestHeader| (h.range_start, h.if_not_equal) = (512 << 10, stage_id);
+    let (status, message, _) = request(&mut raw, &past_a_gap, &part);
+    assert_eq!(status, Status::Invalid, "a part past a gap: {message}");
+    let commit = |h: &mut RequestHeader| (h.range_start, h.if_not_equal) = (total, stage_id);
+    let (status, message, _) = request(&mut raw, &commit, &[]);
+    assert_eq!(status, Status::Invalid, "a commit of a value not whole: {message}");
+
+    let gone = || [primary, replica].iter().all(|s| stat(s, "staged_values") == 0 && stat(s, "staged_bytes") == 0);
+    assert!(wait_until(Duration::from_secs(5), gone), "something stayed staged");
+    assert_eq!(stat(replica, "installed_streamed"), 0);
+    assert_eq!(c.get(key).unwrap().unwrap().data, b"before");
+}

@@ -408,7 +408,6 @@ impl Connection {
         self.link.arm()
     }
 
-    /// Waits for the reply to request `id`.
     /// Whether a cluster's large writes go to their primaries in parts (see
     /// `Client::put_streamed`): over UCX between hosts with its tcp transport, where a
     /// put's value reaches the server whole or not at all and the server streams staged
@@ -418,6 +417,7 @@ impl Connection {
         self.joins.transport == "ucx" && self.joins.ucx_tcp && self.joins.shared_memory_only.is_none()
     }
 
+    /// Waits for the reply to request `id`.
     pub fn wait(&mut self, id: u64) -> Result<Reply> {
         self.link.wait_for(id, self.timeout)
     }

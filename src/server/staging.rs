@@ -177,11 +177,13 @@ impl Staging {
         a.in_flight -= 1;
         if arrived && !a.doomed {
             a.received += len;
-            if len > 0 {
-                a.ahead.push((offset, len));
+            // Parts are admitted in order and never overlap: one that starts where the
+            // gapless bytes end extends them, and then those that ended ahead of it may.
+            match offset == a.landed {
+                true => a.landed += len,
+                false if len > 0 => a.ahead.push((offset, len)),
+                false => {}
             }
-            // Parts are admitted in order and never overlap: each one that starts where
-            // the gapless bytes end extends them.
             while let Some(i) = a.ahead.iter().position(|&(at, _)| at == a.landed) {
                 a.landed += a.ahead.swap_remove(i).1;
             }
