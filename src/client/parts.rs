@@ -9,7 +9,10 @@
 use std::collections::VecDeque;
 
 use super::link::{Payload, Receive, Reply};
-use super::tunables::{GATHER_COPY_MAX, STREAM_PUT_MIN, STREAM_PUT_PART, STREAM_PUT_PARTS_IN_FLIGHT};
+use super::tunables::{
+    GATHER_COPY_MAX, STREAM_PUT_MIN, STREAM_PUT_PARTS, STREAM_PUT_PARTS_IN_FLIGHT, STREAM_PUT_PART_MAX,
+    STREAM_PUT_PART_MIN,
+};
 use super::{apply_write_condition, check_key, error_of, Client, PutOptions, WriteCondition, WriteResult};
 use crate::error::{Error, Result, Status};
 use crate::proto::{flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_VALUE_LEN};
@@ -170,9 +173,9 @@ impl Client {
 
     /// In a cluster over UCX between hosts ([`Connection::stages_large_writes`]): an
     /// unconditional put of a large value for a key with other replicas goes to its primary
-    /// in parts, [`STREAM_PUT_PARTS_IN_FLIGHT`] in flight, then its commit; the primary
-    /// sends each part on to the replicas as it lands (over UCX a value sent whole
-    /// reaches the primary whole, and only then could its copy start). None: the value
+    /// in parts (about [`STREAM_PUT_PARTS`]), [`STREAM_PUT_PARTS_IN_FLIGHT`] in flight, then
+    /// its commit; the primary sends each part on to the replicas as it lands (over UCX a
+    /// value sent whole reaches the primary whole, and only then could its copy start). None: the value
     /// goes whole instead (not such a put, or its parts were refused before it was
     /// committed: the view changed, the primary had no staging room, a connection broke).
     ///
@@ -189,11 +192,12 @@ impl Client {
         }
         let server = self.conn.route(key).0;
         let total = value.len();
+        let part_len = (total / STREAM_PUT_PARTS).clamp(STREAM_PUT_PART_MIN, STREAM_PUT_PART_MAX);
         let (mut offset, mut stage_id, mut failed) = (0, None, None);
         let mut in_flight: VecDeque<u64> = VecDeque::new();
         while failed.is_none() && (offset < total || !in_flight.is_empty()) {
             while failed.is_none() && offset < total && in_flight.len() < STREAM_PUT_PARTS_IN_FLIGHT {
-                let part = &value[offset..][..STREAM_PUT_PART.min(total - offset)];
+                let part = &value[offset..][..part_len.min(total - offset)];
                 let h = part_header(offset, total, stage_id);
                 match self.submit_key(key, h, part.into(), Receive::Owned, server) {
                     Ok(id) => {

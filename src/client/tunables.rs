@@ -64,9 +64,17 @@ pub const READ_ATTEMPTS: usize = 3;
 /// replicas as they land (the size from which a primary streams a write).
 pub const STREAM_PUT_MIN: usize = crate::cluster::tunables::STREAM_MIN;
 
-/// The size of those parts: the last one reaches the replicas this much behind the
-/// value's end, and each costs a request.
-pub const STREAM_PUT_PART: usize = 128 << 10;
+/// Those parts number about this many per value: the last one reaches the replicas its
+/// own length behind the value's end (its copy starts once it landed whole), so a part's
+/// share of the value is what the replica's copy adds to the write's time.
+pub const STREAM_PUT_PARTS: usize = 32;
 
-/// Those parts in flight at once (a server takes up to 8 of a value at once).
-pub const STREAM_PUT_PARTS_IN_FLIGHT: usize = 4;
+/// Their size, at least and at most: each part costs a request on the primary and on
+/// each replica.
+pub const STREAM_PUT_PART_MIN: usize = 32 << 10;
+
+/// See [`STREAM_PUT_PART_MIN`].
+pub const STREAM_PUT_PART_MAX: usize = 128 << 10;
+
+/// Those parts in flight at once: as many as a server takes of one value at once.
+pub const STREAM_PUT_PARTS_IN_FLIGHT: usize = crate::server::tunables::STAGE_PARTS_IN_FLIGHT;

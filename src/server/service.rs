@@ -583,6 +583,7 @@ impl Service {
             // The server's, not the shard's: the same on every shard.
             let moves = &p.role.moves;
             stats["cluster_view"] = p.role.epoch().into();
+            stats["placement_version"] = p.role.current().map_or(0, |c| c.1.placement.version).into();
             stats["handing_over"] = moves.active.load(std::sync::atomic::Ordering::Relaxed).into();
             stats["handed_over_keys"] = moves.keys.load(std::sync::atomic::Ordering::Relaxed).into();
             stats["handed_over_bytes"] = moves.bytes.load(std::sync::atomic::Ordering::Relaxed).into();

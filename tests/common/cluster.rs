@@ -106,6 +106,18 @@ pub fn member(url: &str) -> ServerProc {
     member_with(url, &[])
 }
 
+/// Waits (up to 10 s) until each of `servers` holds the placement etcd holds, so that no
+/// request a client routes by it is refused as routed by a newer one.
+pub fn wait_until_servers_read_placement(url: &str, servers: &[ServerProc]) {
+    let version = status(url)["placement"]["version"].as_u64().unwrap();
+    for server in servers {
+        let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        let mut held = || direct.stats().unwrap()["servers"][0]["shards"][0]["placement_version"].as_u64();
+        let read = wait_until(Duration::from_secs(10), || held() == Some(version));
+        assert!(read, "{} holds placement version {:?}, etcd {version}", server.addr, held());
+    }
+}
+
 pub fn member_with(url: &str, args: &[&str]) -> ServerProc {
     let ttl = TTL_MS.to_string();
     let mut all = vec!["--workers", "1", "--cluster", url, "--lease-ttl-ms", &ttl];

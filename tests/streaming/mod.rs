@@ -26,6 +26,8 @@ pub fn large_values_reach_every_replica_over(transport: &[&str], copy_thread: bo
     let pinned: Vec<&str> = [&["--cores", core_arg.as_str()][..], transport].concat();
     let servers = [member_with(&url, &pinned), member_with(&url, transport), member_with(&url, transport)];
     wait_until_placed(&url, 3);
+    // Every put below is streamed: none goes whole because its primary lags a view.
+    wait_until_servers_read_placement(&url, &servers);
     let threads = thread_cores(servers[0].child.id());
     assert_eq!(threads["rdram-shard-0"], vec![core], "{threads:?}");
     assert_eq!(threads.contains_key("rdram-copy-0"), copy_thread, "{threads:?}");
