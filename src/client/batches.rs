@@ -1,14 +1,22 @@
 //! Batches: many puts or gets with up to `depth` requests in flight behind one wait, and
 //! in a cluster the copies of a batch's writes to the other replicas, pipelined the same way.
 
+use rustc_hash::FxHashMap;
+
+use super::tunables::STREAM_PUT_MIN;
 use super::*;
 
 impl Client {
     /// Stores many values with up to `depth` requests in flight: one wait for many
-    /// round trips. Results are per item, in order.
+    /// round trips. Results are per item, in order. In a cluster over UCX between hosts,
+    /// the large values for keys with other replicas go first, each to its primary in
+    /// parts that it streams on to the replicas ([`Client::put_streamed`]).
     pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
-        self.pipelined(items.len(), depth, |i| {
-            let (key, value) = items[i];
+        let mut results: Vec<Option<Result<u64>>> = (0..items.len()).map(|_| None).collect();
+        self.put_many_streamed(items, &mut results);
+        let whole: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_none()).collect();
+        let replies = self.pipelined(whole.len(), depth, |j| {
+            let (key, value) = items[whole[j]];
             if value.len() as u64 > MAX_VALUE_LEN {
                 return Err(Error::new(
                     Status::ValueTooLarge,
@@ -16,16 +24,46 @@ impl Client {
                 ));
             }
             Ok((RequestHeader::new(Op::Put, 0, 0), key, value, Receive::Owned))
-        })
-        .into_iter()
-        .map(|r| {
-            let reply = r?;
-            match reply.header.status() {
+        });
+        for (i, reply) in whole.into_iter().zip(replies) {
+            results[i] = Some(reply.and_then(|reply| match reply.header.status() {
                 Status::Ok => Ok(reply.header.generation),
                 s => Err(error_of(s, &reply)),
+            }));
+        }
+        results.into_iter().map(|r| r.expect("every item has an outcome")).collect()
+    }
+
+    /// The items of [`Client::put_many`] that [`Client::streams`]: their outcomes into
+    /// `results`, but for those that go whole after all. A key that comes twice in the
+    /// batch goes whole, in the batch's order.
+    fn put_many_streamed(&mut self, items: &[(&[u8], &[u8])], results: &mut [Option<Result<u64>>]) {
+        let large = |value: &[u8]| value.len() >= STREAM_PUT_MIN && value.len() as u64 <= MAX_VALUE_LEN;
+        if self.cluster.is_none() || !items.iter().any(|(_, value)| large(value)) {
+            return;
+        }
+        let mut times: FxHashMap<&[u8], u32> = FxHashMap::default();
+        for (key, _) in items {
+            *times.entry(key).or_default() += 1;
+        }
+        let opts = PutOptions::default();
+        let mut streamed = Vec::new();
+        let mut writes = Vec::new();
+        for (i, &(key, value)) in items.iter().enumerate() {
+            let server = (large(value) && times[key] == 1).then(|| self.streams(key, value.len(), &opts)).flatten();
+            if let Some(server) = server {
+                streamed.push(i);
+                writes.push((key, value, server));
             }
-        })
-        .collect()
+        }
+        for (i, outcome) in streamed.into_iter().zip(self.put_streamed_all(&writes, &opts)) {
+            results[i] = outcome.map(|r| match r? {
+                WriteResult::Written { generation } => Ok(generation),
+                WriteResult::ConditionFailed => {
+                    Err(Error::new(Status::Internal, "an unconditional put's condition failed"))
+                }
+            });
+        }
     }
 
     /// Reads many values with up to `depth` requests in flight. `None`: missing.

@@ -171,72 +171,112 @@ impl Client {
         }
     }
 
-    /// In a cluster over UCX between hosts ([`Connection::stages_large_writes`]): an
-    /// unconditional put of a large value for a key with other replicas goes to its primary
-    /// in parts (about [`STREAM_PUT_PARTS`]), [`STREAM_PUT_PARTS_IN_FLIGHT`] in flight, then
-    /// its commit; the primary sends each part on to the replicas as it lands (over UCX a
-    /// value sent whole reaches the primary whole, and only then could its copy start). None: the value
-    /// goes whole instead (not such a put, or its parts were refused before it was
-    /// committed: the view changed, the primary had no staging room, a connection broke).
+    /// In a cluster over UCX between hosts ([`Connection::stages_large_writes`]): whether
+    /// a put of `len` bytes for `key` goes to its primary in parts ([`Client::put_streamed`]),
+    /// and that primary: an unconditional put of a large value for a key with other replicas.
     ///
     /// [`Connection::stages_large_writes`]: super::conn::Connection::stages_large_writes
-    pub(super) fn put_streamed(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Option<Result<WriteResult>> {
+    pub(super) fn streams(&mut self, key: &[u8], len: usize, opts: &PutOptions) -> Option<usize> {
         let streams = self.cluster.is_some()
             && opts.condition == WriteCondition::None
-            && value.len() >= STREAM_PUT_MIN
+            && len >= STREAM_PUT_MIN
             && key.len() <= INLINE_KEY_MAX
             && self.live().is_ok_and(|c| c.stages_large_writes() && c.replicas_of(key).0.len() > 1)
             && self.failover_target(key, false).is_none();
-        if !streams {
-            return None;
-        }
-        let server = self.conn.route(key).0;
-        let total = value.len();
-        let part_len = (total / STREAM_PUT_PARTS).clamp(STREAM_PUT_PART_MIN, STREAM_PUT_PART_MAX);
-        let (mut offset, mut stage_id, mut failed) = (0, None, None);
-        let mut in_flight: VecDeque<u64> = VecDeque::new();
-        while failed.is_none() && (offset < total || !in_flight.is_empty()) {
-            while failed.is_none() && offset < total && in_flight.len() < STREAM_PUT_PARTS_IN_FLIGHT {
-                let part = &value[offset..][..part_len.min(total - offset)];
-                let h = part_header(offset, total, stage_id);
+        streams.then(|| self.conn.route(key).0)
+    }
+
+    /// A put that [`Client::streams`]: its value goes to its primary in parts (about
+    /// [`STREAM_PUT_PARTS`]), then its commit; the primary sends each part on to the
+    /// replicas as it lands (over UCX a value sent whole reaches the primary whole, and
+    /// only then could its copy start). None: the value goes whole instead (not such a
+    /// put, or its parts were refused before it was committed: the view changed, the
+    /// primary had no staging room, a connection broke).
+    pub(super) fn put_streamed(&mut self, key: &[u8], value: &[u8], opts: &PutOptions) -> Option<Result<WriteResult>> {
+        let server = self.streams(key, value.len(), opts)?;
+        self.put_streamed_all(&[(key, value, server)], opts).pop().flatten()
+    }
+
+    /// [`Client::put_streamed`] of `writes` (key, value, and the primary [`Client::streams`]
+    /// gave), one after another with [`STREAM_PUT_PARTS_IN_FLIGHT`] requests in flight in
+    /// all: a value's parts in order, its commit once they are all answered, and meanwhile
+    /// the next value's parts. Every request ends (answered, or given up on at its timeout)
+    /// before the call returns: none reads a caller's value after.
+    pub(super) fn put_streamed_all(
+        &mut self,
+        writes: &[(&[u8], &[u8], usize)],
+        opts: &PutOptions,
+    ) -> Vec<Option<Result<WriteResult>>> {
+        let mut values: Vec<StreamedValue> = writes.iter().map(|w| StreamedValue::new(w.1.len())).collect();
+        let mut in_flight: VecDeque<(usize, u64)> = VecDeque::new();
+        let mut sending = 0;
+        loop {
+            while in_flight.len() < STREAM_PUT_PARTS_IN_FLIGHT {
+                let Some(v) = (sending..values.len()).find(|&v| values[v].sends_more(writes[v].1.len())) else { break };
+                sending = v;
+                let ((key, value, server), s) = (writes[v], &mut values[v]);
+                let part = &value[s.sent..][..s.part_len.min(value.len() - s.sent)];
+                let h = part_header(s.sent, value.len(), s.stage_id);
                 match self.submit_key(key, h, part.into(), Receive::Owned, server) {
                     Ok(id) => {
                         // The value is staged under its first part's request id.
-                        stage_id.get_or_insert(id);
-                        in_flight.push_back(id);
-                        offset += part.len();
+                        s.stage_id.get_or_insert(id);
+                        s.sent += part.len();
+                        s.unanswered += 1;
+                        in_flight.push_back((v, id));
                     }
-                    Err(e) => failed = Some(e),
+                    Err(e) => s.failed = Some(e),
                 }
             }
-            let Some(id) = in_flight.pop_front() else { break };
-            match self.conn.wait(id) {
-                Ok(r) if r.header.status() == Status::Ok => {}
-                Ok(r) => failed = Some(part_refused(&r)),
-                Err(e) => failed = Some(e),
-            }
-        }
-        // Every part's request ends (answered, or given up on at its timeout) before the
-        // value goes whole or the call returns: none reads the caller's value after.
-        for id in in_flight {
-            let _ = self.conn.wait(id);
-        }
-        let outcome = match failed {
-            None => self
-                .submit_key(key, commit_header(total, stage_id, opts), Payload::empty(), Receive::Owned, server)
-                .and_then(|id| self.conn.wait(id))
-                .and_then(|reply| match reply.header.status() {
+            let Some((v, id)) = in_flight.pop_front() else { break };
+            let ((key, value, server), s) = (writes[v], &mut values[v]);
+            let reply = self.conn.wait(id);
+            s.unanswered -= 1;
+            if s.committed {
+                s.outcome = Some(reply.and_then(|reply| match reply.header.status() {
                     Status::Ok => Ok(WriteResult::Written { generation: reply.header.generation }),
                     _ => Err(part_refused(&reply)),
-                }),
-            Some(e) => Err(e),
-        };
+                }));
+                continue;
+            }
+            match reply {
+                Ok(r) if r.header.status() == Status::Ok => {}
+                Ok(r) => s.failed = s.failed.take().or(Some(part_refused(&r))),
+                Err(e) => s.failed = s.failed.take().or(Some(e)),
+            }
+            if s.failed.is_none() && s.sent == value.len() && s.unanswered == 0 {
+                let h = commit_header(value.len(), s.stage_id, opts);
+                match self.submit_key(key, h, Payload::empty(), Receive::Owned, server) {
+                    Ok(id) => {
+                        (s.committed, s.unanswered) = (true, 1);
+                        in_flight.push_back((v, id));
+                    }
+                    Err(e) => s.failed = Some(e),
+                }
+            }
+        }
+        let ended = writes.iter().zip(values);
+        ended.map(|(&(key, value, server), s)| self.streamed_outcome(key, value.len(), server, s)).collect()
+    }
+
+    /// A streamed put's outcome: None where its value goes whole instead (see
+    /// [`Client::put_streamed`]), after what the primary staged of it was discarded.
+    fn streamed_outcome(
+        &mut self,
+        key: &[u8],
+        total: usize,
+        server: usize,
+        s: StreamedValue,
+    ) -> Option<Result<WriteResult>> {
+        let outcome = s.outcome.unwrap_or_else(|| {
+            Err(s.failed.unwrap_or_else(|| Error::new(Status::Internal, "a streamed put ended uncommitted")))
+        });
         let e = match outcome {
             Ok(written) => return Some(Ok(written)),
             Err(e) => e,
         };
         let answered = !matches!(e.status, Status::Timeout | Status::Unavailable | Status::Transport);
-        if let (true, Some(id)) = (answered, stage_id) {
+        if let (true, Some(id)) = (answered, s.stage_id) {
             // Freed at once on the server that staged it (else it lapses there).
             let discard = self.submit_key(key, discard_header(id), Payload::empty(), Receive::Owned, server);
             let _ = discard.and_then(|id| self.conn.wait(id));
@@ -317,6 +357,41 @@ fn part_refused(reply: &Reply) -> Error {
     match reply.header.status() {
         Status::Missing => Error::new(Status::Missing, String::from_utf8_lossy(&reply.payload)),
         s => error_of(s, reply),
+    }
+}
+
+/// A value of [`Client::put_streamed_all`] on its way.
+struct StreamedValue {
+    part_len: usize,
+    /// Its bytes whose parts were sent.
+    sent: usize,
+    /// Its requests in flight.
+    unanswered: usize,
+    stage_id: Option<u64>,
+    /// Whether its commit was sent.
+    committed: bool,
+    /// Why a part failed, or its commit could not be sent.
+    failed: Option<Error>,
+    /// Its commit's answer.
+    outcome: Option<Result<WriteResult>>,
+}
+
+impl StreamedValue {
+    fn new(total: usize) -> StreamedValue {
+        StreamedValue {
+            part_len: (total / STREAM_PUT_PARTS).clamp(STREAM_PUT_PART_MIN, STREAM_PUT_PART_MAX),
+            sent: 0,
+            unanswered: 0,
+            stage_id: None,
+            committed: false,
+            failed: None,
+            outcome: None,
+        }
+    }
+
+    /// Whether more of its `total` bytes' parts go.
+    fn sends_more(&self, total: usize) -> bool {
+        self.failed.is_none() && self.sent < total
     }
 }
 
