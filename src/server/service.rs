@@ -296,6 +296,15 @@ impl Service {
         self.sessions.values().any(|&c| c == client)
     }
 
+    /// [`Service::is_live`], with what the bootstrap said since the last look applied
+    /// first: a departure it queued counts at once.
+    pub fn is_still_live(&mut self, client: u64) -> bool {
+        if !self.membership.is_empty() {
+            self.sync_membership();
+        }
+        self.is_live(client)
+    }
+
     /// The shard's number in the server.
     pub fn index(&self) -> usize {
         self.index

@@ -422,8 +422,10 @@ impl ShardWorker {
         while let Some((token, header)) = self.service.next_copied(&mut m.payload) {
             any = true;
             let Some(to) = self.deferred.remove(&token) else { continue };
-            // A client that left gets nothing: its endpoint may be gone.
-            if !self.service.is_live(to.client) {
+            // A client that left gets nothing: its endpoint may be gone. (UCX destroys an
+            // endpoint it made for a peer as soon as it sees the peer fail, which the
+            // bootstrap may hear of only later: see docs/failures.md.)
+            if !self.service.is_still_live(to.client) {
                 continue;
             }
             m.client = to.client;
