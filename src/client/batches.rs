@@ -50,7 +50,8 @@ impl Client {
         let mut streamed = Vec::new();
         let mut writes = Vec::new();
         for (i, &(key, value)) in items.iter().enumerate() {
-            let server = (large(value) && times[key] == 1).then(|| self.streams(key, value.len(), &opts)).flatten();
+            let eligible = large(value) && times[key] == 1 && check_key(key).is_ok();
+            let server = eligible.then(|| self.streams(key, value.len(), &opts)).flatten();
             if let Some(server) = server {
                 streamed.push(i);
                 writes.push((key, value, server));
