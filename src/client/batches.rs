@@ -10,7 +10,8 @@ impl Client {
     /// Stores many values with up to `depth` requests in flight: one wait for many
     /// round trips. Results are per item, in order. In a cluster over UCX between hosts,
     /// the large values for keys with other replicas go first, each to its primary in
-    /// parts that it streams on to the replicas ([`Client::put_streamed`]).
+    /// parts that it streams on to the replicas (docs/cluster.md, "Large values go on
+    /// while they arrive").
     pub fn put_many(&mut self, items: &[(&[u8], &[u8])], depth: usize) -> Vec<Result<u64>> {
         let mut results: Vec<Option<Result<u64>>> = (0..items.len()).map(|_| None).collect();
         self.put_many_streamed(items, &mut results);
