@@ -57,6 +57,8 @@ fn a_client_lying_about_its_parts_leaves_nothing_staged() {
     create(&url, 2);
     let servers = [member_with(&url, &["--ucx-tcp"]), member_with(&url, &["--ucx-tcp"])];
     wait_until_placed(&url, 2);
+    // The key's primary takes the first part, not refuses it as of a view it lags.
+    wait_until_servers_read_placement(&url, &servers);
     let key = b"staged-by-hand";
     let mut c = client(&url);
     c.put(key, b"before").unwrap();

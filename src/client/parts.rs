@@ -241,8 +241,12 @@ impl Client {
             }
             match reply {
                 Ok(r) if r.header.status() == Status::Ok => {}
-                Ok(r) => s.failed = s.failed.take().or(Some(part_refused(&r))),
-                Err(e) => s.failed = s.failed.take().or(Some(e)),
+                Ok(r) => {
+                    s.failed.get_or_insert_with(|| part_refused(&r));
+                }
+                Err(e) => {
+                    s.failed.get_or_insert(e);
+                }
             }
             if s.failed.is_none() && s.sent == value.len() && s.unanswered == 0 {
                 let h = commit_header(value.len(), s.stage_id, opts);

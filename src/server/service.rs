@@ -267,11 +267,16 @@ impl Service {
     /// The client a session belongs to, if that client is still connected. A session
     /// the worker has not heard of yet may have been issued a moment ago: look again.
     pub fn client_of(&mut self, session: u64) -> Option<u64> {
-        // One atomic load when nothing changed; a departure queued here revokes at once.
+        self.sync_membership_if_told();
+        self.sessions.get(&session).copied()
+    }
+
+    /// Applies what the bootstrap said since the last look, if anything: one atomic load
+    /// when nothing changed, and a departure queued counts at once.
+    fn sync_membership_if_told(&mut self) {
         if !self.membership.is_empty() {
             self.sync_membership();
         }
-        self.sessions.get(&session).copied()
     }
 
     /// Takes `session`, drawn by the transport worker for `client` (libfabric's per-slot
@@ -299,9 +304,7 @@ impl Service {
     /// [`Service::is_live`], with what the bootstrap said since the last look applied
     /// first: a departure it queued counts at once.
     pub fn is_still_live(&mut self, client: u64) -> bool {
-        if !self.membership.is_empty() {
-            self.sync_membership();
-        }
+        self.sync_membership_if_told();
         self.is_live(client)
     }
 
