@@ -111,3 +111,51 @@ fn a_client_lying_about_its_parts_leaves_nothing_staged() {
     assert_eq!(stat(replica, "installed_streamed"), 0);
     assert_eq!(c.get(key).unwrap().unwrap().data, b"before");
 }
+
+/// Writers SIGKILLed while their writes wait on the key's primary for the copies to the
+/// replica (held 1.5 s by a test hook), the primary hearing of their departures only 3 s
+/// later (another hook, as a busy bootstrap thread might): UCX drops the primary's end of
+/// each dead writer's connection at once, so when the copies end the primary must not
+/// answer on it. It serves on: a fresh client writes and reads, and both servers stop
+/// cleanly.
+#[test]
+fn writes_answered_after_their_writer_died_leave_the_primary_serving() {
+    use common::cluster::*;
+    use remote_dram::cluster::replication::TEST_COPY_DELAY_ENV;
+    use remote_dram::server::TEST_DEPARTURE_DELAY_ENV;
+    use std::time::Duration;
+
+    common::init(common::TCP);
+    let etcd = Etcd::start();
+    let url = etcd.url("answers-to-no-one");
+    create(&url, 2);
+    let ttl = TTL_MS.to_string();
+    let args = ["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl, "--ucx-tcp"];
+    let hooks = [(TEST_COPY_DELAY_ENV, "1500"), (TEST_DEPARTURE_DELAY_ENV, "3000")];
+    let mut servers =
+        [common::ServerProc::start_with_env(&args, &hooks), common::ServerProc::start_with_env(&args, &hooks)];
+    wait_until_placed(&url, 2);
+    wait_until_servers_read_placement(&url, &servers);
+    let writers: Vec<std::process::Child> = (0..6)
+        .map(|i| {
+            Command::new(common::RDRAM)
+                .args(["put", "--server", &url, "--timeout-ms", "20000", &format!("lost-answer/{i}"), "value"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(600));
+    for mut w in writers {
+        w.kill().unwrap();
+        assert!(!w.wait().unwrap().success(), "a writer was answered before its copies could have ended");
+    }
+    std::thread::sleep(Duration::from_millis(2000));
+    for s in &mut servers {
+        assert!(s.child.try_wait().unwrap().is_none(), "{} died answering a writer that was gone", s.addr);
+    }
+    let mut fresh = client(&url);
+    fresh.put(b"after", b"served").unwrap();
+    assert_eq!(fresh.get(b"after").unwrap().unwrap().data, b"served");
+}

@@ -222,12 +222,31 @@ fn free_fds() -> Option<usize> {
     Some((limit.rlim_cur as usize).saturating_sub(open))
 }
 
+/// Tests only: the workers hear of a client's departure this many milliseconds after its
+/// bootstrap connection closed, as a busy keeper might tell them late; a test can then
+/// act while a dead client's session still looks live.
+pub const TEST_DEPARTURE_DELAY_ENV: &str = "RDRAM_TEST_DEPARTURE_DELAY_MS";
+
 /// Holds welcomed clients' connections until each client closes its end (or the server
 /// stops, which closes them all).
 fn keep_open(incoming: crossbeam_channel::Receiver<Kept>, shared: &Shared) {
     let mut kept: Vec<Kept> = Vec::new();
+    let delay = std::env::var(TEST_DEPARTURE_DELAY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
+    // Departures seen, and when the workers hear of them.
+    let mut departing: Vec<(u64, Instant)> = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
         kept.extend(incoming.try_iter());
+        let now = Instant::now();
+        departing.retain(|&(client, due)| {
+            let tell = due <= now;
+            if tell {
+                shared.tell_workers(Membership::Left { client });
+            }
+            !tell
+        });
         // A shard moved to new endpoints: clients welcomed before learn it here (see
         // MOVED_NOTICE) and reconnect, instead of each waiting out a timeout on the old ones.
         let moved = shared.moves();
@@ -254,15 +273,18 @@ fn keep_open(incoming: crossbeam_channel::Receiver<Kept>, shared: &Shared) {
             let open = !ready || matches!(s.read(&mut buf), Ok(n) if n > 0);
             if !open {
                 info!("client {client} ({}) departed", peer(s));
-                shared.tell_workers(Membership::Left { client: *client });
+                match delay.is_zero() {
+                    true => shared.tell_workers(Membership::Left { client: *client }),
+                    false => departing.push((*client, now + delay)),
+                }
                 shared.metrics.clients.fetch_sub(1, Ordering::SeqCst);
             }
             open
         });
     }
     // Stopping: every client's session ends with the server.
-    for k in kept {
-        shared.tell_workers(Membership::Left { client: k.client });
+    for client in kept.iter().map(|k| k.client).chain(departing.into_iter().map(|(c, _)| c)) {
+        shared.tell_workers(Membership::Left { client });
     }
 }
 

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{debug, warn};
 
+pub use bootstrap::TEST_DEPARTURE_DELAY_ENV;
+
 use crate::error::{Error, Result, Status};
 use crate::metrics;
 use crate::proto::PROTOCOL_VERSION;

@@ -5,6 +5,7 @@
 //! `server/` (the shard worker over UCX).
 
 pub(crate) mod client;
+pub mod ep_watch;
 pub(crate) mod server;
 pub mod sys;
 mod transports;
@@ -199,12 +200,22 @@ impl Worker {
         Self::with_settings(tcp, &[])
     }
 
+    /// A server's worker: like [`Worker::new`], and it can watch the endpoints UCX makes
+    /// for its peers ([`ep_watch`], which needs UCX's stream feature).
+    pub fn serving(tcp: &Tcp) -> Result<Worker> {
+        Self::build(tcp, &[], UCP_FEATURE_STREAM)
+    }
+
     /// Like [`Worker::new`], with UCX `settings` (names without `UCX_`) in place of the
     /// defaults; a variable the user set in the environment wins over ours.
     pub fn with_settings(tcp: &Tcp, settings: &[(&str, &str)]) -> Result<Worker> {
+        Self::build(tcp, settings, 0)
+    }
+
+    fn build(tcp: &Tcp, settings: &[(&str, &str)], more_features: ucp_feature) -> Result<Worker> {
         let params = ucp_params_t {
             field_mask: (UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64,
-            features: (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP) as u64,
+            features: (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | more_features) as u64,
             mt_workers_shared: 0,
             ..Default::default()
         };

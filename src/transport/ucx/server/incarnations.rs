@@ -5,7 +5,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::transport::ucx::{sys, Worker};
+use crate::transport::ucx::sys;
 
 /// A count of operations in flight per worker incarnation (a handful at most).
 #[derive(Default)]
@@ -76,11 +76,20 @@ struct ReplyEp {
 }
 
 impl ReplyEps {
-    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker `incarnation`.
-    pub(super) fn note(&mut self, worker: &Worker, ep: sys::ucp_ep_h, client: u64, incarnation: u64) {
+    /// Notes that a request of `client` (0: none yet) arrived on `ep` of worker
+    /// `incarnation`; true when `ep` is new here (its watch is to be started: see
+    /// [`ReplyEps::lost`]).
+    /// `strands`: asked once for a new endpoint, whether only the worker's destruction will free it.
+    pub(super) fn note(
+        &mut self,
+        ep: sys::ucp_ep_h,
+        client: u64,
+        incarnation: u64,
+        strands: impl FnOnce() -> bool,
+    ) -> bool {
         let key = ep as usize;
         if key == self.last {
-            return;
+            return false;
         }
         if let Some(&of) = self.failed.get(&key) {
             if of != client || of == 0 {
@@ -89,12 +98,29 @@ impl ReplyEps {
             }
         }
         if client == 0 || self.by_ep.contains_key(&key) {
-            return;
+            return false;
         }
-        // SAFETY: UCX handed ep to the request callback running now: it is live.
-        let stranded_when_left = unsafe { worker.ep_lacks_failure_detection(ep) };
-        self.by_ep.insert(key, ReplyEp { client, incarnation, stranded_when_left });
+        self.by_ep.insert(key, ReplyEp { client, incarnation, stranded_when_left: strands() });
         self.last = key;
+        true
+    }
+
+    /// UCX dropped `ep` (see [`crate::transport::ucx::ep_watch`]): nothing is sent on it
+    /// again, and an endpoint UCX makes later at its address is a new one.
+    pub(super) fn lost(&mut self, ep: usize) {
+        self.by_ep.remove(&ep);
+        self.fail(ep as sys::ucp_ep_h);
+        if let Some(of) = self.failed.get_mut(&ep) {
+            *of = 0; // whoever comes by this address next, comes by a new endpoint
+        }
+        self.last = 0;
+    }
+
+    /// Whether `ep` is the live endpoint of `client`'s requests: a reply given to it later
+    /// goes nowhere else (UCX may have made a new endpoint, for another client, at the
+    /// address of one it dropped).
+    pub(super) fn reaches(&self, ep: sys::ucp_ep_h, client: u64) -> bool {
+        !self.failed(ep) && self.by_ep.get(&(ep as usize)).is_some_and(|e| e.client == client)
     }
 
     /// `ep` failed (a transfer or reply on it failed) or was closed: nothing is sent on
@@ -176,6 +202,25 @@ mod tests {
         assert!(!eps.failed(ep(1)), "the oldest goes beyond the bound");
         assert!(eps.failed(ep(2)) && eps.failed(ep(FAILED_EPS_KEPT + 1)));
         assert_eq!(eps.failed.len(), FAILED_EPS_KEPT);
+    }
+
+    #[test]
+    fn a_dropped_endpoint_reaches_no_one_and_its_address_serves_the_next_client() {
+        let ep = 64 as sys::ucp_ep_h;
+        let mut eps = ReplyEps::default();
+        let eps_lacking = |eps: &mut ReplyEps, client| eps.note(ep, client, 0, || false);
+        assert!(eps_lacking(&mut eps, 7), "a new endpoint is noted (and watched)");
+        assert!(!eps_lacking(&mut eps, 7), "the same one again is not");
+        assert!(eps.reaches(ep, 7) && !eps.reaches(ep, 8));
+        eps.lost(ep as usize);
+        assert!(!eps.reaches(ep, 7) && eps.failed(ep), "nothing goes to a dropped endpoint");
+        assert!(!eps.knows(7));
+        // UCX makes the next endpoint at the same address, whichever client it is for.
+        assert!(eps_lacking(&mut eps, 7), "an endpoint at a dropped one's address is new");
+        assert!(eps.reaches(ep, 7) && !eps.failed(ep));
+        eps.lost(ep as usize);
+        assert!(eps_lacking(&mut eps, 8));
+        assert!(eps.reaches(ep, 8) && !eps.reaches(ep, 7), "an answer for the old client goes nowhere");
     }
 
     #[test]

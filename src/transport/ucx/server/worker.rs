@@ -46,6 +46,7 @@ use crate::server::tunables::{
     UCX_RETIRED_GRACE,
 };
 use crate::server::{FreedMemory, RetryBackoff, ShardAddress, WorkerInfo};
+use crate::transport::ucx::ep_watch::LostEps;
 use crate::transport::ucx::{self, sys, Started, Worker};
 use crate::transport::{PollMode, Poller};
 
@@ -200,6 +201,8 @@ pub struct ShardWorker {
     /// With the worker (incarnation) the endpoint belonged to.
     closing: Vec<(sys::ucs_status_ptr_t, u64)>,
     reply_eps: ReplyEps,
+    /// Clients' endpoints UCX dropped, not yet taken into `reply_eps` (see [`ucx::ep_watch`]).
+    lost_eps: Arc<LostEps>,
     /// Departed clients' endpoints stranded on the current worker (see [`ReplyEps`]), and
     /// how many make it hand new clients a fresh one
     /// ([`crate::server::ServerConfig::stranded_endpoint_limit`]).
@@ -225,7 +228,7 @@ impl ShardWorker {
         stranded_limit: usize,
         tcp: ucx::Tcp,
     ) -> Result<Box<ShardWorker>> {
-        let worker = Worker::new(&tcp)?;
+        let worker = Worker::serving(&tcp)?;
         let probe = QueueProbe::new(&tcp)?;
         let arena = service.arena();
         let memh = worker.mem_map(arena.base(), arena.len())?;
@@ -252,6 +255,7 @@ impl ShardWorker {
             stall_timeout,
             closing: Vec::new(),
             reply_eps: ReplyEps::default(),
+            lost_eps: Arc::default(),
             stranded: 0,
             stranded_since: None,
             stranded_limit: stranded_limit.max(1),
@@ -400,6 +404,7 @@ impl ShardWorker {
         let gone = self.watch_queue(idle);
         let incarnations: Vec<u64> = gone.iter().map(|r| r.incarnation).collect();
         drop(gone);
+        self.absorb_lost_eps();
         for &incarnation in &incarnations {
             self.reclaim_orphans(incarnation);
         }
@@ -422,10 +427,11 @@ impl ShardWorker {
         while let Some((token, header)) = self.service.next_copied(&mut m.payload) {
             any = true;
             let Some(to) = self.deferred.remove(&token) else { continue };
-            // A client that left gets nothing: its endpoint may be gone. (UCX destroys an
-            // endpoint it made for a peer as soon as it sees the peer fail, which the
-            // bootstrap may hear of only later: see docs/failures.md.)
-            if !self.service.is_still_live(to.client) {
+            // A client that left gets nothing, nor one whose endpoint UCX dropped (it
+            // does so as soon as it sees the peer fail, which the bootstrap may hear of
+            // only later): see `ucx::ep_watch`.
+            self.absorb_lost_eps();
+            if !self.service.is_still_live(to.client) || !self.reply_eps.reaches(to.ep, to.client) {
                 continue;
             }
             m.client = to.client;
@@ -459,7 +465,13 @@ impl ShardWorker {
         let ep = info.reply_ep;
         let (req, client) = match self.service.admit(header) {
             Ok(r) => {
-                self.reply_eps.note(&self.worker, ep, r.1, came_by.incarnation);
+                self.absorb_lost_eps();
+                let worker = &self.worker;
+                // SAFETY: UCX handed ep to the request callback running now: it is live.
+                let strands = || unsafe { worker.ep_lacks_failure_detection(ep) };
+                if self.reply_eps.note(ep, r.1, came_by.incarnation, strands) {
+                    self.watch_ep(ep);
+                }
                 r
             }
             Err((id, e)) => {

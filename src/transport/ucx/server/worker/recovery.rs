@@ -124,7 +124,7 @@ impl ShardWorker {
         let tcp = self.tcp.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("rdram-spare-{}", self.service.index()))
-            .spawn(move || Worker::new(&tcp));
+            .spawn(move || Worker::serving(&tcp));
         match spawned {
             Ok(thread) => self.spare = Some(thread),
             Err(e) => debug!(
@@ -145,9 +145,9 @@ impl ShardWorker {
                     self.service.index(),
                     e.message
                 );
-                Worker::new(&self.tcp)
+                Worker::serving(&self.tcp)
             }
-            _ => Worker::new(&self.tcp),
+            _ => Worker::serving(&self.tcp),
         }
     }
 

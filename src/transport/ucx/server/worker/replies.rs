@@ -65,6 +65,28 @@ impl ShardWorker {
         self.reply_pool.push(m);
     }
 
+    /// Watches a client's endpoint that UCX made, to hear when it drops it.
+    pub(super) fn watch_ep(&mut self, ep: sys::ucp_ep_h) {
+        // SAFETY: UCX handed ep to the request callback running now (it is live), on a
+        // worker of this shard (made by `Worker::serving`), on its thread.
+        if let Err(e) = unsafe { ucx::ep_watch::watch(ep, &self.lost_eps) } {
+            debug!(
+                "shard {}: cannot watch a client's endpoint ({}); nothing is sent on it later",
+                self.service.index(),
+                e.message
+            );
+            self.reply_eps.fail(ep);
+        }
+    }
+
+    /// Takes the endpoints UCX dropped into `reply_eps`, before a reply goes on an endpoint
+    /// kept from an earlier callback.
+    pub(super) fn absorb_lost_eps(&mut self) {
+        for ep in self.lost_eps.take() {
+            self.reply_eps.lost(ep);
+        }
+    }
+
     /// Sends a reply on `ep` of worker `incarnation`. `arena`: bytes of the arena to send
     /// instead of the owned payload.
     pub(super) fn send_reply(
@@ -75,6 +97,7 @@ impl ShardWorker {
         mut m: Box<ReplyMsg>,
         arena: Option<ArenaSlice>,
     ) {
+        self.absorb_lost_eps();
         if ep.is_null() || self.reply_eps.failed(ep) {
             self.finish_reply(m);
             return;
