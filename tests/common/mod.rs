@@ -328,11 +328,20 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// Waits until process `pid` holds at least `bytes` resident: a server faults its memory in
-/// in the background after it starts listening, and a test that measures how its resident
-/// size moves starts from there.
+/// Waits until process `pid` holds at least `bytes` resident and has faulted its arenas in
+/// whole: a server faults its memory in in the background after it starts listening (on
+/// threads named `rdram-fault-in`, which end once done), and a test that measures how its
+/// resident size moves starts from there. (Its resident size alone reaches `bytes` while
+/// the last of an arena of `bytes` is still to come, as the binary and libraries count.)
 pub fn wait_resident(pid: u32, bytes: u64) {
-    let faulted = wait_until(Duration::from_secs(60), || rss_kib(pid).is_some_and(|kib| kib << 10 >= bytes));
+    let faulting_in = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+        tasks
+            .flatten()
+            .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|name| name.trim() == "rdram-fault-in"))
+    };
+    let faulted =
+        wait_until(Duration::from_secs(60), || rss_kib(pid).is_some_and(|kib| kib << 10 >= bytes) && !faulting_in());
     assert!(faulted, "the server's memory was not faulted in after 60 s: {:?} KiB resident", rss_kib(pid));
 }
 
