@@ -4,16 +4,18 @@
 //! while the server keeps serving its real clients.
 mod common;
 
+use std::ffi::c_void;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{pattern, rdram, ServerProc};
 use remote_dram::client::KeyRange;
-use remote_dram::proto::bootstrap::{client_handshake, Welcome};
+use remote_dram::proto::bootstrap::{client_handshake, hex_decode, Welcome};
 use remote_dram::proto::fabric::{self as wire, decode_addresses};
-use remote_dram::proto::{flags, Op, RequestHeader, REQUEST_HEADER_LEN};
+use remote_dram::proto::{flags, Op, ReplyHeader, RequestHeader, AM_REPLY, AM_REQUEST, REQUEST_HEADER_LEN};
 use remote_dram::transport::fabric::{Completion, Endpoint, OpContext, RemoteAccess};
+use remote_dram::transport::ucx::{ptr_status, sys as ucx_sys, Tcp, Worker};
 use remote_dram::{Client, ClientOptions, Status};
 
 const FABRIC_TCP: [&str; 4] = ["--transport", "fabric", "--provider", "tcp;ofi_rxm"];
@@ -217,6 +219,148 @@ fn ucx_sessions_are_per_client_and_revoked_on_disconnect() {
     );
     assert_eq!(stats_with(&mut b, 12345), Status::AuthFailed, "an invented session is refused");
     assert_eq!(stats_with(&mut b, session_b), Status::Ok, "b keeps working");
+}
+
+/// A token holder's UCX endpoint that carries stream bytes, which no client of ours sends
+/// (a shard worker turns UCX's stream feature on only to hear when UCX drops an endpoint):
+/// the shard reads them into scratch and drops them (`transport/ucx/ep_watch.rs`), so the
+/// server holds nothing for them, and it keeps answering that client on that endpoint and
+/// everyone else.
+#[test]
+fn stream_bytes_on_a_client_endpoint_are_dropped_over_ucx_tcp() {
+    common::init(common::TCP);
+    let mut server = ServerProc::start(&["--workers", "1", "--memory", "64MiB"]);
+    let pid = server.child.id();
+    common::wait_resident(pid, 64 << 20);
+    let (welcome, _bootstrap) = bootstrap(&server.addr, None);
+    assert!(welcome.error.is_none(), "refused: {:?}", welcome.error);
+    let raw = RawUcxClient::connect(&welcome);
+    assert_eq!(raw.stats(1), Some(Status::Ok), "the raw client's first request is not answered");
+
+    let before = common::rss_kib(pid).unwrap();
+    const SENT: usize = 256 << 20;
+    let chunk = vec![0x5au8; 1 << 20];
+    for _ in 0..SENT / chunk.len() {
+        raw.stream_send(&chunk);
+    }
+    // Answered after the stream bytes that came before it on the same connection.
+    assert_eq!(raw.stats(2), Some(Status::Ok), "the client is not served after its stream bytes");
+    let grown = common::rss_kib(pid).unwrap().saturating_sub(before) << 10;
+    eprintln!("server RSS grew {} KiB over {} MiB of stream bytes", grown >> 10, SENT >> 20);
+    assert!(grown < 32 << 20, "the server kept {grown} bytes of {SENT} stream bytes");
+
+    let mut c = server.client();
+    c.put(b"k", b"v").unwrap();
+    assert_eq!(c.get(b"k").unwrap().unwrap().data, b"v", "another client is not served");
+    drop((c, raw));
+    assert_eq!(server.stop().and_then(|s| s.code()), Some(0), "the server did not shut down cleanly");
+}
+
+/// A client made by hand over UCX tcp, with UCX's stream feature (which ours lack): one
+/// endpoint to shard 0, a session from the bootstrap, and replies taken by id.
+struct RawUcxClient {
+    worker: Worker,
+    ep: ucx_sys::ucp_ep_h,
+    session: u64,
+    /// (request id, status) of each reply, appended by [`on_raw_reply`].
+    replies: Box<std::sync::Mutex<Vec<(u64, u8)>>>,
+}
+
+impl RawUcxClient {
+    fn connect(welcome: &Welcome) -> RawUcxClient {
+        let worker = Worker::serving(&Tcp::On { device: Some("lo".into()) }).unwrap();
+        let address = hex_decode(&welcome.shards[0]).unwrap();
+        // SAFETY: no error callback; the endpoint is used by this thread only and closed
+        // when the worker is destroyed.
+        let (ep, _) = unsafe { worker.connect(&address, None, std::ptr::null_mut()) }.unwrap();
+        let replies = Box::new(std::sync::Mutex::new(Vec::new()));
+        // SAFETY: the boxed list lives as long as the worker (dropped after it: field order).
+        unsafe { worker.set_am_handler(AM_REPLY, Some(on_raw_reply), &*replies as *const _ as *mut c_void) }.unwrap();
+        RawUcxClient { worker, ep, session: welcome.session, replies }
+    }
+
+    /// Asks shard 0 for its stats with this client's session: the reply's status, or None
+    /// after 10 s.
+    fn stats(&self, id: u64) -> Option<Status> {
+        let mut header = [0u8; REQUEST_HEADER_LEN];
+        RequestHeader::new(Op::Stats, id, self.session).encode(&mut header);
+        let param = ucx_sys::ucp_request_param_t {
+            op_attr_mask: ucx_sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: ucx_sys::UCP_AM_SEND_FLAG_REPLY,
+            ..Default::default()
+        };
+        // SAFETY: ep is this worker's; the header outlives the send, progressed to its end.
+        unsafe {
+            let header = header.as_ptr() as *const c_void;
+            let sent = ucx_sys::ucp_am_send_nbx(
+                self.ep,
+                AM_REQUEST as u32,
+                header,
+                REQUEST_HEADER_LEN,
+                std::ptr::null(),
+                0,
+                &param,
+            );
+            self.finish(sent, "ucp_am_send_nbx");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            self.worker.progress();
+            let replies = self.replies.lock().unwrap();
+            if let Some(&(_, status)) = replies.iter().find(|r| r.0 == id) {
+                return Some(Status::from_code(status as i8));
+            }
+        }
+        None
+    }
+
+    /// Sends `bytes` as UCX stream data on the endpoint, and progresses until it is sent.
+    fn stream_send(&self, bytes: &[u8]) {
+        let param = ucx_sys::ucp_request_param_t::default();
+        // SAFETY: ep is this worker's; bytes outlive the send, progressed to its end here.
+        let request =
+            unsafe { ucx_sys::ucp_stream_send_nbx(self.ep, bytes.as_ptr() as *const c_void, bytes.len(), &param) };
+        // SAFETY: as above.
+        unsafe { self.finish(request, "ucp_stream_send_nbx") };
+    }
+
+    /// Progresses the worker until `request`, a send started on it, is done; then frees it.
+    ///
+    /// # Safety
+    /// `request` is what a send on this worker returned, not yet freed.
+    unsafe fn finish(&self, request: ucx_sys::ucs_status_ptr_t, what: &str) {
+        if request.is_null() {
+            return;
+        }
+        assert!(ptr_status(request).is_none(), "{what} failed");
+        // SAFETY: a request UCX returned, checked until done, then freed once.
+        unsafe {
+            while ucx_sys::ucp_request_check_status(request) == ucx_sys::UCS_INPROGRESS {
+                self.worker.progress();
+            }
+            ucx_sys::ucp_request_free(request);
+        }
+    }
+}
+
+/// Records a reply's request id and status (the AM handler of [`RawUcxClient`]).
+unsafe extern "C" fn on_raw_reply(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    _data: *mut c_void,
+    length: usize,
+    _param: *const ucx_sys::ucp_am_recv_param_t,
+) -> ucx_sys::ucs_status_t {
+    // SAFETY: arg is the RawUcxClient's boxed list, alive as long as its worker; the
+    // header is valid for the call.
+    unsafe {
+        let header = remote_dram::transport::ucx::am_header(header, header_length);
+        if let Ok(h) = ReplyHeader::decode_compact(header, length) {
+            (*(arg as *const std::sync::Mutex<Vec<(u64, u8)>>)).lock().unwrap().push((h.request_id, h.status));
+        }
+    }
+    ucx_sys::UCS_OK
 }
 
 /// 13.6: an empty token refuses to start (never "token required" while serving anyone);
