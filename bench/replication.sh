@@ -7,7 +7,8 @@
 # Last, two clients measure at once, each against a server of its own: what this host can
 # move for two writers, the bound for R = 2 (which moves every value twice).
 #   env: BIN (default target/release), SECONDS_EACH (default 3), DEPTH (requests in flight,
-#        default 1; throughput at depth pipelines each write's copy with the next one), KEEP (keep logs)
+#        default 1; throughput at depth pipelines each write's copy with the next one),
+#        CLIENT_SPIN_US (the client's spin before it sleeps, rdram-bench --spin-us), KEEP (keep logs)
 #
 # UCX shared memory; two servers of one worker each per cluster; one rdram-bench client
 # (adaptive polling). The servers sleep as soon as they are idle (--spin-us 0, SPIN_US to
@@ -35,7 +36,7 @@ serve() {
   addr=$(sed -n 's/^listening on //p' "$log")
 }
 measure() {
-  "$BIN/rdram-bench" --server "$1" --poll adaptive --ops get,put --sizes "$SIZES" --depth "${DEPTH:-1}" \
+  "$BIN/rdram-bench" --server "$1" --poll adaptive ${CLIENT_SPIN_US:+--spin-us "$CLIENT_SPIN_US"} --ops get,put --sizes "$SIZES" --depth "${DEPTH:-1}" \
     --seconds "${SECONDS_EACH:-3}" --warmup 0.5 --json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -8,8 +8,9 @@
 #   bench/replication_links.sh [SIZES]     SIZES: rdram-bench --sizes (default 8,1MiB)
 #   env: RATE (each link's speed, each way; tc tbf, default 1gbit), TRANSPORT (fabric:
 #        libfabric tcp;ofi_rxm, default | ucx-tcp: UCX tcp), DEPTHS (default "1 8 16"),
-#        ROUNDS (default 3), SECONDS_EACH (default 4), SERVERS (default 3), BIN (default
-#        target/release), KEEP
+#        ROUNDS (default 3), SECONDS_EACH (default 4), SERVERS (default 3), CLIENT_SPIN_US
+#        (the client's spin before it sleeps, rdram-bench --spin-us; default the
+#        library's), BIN (default target/release), KEEP
 #
 # The hosts are network namespaces of this script's own (etcd, the client and SERVERS
 # servers, default 3), each with one veth pair to a bridge in a "switch" namespace; tc's
@@ -121,7 +122,7 @@ done
 measure() {
   local out=$work/bench-r$1-d$2.json
   if ! on client "$BIN/rdram-bench" --server "etcd://$(addr etcd):2379/r$1" --poll adaptive --ops get,put \
-    --sizes "$SIZES" --depth "$2" --seconds "${SECONDS_EACH:-4}" --warmup 1 --json --out "$work/bench-out" \
+    ${CLIENT_SPIN_US:+--spin-us "$CLIENT_SPIN_US"} --sizes "$SIZES" --depth "$2" --seconds "${SECONDS_EACH:-4}" --warmup 1 --json --out "$work/bench-out" \
     >"$out" 2>>"$work/bench.err"; then
     echo "rdram-bench failed (R = $1, depth $2):" >&2
     grep -v '^\[' "$work/bench.err" | tail -5 >&2

@@ -91,6 +91,11 @@ struct Args {
     warmup: f64,
     #[arg(long, value_enum, default_value = "busy")]
     poll: PollMode,
+    /// With `--poll adaptive`: how long each client thread spins for its answers before it
+    /// sleeps (µs; default the library's). 0 sleeps at once, as where threads outnumber
+    /// cores and a spinning client would keep the servers it waits for off the CPU.
+    #[arg(long)]
+    spin_us: Option<u64>,
     /// One JSON object per (op, size) instead of the table.
     #[arg(long)]
     json: bool,
@@ -117,6 +122,9 @@ fn main() {
     }
     if args.rate.is_some() && args.depth != 1 {
         fail("--rate (open loop) issues one request at a time: use --depth 1");
+    }
+    if args.spin_us.is_some() && args.poll != PollMode::Adaptive {
+        fail("--spin-us is for --poll adaptive (a busy client spins for ever)");
     }
     if !(0.0..=1.0).contains(&args.get_ratio) {
         fail("--get-ratio must be between 0 and 1");
@@ -258,7 +266,10 @@ fn bench_thread(args: &Args, addr: &str, op: &str, size: u64, t: usize, barrier:
         let core = args.client_cores[t % args.client_cores.len()];
         core_affinity::set_for_current(core_affinity::CoreId { id: core });
     }
-    let opts = ClientOptions { poll: args.poll, ..Default::default() };
+    let mut opts = ClientOptions { poll: args.poll, ..Default::default() };
+    if let Some(us) = args.spin_us {
+        opts.spin = Duration::from_micros(us);
+    }
     let mut c = Client::connect(addr, opts).unwrap_or_else(|e| fail(&format!("connect {addr}: {e}")));
     // Reused buffers, at least one per request in flight, as a throughput-minded caller
     // would keep them (fresh buffers would measure page faults); each batch takes the next
