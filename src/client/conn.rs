@@ -460,7 +460,7 @@ impl Connection {
 
     /// The servers that hold `key` in a cluster, its primary first, and while keys move,
     /// those that hold it under the placement's `next` (empty when none).
-    pub fn replicas_of(&self, key: &[u8]) -> (Vec<usize>, Vec<usize>) {
+    pub fn replicas_of(&self, key: &[u8]) -> (proto::Ranked, proto::Ranked) {
         let now = proto::rendezvous_ranked(key, &self.route_seeds, self.replicas)
             .into_iter()
             .map(|i| self.route_to[i])

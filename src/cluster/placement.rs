@@ -47,6 +47,9 @@ fn one() -> usize {
     1
 }
 
+/// Members that hold a key ([`Routing::replicas`]), inline for up to four.
+pub type Members<'a> = smallvec::SmallVec<[&'a str; 4]>;
+
 /// A placement with its members' hash seeds, for routing keys.
 #[derive(Clone, Debug)]
 pub struct Routing {
@@ -74,14 +77,14 @@ impl Routing {
     }
 
     /// The members that hold `key`, its primary first.
-    pub fn replicas(&self, key: &[u8]) -> Vec<&str> {
+    pub fn replicas(&self, key: &[u8]) -> Members<'_> {
         let ranked = rendezvous_ranked(key, &self.seeds, self.placement.replicas);
         ranked.into_iter().map(|i| self.placement.members[i].as_str()).collect()
     }
 
     /// The members that hold `key` under `next`, while keys move (empty otherwise).
-    pub fn next_replicas(&self, key: &[u8]) -> Vec<&str> {
-        let Some(next) = &self.placement.next else { return Vec::new() };
+    pub fn next_replicas(&self, key: &[u8]) -> Members<'_> {
+        let Some(next) = &self.placement.next else { return Members::new() };
         let ranked = rendezvous_ranked(key, &self.next_seeds, self.placement.replicas);
         ranked.into_iter().map(|i| next[i].as_str()).collect()
     }

@@ -67,6 +67,10 @@ pub const COPY_SPIN: Duration = Duration::from_micros(50);
 /// See [`COPY_SPIN`].
 pub const COPY_IDLE_WAIT: Duration = Duration::from_millis(200);
 
+/// The longest a replicator goes between full turns while its turns find nothing new
+/// (`Work::turn` in replication/work.rs): copies' deadlines are seconds.
+pub const COPY_FULL_TURN_EVERY: Duration = Duration::from_millis(10);
+
 /// Where sending a large copy costs the sender (UCX's tcp transport, libfabric), a write's
 /// value up to this size is copied by its shard's worker itself, between requests (two
 /// hand-offs between threads are most of a small copy's cost), and a larger one by a

@@ -46,7 +46,7 @@ mod range;
 mod routing;
 pub use kind::Kind;
 pub use range::ByteRange;
-pub use routing::{node_seed, rendezvous, rendezvous_among, rendezvous_ranked, shard_of};
+pub use routing::{node_seed, rendezvous, rendezvous_among, rendezvous_ranked, shard_of, Ranked};
 
 use crate::error::Status;
 

@@ -1,6 +1,8 @@
 //! Where a key lives: its shard on a server, and its servers in a cluster (rendezvous
 //! hashing). Clients and servers must agree on both, so they live with the wire format.
 
+use smallvec::SmallVec;
+
 /// The shard that owns `key` on a server with `shards` shards. A one-shard server's key
 /// needs no hash: the client routing it and the server checking it skip one each.
 pub fn shard_of(key: &[u8], shards: usize) -> usize {
@@ -24,14 +26,18 @@ pub fn rendezvous(key: &[u8], seeds: &[u64]) -> usize {
     (0..seeds.len()).max_by_key(|&i| xxhash_rust::xxh3::xxh3_64_with_seed(key, seeds[i])).unwrap()
 }
 
+/// A key's servers in rank order, held inline for up to four (a replica set is ranked on
+/// every cluster request and every copy: no allocation then).
+pub type Ranked = SmallVec<[usize; 4]>;
+
 /// The `n` servers (at most) that rank highest for `key` under rendezvous hashing, best
 /// first: a key's replica set, its primary first. Removing a server leaves the others'
 /// order as it was, so a key's surviving replicas stay its replicas, in order.
-pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Vec<usize> {
+pub fn rendezvous_ranked(key: &[u8], seeds: &[u64], n: usize) -> Ranked {
     if n <= 1 {
-        return if seeds.is_empty() { Vec::new() } else { vec![rendezvous(key, seeds)] };
+        return if seeds.is_empty() { Ranked::new() } else { smallvec::smallvec![rendezvous(key, seeds)] };
     }
-    let mut scored: Vec<(u64, usize)> = (0..seeds.len()).map(|i| score(key, seeds, i)).collect();
+    let mut scored: SmallVec<[(u64, usize); 8]> = (0..seeds.len()).map(|i| score(key, seeds, i)).collect();
     scored.sort_unstable_by(|a, b| b.cmp(a));
     scored.into_iter().take(n).map(|(_, i)| i).collect()
 }

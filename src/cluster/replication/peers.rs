@@ -1,10 +1,10 @@
 //! The connections a replicator copies over: made, and closed when given up on, on
 //! threads of their own.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
+use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::work::Waiting;
@@ -56,8 +56,8 @@ pub(super) struct Flight {
 /// id under which the replica holds the whole value staged: the copy installs that.
 #[allow(clippy::too_many_arguments)] // the copy, where it goes, and what it goes over
 pub(super) fn send(
-    peers: &mut HashMap<String, Peer>,
-    connecting: &mut HashMap<String, Receiver<Result<Client>>>,
+    peers: &mut FxHashMap<String, Peer>,
+    connecting: &mut FxHashMap<String, Receiver<Result<Client>>>,
     cfg: &ReplicatorConfig,
     replica: &str,
     w: &Waiting,
@@ -97,8 +97,8 @@ pub(super) fn send(
 /// `key` and `bytes` stay put until the part's answer came or its connection closed.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn send_part(
-    peers: &mut HashMap<String, Peer>,
-    connecting: &mut HashMap<String, Receiver<Result<Client>>>,
+    peers: &mut FxHashMap<String, Peer>,
+    connecting: &mut FxHashMap<String, Receiver<Result<Client>>>,
     cfg: &ReplicatorConfig,
     replica: &str,
     token: u64,
@@ -122,7 +122,7 @@ pub(super) unsafe fn send_part(
 /// Asks `replica`, over its connection if there is one, to free what it staged under
 /// `stage_id` of the failed write `token`; its answer is not waited for.
 pub(super) fn send_discard(
-    peers: &mut HashMap<String, Peer>,
+    peers: &mut FxHashMap<String, Peer>,
     replica: &str,
     token: u64,
     key: &[u8],
@@ -149,8 +149,8 @@ fn answer_due(now: Instant, crossing: usize) -> Instant {
 /// The connection to `replica` in `peers`, made first, off this thread, if there is none
 /// (until it is made: Err, "connecting to it").
 fn connection<'a>(
-    peers: &'a mut HashMap<String, Peer>,
-    connecting: &mut HashMap<String, Receiver<Result<Client>>>,
+    peers: &'a mut FxHashMap<String, Peer>,
+    connecting: &mut FxHashMap<String, Receiver<Result<Client>>>,
     cfg: &ReplicatorConfig,
     replica: &str,
 ) -> Result<&'a mut Peer> {

@@ -1,13 +1,15 @@
 //! Where a copy goes under the current placement.
 
 use super::CopyJob;
+use crate::cluster::placement::Members;
 use crate::cluster::Routing;
 
-/// Where one copy goes under the current placement.
-pub(super) enum Targets {
+/// Where one copy goes under the current placement: members named as the placement
+/// names them (no allocation unless the write is superseded).
+pub(super) enum Targets<'a> {
     /// Replicas that must take it, and those the key leaves whose lease lapsed (sent
     /// where they answer).
-    Copy { required: Vec<String>, leaving: Vec<String> },
+    Copy { required: Members<'a>, leaving: Members<'a> },
     /// The write may not last: this server is the key's primary no more, and the write
     /// was taken after the current epoch began.
     Superseded(String),
@@ -15,7 +17,7 @@ pub(super) enum Targets {
 
 /// Where `job`'s copy goes under `routing`, as seen by member `me`; `live`: whether etcd
 /// lists a member as live.
-pub(super) fn targets(me: &str, routing: &Routing, job: &CopyJob, live: impl Fn(&str) -> bool) -> Targets {
+pub(super) fn targets<'a>(me: &str, routing: &'a Routing, job: &CopyJob, live: impl Fn(&str) -> bool) -> Targets<'a> {
     let key = &job.key;
     let primary = routing.owner(key) == Some(me) || routing.next_owner(key) == Some(me);
     // A write taken by a server that is the key's primary no more is copied on only if
@@ -28,19 +30,26 @@ pub(super) fn targets(me: &str, routing: &Routing, job: &CopyJob, live: impl Fn(
             "the placement changed while the write was copied: {me} took it but is no longer the key's primary, so it may not last; read the key to see"
         ));
     }
-    let now: Vec<String> = routing.replicas(key).into_iter().map(String::from).collect();
-    let then: Vec<String> = routing.next_replicas(key).into_iter().map(String::from).collect();
-    let mut required: Vec<String> = if then.is_empty() { now.clone() } else { then };
+    let now = routing.replicas(key);
+    let then = routing.next_replicas(key);
+    let mut required = if then.is_empty() { now.clone() } else { then };
     // With one replica per key, the one it leaves hands it over itself (the mover).
-    let leaving: Vec<String> =
-        now.iter().filter(|s| now.len() > 1 && !required.contains(s) && *s != me).cloned().collect();
+    let leaves: Members = match now.len() > 1 {
+        true => now.iter().copied().filter(|s| !required.contains(s) && *s != me).collect(),
+        false => Members::new(),
+    };
     // A replica the key leaves still takes the reads that fail over to it until the move
     // ends, so it must hold every write acknowledged meanwhile; once its lease lapsed it
     // serves no more (it fenced itself first), and the write does not wait for it.
-    let (live_leaving, lapsed): (Vec<String>, Vec<String>) = leaving.into_iter().partition(|s| live(s));
-    required.extend(live_leaving);
-    let required = required.into_iter().filter(|s| s != me).collect();
-    Targets::Copy { required, leaving: lapsed }
+    let mut leaving = Members::new();
+    for s in leaves {
+        match live(s) {
+            true => required.push(s),
+            false => leaving.push(s),
+        }
+    }
+    required.retain(|s| *s != me);
+    Targets::Copy { required, leaving }
 }
 
 #[cfg(test)]
@@ -77,7 +86,7 @@ mod tests {
         assert!(matches!(targets("a", &routing, &job(699), live), Targets::Copy { .. }));
         assert!(matches!(targets("a", &routing, &job(701), live), Targets::Superseded(_)), "taken after it began");
         let Targets::Copy { required, leaving } = targets("a", &routing, &job(700), live) else { unreachable!() };
-        assert_eq!((sorted(required), leaving), (vec!["b".to_string(), "c".to_string()], Vec::<String>::new()));
+        assert_eq!((sorted(required), names(leaving)), (vec!["b".to_string(), "c".to_string()], Vec::<String>::new()));
     }
 
     /// While a key moves, a replica it leaves takes the reads that fail over to it: the
@@ -113,14 +122,22 @@ mod tests {
         let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |_| true) else {
             unreachable!()
         };
-        assert_eq!((sorted(required), lapsed), (sorted(vec![gaining.clone(), leaving.clone()]), Vec::<String>::new()));
+        assert_eq!(
+            (sorted(required), names(lapsed)),
+            (sorted(Members::from_slice(&[&gaining, &leaving])), Vec::<String>::new())
+        );
         let Targets::Copy { required, leaving: lapsed } = targets(&primary, &routing, &job, |m| m != leaving) else {
             unreachable!()
         };
-        assert_eq!((required, lapsed), (vec![gaining], vec![leaving]));
+        assert_eq!((names(required), names(lapsed)), (vec![gaining.clone()], vec![leaving.clone()]));
     }
 
-    fn sorted(mut v: Vec<String>) -> Vec<String> {
+    fn names(m: Members) -> Vec<String> {
+        m.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn sorted(m: Members) -> Vec<String> {
+        let mut v = names(m);
         v.sort();
         v
     }

@@ -1,21 +1,23 @@
 //! A replicator's work: the copies waiting for their replicas, and the turns that send
 //! them, take their answers and end them.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use tracing::warn;
 
 use super::peers::{breaks, close_off_thread, send, send_discard, send_part, Closing, Peer};
 use super::targets::{targets, Targets};
 use super::{ArenaValue, Copied, CopyJob, Handed, Landed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
 use crate::client::Client;
+use crate::cluster::placement::Members;
 use crate::cluster::tunables::{
-    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_IDLE_WAIT, COPY_NAP_MAX, COPY_NAP_MIN, COPY_PEER_TIMEOUT,
-    COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE, STREAM_PART_MAX, STREAM_PART_MIN,
+    COPY_BATCH, COPY_DEADLINE, COPY_DEPTH, COPY_FULL_TURN_EVERY, COPY_IDLE_WAIT, COPY_NAP_MAX, COPY_NAP_MIN,
+    COPY_PEER_TIMEOUT, COPY_RETRY_MAX, COPY_RETRY_MIN, COPY_SPIN, MOVE_COPY_DEADLINE, STREAM_PART_MAX, STREAM_PART_MIN,
 };
 use crate::error::{Error, Result, Status};
 use crate::server::tunables::STAGE_PARTS_IN_FLIGHT;
@@ -98,19 +100,27 @@ pub(super) struct Work {
     done: Sender<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     pub(super) stop: Arc<AtomicBool>,
-    /// A connection to each replica copied to, by name.
-    peers: HashMap<String, Peer>,
+    /// A connection to each replica copied to, by name. (Fx hashing, as in the rest of
+    /// this map's kin below: the keys are members' names and the shard's tokens, which
+    /// no client chooses.)
+    peers: FxHashMap<String, Peer>,
     /// Connections being made, off this thread (one to a stopped server takes seconds to
     /// fail, and copies to every other replica would wait behind it meanwhile).
-    connecting: HashMap<String, Receiver<Result<Client>>>,
+    connecting: FxHashMap<String, Receiver<Result<Client>>>,
     /// Connections being closed, off this thread.
     closing: Vec<Closing>,
     /// Copies not yet ended, by the shard's token.
-    waiting: HashMap<u64, Waiting>,
+    waiting: FxHashMap<u64, Waiting>,
     /// Values staged as they land, by their write's token.
-    streams: HashMap<u64, Stream>,
+    streams: FxHashMap<u64, Stream>,
     /// See [`TEST_COPY_DELAY_ENV`].
     delay: Duration,
+    /// Something was handed over since the last full turn.
+    handed: bool,
+    /// What the last full turn left, and until when a turn that finds nothing new may
+    /// return it as it is ([`Work::turn`]).
+    last: Turn,
+    quiet_until: Instant,
 }
 
 impl Drop for Work {
@@ -124,6 +134,7 @@ impl Drop for Work {
 }
 
 /// What a turn of a replicator left.
+#[derive(Clone, Copy, Default)]
 pub(super) struct Turn {
     pub(super) progressed: bool,
     /// Until when answers are due (the latest of the copies in flight).
@@ -149,15 +160,18 @@ impl Work {
             done,
             wake,
             stop: Arc::new(AtomicBool::new(false)),
-            peers: HashMap::new(),
-            connecting: HashMap::new(),
+            peers: FxHashMap::default(),
+            connecting: FxHashMap::default(),
             closing: Vec::new(),
-            waiting: HashMap::new(),
-            streams: HashMap::new(),
+            waiting: FxHashMap::default(),
+            streams: FxHashMap::default(),
             delay: std::env::var(TEST_COPY_DELAY_ENV)
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(Duration::ZERO, Duration::from_millis),
+            handed: false,
+            last: Turn::default(),
+            quiet_until: Instant::now(),
         }
     }
 
@@ -208,21 +222,34 @@ impl Work {
     /// Takes the answers that came in, sends the copies that are due, ends those every
     /// replica they must reach took. Each replica's copies go on their own: one that does
     /// not answer holds up only the writes it must take. Never sleeps.
+    ///
+    /// A turn that finds no answer and nothing handed over, with no value streaming and
+    /// no copy due or near its deadline, only looks for answers: the worker turns once
+    /// per pass while its copies' answers are due, and that look is what a small write's
+    /// answer waits for.
     pub(super) fn turn(&mut self) -> Turn {
         let mut progressed = self.collect();
         let now = Instant::now();
+        let quiet = !progressed && !self.handed && self.streams.is_empty() && self.closing.is_empty();
+        if quiet && now < self.quiet_until {
+            return Turn { progressed: false, ..self.last };
+        }
+        self.handed = false;
         progressed |= self.stream_parts(now);
         progressed |= self.dispatch(now);
         self.settle(now);
         self.report(now);
         self.end_aborted_streams(now);
         let between_rounds = self.waiting.values().filter(|w| !w.in_round && !w.blocked).map(|w| w.retry_at);
-        Turn {
+        self.last = Turn {
             progressed,
             answers_by: self.peers.values().flat_map(|p| &p.flights).map(|f| f.expected_by).max(),
             next_round: between_rounds.min(),
             closing: !self.closing.is_empty(),
-        }
+        };
+        let full_by = now + COPY_FULL_TURN_EVERY;
+        self.quiet_until = self.last.next_round.map_or(full_by, |at| at.min(full_by));
+        self.last
     }
 
     /// Takes `first` and what was handed over behind it.
@@ -230,6 +257,7 @@ impl Work {
         let now = Instant::now();
         let jobs = self.jobs.clone();
         for handed in first.into_iter().chain(std::iter::from_fn(|| jobs.try_recv().ok())).take(COPY_BATCH) {
+            self.handed = true;
             let job = match handed {
                 Handed::Copy(job) => job,
                 Handed::Stream(start) => {
@@ -469,7 +497,7 @@ impl Work {
 
     /// Starts a round of sends for every copy due; whether any was sent.
     fn dispatch(&mut self, now: Instant) -> bool {
-        let due: Vec<u64> =
+        let due: SmallVec<[u64; 8]> =
             self.waiting.iter().filter(|(_, w)| !w.in_round && w.retry_at <= now).map(|(t, _)| *t).collect();
         if due.is_empty() {
             return false;
@@ -493,8 +521,12 @@ impl Work {
                 // value install it, and only the others are sent it.
                 continue;
             }
-            let targets = match &w.job.to {
-                Some(to) => Targets::Copy { required: to.clone(), leaving: Vec::new() },
+            // A mover's copy names its members (owned here: the job is changed below).
+            let named = w.job.to.clone();
+            let targets = match &named {
+                Some(to) => {
+                    Targets::Copy { required: to.iter().map(String::as_str).collect(), leaving: Members::new() }
+                }
                 None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
             };
             let (required, leaving) = match targets {
@@ -504,16 +536,17 @@ impl Work {
                 }
                 Targets::Copy { required, leaving } => (required, leaving),
             };
-            let lacking: Vec<(String, bool)> = (required.into_iter().map(|r| (r, true)))
+            let lacking: SmallVec<[(&str, bool); 4]> = (required.into_iter().map(|r| (r, true)))
                 .chain(leaving.into_iter().map(|r| (r, false)))
-                .filter(|(r, _)| !w.holding.contains(r))
+                .filter(|(r, _)| !w.holding.iter().any(|h| h == r))
                 .collect();
             if lacking.is_empty() {
                 ended.push((token, Ok(())));
                 continue;
             }
             // A replica with its fill of copies in flight takes this one on a later turn.
-            let blocked = lacking.iter().any(|(r, _)| self.peers.get(r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
+            let blocked =
+                lacking.iter().any(|(r, _)| self.peers.get(*r).is_some_and(|p| p.flights.len() >= COPY_DEPTH));
             let w = self.waiting.get_mut(&token).unwrap();
             w.blocked = blocked;
             if blocked {
@@ -521,11 +554,11 @@ impl Work {
             }
             w.in_round = true;
             for (replica, must) in lacking {
-                let staged = self.streams.get_mut(&token).and_then(|s| s.take_whole(&replica));
-                match send(&mut self.peers, &mut self.connecting, &self.cfg, &replica, w, must, staged, now) {
+                let staged = self.streams.get_mut(&token).and_then(|s| s.take_whole(replica));
+                match send(&mut self.peers, &mut self.connecting, &self.cfg, replica, w, must, staged, now) {
                     Ok(()) => {
                         w.sent_whole += u32::from(w.job.streamed && staged.is_none());
-                        w.sending.push(replica);
+                        w.sending.push(replica.to_string());
                         sent = true;
                     }
                     Err(e) if must => w.missed = Some(format!("replica {replica}: {}", e.message)),
@@ -616,8 +649,8 @@ impl Work {
 /// Records `replica`'s outcome for the copy `token` (whose key must reach it, or leaves
 /// it), or for a part of `token`'s streamed value.
 fn took(
-    waiting: &mut HashMap<u64, Waiting>,
-    streams: &mut HashMap<u64, Stream>,
+    waiting: &mut FxHashMap<u64, Waiting>,
+    streams: &mut FxHashMap<u64, Stream>,
     replica: &str,
     (token, must, part): (u64, bool, Option<usize>),
     outcome: Result<()>,
