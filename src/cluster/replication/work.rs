@@ -100,9 +100,9 @@ pub(super) struct Work {
     done: Sender<Copied>,
     wake: Arc<Mutex<Option<Wake>>>,
     pub(super) stop: Arc<AtomicBool>,
-    /// A connection to each replica copied to, by name. (Fx hashing, as in the rest of
-    /// this map's kin below: the keys are members' names and the shard's tokens, which
-    /// no client chooses.)
+    /// A connection to each replica copied to, by name. (Fx hashing here and in the maps
+    /// below: their keys are members' names and the shard's tokens, which no client
+    /// chooses.)
     peers: FxHashMap<String, Peer>,
     /// Connections being made, off this thread (one to a stopped server takes seconds to
     /// fail, and copies to every other replica would wait behind it meanwhile).
