@@ -223,10 +223,11 @@ impl Work {
     /// replica they must reach took. Each replica's copies go on their own: one that does
     /// not answer holds up only the writes it must take. Never sleeps.
     ///
-    /// A turn that finds no answer and nothing handed over, with no value streaming and
-    /// no copy due or near its deadline, only looks for answers: the worker turns once
-    /// per pass while its copies' answers are due, and that look is what a small write's
-    /// answer waits for.
+    /// A turn that finds no answer and nothing handed over, with no value streaming, no
+    /// connection closing and no copy's next round due, only looks for answers (and
+    /// returns what the last full turn left), for up to [`COPY_FULL_TURN_EVERY`] after
+    /// it: the worker turns once per pass while its copies' answers are due, and that
+    /// look is what a small write's answer waits for.
     pub(super) fn turn(&mut self) -> Turn {
         let mut progressed = self.collect();
         let now = Instant::now();
