@@ -171,7 +171,8 @@ impl Client {
     }
 
     /// Starts one request of a batch: keys travel inline, so batches take keys up to
-    /// `INLINE_KEY_MAX`.
+    /// `INLINE_KEY_MAX`. In a cluster, a key whose primary's connection is lost goes where
+    /// a single call's would ([`Client::target`]): a read to a live replica at once.
     pub(super) fn submit_batched(
         &mut self,
         mut h: RequestHeader,
@@ -186,8 +187,7 @@ impl Client {
                 format!("batched operations take keys up to {INLINE_KEY_MAX} bytes"),
             ));
         }
-        h.key_len = key.len() as u32;
-        let (server, shard) = self.conn.route(key);
-        self.conn.submit_into(server, shard, h, key, payload.into(), receive)
+        let server = self.target(key, &mut h, None);
+        self.submit_key(key, h, payload.into(), receive, server)
     }
 }

@@ -161,20 +161,28 @@ impl Client {
         asked: Option<&str>,
     ) -> Result<(Reply, usize)> {
         self.live()?;
+        let server = self.target(key, &mut h, asked);
+        let id = self.submit_key(key, h, payload, receive, server)?;
+        Ok((self.conn.wait(id)?, server))
+    }
+
+    /// The server a key's request goes to: `asked` (a server the key's previous owner
+    /// named), else in a cluster where [`Client::failover_target`] sends it, else the
+    /// key's primary. A request sent elsewhere than the primary says so
+    /// ([`flags::ASKING`]).
+    pub(super) fn target(&self, key: &[u8], h: &mut RequestHeader, asked: Option<&str>) -> usize {
         let target = match asked.and_then(|node| self.conn.server_named(node)) {
             Some(s) => Some(s),
             None if self.cluster.is_some() => self.failover_target(key, Op::from_u8(h.op) == Some(Op::Get)),
             None => None,
         };
-        let server = match target {
+        match target {
             Some(s) => {
                 h.flags |= flags::ASKING;
                 s
             }
             None => self.conn.route(key).0,
-        };
-        let id = self.submit_key(key, h, payload, receive, server)?;
-        Ok((self.conn.wait(id)?, server))
+        }
     }
 
     /// Where a cluster key's request goes when its primary's connection is lost: a read
