@@ -11,7 +11,7 @@ export UCX_NET_DEVICES ?= lo
 # UCX 1.22 unpacked by `make deps` (scripts/fetch-ucx.sh), or the system's with RDRAM_UCX=system.
 UCX_PKG_CONFIG := $(if $(filter system,$(RDRAM_UCX)),pkg-config,PKG_CONFIG_PATH=$(CURDIR)/target/ucx/libucx/lib/pkgconfig pkg-config)
 
-.PHONY: deps build demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-peers device-bundle device-visit bench-python redis soak fuzz lint
+.PHONY: deps build test-build install-files demo test test-rust test-ffi test-gateway test-python python header install clean bench bench-peers device-bundle device-visit bench-python redis soak fuzz lint
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -30,11 +30,17 @@ demo: build
 
 test: lint test-rust test-ffi test-gateway test-python
 
-# The tests' own build (profile test-release: no whole-program LTO), load generators included.
+# What every test runs: the tests' build, profile test-release (the release build's
+# optimization without its whole-program LTO, which would link each test binary on its
+# own for minutes): the library (rlib, cdylib, staticlib), the commands, the load
+# generators. `make build` (release) is the same code linked as one program.
+TEST_BUILD := target/test-release
+test-build: deps
+	$(CARGO) build --profile test-release
+
 # Tests that skip what this machine cannot do list it in $(SKIPS), printed at the end.
 SKIPS := $(CURDIR)/target/skipped-tests.txt
-test-rust: build
-	$(CARGO) build --profile test-release
+test-rust: test-build
 	@rm -f $(SKIPS)
 	RDRAM_TEST_SKIPS_FILE=$(SKIPS) $(CARGO) test --profile test-release -- --test-threads=2
 	@if [ -s $(SKIPS) ]; then echo "== tests that skipped a part this machine cannot do:"; cat $(SKIPS); \
@@ -114,14 +120,14 @@ fuzz: deps
 
 # Unmodified TensorStore (PyPI, in target/venv-tensorstore) through `rdram gateway`, in
 # front of a server on UCX, then of one on libfabric.
-test-gateway: build
-	tests/gateway/run.sh target/release/rdram
-	tests/gateway/run.sh target/release/rdram --transport fabric --provider "tcp;ofi_rxm"
+test-gateway: test-build
+	tests/gateway/run.sh $(TEST_BUILD)/rdram
+	tests/gateway/run.sh $(TEST_BUILD)/rdram --transport fabric --provider "tcp;ofi_rxm"
 
 # The Python package (python/): pip-installed into target/venv-python, then pytest over
 # UCX tcp, UCX shared memory and libfabric tcp;ofi_rxm.
-test-python: build
-	python/tests/run.sh target/release/rdram
+test-python: test-build
+	python/tests/run.sh $(TEST_BUILD)/rdram
 
 # The Python package as a wheel in target/wheels (abi3: CPython 3.9 and later).
 python: deps
@@ -130,8 +136,8 @@ python: deps
 
 # C and C++ programs built against the installed header and library (via pkg-config),
 # run under valgrind.
-test-ffi: deps
-	$(MAKE) install PREFIX=$(CURDIR)/target/ffi-prefix
+test-ffi: test-build
+	$(MAKE) install-files BUILT=$(TEST_BUILD) PREFIX=$(CURDIR)/target/ffi-prefix
 	ffi-tests/run.sh $(CURDIR)/target/ffi-prefix
 
 # Regenerates include/remote_dram.h from src/ffi/ (cbindgen runs in build.rs).
@@ -140,13 +146,18 @@ header:
 	cp "$$(ls -t target/release/build/remote_dram-*/out/remote_dram.h | head -1)" include/remote_dram.h
 
 install: build
+	$(MAKE) install-files BUILT=target/release PREFIX=$(PREFIX)
+
+# What `make install` installs, from the build in BUILT (test-ffi installs the tests' build).
+BUILT ?= target/release
+install-files:
 	install -d $(PREFIX)/lib/pkgconfig $(PREFIX)/include $(PREFIX)/bin
-	install -m 755 target/release/libremote_dram.so $(PREFIX)/lib/libremote_dram.so.$(VERSION)
+	install -m 755 $(BUILT)/libremote_dram.so $(PREFIX)/lib/libremote_dram.so.$(VERSION)
 	ln -sf libremote_dram.so.$(VERSION) $(PREFIX)/lib/libremote_dram.so.$(MAJOR)
 	ln -sf libremote_dram.so.$(MAJOR) $(PREFIX)/lib/libremote_dram.so
-	install -m 644 target/release/libremote_dram.a $(PREFIX)/lib/libremote_dram.a
+	install -m 644 $(BUILT)/libremote_dram.a $(PREFIX)/lib/libremote_dram.a
 	install -m 644 include/remote_dram.h include/remote_dram_kvstore.hpp $(PREFIX)/include/
-	install -m 755 target/release/rdram target/release/rdram-bench $(PREFIX)/bin/
+	install -m 755 $(BUILT)/rdram $(BUILT)/rdram-bench $(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e "s|@UCX_LIBDIR@|$$($(UCX_PKG_CONFIG) --variable=libdir ucx)|" \
 		remote_dram.pc.in > $(PREFIX)/lib/pkgconfig/remote_dram.pc
 
