@@ -982,18 +982,30 @@ fn signal(server: &ServerProc, name: &str) {
 /// Benchmark, not a check (`cargo test --profile test-release --test cluster failover_times --
 /// --ignored --nocapture`): over 20 trials, the time from SIGKILL of a key's primary
 /// (R = 2, three servers, lease TTL [`TTL_MS`]) to the first successful read and write of
-/// that key through a client given the cluster; a new server replaces the dead one
-/// between trials.
+/// that key through a client given the cluster; then how long a batch read takes while
+/// the dead member is still in the placement (`BATCH` keys, about a third of them the dead
+/// member's, 16 in flight), against the same batch before the kill; a new server replaces
+/// the dead one between trials.
 #[test]
 #[ignore = "a benchmark: bench/README.md quotes it"]
 fn failover_times() {
+    const BATCH: usize = 3000;
     common::init(common::SHM);
     let etcd = Etcd::start();
     let url = etcd.url("failover");
     create(&url, 2);
     let mut servers: Vec<ServerProc> = (0..3).map(|_| member(&url)).collect();
     let mut c = client(&url);
-    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    let batch: Vec<Vec<u8>> = (0..BATCH).map(|i| format!("fo-batch/{i}").into_bytes()).collect();
+    let batch: Vec<&[u8]> = batch.iter().map(|k| k.as_slice()).collect();
+    let items: Vec<(&[u8], &[u8])> = batch.iter().map(|k| (*k, &b"batched"[..])).collect();
+    assert!(c.put_many(&items, 16).iter().all(|r| r.is_ok()));
+    let read_batch = |c: &mut Client| {
+        let started = Instant::now();
+        let all = c.get_many(&batch, 16).iter().all(|r| matches!(r, Ok(Some(_))));
+        (all, started.elapsed())
+    };
+    let (mut reads, mut writes, mut at_rest, mut batches) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for trial in 0..20 {
         wait_until_placed(&url, 3);
         let (_, members, _) = placement(&url);
@@ -1004,21 +1016,32 @@ fn failover_times() {
             .find(|k| remote_dram::proto::rendezvous_ranked(k.as_bytes(), &seeds, 2)[0] == victim)
             .unwrap();
         c.put(key.as_bytes(), b"before").unwrap();
+        let (all, took) = read_batch(&mut c);
+        assert!(all, "the batch at rest");
+        at_rest.push(took);
         let index = servers.iter().position(|s| s.addr == members[victim]).unwrap();
         let mut dead = servers.remove(index);
         let killed = Instant::now();
         dead.kill();
         while !matches!(c.get(key.as_bytes()), Ok(Some(_))) {}
         reads.push(killed.elapsed());
+        let (all, took) = read_batch(&mut c);
+        assert!(all, "the batch while the dead member is in the placement");
+        batches.push(took);
         while c.put(key.as_bytes(), b"after").is_err() {}
         writes.push(killed.elapsed());
         servers.push(member(&url));
     }
-    reads.sort();
-    writes.sort();
+    for times in [&mut reads, &mut writes, &mut at_rest, &mut batches] {
+        times.sort();
+    }
     eprintln!(
         "SIGKILL of the primary to the first read: median {:?}, max {:?}; to the first write: median {:?}, max {:?} (20 trials, lease TTL {TTL_MS} ms)",
         reads[10], reads[19], writes[10], writes[19]
+    );
+    eprintln!(
+        "get_many of {BATCH} keys, 16 in flight, after the first read: median {:?}, max {:?}; before the kill median {:?}",
+        batches[10], batches[19], at_rest[10]
     );
 }
 
