@@ -180,6 +180,19 @@ impl Client {
         payload: &[u8],
         receive: Receive,
     ) -> Result<u64> {
+        let server = self.target(key, &mut h, None);
+        self.submit_inline(h, key, payload, receive, server)
+    }
+
+    /// Starts a request of a batch on `server`, its key inline (up to `INLINE_KEY_MAX`).
+    pub(super) fn submit_inline(
+        &mut self,
+        h: RequestHeader,
+        key: &[u8],
+        payload: &[u8],
+        receive: Receive,
+        server: usize,
+    ) -> Result<u64> {
         check_key(key)?;
         if key.len() > INLINE_KEY_MAX {
             return Err(Error::new(
@@ -187,7 +200,6 @@ impl Client {
                 format!("batched operations take keys up to {INLINE_KEY_MAX} bytes"),
             ));
         }
-        let server = self.target(key, &mut h, None);
         self.submit_key(key, h, payload.into(), receive, server)
     }
 }

@@ -298,14 +298,20 @@ impl Client {
         Some(Err(e))
     }
 
-    /// Sends a value's next part, or once every part is there its commit.
+    /// Sends a value's next part, or once every part is there its commit, to the key's
+    /// primary, where the value is staged (never where a lost primary's requests fail over
+    /// to: the stage is not there).
     fn submit_step(&mut self, key: &[u8], chain: &PartChain, opts: &PutOptions) -> Result<u64> {
+        let server = self.conn.route(key).0;
         match chain.parts.get(chain.next) {
             Some(part) => {
                 let h = part_header(chain.offset, chain.total, chain.stage_id);
-                self.submit_batched(h, key, part, Receive::Owned)
+                self.submit_inline(h, key, part, Receive::Owned, server)
             }
-            None => self.submit_batched(commit_header(chain.total, chain.stage_id, opts), key, &[], Receive::Owned),
+            None => {
+                let h = commit_header(chain.total, chain.stage_id, opts);
+                self.submit_inline(h, key, &[], Receive::Owned, server)
+            }
         }
     }
 
