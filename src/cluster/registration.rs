@@ -132,7 +132,7 @@ impl Registration {
                     role.set(&me, p.clone());
                 }
             }
-            proposal_of(&me, s)
+            next_placement(s)
         };
         let follower = Follower {
             etcd: etcd.clone(),
