@@ -143,6 +143,7 @@ impl Connection {
             let (_, first) = unreached.into_iter().next().expect("at least one address was tried");
             return Err(first);
         }
+        hold_for_test();
         let liveness = Liveness::new(bootstraps, reached, lost.cloned())?;
         let joins = Joins {
             transport: welcomes[0].transport.clone(),
@@ -513,6 +514,22 @@ fn handshake(addr: &str, opts: &ClientOptions) -> Result<(Welcome, TcpStream)> {
 
 /// Whether a server failed to answer (gone, stopped, cut off) rather than refused: a
 /// cluster member that does is connected to as lost.
+/// Tests only: a client connecting creates the file this names once its handshakes are
+/// done, and waits there (up to 30 s) until the test removes it, so that a test can kill a
+/// server between a client's handshake with it and the client's first message on the
+/// transport.
+pub const TEST_CONNECT_HOLD_ENV: &str = "RDRAM_TEST_CONNECT_HOLD_FILE";
+
+fn hold_for_test() {
+    let Some(file) = std::env::var_os(TEST_CONNECT_HOLD_ENV) else { return };
+    if std::fs::write(&file, b"").is_ok() {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&file).exists() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 fn unreachable(e: &Error) -> bool {
     matches!(e.status, Status::Unavailable | Status::Timeout | Status::Transport)
 }

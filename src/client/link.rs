@@ -296,6 +296,26 @@ impl Liveness {
         Ok(())
     }
 
+    /// Whether server `i` is known gone now: reported by [`Liveness::next_gone`], its
+    /// bootstrap connection closed, or (in a cluster) its lease lapsed. For a post the
+    /// provider takes nothing of, asked between its naps.
+    pub fn is_gone(&self, i: usize) -> bool {
+        let mut byte = [0u8; 1];
+        self.gone[i]
+            || match self.streams[i].peek(&mut byte) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+            || self.lost.as_ref().is_some_and(|(nodes, lost, _)| lost.contains(&nodes[i]))
+    }
+
+    /// Whether this connection is a cluster's: a member that is gone (or does not answer)
+    /// while connecting is connected to as lost rather than failing the connect.
+    pub fn in_cluster(&self) -> bool {
+        self.lost.is_some()
+    }
+
     /// A server whose connection closed, or that moved a shard to new endpoints
     /// ([`crate::proto::bootstrap::MOVED_NOTICE`]), each reported once; checks at most every
     /// [`LIVENESS_CHECK`], so it is cheap to call on every turn of a wait loop.

@@ -30,6 +30,7 @@ use crate::error::{Error, Result, Status};
 pub use crate::proto::ByteRange;
 use crate::proto::{self, flags, Op, RequestHeader, INLINE_KEY_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use conn::Connection;
+pub use conn::TEST_CONNECT_HOLD_ENV;
 use link::{Payload, Receive, Reply, Sink};
 pub use options::*;
 pub use replicas::{CopiedOut, CopyInFlight, CopyOut, ReplicaCopy};

@@ -455,22 +455,52 @@ impl Endpoint {
         tag: u64,
         ctx: *mut OpContext,
     ) -> Result<()> {
+        // SAFETY: the caller keeps this function's documented contract.
+        unsafe { self.send_unless(buf, len, desc, peer, tag, ctx, &|| false) }
+    }
+
+    /// [`Endpoint::send`], giving up as soon as `peer_gone` says the peer is gone while
+    /// the provider takes nothing (see `retry_on_eagain`).
+    ///
+    /// # Safety
+    /// As for [`Endpoint::send`].
+    #[allow(clippy::too_many_arguments)] // fi_tsend's own, and the watch
+    pub unsafe fn send_unless(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        peer: PeerAddr,
+        tag: u64,
+        ctx: *mut OpContext,
+        peer_gone: &dyn Fn() -> bool,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
-            self.retry_on_eagain("fi_tsend", || {
-                sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast())
-            })
+            self.retry_on_eagain(
+                "fi_tsend",
+                || sys::rdram_fi_tsend(self.ep, buf.cast(), len, desc, peer, tag, ctx.cast()),
+                peer_gone,
+            )
         }
     }
 
     /// Sends a message of at most [`Endpoint::inject_size`] bytes, copied before this
     /// returns: no completion follows, and `buf` is free again at once.
     pub fn inject(&self, buf: &[u8], peer: PeerAddr, tag: u64) -> Result<()> {
+        self.inject_unless(buf, peer, tag, &|| false)
+    }
+
+    /// [`Endpoint::inject`], giving up as soon as `peer_gone` says the peer is gone while
+    /// the provider takes nothing (see `retry_on_eagain`).
+    pub fn inject_unless(&self, buf: &[u8], peer: PeerAddr, tag: u64, peer_gone: &dyn Fn() -> bool) -> Result<()> {
         debug_assert!(buf.len() <= self.inject_size);
-        // SAFETY: libfabric copies `buf` before fi_tinject returns and keeps no reference.
-        self.retry_on_eagain("fi_tinject", || unsafe {
-            sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag)
-        })
+        self.retry_on_eagain(
+            "fi_tinject",
+            // SAFETY: libfabric copies `buf` before fi_tinject returns and keeps no reference.
+            || unsafe { sys::rdram_fi_tinject(self.ep, buf.as_ptr().cast(), buf.len(), peer, tag) },
+            peer_gone,
+        )
     }
 
     /// Posts a tagged receive matching `tag` (bits set in `ignore` are wildcards) from any
@@ -490,9 +520,11 @@ impl Endpoint {
         // SAFETY: the caller keeps this function's documented contract (buffers and context valid until the completion).
         unsafe {
             let any: PeerAddr = u64::MAX; // FI_ADDR_UNSPEC (a macro bindgen cannot see)
-            self.retry_on_eagain("fi_trecv", || {
-                sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast())
-            })
+            self.retry_on_eagain(
+                "fi_trecv",
+                || sys::rdram_fi_trecv(self.ep, buf.cast(), len, desc, any, tag, ignore, ctx.cast()),
+                &|| false,
+            )
         }
     }
 
@@ -521,9 +553,11 @@ impl Endpoint {
                     format!("provider {} offers no one-sided reads", self.provider),
                 ));
             }
-            self.retry_on_eagain("fi_read", || {
-                sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast())
-            })?;
+            self.retry_on_eagain(
+                "fi_read",
+                || sys::rdram_fi_read(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()),
+                &|| false,
+            )?;
             self.reads.borrow_mut().push_back(ctx as usize);
             Ok(())
         }
@@ -554,9 +588,11 @@ impl Endpoint {
                     format!("provider {} offers no one-sided writes", self.provider),
                 ));
             }
-            self.retry_on_eagain("fi_write", || {
-                sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast())
-            })
+            self.retry_on_eagain(
+                "fi_write",
+                || sys::rdram_fi_write(self.ep, buf.cast(), len, desc, peer, remote_addr, key, ctx.cast()),
+                &|| false,
+            )
         }
     }
 
@@ -586,8 +622,10 @@ impl Endpoint {
     /// (queues full, or shm still mapping the peer, which needs the peer to progress
     /// too): drive our side and retry, for at most `post_stall_limit`. A peer that died
     /// or stopped never drains its queue: retrying for good wedged a server that answered
-    /// a client killed with requests in flight.
-    fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize) -> Result<()> {
+    /// a client killed with requests in flight. `peer_gone`, asked between naps, ends it
+    /// sooner: libfabric tcp's rxm takes nothing for a peer that died before it connected
+    /// to it, for as long as one retries.
+    fn retry_on_eagain(&self, what: &str, mut post: impl FnMut() -> isize, peer_gone: &dyn Fn() -> bool) -> Result<()> {
         let mut since: Option<std::time::Instant> = None;
         loop {
             let rc = post() as i64;
@@ -603,6 +641,9 @@ impl Endpoint {
                 ));
             }
             if waited >= POST_SPIN {
+                if peer_gone() {
+                    return Err(Error::new(Status::Unavailable, format!("{what}: the peer is gone")));
+                }
                 // A peer held up this long is not coming back within microseconds: nap
                 // instead of spinning a core for the rest of the limit.
                 std::thread::sleep(POST_NAP);

@@ -91,9 +91,15 @@ impl FabricLink {
     }
 
     /// Introduces us to every shard worker of the servers from `first` on (whose
-    /// welcomes these are) and learns our slot at each.
+    /// welcomes these are) and learns our slot at each. In a cluster, a member that died
+    /// since its handshake, or does not answer, is connected to as lost (see
+    /// `Connection::connect`): it stays failed here, and the keys its replicas hold are
+    /// served.
     pub(super) fn hello(&mut self, first: usize, welcomes: &[Welcome], timeout: Duration) -> Result<()> {
         let addresses = self.rails.addresses()?;
+        let lost = |e: &Error, in_cluster: bool| {
+            in_cluster && matches!(e.status, Status::Unavailable | Status::Timeout | Status::Transport)
+        };
         let mut waiting = Vec::new();
         for (s, w) in welcomes.iter().enumerate().map(|(i, w)| (first + i, w)) {
             for shard in 0..self.servers[s].shards.len() {
@@ -101,17 +107,33 @@ impl FabricLink {
                 let hello = Hello { session: w.session, hello_id: id, addresses: addresses.clone() };
                 let mut p = self.take_pending(s);
                 p.msg.extend_from_slice(&hello.encode());
-                self.post(id, p, shard, wire::HELLO)?;
-                waiting.push((id, s, shard));
+                match self.post(id, p, shard, wire::HELLO) {
+                    Ok(()) => waiting.push((id, s, shard)),
+                    Err(e) if lost(&e, self.liveness.in_cluster()) => {
+                        // `post` failed the server: the rest of its shards are not asked.
+                        tracing::debug!("connecting without {} for now: {}", w.node, e.message);
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         for (id, s, shard) in waiting {
-            let reply = self.wait_for(id, timeout).map_err(|e| {
-                Error::new(
-                    Status::Unavailable,
-                    format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message),
-                )
-            })?;
+            let reply = match self.wait_for(id, timeout) {
+                Ok(reply) => reply,
+                Err(e) if lost(&e, self.liveness.in_cluster()) => {
+                    tracing::debug!("connecting without {} for now: {}", self.servers[s].node, e.message);
+                    let why = format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message);
+                    self.fail_server(s, Status::Unavailable, why);
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        Status::Unavailable,
+                        format!("server {} did not answer the fabric hello: {}", self.servers[s].node, e.message),
+                    ))
+                }
+            };
             if reply.header.status() != Status::Ok {
                 return Err(Error::new(reply.header.status(), String::from_utf8_lossy(&reply.payload).into_owned()));
             }

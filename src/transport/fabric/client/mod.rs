@@ -222,11 +222,13 @@ impl FabricLink {
         let ends = if p.part_ends.is_empty() { &whole[..] } else { &p.part_ends[..] };
         let part = |k: usize| (if k == 0 { 0 } else { ends[k - 1] })..ends[k];
         let mut failed = None;
+        let liveness = &self.liveness;
+        let gone = || liveness.is_gone(server);
         if (0..ends.len()).all(|k| part(k).len() <= self.rails.eps[0].inject_size) {
             // Copied by the provider before each call returns: sent, and no completion
             // follows (one less to reap on each side of a small request's round trip).
             for k in 0..ends.len() {
-                if let Err(e) = self.rails.eps[0].inject(&p.msg[part(k)], peer, tag) {
+                if let Err(e) = self.rails.eps[0].inject_unless(&p.msg[part(k)], peer, tag, &gone) {
                     failed = Some((k, e));
                     break;
                 }
@@ -240,7 +242,15 @@ impl FabricLink {
                 // SAFETY: msg lives in the boxed Pending until every part's send completes
                 // (`sent`); the range lies within it.
                 if let Err(e) = unsafe {
-                    self.rails.eps[0].send(p.msg.as_ptr().add(range.start), range.len(), msg_desc, peer, tag, ctx)
+                    self.rails.eps[0].send_unless(
+                        p.msg.as_ptr().add(range.start),
+                        range.len(),
+                        msg_desc,
+                        peer,
+                        tag,
+                        ctx,
+                        &gone,
+                    )
                 } {
                     self.ops.not_posted(send_op, ends.len() - k, e.clone());
                     failed = Some((k, e));
