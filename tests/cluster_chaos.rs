@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::cluster::{client, create, member_with, placement, status, Etcd, TTL_MS};
@@ -91,6 +91,13 @@ fn counter_key(k: u64) -> Vec<u8> {
     format!("c/{k}").into_bytes()
 }
 
+/// When the load started: the changes and the violations say their times from it.
+static START: OnceLock<Instant> = OnceLock::new();
+
+fn elapsed_s() -> f64 {
+    START.get().map_or(0.0, |s| s.elapsed().as_secs_f64())
+}
+
 /// What the load saw and was told.
 #[derive(Default)]
 struct Ledger {
@@ -98,6 +105,8 @@ struct Ledger {
     floors: HashMap<Vec<u8>, u64>,
     /// New keys acknowledged, by writer: writer 0's are never deleted.
     written: [Vec<u64>; 2],
+    /// When each new key was acknowledged (s), and its generation.
+    acked: HashMap<u64, (f64, u64)>,
     /// Writer 1's keys whose delete was acknowledged, and those whose delete failed.
     deleted: HashSet<u64>,
     deleted_at: HashMap<u64, Duration>,
@@ -163,6 +172,7 @@ fn start_load(url: &str, stop: &Arc<AtomicBool>, ledger: &Shared, seed: u64) -> 
                         Ok(generation) => {
                             l.completed(&key, generation);
                             l.written[writer as usize].push(id);
+                            l.acked.insert(id, (elapsed_s(), generation));
                         }
                         Err(_) => l.failed("put"),
                     }
@@ -211,7 +221,12 @@ fn start_load(url: &str, stop: &Arc<AtomicBool>, ledger: &Shared, seed: u64) -> 
                         Ok(Some(v)) if version_of(id, &v.data) == Some(0) => {}
                         Ok(found) => {
                             let what = if found.is_some() { "a torn or foreign value" } else { "missing" };
-                            ledger.lock().unwrap().violations.push(format!("{id:x}: acknowledged, then {what}"));
+                            let mut l = ledger.lock().unwrap();
+                            let acked = l.acked.get(&id).copied();
+                            l.violations.push(format!(
+                                "{id:x}: acknowledged (at s, generation: {acked:?}), then {what} at {:.3} s",
+                                elapsed_s()
+                            ));
                         }
                         Err(_) => ledger.lock().unwrap().failed("get"),
                     }
@@ -292,7 +307,12 @@ fn read_loop(c: &mut Client, rng: &mut SmallRng, stop: &AtomicBool, ledger: &Sha
             // A hot key or counter not written yet (the counters are written before the load).
             Ok(None) if floor == 0 => continue,
             Ok(None) => {
-                l.violations.push(format!("{}: missing, after generation {floor}", String::from_utf8_lossy(&key)));
+                let acked = id.and_then(|id| l.acked.get(&id).copied());
+                l.violations.push(format!(
+                    "{}: missing at {:.3} s, after generation {floor} (acknowledged at s, generation: {acked:?})",
+                    String::from_utf8_lossy(&key),
+                    elapsed_s()
+                ));
                 continue;
             }
             Err(_) => {
@@ -389,8 +409,8 @@ fn chaos() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let ledger: Shared = Arc::default();
+    let started = *START.get_or_init(Instant::now);
     let threads = start_load(&url, &stop, &ledger, seed);
-    let started = Instant::now();
     let mut changes: HashMap<&str, u32> = HashMap::new();
     while started.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_millis(rng.gen_range(500..2000)));
@@ -431,12 +451,16 @@ fn chaos() {
         l.increments_unsure,
         l.errors
     );
-    assert!(
-        l.violations.is_empty(),
-        "{} violations, first: {:?}",
-        l.violations.len(),
-        &l.violations[..l.violations.len().min(10)]
-    );
+    if !l.violations.is_empty() {
+        let report = std::env::temp_dir().join(format!("rdram-chaos-violations-{}.txt", std::process::id()));
+        let _ = std::fs::write(&report, l.violations.join("\n") + "\n");
+        panic!(
+            "{} violations (all in {}), first: {:?}",
+            l.violations.len(),
+            report.display(),
+            &l.violations[..l.violations.len().min(10)]
+        );
+    }
     assert!(l.reads > 1000 && l.increments > 10 && l.written[0].len() > 100, "the load ran");
     check_at_rest(&members, &l);
 }

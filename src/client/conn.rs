@@ -427,10 +427,10 @@ impl Connection {
         self.link.wait_for(id, timeout)
     }
 
-    /// Picks the server for a key by rendezvous hashing over the servers' node names.
-    pub fn route(&self, key: &[u8]) -> (usize, usize) {
-        let server = self.route_to[proto::rendezvous(key, &self.route_seeds)];
-        (server, proto::shard_of(key, self.servers[server].shards))
+    /// The server a key routes to, by rendezvous hashing over the servers' node names (in
+    /// a cluster, its primary; the shard is the key's hash over that server's shards).
+    pub fn primary(&self, key: &[u8]) -> usize {
+        self.route_to[proto::rendezvous(key, &self.route_seeds)]
     }
 
     /// Routes with a cluster's placement: keys hash over its members only (the other

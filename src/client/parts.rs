@@ -181,9 +181,11 @@ impl Client {
             && opts.condition == WriteCondition::None
             && len >= STREAM_PUT_MIN
             && key.len() <= INLINE_KEY_MAX
-            && self.live().is_ok_and(|c| c.stages_large_writes() && c.replicas_of(key).0.len() > 1)
-            && self.failover_target(key, false).is_none();
-        streams.then(|| self.conn.route(key).0)
+            && self.live().is_ok_and(|c| c.stages_large_writes() && c.replicas_of(key).0.len() > 1);
+        // Not to a primary whose connection is lost: the value goes whole, where a single
+        // call's write goes (`Client::target`).
+        let primary = self.conn.primary(key);
+        (streams && !self.conn.is_dead(primary)).then_some(primary)
     }
 
     /// A put that [`Client::streams`]: its value goes to its primary in parts (about
@@ -302,7 +304,7 @@ impl Client {
     /// primary, where the value is staged (never where a lost primary's requests fail over
     /// to: the stage is not there).
     fn submit_step(&mut self, key: &[u8], chain: &PartChain, opts: &PutOptions) -> Result<u64> {
-        let server = self.conn.route(key).0;
+        let server = self.conn.primary(key);
         match chain.parts.get(chain.next) {
             Some(part) => {
                 let h = part_header(chain.offset, chain.total, chain.stage_id);

@@ -295,7 +295,7 @@ impl Client {
     /// payload, which must outlive the request.
     fn submit_member(&mut self, h: RequestHeader, key: &[u8], payload: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
         check_key(key)?;
-        let server = self.conn.route(key).0;
+        let server = self.conn.primary(key);
         if key.len() <= INLINE_KEY_MAX || payload.is_empty() {
             return Ok((self.submit_key(key, h, payload.into(), Receive::Owned, server)?, None));
         }

@@ -171,9 +171,10 @@ impl Client {
     /// key's primary. A request sent elsewhere than the primary says so
     /// ([`flags::ASKING`]).
     pub(super) fn target(&self, key: &[u8], h: &mut RequestHeader, asked: Option<&str>) -> usize {
+        let primary = self.conn.primary(key);
         let target = match asked.and_then(|node| self.conn.server_named(node)) {
             Some(s) => Some(s),
-            None if self.cluster.is_some() => self.failover_target(key, Op::from_u8(h.op) == Some(Op::Get)),
+            None if self.cluster.is_some() => self.failover_target(key, primary, Op::from_u8(h.op) == Some(Op::Get)),
             None => None,
         };
         match target {
@@ -181,17 +182,16 @@ impl Client {
                 h.flags |= flags::ASKING;
                 s
             }
-            None => self.conn.route(key).0,
+            None => primary,
         }
     }
 
     /// Where a cluster key's request goes when its primary's connection is lost: a read
     /// to the first other replica reachable under the current placement, a write to the
     /// key's primary under the placement keys are moving to (which exists once the lost
-    /// server's lease lapsed). None: to the primary.
-    pub(super) fn failover_target(&self, key: &[u8], read: bool) -> Option<usize> {
-        // The common case costs a hash and no allocation: the primary is there.
-        let primary = self.conn.route(key).0;
+    /// server's lease lapsed). None: to the primary, `primary`.
+    pub(super) fn failover_target(&self, key: &[u8], primary: usize, read: bool) -> Option<usize> {
+        // The common case costs no hash and no allocation: the primary is there.
         if !self.conn.is_dead(primary) {
             return None;
         }
