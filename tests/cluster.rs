@@ -503,6 +503,83 @@ fn a_member_back_from_a_lapsed_lease_brings_no_deleted_key_back() {
     }
 }
 
+/// A member that leaves just after another came back from a pause past its lease leaves
+/// every key on R members. The one back takes the others' lapsed leases for live for a
+/// lease TTL (docs/cluster.md, etcd trouble), so it counts the leaving member live while
+/// the others do not; the key's first replica that stays copies it, as the placement says,
+/// whoever counts whom live. (Found by the libfabric chaos soak: each member chose by its
+/// own view, the one back left the leaving member's keys to it, the others held none of
+/// them, and nobody copied them; they were on one member when it was paused again.)
+#[test]
+fn a_member_leaving_as_another_comes_back_from_a_pause_leaves_every_key_on_r_members() {
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("back-then-leave");
+    create(&url, 2);
+    // Long enough a lease that the leave falls inside the hold of the member back.
+    const TTL: u64 = 4000;
+    let ttl = TTL.to_string();
+    let args = ["--workers", "1", "--cluster", &url, "--lease-ttl-ms", &ttl];
+    let mut servers: Vec<ServerProc> = (0..4).map(|_| ServerProc::start(&args)).collect();
+    wait_until_placed(&url, 4);
+    let mut writer = client(&url);
+    let keys: Vec<String> = (0..400).map(|i| format!("kept/{i}")).collect();
+    for k in &keys {
+        writer.put(k.as_bytes(), k.as_bytes()).unwrap();
+    }
+    let paused = servers[0].addr.clone();
+    signal(&servers[0], "STOP");
+    let left_out = wait_until(Duration::from_secs(60), || {
+        let (_, members, settled) = placement(&url);
+        settled && !members.contains(&paused)
+    });
+    assert!(left_out, "the placement leaves the paused member out: {}", status(&url));
+    signal(&servers[0], "CONT");
+    let back = wait_until(Duration::from_secs(60), || {
+        let (_, members, settled) = placement(&url);
+        settled && members.contains(&paused)
+    });
+    let back_at = Instant::now();
+    assert!(back, "the paused member joins again: {}", status(&url));
+    let mut leaving = servers.remove(1);
+    let exit = leaving.stop();
+    assert!(exit.is_some_and(|e| e.success()), "a member leaving on SIGTERM exits 0: {exit:?}");
+    eprintln!("a member left {:?} after the one back was placed again", back_at.elapsed());
+    let want = sorted(servers.iter().map(|s| s.addr.clone()).collect());
+    let settled = wait_until(Duration::from_secs(60), || {
+        let (_, members, settled) = placement(&url);
+        settled && sorted(members) == want
+    });
+    assert!(settled, "the placement settles on the members left: {}", status(&url));
+    let copies = || {
+        let mut count = std::collections::HashMap::<Vec<u8>, usize>::new();
+        for s in &servers {
+            let listed = Client::connect(&s.addr, ClientOptions::default()).unwrap().list(&Default::default()).unwrap();
+            for e in listed {
+                *count.entry(e.key).or_default() += 1;
+            }
+        }
+        count
+    };
+    // The copies a member no longer needs go shortly after the placement settled.
+    let on_two = |count: &std::collections::HashMap<Vec<u8>, usize>| {
+        keys.iter().filter(|k| count.get(k.as_bytes()) == Some(&2)).count()
+    };
+    wait_until(Duration::from_secs(10), || on_two(&copies()) == keys.len());
+    let count = copies();
+    let short: Vec<&String> = keys.iter().filter(|k| count.get(k.as_bytes()).copied().unwrap_or(0) < 2).collect();
+    assert!(
+        short.is_empty(),
+        "{} of {} keys on fewer than 2 members: {:?}",
+        short.len(),
+        keys.len(),
+        &short[..short.len().min(5)]
+    );
+    for k in &keys {
+        assert_eq!(writer.get(k.as_bytes()).unwrap().map(|v| v.data), Some(k.clone().into_bytes()), "{k}");
+    }
+}
+
 /// A member paused past its lease that comes back while the move leaving it out is still
 /// under way serves none of its keys as they were before: writes went on without it, so
 /// it stays out until that move ended, and joins as a new member. (Found by the chaos

@@ -1,5 +1,6 @@
 //! A cluster member's mover: while keys move to a new placement, it copies each key this
-//! server is the first live replica of to the replicas the key gains under `next`, in
+//! server is the first replica of that stays a member under `next` (see `copies_key`) to
+//! the replicas the key gains under `next`, in
 //! batches of many keys with [`MOVE_DEPTH`] requests in flight (at most [`MOVE_BATCH_BYTES`]
 //! of values a batch), through the real transport and the cluster's token like any client.
 //! It asks its own server to copy each key out ([`Client::copy_out_many`]): the shard hands
@@ -119,7 +120,7 @@ impl Work {
                 _ => None,
             };
             if placement.next.is_none() && placement.replicas > 1 && collected != Some(placement.epoch) {
-                match self.collect(routing) {
+                match self.collect(routing, seen) {
                     Ok(true) => collected = Some(placement.epoch),
                     Ok(false) => {}
                     Err(e) => self.failed("freeing copies no longer needed", e),
@@ -184,9 +185,10 @@ impl Work {
     }
 
     /// Once the placement moved on: deletes the keys here whose replicas no longer include
-    /// this server. False when the placement changed meanwhile.
-    fn collect(&mut self, routing: &Routing) -> Result<bool> {
-        let version = self.role.version();
+    /// this server under `routing`, the role's placement as of `version` (read before it).
+    /// False when the placement changed since: then a key freed would perhaps be one a
+    /// move copies here.
+    fn collect(&mut self, routing: &Routing, version: u64) -> Result<bool> {
         let (stop, role, me) = (self.stop.clone(), self.role.clone(), self.cfg.me.clone());
         let own = self.own_client()?;
         let mut cursor = None;
@@ -280,7 +282,6 @@ impl Work {
         let started = Instant::now();
         let mut last_report = Instant::now();
         let mut pass = Pass::default();
-        let live: Vec<String> = self.registration.state().members.into_iter().map(|m| m.address).collect();
         let me = self.cfg.me.clone();
         let mut cursor = None;
         let mut batch: Vec<Move> = Vec::new();
@@ -301,12 +302,9 @@ impl Work {
                     }
                 } else {
                     let now = routing.replicas(key);
-                    // The first live replica copies; the others leave it be, and a copy no
-                    // longer needed goes once the placement moved on.
-                    let first_live = now.iter().find(|m| live.iter().any(|l| l == *m));
                     let gaining: Vec<String> =
                         routing.next_replicas(key).into_iter().filter(|m| !now.contains(m)).map(String::from).collect();
-                    (first_live == Some(&me.as_str()) && !gaining.is_empty()).then(|| Move {
+                    (!gaining.is_empty() && copies_key(&now, next, &me)).then(|| Move {
                         key: entry.key.clone(),
                         to: gaining,
                         hand_over: false,
@@ -392,5 +390,47 @@ impl Work {
             let Some(ahead) = due.checked_duration_since(Instant::now()) else { return };
             std::thread::sleep(ahead.min(MOVER_PACE_NAP));
         }
+    }
+}
+
+/// Whether member `me` copies a key whose replicas are `now` to the members that gain it
+/// under `next` (R ≥ 2): the first of its replicas that stays a member copies it, and only
+/// when none stays (they all leave at once) does each of them. The choice rests on the
+/// placement alone, which every member reads alike, not on each member's view of who is
+/// live: a member back from a pause holds lapsed leases for live a while, and with each
+/// leaving a departed member's keys to another, nobody copied them. A member that stays
+/// is a live source the move waits for (`next_placement`), or, once its lease lapsed,
+/// leaves `next`, and the move starts over.
+fn copies_key(now: &[&str], next: &[String], me: &str) -> bool {
+    match now.iter().find(|m| next.iter().any(|n| n == *m)) {
+        Some(first_staying) => *first_staying == me,
+        None => now.contains(&me),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copies_key;
+
+    fn names(m: &[&str]) -> Vec<String> {
+        m.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_first_replica_that_stays_copies_a_key_and_every_one_when_none_stays() {
+        // A join: the key's primary copies it.
+        let next = names(&["a", "b", "c", "d"]);
+        assert!(copies_key(&["a", "b"], &next, "a"));
+        assert!(!copies_key(&["a", "b"], &next, "b"));
+        // Its primary leaves (dead, drained or paused past its lease, whoever says it is
+        // live): the replica that stays copies, and the one that leaves does not.
+        let next = names(&["b", "c"]);
+        assert!(!copies_key(&["a", "b"], &next, "a"));
+        assert!(copies_key(&["a", "b"], &next, "b"));
+        // Every replica leaves at once: each copies.
+        let next = names(&["c", "d"]);
+        assert!(copies_key(&["a", "b"], &next, "a"));
+        assert!(copies_key(&["a", "b"], &next, "b"));
+        assert!(!copies_key(&["a", "b"], &next, "c"));
     }
 }
