@@ -241,6 +241,19 @@ impl View {
     }
 }
 
+/// What member `me` proposes on reading `state`: the next step ([`next_placement`]), but
+/// nothing while its own lease lapsed and it has not registered again. Its follower then
+/// holds it as live only by its own judgement of the lapse (`lapsed_in_outage`), which the
+/// others' followers need not share: counted as wanted, it would propose keys moving to
+/// itself before it is back, the others would take that back at once, and the copies
+/// begun meanwhile would wait out their deadline. Its registration wakes its follower.
+pub fn proposal_of(me: &str, state: &ClusterState) -> Option<Placement> {
+    if state.lapsed_in_outage.iter().any(|m| m == me) {
+        return None;
+    }
+    next_placement(state)
+}
+
 /// The placement that should follow `state`'s, if any: the first placement once a member
 /// is live; keys moving once the live members that are not draining differ from the
 /// placement's (a member that died leaves it this way too, once its lease lapsed); sealed

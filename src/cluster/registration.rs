@@ -132,7 +132,7 @@ impl Registration {
                     role.set(&me, p.clone());
                 }
             }
-            next_placement(s)
+            proposal_of(&me, s)
         };
         let follower = Follower {
             etcd: etcd.clone(),

@@ -100,7 +100,7 @@ impl Kv for Etcd {
 
 /// A member's view of the cluster: what its follower reads and proposes, as a server's
 /// steward does (`registration.rs`): the last good placement written back over one that
-/// went or cannot be served on, else the next step.
+/// went or cannot be served on, else what the member proposes ([`proposal_of`]).
 struct Follower {
     etcd: Etcd,
     members: Members,
@@ -108,8 +108,9 @@ struct Follower {
 }
 
 impl Follower {
-    fn new(etcd: &Etcd, secret: &ClusterSecret) -> Follower {
+    fn new(etcd: &Etcd, secret: &ClusterSecret, me: &str) -> Follower {
         let held: Arc<Mutex<Option<Placement>>> = Arc::default();
+        let me = me.to_string();
         let on_state: OnState = Box::new(move |s: &ClusterState| {
             let mut held = held.lock().unwrap();
             if let Some(back) = restored(s, held.as_ref()) {
@@ -118,7 +119,7 @@ impl Follower {
             if s.placement.is_some() {
                 held.clone_from(&s.placement);
             }
-            next_placement(s)
+            proposal_of(&me, s)
         });
         Follower { etcd: etcd.clone(), members: Members::checked_with(secret.clone()), on_state }
     }
@@ -150,6 +151,15 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster of `replicas` per key whose `members` registered.
+    fn with_members(replicas: u32, members: &[&str]) -> Cluster {
+        let mut c = Cluster::new(replicas);
+        for m in members {
+            c.join(m);
+        }
+        c
+    }
+
     fn new(replicas: u32) -> Cluster {
         let etcd = Etcd::default();
         let url = ClusterUrl::parse("etcd://127.0.0.1:2379/memory").unwrap().unwrap();
@@ -171,8 +181,9 @@ impl Cluster {
         self.etcd.put(&(self.url.members_prefix() + address), member.sealed(&self.secret, lease), lease);
     }
 
-    fn follower(&self) -> Follower {
-        Follower::new(&self.etcd, &self.secret)
+    /// Member `me`'s follower.
+    fn follower(&self, me: &str) -> Follower {
+        Follower::new(&self.etcd, &self.secret, me)
     }
 
     /// A source reports its keys copied (and, once sealed, the generation it gave last).
@@ -188,6 +199,21 @@ impl Cluster {
         self.etcd.put(&self.url.move_key(source), serde_json::to_vec(&report).unwrap(), self.leases[source]);
     }
 
+    /// Takes the move under way to the next epoch: each source reports its keys copied,
+    /// the placement is sealed, each reports the last generation it gave out.
+    fn finish_move(&self, follower: &mut Follower, sources: &[(&str, u64)]) {
+        let moving = self.placement();
+        for (source, _) in sources {
+            self.report(source, &moving, None);
+        }
+        follower.settle(&self.url);
+        let sealed = self.placement();
+        for (source, last) in sources {
+            self.report(source, &sealed, Some(*last));
+        }
+        follower.settle(&self.url);
+    }
+
     fn placement(&self) -> Placement {
         self.etcd.placement(&self.url)
     }
@@ -201,11 +227,8 @@ fn names(m: &[&str]) -> Vec<String> {
 /// nothing to do. Of two proposals made from one read, one holds.
 #[test]
 fn the_first_members_are_placed_once() {
-    let mut c = Cluster::new(2);
-    for m in ["a", "b", "c"] {
-        c.join(m);
-    }
-    let (mut a, mut b) = (c.follower(), c.follower());
+    let c = Cluster::with_members(2, &["a", "b", "c"]);
+    let (mut a, mut b) = (c.follower("a"), c.follower("b"));
     let state = a.settle(&c.url);
     let p = c.placement();
     assert_eq!((p.epoch, p.version, p.members.clone(), p.replicas), (1, 1, names(&["a", "b", "c"]), 2));
@@ -233,11 +256,8 @@ fn the_first_members_are_placed_once() {
 /// generation they gave out, which never goes back.
 #[test]
 fn a_member_whose_lease_lapses_is_moved_out() {
-    let mut c = Cluster::new(2);
-    for m in ["a", "b", "c"] {
-        c.join(m);
-    }
-    let mut a = c.follower();
+    let c = Cluster::with_members(2, &["a", "b", "c"]);
+    let mut a = c.follower("a");
     a.settle(&c.url);
     c.etcd.lapse(c.leases["c"]);
     a.settle(&c.url);
@@ -252,7 +272,7 @@ fn a_member_whose_lease_lapses_is_moved_out() {
     assert!(sealed.sealed && sealed.version == moving.version + 1, "{sealed:?}");
     c.report("a", &sealed, Some(700));
     c.report("b", &sealed, Some(900));
-    let mut b = c.follower();
+    let mut b = c.follower("b");
     b.settle(&c.url);
     let next = c.placement();
     assert_eq!((next.epoch, next.members.clone(), next.next.clone()), (2, names(&["a", "b"]), None));
@@ -261,14 +281,8 @@ fn a_member_whose_lease_lapses_is_moved_out() {
     // b drains, a last source reports a lower generation: the floor stays.
     c.put_record("b", true);
     b.settle(&c.url);
-    let draining = c.placement();
-    assert_eq!(draining.next, Some(names(&["a"])));
-    c.report("a", &draining, None);
-    c.report("b", &draining, None);
-    b.settle(&c.url);
-    c.report("a", &c.placement(), Some(10));
-    c.report("b", &c.placement(), Some(20));
-    b.settle(&c.url);
+    assert_eq!(c.placement().next, Some(names(&["a"])));
+    c.finish_move(&mut b, &[("a", 10), ("b", 20)]);
     let after = c.placement();
     assert_eq!((after.epoch, after.members.clone(), after.generation_floor), (3, names(&["a"]), 900));
 }
@@ -278,16 +292,13 @@ fn a_member_whose_lease_lapses_is_moved_out() {
 /// in as its last good one, and the placement keeps it.
 #[test]
 fn members_are_live_leases_with_records_sealed_for_them() {
-    let mut c = Cluster::new(2);
-    for m in ["a", "b"] {
-        c.join(m);
-    }
+    let c = Cluster::with_members(2, &["a", "b"]);
     let lease = c.etcd.grant();
     let forged = Member { address: "x".into(), seal: "00".repeat(32), ..Default::default() };
     c.etcd.put(&(c.url.members_prefix() + "x"), serde_json::to_vec(&forged).unwrap(), lease);
     let unleased = Member { address: "y".into(), ..Default::default() };
     c.etcd.put(&(c.url.members_prefix() + "y"), unleased.sealed(&c.secret, 0), 0);
-    let mut a = c.follower();
+    let mut a = c.follower("a");
     let state = a.settle(&c.url);
     assert_eq!(c.placement().members, names(&["a", "b"]));
     assert_eq!(state.members.iter().map(|m| m.address.as_str()).collect::<Vec<_>>(), ["a", "b"]);
@@ -307,7 +318,7 @@ fn members_are_live_leases_with_records_sealed_for_them() {
 fn a_spoilt_placement_is_written_back_one_version_on() {
     let mut c = Cluster::new(1);
     c.join("a");
-    let mut a = c.follower();
+    let mut a = c.follower("a");
     a.settle(&c.url);
     let held = c.placement();
     c.etcd.put(&c.url.placement_key(), b"{\"not\": \"ours\"}".to_vec(), 0);
@@ -326,12 +337,9 @@ fn a_spoilt_placement_is_written_back_one_version_on() {
 /// does not come back in that time is moved out then.
 #[test]
 fn leases_lapsed_in_an_etcd_outage_move_no_member_out_until_the_hold_ends() {
-    let mut c = Cluster::new(1);
-    for m in ["a", "b", "c"] {
-        c.join(m);
-    }
+    let mut c = Cluster::with_members(1, &["a", "b", "c"]);
     let hold = Arc::new(Mutex::new(None));
-    let mut a = c.follower().judging_lapses(&hold);
+    let mut a = c.follower("a").judging_lapses(&hold);
     a.settle(&c.url);
     let placed = c.placement();
     assert_eq!(placed.members, names(&["a", "b", "c"]));
@@ -353,4 +361,35 @@ fn leases_lapsed_in_an_etcd_outage_move_no_member_out_until_the_hold_ends() {
     a.settle(&c.url);
     assert_eq!(c.placement().next, Some(names(&["a", "b"])), "c did not come back within the hold");
     assert_eq!(a.members.recheck(), None);
+}
+
+/// A member back from a pause past its lease, before it registered again: its own judge
+/// holds lapsed leases (its lease went unconfirmed for longer than half a TTL), so its
+/// follower keeps its old record as live, but it proposes nothing from that; once
+/// registered again it proposes keys moving to itself, as a joining member would.
+#[test]
+fn a_member_whose_lease_lapsed_proposes_nothing_until_it_registered_again() {
+    let mut c = Cluster::with_members(2, &["a", "b", "c"]);
+    let hold = Arc::new(Mutex::new(None));
+    let (mut a, mut paused) = (c.follower("a"), c.follower("c").judging_lapses(&hold));
+    a.settle(&c.url);
+    paused.settle(&c.url);
+
+    // c is paused past its lease: the others move its keys off it, and on.
+    c.etcd.lapse(c.leases["c"]);
+    a.settle(&c.url);
+    assert_eq!(c.placement().next, Some(names(&["a", "b"])));
+    c.finish_move(&mut a, &[("a", 1), ("b", 1)]);
+    let without = c.placement();
+    assert_eq!((without.members.clone(), without.next.clone()), (names(&["a", "b"]), None));
+
+    // c runs again: its lease was not confirmed for long, so its judge holds lapses.
+    *hold.lock().unwrap() = Some(Duration::from_secs(5));
+    let state = paused.settle(&c.url);
+    assert!(state.lapsed_in_outage.contains(&"c".to_string()), "{state:?}");
+    assert_eq!(c.placement(), without, "c proposed keys moving to itself before it registered again");
+
+    c.join("c");
+    paused.settle(&c.url);
+    assert_eq!(c.placement().next, Some(names(&["a", "b", "c"])), "registered again, c takes keys as a joining member");
 }

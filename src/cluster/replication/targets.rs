@@ -52,6 +52,13 @@ pub(super) fn targets<'a>(me: &str, routing: &'a Routing, job: &CopyJob, live: i
     Targets::Copy { required, leaving }
 }
 
+/// The first of the members a mover's copy names that `routing` no longer has hold `key`
+/// (now or under `next`): the placement changed while the key was handed over, and that
+/// member refuses the copy. None: every one still holds it.
+pub(super) fn named_off<'n>(routing: &Routing, key: &[u8], named: &'n [String]) -> Option<&'n str> {
+    named.iter().map(String::as_str).find(|m| !routing.holds(m, key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +137,31 @@ mod tests {
             unreachable!()
         };
         assert_eq!((names(required), names(lapsed)), (vec![gaining.clone()], vec![leaving.clone()]));
+    }
+
+    /// A mover's copy names the members a key moves to; once the placement no longer has
+    /// one of them hold it (the move was taken back), the copy goes no further.
+    #[test]
+    fn a_movers_copy_stops_at_a_member_the_placement_took_the_key_off() {
+        let members = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placement = |next: Option<&[&str]>| Placement {
+            epoch: 3,
+            members: members(&["a", "b"]),
+            next: next.map(members),
+            replicas: 2,
+            version: 9,
+            ..Default::default()
+        };
+        let moving = Routing::new(placement(Some(&["a", "b", "c"])));
+        let key = (0..10_000u32)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| moving.next_replicas(k).contains(&"c"))
+            .expect("a key that moves to c");
+        let named = members(&["c"]);
+        assert_eq!(named_off(&moving, &key, &named), None, "c is to hold it");
+        let taken_back = Routing::new(placement(Some(&["a", "b"])));
+        assert_eq!(named_off(&taken_back, &key, &named), Some("c"));
+        assert_eq!(named_off(&Routing::new(placement(None)), &key, &named), Some("c"));
     }
 
     fn names(m: Members) -> Vec<String> {

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use tracing::warn;
 
 use super::peers::{breaks, close_off_thread, send, send_discard, send_part, Closing, Peer};
-use super::targets::{targets, Targets};
+use super::targets::{named_off, targets, Targets};
 use super::{ArenaValue, Copied, CopyJob, Handed, Landed, ReplicatorConfig, StreamStart, Wake, TEST_COPY_DELAY_ENV};
 use crate::client::Client;
 use crate::cluster::placement::Members;
@@ -525,9 +525,15 @@ impl Work {
             // A mover's copy names its members (owned here: the job is changed below).
             let named = w.job.to.clone();
             let targets = match &named {
-                Some(to) => {
-                    Targets::Copy { required: to.iter().map(String::as_str).collect(), leaving: Members::new() }
-                }
+                // The mover hears why, and passes over the key again under the new placement.
+                Some(to) => match named_off(routing, &w.job.key, to) {
+                    Some(off) => Targets::Superseded(format!(
+                        "the placement changed while the key was handed over: {off} is to hold no replica of it"
+                    )),
+                    None => {
+                        Targets::Copy { required: to.iter().map(String::as_str).collect(), leaving: Members::new() }
+                    }
+                },
                 None => targets(me, routing, &w.job, |m| self.cfg.role.is_live(m)),
             };
             let (required, leaving) = match targets {
