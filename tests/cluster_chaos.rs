@@ -14,7 +14,8 @@
 //! - at the end every acknowledged key is on exactly R members, and no key on more.
 //!
 //! Calls may fail while a change is under way (they are counted, not checked); what they
-//! leave is.
+//! leave is. A failed run names a file with every violation, each with the time (s from
+//! the load's start) its key was acknowledged and it was seen, beside the changes' times.
 mod common;
 
 use std::collections::{HashMap, HashSet};
