@@ -1325,8 +1325,9 @@ impl EtcdKv {
 /// An ordinary client (it has the token) sends replica frames by hand to a key's replica in
 /// an R = 2 cluster: imports of a made-up generation (u64::MAX among them), with no ticket
 /// or a forged one, an import of a delete, a handover hold, copies out to the other
-/// member (a mover's, with and without a hold) and a staged value published without a
-/// ticket. Every one is refused and changes nothing: both replicas keep the
+/// member (a mover's, with and without a hold), a staged value published without a
+/// ticket, and plain writes sent to one member by its address. Every
+/// one is refused and changes nothing: both replicas keep the
 /// value and generation the key's primary gave, and the next write's generation follows
 /// on from it (no wrap).
 #[test]
@@ -1420,6 +1421,12 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
         (stage.range_start, stage.range_end) = (0, part.len() as i64);
         let (status, message) = stager.raw_request(0, &frame(&stage), part, Duration::from_secs(10)).unwrap();
         assert_eq!(status, Status::Ok, "a value staged in parts: {message}");
+        // Its commit, as a client sends it to a key's primary but without a view: refused.
+        let mut commit = stage;
+        (commit.request_id, commit.if_not_equal) = (stager.raw_session().1, staged_id);
+        (commit.range_start, commit.range_end) = (part.len() as i64, part.len() as i64);
+        let (status, message) = stager.raw_request(0, &frame(&commit), b"", Duration::from_secs(10)).unwrap();
+        assert_eq!(status, Status::Invalid, "a commit sent to a member by its address: {message}");
         let mut publish = remote_dram::proto::RequestHeader::new(Op::Put, stager.raw_session().1, session);
         publish.flags = flags::STAGE | flags::IMPORT;
         publish.if_not_equal = staged_id;
@@ -1435,6 +1442,18 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
     assert!(g2 > g1 && g2 < 1 << 63, "generations follow on: {g1} then {g2}");
     for server in &servers {
         let held = Client::connect(&server.addr, ClientOptions::default()).unwrap().get(key).unwrap().unwrap();
+        assert_eq!((held.data.as_slice(), held.generation), (&b"next"[..], g2), "{}", server.addr);
+    }
+    // A client given a member's address writes nothing there (sent to one member alone, a
+    // write would reach no other replica), and reads as from a plain server.
+    for server in &servers {
+        let mut direct = Client::connect(&server.addr, ClientOptions::default()).unwrap();
+        let refused = direct.put(key, b"by address").unwrap_err();
+        assert_eq!(refused.status, Status::Invalid, "a put by address: {refused}");
+        assert!(refused.message.contains("etcd://"), "{refused}");
+        let refused = direct.delete(key).unwrap_err();
+        assert_eq!(refused.status, Status::Invalid, "a delete by address: {refused}");
+        let held = direct.get(key).unwrap().unwrap();
         assert_eq!((held.data.as_slice(), held.generation), (&b"next"[..], g2), "{}", server.addr);
     }
 }

@@ -13,8 +13,8 @@
 //! and copied out to its new owner (a hand out), then deleted here if it was not
 //! rewritten meanwhile ([`Client::handover_delete_many`]). Reads of it are served here until
 //! it is deleted, and redirected to its new owner after; writes to it wait while it is
-//! held. With more, copies a server no longer needs are deleted once the placement moved
-//! on (every new replica holds them by then).
+//! held. With more, each shard drops the copies its server no longer needs itself, as
+//! the next epoch begins (every new replica holds them by then).
 //!
 //! Once a pass has copied every key it must, it reports its part done in etcd, and the
 //! last report lets the placement be sealed. Sealed, it reports the highest generation
@@ -104,7 +104,6 @@ impl Work {
         // The last handover reported done, for the placement's epoch and `next`.
         let mut reported: Option<MoveReport> = None;
         let mut sealed: Option<u64> = None;
-        let mut collected: Option<u64> = None;
         while !self.stop.load(Ordering::SeqCst) {
             let seen = self.role.version();
             // A fenced server's copies may be older than what the cluster acknowledged
@@ -119,14 +118,6 @@ impl Work {
                 Some(next) if placement.members.contains(&self.cfg.me) => Some((placement.epoch, next.clone())),
                 _ => None,
             };
-            if placement.next.is_none() && placement.replicas > 1 && collected != Some(placement.epoch) {
-                match self.collect(routing, seen) {
-                    Ok(true) => collected = Some(placement.epoch),
-                    Ok(false) => {}
-                    Err(e) => self.failed("freeing copies no longer needed", e),
-                }
-                continue;
-            }
             let handed_over =
                 reported.as_ref().filter(|r| due.as_ref().is_some_and(|(e, n)| r.epoch == *e && r.next == *n));
             // Handed over, and the placement sealed: reports this server sealed, once.
@@ -182,39 +173,6 @@ impl Work {
         warn!("{what}: {e}; trying again");
         self.own = None;
         std::thread::sleep(MOVER_POLL * 4);
-    }
-
-    /// Once the placement moved on: deletes the keys here whose replicas no longer include
-    /// this server under `routing`, the role's placement as of `version` (read before it).
-    /// False when the placement changed since: then a key freed would perhaps be one a
-    /// move copies here.
-    fn collect(&mut self, routing: &Routing, version: u64) -> Result<bool> {
-        let (stop, role, me) = (self.stop.clone(), self.role.clone(), self.cfg.me.clone());
-        let own = self.own_client()?;
-        let mut cursor = None;
-        let mut freed = 0u64;
-        loop {
-            let (page, more) = own.list_page(&KeyRange::default(), cursor.as_ref())?;
-            for entry in page {
-                if stop.load(Ordering::SeqCst) || role.version() != version {
-                    return Ok(false);
-                }
-                if !routing.replicas(&entry.key).contains(&me.as_str()) {
-                    freed += own.delete(&entry.key)? as u64;
-                }
-            }
-            match more {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
-        if freed > 0 {
-            info!(
-                "cluster view {}: freed {freed} copies this server no longer holds a replica of",
-                routing.placement.epoch
-            );
-        }
-        Ok(true)
     }
 
     fn own_client(&mut self) -> Result<&mut Client> {

@@ -336,9 +336,11 @@ impl Service {
     }
 
     /// The worker's periodic chores on its shard: drops up to `max` values whose TTL
-    /// passed, and looks at [`STALE_SWEEP_BATCH`] keys for copies a move made stale.
+    /// passed, and looks at [`STALE_SWEEP_BATCH`] keys for copies a move made stale (a
+    /// scan begun here when the placement moved and no request came since).
     pub fn sweep(&mut self, max: usize) {
         self.shard.expire_due(max);
+        self.drop_stale_copies_if_the_placement_moved();
         self.drop_stale_copies(STALE_SWEEP_BATCH);
     }
 

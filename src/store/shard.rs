@@ -577,7 +577,7 @@ impl Shard {
     }
 
     /// Looks at up to `limit` keys from `from` on and drops those `unwanted` says so
-    /// (copies a cluster member no longer keeps: see `Service::drop_copies_if_a_move_began`);
+    /// (copies a cluster member no longer keeps: see `Service::drop_stale_copies_if_the_placement_moved`);
     /// how many it dropped, and the key to go on from (None: it looked at the last).
     pub fn drop_keys(
         &mut self,

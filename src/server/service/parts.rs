@@ -110,7 +110,8 @@ impl Service {
     /// there, or its stream ends.
     fn commit_parts(&mut self, h: &RequestHeader, key: &[u8]) -> Result<ReplyHeader> {
         let stream = self.take_staged_stream(h.session, h.if_not_equal);
-        let committed = self.check_placement(h, Kind::StagePart, key).and_then(|()| {
+        // Checked as the put it is (one sent without a view is refused).
+        let committed = self.check_placement(h, Kind::Put, key).and_then(|()| {
             let staged = self.take_whole(h, key, h.range_end as u64)?;
             let generation = self.shard.commit_put(staged.extent, staged.layout, &condition(h), ttl(h))?;
             Ok((staged, generation))

@@ -22,18 +22,18 @@ pub(super) struct PlacementCheck {
     pub(super) current: Option<Arc<(String, Routing)>>,
     pub(super) handovers: FxHashMap<Vec<u8>, Instant>,
     /// The role's placement version, and the placement's epoch and `next`, that
-    /// [`Service::drop_copies_if_a_move_began`] last looked at.
+    /// [`Service::drop_stale_copies_if_the_placement_moved`] last looked at.
     pub(super) moves_seen: u64,
     pub(super) last_move: Option<(u64, Option<Vec<String>>)>,
     /// The role's [`forgotten`](ServerRole::forgotten) count this shard acted on.
     pub(super) forgotten: u64,
     /// The copies a move made stale, being dropped (see
-    /// [`Service::drop_copies_if_a_move_began`]).
+    /// [`Service::drop_stale_copies_if_the_placement_moved`]).
     pub(super) stale: Option<StaleCopies>,
 }
 
-/// The copies of keys this server is no replica of under the placement a move began in,
-/// being dropped without holding the shard's requests up for a whole scan: a scan in key
+/// The copies of keys this server is no replica of under the placement a move (or an
+/// epoch) began in, being dropped without holding the shard's requests up for a whole scan: a scan in key
 /// order, a few keys further at each request and a batch at each of the worker's sweeps,
 /// and at once any key a request names before the scan reached it.
 pub(super) struct StaleCopies {
@@ -94,12 +94,22 @@ impl Service {
     /// for a key this server holds, or is to hold, under the placement it holds now.
     pub(super) fn check_placement(&mut self, h: &RequestHeader, kind: Kind, key: &[u8]) -> Result<()> {
         self.forget_if_stale();
-        self.drop_copies_if_a_move_began();
+        self.drop_stale_copies_if_the_placement_moved();
         self.drop_if_stale(key);
         let Some(p) = self.placement.as_mut() else { return Ok(()) };
         let write = kind.op() != Op::Get;
         let routed = h.flags & flags::VIEW != 0;
         if !routed && !kind.is_import() {
+            // A write sent to this server alone, by its address, would reach no other
+            // replica of the key, nor be ordered by the key's primary. (Parts of a value
+            // are staged without a view: a primary's replicator sends them so; their
+            // commit is checked as a put.)
+            if matches!(kind, Kind::Put | Kind::Delete) {
+                return Err(Error::new(
+                    Status::Invalid,
+                    "this server is a member of a cluster: a write goes through the cluster (connect with its etcd:// string), which copies it to every replica of the key",
+                ));
+            }
             return Ok(());
         }
         if routed && !p.role.serving() {
@@ -223,14 +233,15 @@ impl Service {
         Ok(())
     }
 
-    /// As a move begins (R ≥ 2), before this shard takes any request under it: starts
-    /// dropping the copies of keys this server is no replica of under the current
-    /// placement ([`StaleCopies`]). Nothing keeps them up to date (writes and deletes go to
-    /// a key's replicas), and the move may make this server a replica of such a key again:
-    /// the key's first replica copies it here if it still exists, and nothing brings the
-    /// delete of one that does not, so the copy left here would come back with the key.
-    /// (The mover frees them too once the placement moved on, but only between moves.)
-    fn drop_copies_if_a_move_began(&mut self) {
+    /// As a move begins, and as the epoch it leads to begins (R ≥ 2), before this shard
+    /// takes any request under them: starts dropping the copies of keys this server is no
+    /// replica of under the current placement ([`StaleCopies`]). Nothing keeps them up to
+    /// date (writes and deletes go to a key's replicas), and a move may make this server a
+    /// replica of such a key again: the key's first replica copies it here if it still
+    /// exists, and nothing brings the delete of one that does not, so the copy left here
+    /// would come back with the key. As an epoch begins, they are the copies the move took
+    /// off this server, which every new replica holds by then.
+    pub(super) fn drop_stale_copies_if_the_placement_moved(&mut self) {
         let Some(p) = self.placement.as_mut() else { return };
         let version = p.role.version();
         if version == p.moves_seen {
@@ -241,7 +252,7 @@ impl Service {
         let placement = &current.1.placement;
         let this_move = (placement.epoch, placement.next.clone());
         let before = p.last_move.replace(this_move.clone());
-        if placement.replicas < 2 || placement.next.is_none() || before.is_none_or(|b| b == this_move) {
+        if placement.replicas < 2 || before.is_none_or(|b| b == this_move) {
             return;
         }
         let me = placement.members.iter().position(|m| *m == current.0);
@@ -282,7 +293,7 @@ impl Service {
             None => {
                 if stale.dropped > 0 {
                     tracing::info!(
-                        "placement version {}: dropped {} copies of keys this server is no replica of as keys began to move ({:?})",
+                        "placement version {}: dropped {} copies of keys this server is no replica of ({:?})",
                         stale.current.1.placement.version,
                         stale.dropped,
                         stale.started.elapsed()
