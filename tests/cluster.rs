@@ -1458,6 +1458,104 @@ fn no_client_installs_a_generation_its_primary_did_not_give() {
     }
 }
 
+/// A range delete goes through each key's primary: while a member joins (keys moving to
+/// it, slowly) and a writer keeps writing into the range, every key written before is
+/// gone from every member, and every key left is held alike by two members. A member
+/// given a range delete by its address refuses it, deleting nothing: each replica deleting
+/// on its own would keep a write another lost, or take a copy in flight after its delete.
+#[test]
+fn a_range_delete_leaves_no_replica_behind_the_others() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    common::init(common::SHM);
+    let etcd = Etcd::start();
+    let url = etcd.url("range");
+    create(&url, 2);
+    let slow = ["--rebalance-rate", "512KiB"];
+    let servers = [member_with(&url, &slow), member_with(&url, &slow), member_with(&url, &slow)];
+    wait_until_placed(&url, 3);
+    let range = KeyRange::prefix(b"r/");
+    let mut c = client(&url);
+    let value = vec![3u8; 1024];
+    for i in 0..1500 {
+        c.put(format!("r/old{i}").as_bytes(), &value).unwrap();
+    }
+    c.put(b"s/kept", b"outside the range").unwrap();
+
+    let mut direct = Client::connect(&servers[0].addr, ClientOptions::default()).unwrap();
+    let held = direct.list(&range).unwrap().len();
+    assert!(held > 0, "the member holds keys of the range");
+    let refused = direct.delete_range(&range).unwrap_err();
+    assert_eq!(refused.status, Status::Invalid, "a range delete by address: {refused}");
+    assert!(refused.message.contains("etcd://"), "{refused}");
+    assert_eq!(direct.list(&range).unwrap().len(), held, "a refused range delete deleted keys");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let (url, stop) = (url.clone(), stop.clone());
+        move || {
+            let mut w = client(&url);
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                w.put(format!("r/new{n}").as_bytes(), b"written while the range is deleted").unwrap();
+                n += 1;
+            }
+            n
+        }
+    });
+    let (epoch, _, _) = placement(&url);
+    let joiner = member(&url);
+    let moving = wait_until(Duration::from_secs(30), || {
+        let (e, _, settled) = placement(&url);
+        e > epoch || !settled
+    });
+    assert!(moving, "no move toward the joining member: {}", status(&url));
+    let removed = c.delete_range(&range).unwrap();
+    assert!(removed >= 1500, "{removed} removed");
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(written > 0, "the writer wrote nothing while the range was deleted");
+    wait_until_placed(&url, 4);
+
+    let mut reader = client(&url);
+    for i in 0..1500 {
+        let key = format!("r/old{i}");
+        assert_eq!(reader.get(key.as_bytes()).unwrap().map(|v| v.data), None, "{key} came back");
+    }
+    assert_eq!(reader.get(b"s/kept").unwrap().unwrap().data, b"outside the range");
+    // Each member's copies of the range, by key: (member, generation). Copies a move left
+    // behind are dropped as the next epoch begins, so wait for those.
+    let holdings = || {
+        let mut by_key: BTreeMap<Vec<u8>, Vec<(String, u64)>> = BTreeMap::new();
+        for addr in servers.iter().chain([&joiner]).map(|s| &s.addr) {
+            let mut direct = Client::connect(addr, ClientOptions::default()).unwrap();
+            for entry in direct.list(&range).unwrap() {
+                let Some(v) = direct.get(&entry.key).unwrap() else { continue };
+                by_key.entry(entry.key).or_default().push((addr.clone(), v.generation));
+            }
+        }
+        by_key
+    };
+    let alike = |copies: &[(String, u64)]| copies.len() == 2 && copies[0].1 == copies[1].1;
+    let mut last = BTreeMap::new();
+    let agreed = wait_until(Duration::from_secs(10), || {
+        last = holdings();
+        last.values().all(|copies| alike(copies))
+    });
+    let odd: Vec<_> = (last.iter())
+        .filter(|(_, copies)| !alike(copies))
+        .take(5)
+        .map(|(k, c)| (String::from_utf8_lossy(k), c))
+        .collect();
+    assert!(agreed, "keys not held alike by two members: {odd:?}");
+    assert!(last.keys().all(|k| k.starts_with(b"r/new")), "an old key is held still");
+    for (key, copies) in &last {
+        let v = reader.get(key).unwrap().unwrap();
+        assert_eq!(v.generation, copies[0].1, "{}", String::from_utf8_lossy(key));
+    }
+}
+
 /// What a writer to etcd can and cannot do. A member record it makes up (naming a port
 /// this test listens on) is ignored: the placement never takes it and nothing connects to
 /// it. A live member's record it deletes, or rewrites off its lease, is put back by that

@@ -1,15 +1,15 @@
 //! The cluster's chaos soak (`make soak`, not in CI): etcd and `rdram serve --cluster`
-//! members (R = 2) that are SIGKILLed and replaced, paused past their lease, joined and
-//! drained, one change at a time at random, for CHAOS_SECS (default 300; seed CHAOS_SEED;
+//! members (R = 2) that are SIGKILLed and replaced, paused past their lease, joined,
+//! drained (`rdram cluster drain`) and stopped (SIGTERM without `--drain`), one change at a time at random, for CHAOS_SECS (default 300; seed CHAOS_SEED;
 //! the members' transport CHAOS_TRANSPORT, as `common::init` takes it, default UCX shm),
-//! under writers of new keys, an overwriter, a deleter, compare-and-swap counters and
+//! under writers of new keys, an overwriter, a deleter, a range deleter, compare-and-swap counters and
 //! readers, each a client of its own given the cluster's `etcd://` string.
 //!
 //! Checked, while it runs and at the end:
 //! - no read goes back in time: a read returns a generation at least that of every write
 //!   and read of the key that completed before it started (docs/cluster.md, Guarantees);
 //! - every value read is whole and the key's own;
-//! - no acknowledged write is lost, and no acknowledged delete undone;
+//! - no acknowledged write is lost, and no acknowledged delete (of a key or a range) undone;
 //! - the counters hold every acknowledged increment, and at most the unsure ones besides;
 //! - at the end every acknowledged key is on exactly R members, and no key on more.
 //!
@@ -24,16 +24,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::cluster::{client, create, member_with, placement, status, Etcd, TTL_MS};
-use common::{pattern, wait_until, ServerProc, SIGCONT, SIGSTOP};
+use common::{pattern, rdram, wait_until, ServerProc, SIGCONT, SIGSTOP};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use remote_dram::client::{PutOptions, WriteCondition, WriteResult};
+use remote_dram::client::{KeyRange, PutOptions, WriteCondition, WriteResult};
 use remote_dram::{Client, ClientOptions};
 
 const REPLICAS: u32 = 2;
 const HOT_KEYS: u64 = 16;
 const COUNTERS: u64 = 4;
 /// Members the cluster keeps between changes: a join takes it to one more, a drain or a
-/// kill back (a killed member is replaced).
+/// leave back (a killed member is replaced).
 const MEMBERS: usize = 3;
 /// Each member's memory: with two members left (after a kill, before its replacement
 /// joins), each holds every key the writers added in a soak of the default length.
@@ -84,6 +84,13 @@ fn unique_key(id: u64) -> Vec<u8> {
     format!("u/{id:x}").into_bytes()
 }
 
+/// The range deleter's keys: [`RANGE_BATCH`] per batch, under the batch's prefix.
+fn range_prefix(batch: u64) -> Vec<u8> {
+    format!("r/{batch:x}/").into_bytes()
+}
+
+const RANGE_BATCH: u64 = 20;
+
 fn hot_key(k: u64) -> Vec<u8> {
     format!("h/{k}").into_bytes()
 }
@@ -114,6 +121,8 @@ struct Ledger {
     delete_unsure: HashSet<u64>,
     /// Deletes answered "not there" (after an attempt lost with its server).
     deletes_not_there: u64,
+    /// The range deleter's batches whose range delete was acknowledged.
+    ranges_deleted: Vec<u64>,
     /// The hot keys' versions acknowledged, highest.
     hot_versions: HashMap<u64, u64>,
     increments: u64,
@@ -250,6 +259,30 @@ fn start_load(url: &str, stop: &Arc<AtomicBool>, ledger: &Shared, seed: u64) -> 
             }),
         );
     }
+    {
+        let (stop, ledger) = (stop.clone(), ledger.clone());
+        spawn(
+            "range deleter",
+            Box::new(move |mut c, _| {
+                let mut batch = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    batch += 1;
+                    let prefix = range_prefix(batch);
+                    for i in 0..RANGE_BATCH {
+                        if c.put(&[&prefix[..], format!("{i}").as_bytes()].concat(), b"deleted by range").is_err() {
+                            ledger.lock().unwrap().failed("put in a range");
+                        }
+                    }
+                    let result = c.delete_range(&KeyRange::prefix(&prefix));
+                    let mut l = ledger.lock().unwrap();
+                    match result {
+                        Ok(_) => l.ranges_deleted.push(batch),
+                        Err(_) => l.failed("delete a range"),
+                    }
+                }
+            }),
+        );
+    }
     for _ in 0..2 {
         let (stop, ledger) = (stop.clone(), ledger.clone());
         spawn(
@@ -380,11 +413,25 @@ impl Members {
         self.settle("a pause past the lease");
     }
 
+    /// A graceful leave (`rdram cluster drain`): the member hands its keys over, then exits 0.
     fn drain(&mut self, i: usize) {
         let mut s = self.servers.swap_remove(i);
+        let (code, _, err) = rdram(&["cluster", "drain", &self.url, &s.addr], None);
+        assert_eq!(code, 0, "cluster drain: {err}");
+        let exited = wait_until(Duration::from_secs(120), || s.child.try_wait().ok().flatten().is_some());
+        assert!(exited, "a drained member did not exit: {}", status(&self.url));
         let exit = s.stop();
-        assert!(exit.is_some_and(|e| e.success()), "a drained member exits 0 after SIGTERM: {exit:?}");
+        assert!(exit.is_some_and(|e| e.success()), "a drained member exits 0: {exit:?}");
         self.settle("a drain");
+    }
+
+    /// SIGTERM without `--drain`: the member deregisters and exits 0 at once; its keys'
+    /// other replicas cover them until the move to the members that stay copied them.
+    fn leave(&mut self, i: usize) {
+        let mut s = self.servers.swap_remove(i);
+        let exit = s.stop();
+        assert!(exit.is_some_and(|e| e.success()), "a member exits 0 after SIGTERM: {exit:?}");
+        self.settle("a leave");
     }
 }
 
@@ -420,7 +467,8 @@ fn chaos() {
             (0, _) => "kill",
             (1, _) => "pause",
             (_, false) => "join",
-            (_, true) => "drain",
+            (2, true) => "drain",
+            (_, true) => "leave",
         };
         eprintln!(
             "chaos: {:>5.1} s: {change} (member {i} of {})",
@@ -431,7 +479,8 @@ fn chaos() {
             "kill" => members.kill(i),
             "pause" => members.pause(i),
             "join" => members.join(),
-            _ => members.drain(i),
+            "drain" => members.drain(i),
+            _ => members.leave(i),
         }
         *changes.entry(change).or_insert(0) += 1;
     }
@@ -442,12 +491,13 @@ fn chaos() {
     }
     let l = Arc::try_unwrap(ledger).ok().unwrap().into_inner().unwrap();
     eprintln!(
-        "chaos: changes {changes:?}; {} reads, {} + {} new keys, {} deletes ({} not there), {} increments ({} unsure); failed calls {:?}",
+        "chaos: changes {changes:?}; {} reads, {} + {} new keys, {} deletes ({} not there), {} ranges deleted, {} increments ({} unsure); failed calls {:?}",
         l.reads,
         l.written[0].len(),
         l.written[1].len(),
         l.deleted.len(),
         l.deletes_not_there,
+        l.ranges_deleted.len(),
         l.increments,
         l.increments_unsure,
         l.errors
@@ -515,6 +565,18 @@ fn check_at_rest(members: &Members, l: &Ledger) {
             assert_eq!(version_of(id, &v.data), Some(0), "{id:x}: whole");
             present.push(unique_key(id));
         }
+    }
+    // No key of a range whose delete was acknowledged, on any member.
+    let ranges_deleted: Vec<Vec<u8>> = l.ranges_deleted.iter().map(|&b| range_prefix(b)).collect();
+    for s in &members.servers {
+        let listed =
+            Client::connect(&s.addr, ClientOptions::default()).unwrap().list(&KeyRange::prefix(b"r/")).unwrap();
+        let back: Vec<_> = (listed.iter())
+            .filter(|e| ranges_deleted.iter().any(|p| e.key.starts_with(p)))
+            .take(5)
+            .map(|e| String::from_utf8_lossy(&e.key).into_owned())
+            .collect();
+        assert!(back.is_empty(), "{} holds keys of ranges whose delete was acknowledged: {back:?}", s.addr);
     }
     // Every acknowledged key on R members, and no key on more (a failed put may have
     // reached one replica only: it was never acknowledged).

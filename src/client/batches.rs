@@ -87,6 +87,20 @@ impl Client {
             .collect()
     }
 
+    /// Deletes many keys with up to `depth` requests in flight; per key, whether it existed.
+    pub fn delete_many(&mut self, keys: &[&[u8]], depth: usize) -> Vec<Result<bool>> {
+        self.pipelined(keys.len(), depth, |i| Ok((RequestHeader::new(Op::Delete, 0, 0), keys[i], &[], Receive::Owned)))
+            .into_iter()
+            .map(|r| {
+                let reply = r?;
+                match reply.header.status() {
+                    Status::Ok => Ok(reply.header.value_size != 0),
+                    s => Err(error_of(s, &reply)),
+                }
+            })
+            .collect()
+    }
+
     /// Submits `n` requests (what `item` says of each: header, key, payload and where the
     /// reply goes; the key's length is filled in), keeping at most `depth` in flight,
     /// and collects the replies. In a cluster, a request that a view change or a lost

@@ -35,7 +35,7 @@ use link::{Payload, Receive, Reply, Sink};
 pub use options::*;
 pub use replicas::{CopiedOut, CopyInFlight, CopyOut, ReplicaCopy};
 pub use tunables::DEVICE_CHUNK;
-use tunables::RECONNECT_BACKOFF_MIN;
+use tunables::{BATCH_DEPTH, RECONNECT_BACKOFF_MIN};
 
 /// A client connection. Use it from one thread at a time; it may move between threads.
 ///
@@ -286,8 +286,16 @@ impl Client {
         }
     }
 
-    /// Deletes every key in the range on every shard; returns how many were removed.
+    /// Deletes every key in the range; returns how many were removed. A plain server's
+    /// shards each delete the range in bounded batches. In a cluster the keys are listed
+    /// and each is deleted through its primary, as [`Client::delete`] does: the primary
+    /// orders the delete after the key's writes and copies it, with its generation, to
+    /// every replica, so no replica keeps a key the others lost and no copy in flight
+    /// brings it back (docs/cluster.md, "Clients").
     pub fn delete_range(&mut self, range: &KeyRange) -> Result<u64> {
+        if self.cluster.is_some() {
+            return self.delete_range_key_by_key(range);
+        }
         let mut removed = 0;
         for (server, shard) in self.all_shards() {
             // Each request removes a bounded batch; repeat while the shard says more remain.
@@ -300,6 +308,23 @@ impl Client {
             }
         }
         Ok(removed)
+    }
+
+    fn delete_range_key_by_key(&mut self, range: &KeyRange) -> Result<u64> {
+        let mut removed = 0;
+        let mut from = None;
+        loop {
+            // A key is listed by each of its replicas: the second delete finds it gone.
+            let (page, next) = self.list_page(range, from.as_ref())?;
+            let keys: Vec<&[u8]> = page.iter().map(|e| e.key.as_slice()).collect();
+            for existed in self.delete_many(&keys, BATCH_DEPTH) {
+                removed += existed? as u64;
+            }
+            match next {
+                Some(cursor) => from = Some(cursor),
+                None => return Ok(removed),
+            }
+        }
     }
 
     /// Every key in `range`, in order, with sizes. (Holds them all: for a range that may

@@ -548,6 +548,14 @@ impl Service {
         let min = &payload[..min_len];
         let max = (h.flags & flags::MAX_UNBOUNDED == 0).then(|| &payload[min_len..]);
         if op == Op::DeleteRange {
+            if self.placement.is_some() {
+                // Each replica deleting on its own would leave replicas that differ: a
+                // write acknowledged meanwhile kept by one, a copy in flight landing after.
+                return Err(Error::new(
+                    Status::Invalid,
+                    "this server is a member of a cluster: a range is deleted through the cluster (connect with its etcd:// string), key by key through each key's primary",
+                ));
+            }
             let (n, more) = self.shard.delete_range(min, max, proto::DELETE_RANGE_BATCH);
             let mut reply = ok_reply(h.request_id, 0, n);
             reply.more = more as u32;
