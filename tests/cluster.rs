@@ -1626,8 +1626,8 @@ fn etcd_writers_cannot_redirect_or_detach_members() {
 /// 58.2: a member SIGKILLed does not lock new clients out. One of three servers (R = 2)
 /// is killed while clients connect, which all do; a client started 0.5 s later, while the dead member is still in the
 /// placement, connects to the others and reads every key at once (from the keys' other
-/// replicas); its writes go through once the placement has moved on without the dead
-/// member (its lease, plus the time to propose).
+/// replicas) and lists them all; its writes go through once the placement has moved on
+/// without the dead member (its lease, plus the time to propose).
 #[test]
 fn a_dead_member_locks_no_new_client_out() {
     common::init(common::SHM);
@@ -1679,6 +1679,15 @@ fn a_dead_member_locks_no_new_client_out() {
         assert_eq!(got.map(|v| v.data), Some(value_of(i)), "{k}");
     }
     let read_all = killed.elapsed();
+    // A listing passes over the dead member: each of its keys is listed by its other replica.
+    let listed: Vec<Vec<u8>> = (fresh.list(&KeyRange::prefix(b"alive/")))
+        .unwrap_or_else(|e| panic!("no listing {:?} after the kill: {e}", killed.elapsed()))
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    let mut all: Vec<Vec<u8>> = keys.iter().map(|k| k.clone().into_bytes()).collect();
+    all.sort();
+    assert_eq!(listed, all, "a listing {:?} after the kill", killed.elapsed());
     for (i, k) in keys.iter().enumerate() {
         let mut written = false;
         while !written && killed.elapsed() < Duration::from_millis(TTL_MS) + Duration::from_secs(5) {
@@ -1690,6 +1699,8 @@ fn a_dead_member_locks_no_new_client_out() {
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(fresh.get(k.as_bytes()).unwrap().map(|v| v.data), Some(value_of(i + 1)), "{k}");
     }
+    assert_eq!(fresh.delete_range(&KeyRange::prefix(b"alive/")).unwrap(), keys.len() as u64);
+    assert_eq!(fresh.list(&KeyRange::prefix(b"alive/")).unwrap().len(), 0);
 }
 
 /// A write on its primary alone is read by no one: the primary copies it to the key's

@@ -459,6 +459,14 @@ impl Connection {
         Ok(())
     }
 
+    /// In a cluster: whether `server`'s connection is lost and every key it holds has a
+    /// replica on a server whose connection is not (fewer of the placement's members lost
+    /// than each key has replicas; a server keys move to holds none that others lack).
+    pub fn lost_and_covered(&self, server: usize) -> bool {
+        let lost = self.route_to.iter().filter(|&&s| self.is_dead(s)).count();
+        self.view.is_some() && self.is_dead(server) && lost < self.replicas
+    }
+
     /// The servers that hold `key` in a cluster, its primary first, and while keys move,
     /// those that hold it under the placement's `next` (empty when none).
     pub fn replicas_of(&self, key: &[u8]) -> (proto::Ranked, proto::Ranked) {

@@ -368,40 +368,51 @@ impl Client {
     /// addresses, so the pages list each key once; across shards they are not in order.
     /// A cursor may be taken on by another client of the same servers (the gateway pages
     /// with whichever of its clients is free); a shard whose server left meanwhile is
-    /// passed over.
+    /// passed over. In a cluster, so is a lost member's while fewer members are lost than
+    /// each key has replicas: each of its keys is listed by another replica.
     pub fn list_page(
         &mut self,
         range: &KeyRange,
         from: Option<&ListCursor>,
     ) -> Result<(Vec<ListEntry>, Option<ListCursor>)> {
         // (address, shard, server index), in address order.
-        let mut shards: Vec<(&str, usize, usize)> = self
+        let mut shards: Vec<(String, usize, usize)> = self
             .all_shards()
             .into_iter()
-            .map(|(server, shard)| (self.conn.servers[server].node.as_str(), shard, server))
+            .map(|(server, shard)| (self.conn.servers[server].node.clone(), shard, server))
             .collect();
         shards.sort_unstable();
-        let (index, min) = match from {
-            None => (0, &range.min),
+        let (mut index, mut min) = match from {
+            None => (0, range.min.clone()),
             Some(c) => {
-                let at = shards.partition_point(|&(node, shard, _)| (node, shard) < (c.node.as_str(), c.shard));
+                let at =
+                    shards.partition_point(|(node, shard, _)| (node.as_str(), *shard) < (c.node.as_str(), c.shard));
                 match shards.get(at) {
-                    Some(&(node, shard, _)) if (node, shard) == (c.node.as_str(), c.shard) => (at, &c.min),
-                    _ => (at, &range.min),
+                    Some((node, shard, _)) if (node, *shard) == (&c.node, c.shard) => (at, c.min.clone()),
+                    _ => (at, range.min.clone()),
                 }
             }
         };
-        let Some(&(_, shard, server)) = shards.get(index) else { return Ok((Vec::new(), None)) };
-        let next_shard = shards.get(index + 1).map(|&(node, shard, _)| (node.to_string(), shard));
-        let node = self.conn.servers[server].node.clone();
-        let reply = self.call_range(server, shard, Op::List, min, range.max.as_deref(), proto::LIST_BATCH as u64)?;
-        let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
-        let after_last = entries.last().filter(|_| reply.header.more != 0).and_then(|(last, _)| key_after(last));
-        let next = match after_last {
-            Some(min) => Some(ListCursor { node, shard, min }),
-            None => next_shard.map(|(node, shard)| ListCursor { node, shard, min: range.min.clone() }),
-        };
-        Ok((entries.into_iter().map(|(key, size)| ListEntry { key, size }).collect(), next))
+        loop {
+            let Some((node, shard, server)) = shards.get(index).cloned() else { return Ok((Vec::new(), None)) };
+            let next_shard = shards.get(index + 1).map(|(node, shard, _)| (node.clone(), *shard));
+            let reply =
+                match self.call_range(server, shard, Op::List, &min, range.max.as_deref(), proto::LIST_BATCH as u64) {
+                    Err(e) if e.status == Status::Unavailable && self.conn.lost_and_covered(server) => {
+                        tracing::debug!("listing passes over lost member {node}: {e}");
+                        (index, min) = (index + 1, range.min.clone());
+                        continue;
+                    }
+                    reply => reply?,
+                };
+            let entries = proto::decode_list_entries(&reply.payload).map_err(|e| Error::new(Status::Transport, e))?;
+            let after_last = entries.last().filter(|_| reply.header.more != 0).and_then(|(last, _)| key_after(last));
+            let next = match after_last {
+                Some(min) => Some(ListCursor { node, shard, min }),
+                None => next_shard.map(|(node, shard)| ListCursor { node, shard, min: range.min.clone() }),
+            };
+            return Ok((entries.into_iter().map(|(key, size)| ListEntry { key, size }).collect(), next));
+        }
     }
 
     /// Per-server, per-shard statistics and totals, as JSON.
